@@ -1,0 +1,107 @@
+# reshard: see README.md. Targets: all (default), test, demo, bench, deps, install, format,
+# clean. Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (ASan + UBSan), PREFIX=/usr/local.
+
+PREFIX ?= /usr/local
+CC ?= cc
+
+ifeq ($(ASAN),1)
+BUILD ?= build/asan
+SAN := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+else ifeq ($(DEBUG),1)
+BUILD ?= build/debug
+else
+BUILD ?= build
+endif
+OPT := $(if $(filter 1,$(DEBUG)),-O0 -g3,-O2 -g)
+
+CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fvisibility=hidden -fPIC \
+              -MMD -MP $(OPT) $(SAN) -Iplanner -Iplugin $(CFLAGS)
+LDFLAGS_ALL := $(SAN) $(LDFLAGS)
+
+LIB_SRC := $(sort $(wildcard planner/*.c plugin/*.c))
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SRC := $(sort $(wildcard test/planner/*.c test/plugin/*.c test/tools/*.c))
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+
+SO := $(BUILD)/libnccl-net-reshard.so
+AR_LIB := $(BUILD)/libreshard-internal.a
+PLAN_BIN := $(BUILD)/reshard-plan
+UNIT_BIN := $(BUILD)/test/unit
+BENCH_BIN := $(BUILD)/test/perf/plan_bench
+
+# Debian packages that building and testing need (make deps installs the missing ones).
+DEPS := gcc make binutils pkg-config libcriterion-dev
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all test demo bench deps install format format-check clean
+
+all: $(SO) $(PLAN_BIN)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(SO): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,libnccl-net-reshard.so -Wl,--no-undefined -o $@ $^ \
+	    $(LDFLAGS_ALL) -lpthread
+
+$(AR_LIB): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(PLAN_BIN): $(BUILD)/obj/tools/reshard_plan.o $(SO)
+	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN' $(LDFLAGS_ALL)
+
+# Unit tests see the internals through the static archive; the public API tests reach the same
+# code, and the export test checks the shared object itself.
+$(UNIT_BIN): $(TEST_OBJ) $(AR_LIB)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(TEST_OBJ) $(AR_LIB) -lcriterion -lpthread -lm $(LDFLAGS_ALL)
+
+$(BUILD)/obj/test/%.o: CFLAGS_ALL += -Itest
+
+$(BENCH_BIN): $(BUILD)/obj/test/perf/plan_bench.o $(SO)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS_ALL)
+
+deps:
+	@missing=""; for p in $(DEPS); do \
+	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' \
+	        || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	    echo "deps: installing$$missing"; \
+	    $(SUDO) apt-get update -qq && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+test: deps
+	@$(MAKE) --no-print-directory all $(UNIT_BIN)
+	RESHARD_BUILD=$(BUILD) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) scripts/demo.sh
+
+bench: $(BENCH_BIN)
+	$(BENCH_BIN) $(BENCH_ARGS)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \
+	    $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 755 $(SO) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 plugin/reshard.h planner/reshard_status.h $(DESTDIR)$(PREFIX)/include/
+	install -m 755 $(PLAN_BIN) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|' reshard.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/reshard.pc
+
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' 2>/dev/null)
+format:
+	clang-format -i $(FORMAT_SRC)
+format-check:
+	clang-format --dry-run -Werror $(FORMAT_SRC)
+
+clean:
+	rm -rf build
+
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/tools/reshard_plan.d \
+    $(BUILD)/obj/test/perf/plan_bench.d

@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static _Thread_local char last_message[RS_ERROR_MAX];
+static rs_trace_fn trace_hook;
+
+reshard_status_t rs_error(reshard_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_message, sizeof(last_message), fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *rs_error_message(void)
+{
+    return last_message;
+}
+
+void rs_error_clear(void)
+{
+    last_message[0] = '\0';
+}
+
+const char *rs_status_name(reshard_status_t st)
+{
+    switch (st) {
+#define RS_NAME_(name, value, msg)                                                                 \
+    case RESHARD_##name:                                                                           \
+        return "RESHARD_" #name;
+        RESHARD_STATUS_MAP(RS_NAME_)
+#undef RS_NAME_
+    }
+    return "RESHARD_UNKNOWN";
+}
+
+const char *rs_status_string(reshard_status_t st)
+{
+    switch (st) {
+#define RS_MSG_(name, value, msg)                                                                  \
+    case RESHARD_##name:                                                                           \
+        return msg;
+        RESHARD_STATUS_MAP(RS_MSG_)
+#undef RS_MSG_
+    }
+    return "unknown status";
+}
+
+void rs_error_set_trace(rs_trace_fn fn)
+{
+    trace_hook = fn;
+}
+
+void rs_error_trace(const char *file, int line, const char *expr, reshard_status_t st)
+{
+    if (trace_hook)
+        trace_hook(file, line, expr, st);
+}
+
+void *rs_calloc(size_t n, size_t size, const char *what)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p)
+        rs_error(RESHARD_ERR_NO_MEMORY, "out of memory allocating %zu x %zu bytes for %s", n, size,
+                 what);
+    return p;
+}
+
+void *rs_realloc_array(void *p, size_t n, size_t size, const char *what)
+{
+    if (size && n > SIZE_MAX / size) {
+        rs_error(RESHARD_ERR_NO_MEMORY, "size overflow growing %s to %zu entries", what, n);
+        return NULL;
+    }
+    size_t bytes = n * size;
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q)
+        rs_error(RESHARD_ERR_NO_MEMORY, "out of memory growing %s to %zu entries", what, n);
+    return q;
+}

@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Topology: the NVLink domain of every rank of the communicator. Inside a domain ranks share
+ * the local path; between domains bytes cross the network, one NIC per rank. A rank's local
+ * index (its position among its domain's ranks, by rank) names its NIC rail.
+ */
+#ifndef RS_TOPO_H
+#define RS_TOPO_H
+
+#include "reshard_status.h"
+
+struct rs_topo {
+    int nranks;
+    int ndomains;
+    int *domain;      /* [nranks]: dense ids, numbered in order of their lowest rank */
+    int *local_index; /* [nranks] */
+    int *domain_size; /* [ndomains] */
+};
+
+/* From explicit ids (domain_of[r] >= 0, any numbering) or, with domain_of NULL, consecutive
+ * blocks of domain_size ranks (the last one may be short). */
+reshard_status_t topo_create(int nranks, int domain_size, const int *domain_of,
+                             struct rs_topo *out);
+reshard_status_t topo_copy(const struct rs_topo *from, struct rs_topo *to);
+void topo_free(struct rs_topo *t);
+
+#endif

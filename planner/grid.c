@@ -1,0 +1,223 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "grid.h"
+
+#include "error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct lseg {
+    int64_t start, len;
+    int group;
+};
+
+static int cmp_lseg(const void *a, const void *b)
+{
+    const struct lseg *x = a, *y = b;
+    return (x->start > y->start) - (x->start < y->start);
+}
+
+/* All segments of a dim, labelled with their group and sorted by start. The groups partition
+ * [0, n), so the result tiles it. */
+static struct lseg *sorted_segments(const struct rs_dimmap *d, int *count)
+{
+    int n = d->first[d->ngroups];
+    struct lseg *v = rs_calloc((size_t)n, sizeof(*v), "grid segments");
+    if (!v)
+        return NULL;
+    for (int g = 0; g < d->ngroups; g++)
+        for (int s = d->first[g]; s < d->first[g + 1]; s++)
+            v[s] = (struct lseg){d->segs[s].start, d->segs[s].len, g};
+    qsort(v, (size_t)n, sizeof(*v), cmp_lseg);
+    *count = n;
+    return v;
+}
+
+static reshard_status_t sweep_dim(const struct rs_dimmap *sd, const struct rs_dimmap *dd,
+                                  struct grid_iv **out, int *nout)
+{
+    int ns, nd;
+    struct lseg *s = sorted_segments(sd, &ns);
+    struct lseg *d = s ? sorted_segments(dd, &nd) : NULL;
+    struct grid_iv *iv = d ? rs_calloc((size_t)ns + (size_t)nd, sizeof(*iv), "grid") : NULL;
+    if (!iv) {
+        free(s);
+        free(d);
+        return RESHARD_ERR_NO_MEMORY;
+    }
+    int i = 0, j = 0, n = 0;
+    int64_t at = 0;
+    while (i < ns && j < nd) { /* both tile [0, n): advance whichever ends first */
+        int64_t se = s[i].start + s[i].len, de = d[j].start + d[j].len;
+        int64_t end = se < de ? se : de;
+        iv[n++] = (struct grid_iv){at, end - at, s[i].group, d[j].group};
+        at = end;
+        i += se == end;
+        j += de == end;
+    }
+    free(s);
+    free(d);
+    *out = iv;
+    *nout = n;
+    return RESHARD_OK;
+}
+
+reshard_status_t grid_build(const struct rs_shardmap *src, const struct rs_shardmap *dst,
+                            struct rs_grid *g)
+{
+    memset(g, 0, sizeof(*g));
+    g->ndim = src->layout->ndim;
+    g->ncells = 1;
+    for (int j = 0; j < g->ndim; j++) {
+        reshard_status_t st = sweep_dim(&src->dim[j], &dst->dim[j], &g->iv[j], &g->n[j]);
+        if (st != RESHARD_OK) {
+            grid_free(g);
+            return st;
+        }
+        g->ncells *= g->n[j];
+        if (g->ncells > RS_MAX_CELLS) {
+            grid_free(g);
+            return rs_error(RESHARD_ERR_TOO_LARGE,
+                            "plan: more than 2^32 overlap boxes in one tensor");
+        }
+    }
+    int ss = 1, ds = 1;
+    for (int j = g->ndim - 1; j >= 0; j--) {
+        g->src_stride[j] = ss;
+        g->dst_stride[j] = ds;
+        ss *= src->dim[j].ngroups;
+        ds *= dst->dim[j].ngroups;
+    }
+    return RESHARD_OK;
+}
+
+void grid_free(struct rs_grid *g)
+{
+    for (int j = 0; j < RS_MAX_DIMS; j++)
+        free(g->iv[j]);
+    memset(g, 0, sizeof(*g));
+}
+
+static void cursor_fill(const struct rs_grid *g, struct grid_cursor *c)
+{
+    c->src_tuple = c->dst_tuple = 0;
+    c->volume = 1;
+    for (int j = 0; j < g->ndim; j++) {
+        const struct grid_iv *iv = &g->iv[j][c->idx[j]];
+        c->src_tuple += iv->sg * g->src_stride[j];
+        c->dst_tuple += iv->dg * g->dst_stride[j];
+        c->volume *= iv->len;
+    }
+}
+
+void grid_seek(const struct rs_grid *g, int64_t cell, struct grid_cursor *c)
+{
+    c->cell = cell;
+    for (int j = g->ndim - 1; j >= 0; j--) {
+        c->idx[j] = (int)(cell % g->n[j]);
+        cell /= g->n[j];
+    }
+    cursor_fill(g, c);
+}
+
+void grid_first(const struct rs_grid *g, struct grid_cursor *c)
+{
+    grid_seek(g, 0, c);
+}
+
+int grid_next(const struct rs_grid *g, struct grid_cursor *c)
+{
+    if (++c->cell >= g->ncells)
+        return 0;
+    for (int j = g->ndim - 1; j >= 0; j--) {
+        if (++c->idx[j] < g->n[j])
+            break;
+        c->idx[j] = 0;
+    }
+    cursor_fill(g, c);
+    return 1;
+}
+
+void grid_cell_box(const struct rs_grid *g, const struct grid_cursor *c, int64_t *start,
+                   int64_t *len)
+{
+    for (int j = 0; j < g->ndim; j++) {
+        start[j] = g->iv[j][c->idx[j]].start;
+        len[j] = g->iv[j][c->idx[j]].len;
+    }
+}
+
+/* ---- tuples by domain ---- */
+
+struct tdr {
+    int tuple, domain, rank;
+};
+
+static int cmp_tdr(const void *a, const void *b)
+{
+    const struct tdr *x = a, *y = b;
+    if (x->tuple != y->tuple)
+        return (x->tuple > y->tuple) - (x->tuple < y->tuple);
+    if (x->domain != y->domain)
+        return (x->domain > y->domain) - (x->domain < y->domain);
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo *topo,
+                            struct tuple_domains *td)
+{
+    const struct rs_layout *l = map->layout;
+    int n = l->nranks;
+    memset(td, 0, sizeof(*td));
+    td->ntuples = map->ntuples;
+    struct tdr *v = rs_calloc((size_t)n, sizeof(*v), "tuple domains");
+    td->rank = rs_calloc((size_t)n, sizeof(int), "tuple domains");
+    td->run_first = rs_calloc((size_t)map->ntuples + 1, sizeof(int), "tuple domains");
+    td->runs = rs_calloc((size_t)n, sizeof(*td->runs), "tuple domains");
+    if (!v || !td->rank || !td->run_first || !td->runs) {
+        free(v);
+        tdom_free(td);
+        return RESHARD_ERR_NO_MEMORY;
+    }
+    for (int p = 0; p < n; p++)
+        v[p] = (struct tdr){map->tuple[p], topo->domain[l->ranks[p]], l->ranks[p]};
+    qsort(v, (size_t)n, sizeof(*v), cmp_tdr);
+    int nruns = 0;
+    for (int i = 0; i < n; i++) {
+        td->rank[i] = v[i].rank;
+        if (i == 0 || v[i].tuple != v[i - 1].tuple || v[i].domain != v[i - 1].domain) {
+            td->runs[nruns++] = (struct tdom_run){v[i].domain, i, i + 1};
+            td->run_first[v[i].tuple + 1] = nruns;
+        } else {
+            td->runs[nruns - 1].end = i + 1;
+        }
+    }
+    for (int t = 0; t < map->ntuples; t++) /* every tuple has ranks, but stay safe */
+        if (td->run_first[t + 1] < td->run_first[t])
+            td->run_first[t + 1] = td->run_first[t];
+    free(v);
+    return RESHARD_OK;
+}
+
+void tdom_free(struct tuple_domains *td)
+{
+    free(td->rank);
+    free(td->run_first);
+    free(td->runs);
+    memset(td, 0, sizeof(*td));
+}
+
+int tdom_find(const struct tuple_domains *td, int t, int d)
+{
+    int lo = td->run_first[t], hi = td->run_first[t + 1] - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (td->runs[mid].domain == d)
+            return mid;
+        if (td->runs[mid].domain < d)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return -1;
+}

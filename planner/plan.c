@@ -1,0 +1,343 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Plan builder, first half: checks the inputs, finds the overlap cells of every tensor, serves
+ * each destination domain from inside itself where a source there holds the cell (local first)
+ * and queues the rest as network units for plan_net.c.
+ */
+#include "plan.h"
+
+#include "error.h"
+#include "plan_build.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *plan_op_kind_name(enum plan_op_kind k)
+{
+    switch (k) {
+    case PLAN_OP_SELF:
+        return "self";
+    case PLAN_OP_LOCAL:
+        return "local";
+    case PLAN_OP_NET:
+        return "net";
+    case PLAN_OP_FWD:
+        return "fwd";
+    }
+    return "?";
+}
+
+uint64_t plan_push_box(struct rs_plan *p, int ndim, const int64_t *start, const int64_t *len)
+{
+    size_t need = p->ncoords + 2 * (size_t)ndim;
+    if (need > p->coords_cap) {
+        size_t cap = p->coords_cap ? 2 * p->coords_cap : 1024;
+        while (cap < need)
+            cap *= 2;
+        int64_t *c = rs_realloc_array(p->coords, cap, sizeof(int64_t), "plan boxes");
+        if (!c)
+            return UINT64_MAX;
+        p->coords = c;
+        p->coords_cap = cap;
+    }
+    uint64_t at = p->ncoords;
+    memcpy(p->coords + at, start, (size_t)ndim * sizeof(int64_t));
+    memcpy(p->coords + at + ndim, len, (size_t)ndim * sizeof(int64_t));
+    p->ncoords = need;
+    return at;
+}
+
+reshard_status_t plan_push_op(struct rs_plan *p, enum plan_op_kind kind, uint32_t tensor, int src,
+                              int dst, uint64_t box, int64_t bytes, uint32_t parent)
+{
+    if (p->nops == p->ops_cap) {
+        size_t cap = p->ops_cap ? 2 * p->ops_cap : 1024;
+        if (cap > UINT32_MAX)
+            return rs_error(RESHARD_ERR_TOO_LARGE, "plan: more than 2^32 ops");
+        struct plan_op *o = rs_realloc_array(p->ops, cap, sizeof(*o), "plan ops");
+        if (!o)
+            return RESHARD_ERR_NO_MEMORY;
+        p->ops = o;
+        p->ops_cap = cap;
+    }
+    p->ops[p->nops++] = (struct plan_op){.box = box,
+                                         .bytes = bytes,
+                                         .tensor = tensor,
+                                         .parent = parent,
+                                         .src = src,
+                                         .dst = dst,
+                                         .kind = (uint8_t)kind};
+    return RESHARD_OK;
+}
+
+static void format_shape(char *buf, size_t n, const struct rs_layout *l)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < l->ndim && used < n; d++)
+        used +=
+            (size_t)snprintf(buf + used, n - used, "%s%lld", d ? "x" : "", (long long)l->shape[d]);
+}
+
+static reshard_status_t check_pair(const struct plan_tensor *t, const struct rs_topo *topo)
+{
+    const struct rs_layout *s = &t->src, *d = &t->dst;
+    int same = s->ndim == d->ndim;
+    for (int j = 0; same && j < s->ndim; j++)
+        same = s->shape[j] == d->shape[j];
+    if (!same) {
+        char a[160], b[160];
+        format_shape(a, sizeof(a), s);
+        format_shape(b, sizeof(b), d);
+        return rs_error(RESHARD_ERR_MISMATCH,
+                        "tensor '%s': source shape %s differs from destination shape %s", t->name,
+                        a, b);
+    }
+    if (s->dtype != d->dtype)
+        return rs_error(RESHARD_ERR_MISMATCH,
+                        "tensor '%s': source dtype %s differs from destination dtype %s", t->name,
+                        dtype_name(s->dtype), dtype_name(d->dtype));
+    for (int side = 0; side < 2; side++) {
+        const struct rs_layout *l = side ? d : s;
+        for (int i = 0; i < l->nranks; i++)
+            if (l->ranks[i] >= topo->nranks)
+                return rs_error(RESHARD_ERR_RANK_RANGE,
+                                "tensor '%s': %s rank %d is outside the communicator of %d ranks",
+                                t->name, side ? "destination" : "source", l->ranks[i],
+                                topo->nranks);
+    }
+    return RESHARD_OK;
+}
+
+/* Prefixes the message of a failed layout check with the tensor and side. */
+static reshard_status_t blame(reshard_status_t st, const char *name, const char *side)
+{
+    char msg[RS_ERROR_MAX];
+    snprintf(msg, sizeof(msg), "%s", rs_error_message());
+    return rs_error(st, "tensor '%s' %s: %s", name, side, msg);
+}
+
+static reshard_status_t add_tensor(struct rs_plan *p, int i, const struct plan_input *in)
+{
+    struct plan_tensor *t = &p->tensors[i];
+    char fallback[32];
+    snprintf(fallback, sizeof(fallback), "t%d", i);
+    const char *name = in->name ? in->name : fallback;
+    t->name = rs_calloc(strlen(name) + 1, 1, "tensor name");
+    if (!t->name)
+        return RESHARD_ERR_NO_MEMORY;
+    memcpy(t->name, name, strlen(name) + 1);
+    if (!in->src || !in->dst)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "tensor '%s': missing %s layout", t->name,
+                        in->src ? "destination" : "source");
+    RS_CHECK(layout_copy(in->src, &t->src));
+    RS_CHECK(layout_copy(in->dst, &t->dst));
+    reshard_status_t st = shardmap_build(&t->src, &t->src_map, NULL);
+    if (st != RESHARD_OK)
+        return blame(st, t->name, "source");
+    st = shardmap_build(&t->dst, &t->dst_map, NULL);
+    if (st != RESHARD_OK)
+        return blame(st, t->name, "destination");
+    return check_pair(t, &p->topo);
+}
+
+static reshard_status_t push_unit(struct build *b, const struct net_unit *u)
+{
+    if (b->nunits == b->units_cap) {
+        size_t cap = b->units_cap ? 2 * b->units_cap : 1024;
+        struct net_unit *v = rs_realloc_array(b->units, cap, sizeof(*v), "network units");
+        if (!v)
+            return RESHARD_ERR_NO_MEMORY;
+        b->units = v;
+        b->units_cap = cap;
+    }
+    b->units[b->nunits++] = *u;
+    return RESHARD_OK;
+}
+
+/* The cell is held inside the needers' domain: each needer copies it from itself when it
+ * holds it already, else from the least busy holder there. */
+static reshard_status_t serve_locally(struct build *b, uint32_t t, const struct grid_cursor *c,
+                                      const struct tdom_run *need, const struct tdom_run *have,
+                                      uint64_t box, int64_t bytes)
+{
+    const struct tensor_work *w = &b->work[t];
+    const struct rs_shardmap *src_map = &b->plan->tensors[t].src_map;
+    for (int i = need->begin; i < need->end; i++) {
+        int n = w->dst_td.rank[i];
+        int pos = shardmap_position(src_map, n);
+        if (pos >= 0 && src_map->tuple[pos] == c->src_tuple) {
+            RS_CHECK(plan_push_op(b->plan, PLAN_OP_SELF, t, n, n, box, bytes, PLAN_NO_PARENT));
+            continue;
+        }
+        int best = w->src_td.rank[have->begin];
+        for (int k = have->begin + 1; k < have->end; k++) {
+            int h = w->src_td.rank[k];
+            if (b->local_out[h] < b->local_out[best])
+                best = h;
+        }
+        b->local_out[best] += bytes;
+        RS_CHECK(plan_push_op(b->plan, PLAN_OP_LOCAL, t, best, n, box, bytes, PLAN_NO_PARENT));
+    }
+    return RESHARD_OK;
+}
+
+static reshard_status_t plan_tensor_cells(struct build *b, uint32_t t)
+{
+    struct tensor_work *w = &b->work[t];
+    const struct plan_tensor *pt = &b->plan->tensors[t];
+    int ndim = pt->dst.ndim;
+    RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, &w->grid));
+    RS_CHECK(tdom_build(&pt->src_map, &b->plan->topo, &w->src_td));
+    RS_CHECK(tdom_build(&pt->dst_map, &b->plan->topo, &w->dst_td));
+    w->esize = (int64_t)dtype_size(pt->dst.dtype);
+
+    struct grid_cursor c;
+    grid_first(&w->grid, &c);
+    do {
+        int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS];
+        int64_t bytes = c.volume * w->esize;
+        uint64_t box = UINT64_MAX; /* pushed once, shared by every op that moves the whole cell */
+        for (int r = w->dst_td.run_first[c.dst_tuple]; r < w->dst_td.run_first[c.dst_tuple + 1];
+             r++) {
+            const struct tdom_run *need = &w->dst_td.runs[r];
+            if (box == UINT64_MAX) {
+                grid_cell_box(&w->grid, &c, start, len);
+                box = plan_push_box(b->plan, ndim, start, len);
+                if (box == UINT64_MAX)
+                    return RESHARD_ERR_NO_MEMORY;
+            }
+            int h = tdom_find(&w->src_td, c.src_tuple, need->domain);
+            if (h >= 0) {
+                RS_CHECK(serve_locally(b, t, &c, need, &w->src_td.runs[h], box, bytes));
+            } else {
+                struct net_unit u = {bytes, box, t, c.src_tuple, r};
+                RS_CHECK(push_unit(b, &u));
+            }
+        }
+    } while (grid_next(&w->grid, &c));
+    return RESHARD_OK;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= UINT64_C(0x100000001b3);
+    }
+    return h;
+}
+
+/* Covers what every rank must agree on: the tensors, the topology and every op. */
+static uint64_t plan_hash(const struct rs_plan *p)
+{
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    h = fnv1a(h, &p->ntensors, sizeof(p->ntensors));
+    h = fnv1a(h, p->topo.domain, (size_t)p->topo.nranks * sizeof(int));
+    for (int t = 0; t < p->ntensors; t++) {
+        const struct rs_layout *l = &p->tensors[t].dst;
+        h = fnv1a(h, l->shape, (size_t)l->ndim * sizeof(int64_t));
+        h = fnv1a(h, &l->dtype, sizeof(l->dtype));
+    }
+    for (size_t i = 0; i < p->nops; i++) {
+        const struct plan_op *op = &p->ops[i];
+        int ndim = p->tensors[op->tensor].dst.ndim;
+        h = fnv1a(h, &op->kind, sizeof(op->kind));
+        h = fnv1a(h, &op->tensor, sizeof(op->tensor));
+        h = fnv1a(h, &op->src, sizeof(op->src));
+        h = fnv1a(h, &op->dst, sizeof(op->dst));
+        h = fnv1a(h, &op->parent, sizeof(op->parent));
+        h = fnv1a(h, p->coords + op->box, 2 * (size_t)ndim * sizeof(int64_t));
+    }
+    return h;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void build_free(struct build *b, int ntensors)
+{
+    for (int t = 0; b->work && t < ntensors; t++) {
+        grid_free(&b->work[t].grid);
+        tdom_free(&b->work[t].src_td);
+        tdom_free(&b->work[t].dst_td);
+    }
+    free(b->work);
+    free(b->units);
+    free(b->net_out);
+    free(b->net_in);
+    free(b->local_out);
+}
+
+reshard_status_t plan_build(const struct plan_input *in, int ntensors, const struct rs_topo *topo,
+                            const struct plan_opts *opts, struct rs_plan **out)
+{
+    if (!in || ntensors < 1 || !topo || !out)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "plan: needs at least one tensor and a topology");
+    double t0 = now_ms();
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    struct build b = {0};
+    struct rs_plan *p = rs_calloc(1, sizeof(*p), "plan");
+    if (!p)
+        return RESHARD_ERR_NO_MEMORY;
+    p->opts.split_min_bytes = PLAN_SPLIT_MIN_DEFAULT;
+    if (opts)
+        p->opts = *opts;
+    if (p->opts.split_min_bytes < 1)
+        p->opts.split_min_bytes = 1;
+    b.plan = p;
+    RS_CHECK_GOTO(topo_copy(topo, &p->topo), st, err_free);
+    st = RESHARD_ERR_NO_MEMORY;
+    p->tensors = rs_calloc((size_t)ntensors, sizeof(*p->tensors), "plan tensors");
+    if (!p->tensors)
+        goto err_free;
+    p->ntensors = ntensors;
+    for (int t = 0; t < ntensors; t++)
+        RS_CHECK_GOTO(add_tensor(p, t, &in[t]), st, err_free);
+
+    st = RESHARD_ERR_NO_MEMORY;
+    b.work = rs_calloc((size_t)ntensors, sizeof(*b.work), "plan work");
+    b.net_out = rs_calloc((size_t)topo->nranks, sizeof(int64_t), "plan loads");
+    b.net_in = rs_calloc((size_t)topo->nranks, sizeof(int64_t), "plan loads");
+    b.local_out = rs_calloc((size_t)topo->nranks, sizeof(int64_t), "plan loads");
+    if (!b.work || !b.net_out || !b.net_in || !b.local_out)
+        goto err_free;
+    for (int t = 0; t < ntensors; t++)
+        RS_CHECK_GOTO(plan_tensor_cells(&b, (uint32_t)t), st, err_free);
+    RS_CHECK_GOTO(plan_assign_net(&b), st, err_free);
+    build_free(&b, ntensors);
+    p->hash = plan_hash(p);
+    p->plan_ms = now_ms() - t0;
+    *out = p;
+    return RESHARD_OK;
+err_free:
+    build_free(&b, ntensors);
+    plan_free(p);
+    return st;
+}
+
+void plan_free(struct rs_plan *p)
+{
+    if (!p)
+        return;
+    for (int t = 0; p->tensors && t < p->ntensors; t++) {
+        struct plan_tensor *pt = &p->tensors[t];
+        shardmap_free(&pt->src_map);
+        shardmap_free(&pt->dst_map);
+        layout_free(&pt->src);
+        layout_free(&pt->dst);
+        free(pt->name);
+    }
+    free(p->tensors);
+    topo_free(&p->topo);
+    free(p->ops);
+    free(p->coords);
+    free(p);
+}

@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Plan builder, second half: the network phase (DESIGN.md section 5, steps 3 and 4).
+ *
+ * A cell that must enter a domain is needed there by m ranks. It is cut into m slices, one per
+ * needer, so it crosses the network once; each needer forwards its slice to the other m - 1
+ * over the local path. A slice held by several source replicas is split among them when the
+ * parts stay large. Units are taken largest first; each (sub-)slice goes to the least loaded
+ * sender, ties going to the sender on the receiver's rail, then to the lower rank.
+ */
+#include "error.h"
+#include "plan_build.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct scratch {
+    int *needers; /* receivers of one unit, least loaded first */
+    char *used;   /* holders already sending part of the current slice */
+    int cap_need, cap_have;
+};
+
+static int cmp_unit(const void *a, const void *b)
+{
+    const struct net_unit *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes ? 1 : -1; /* largest first */
+    if (x->tensor != y->tensor)
+        return x->tensor < y->tensor ? -1 : 1;
+    if (x->box != y->box)
+        return x->box < y->box ? -1 : 1;
+    return (x->run > y->run) - (x->run < y->run);
+}
+
+/* The dim to cut into `parts` pieces: the outermost one long enough (pieces then stay runs of
+ * whole rows), else the longest. */
+static int pick_dim(const int64_t *len, int ndim, int64_t parts)
+{
+    int best = 0;
+    for (int d = 0; d < ndim; d++) {
+        if (len[d] >= parts)
+            return d;
+        if (len[d] > len[best])
+            best = d;
+    }
+    return best;
+}
+
+/* Piece i of `parts` balanced pieces of [0, n): [n*i/parts, n*(i+1)/parts). */
+static int64_t piece_at(int64_t n, int64_t i, int64_t parts)
+{
+    return (int64_t)((__int128)n * i / parts);
+}
+
+static int64_t volume(const int64_t *len, int ndim)
+{
+    int64_t v = 1;
+    for (int d = 0; d < ndim; d++)
+        v *= len[d];
+    return v;
+}
+
+static reshard_status_t scratch_fit(struct scratch *s, int need, int have)
+{
+    if (need > s->cap_need) {
+        int *v = rs_realloc_array(s->needers, (size_t)need, sizeof(int), "plan scratch");
+        if (!v)
+            return RESHARD_ERR_NO_MEMORY;
+        s->needers = v;
+        s->cap_need = need;
+    }
+    if (have > s->cap_have) {
+        char *v = rs_realloc_array(s->used, (size_t)have, 1, "plan scratch");
+        if (!v)
+            return RESHARD_ERR_NO_MEMORY;
+        s->used = v;
+        s->cap_have = have;
+    }
+    return RESHARD_OK;
+}
+
+/* Needers sorted by bytes received so far, then by rank (insertion sort: m is a domain). */
+static void order_needers(const struct build *b, const int *ranks, int m, int *out)
+{
+    for (int i = 0; i < m; i++) {
+        int r = ranks[i], j = i;
+        while (j > 0 && (b->net_in[out[j - 1]] > b->net_in[r] ||
+                         (b->net_in[out[j - 1]] == b->net_in[r] && out[j - 1] > r))) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j] = r;
+    }
+}
+
+static int pick_sender(const struct build *b, const int *holders, int nh, const char *used,
+                       int receiver, int64_t bytes)
+{
+    const int *rail = b->plan->topo.local_index;
+    int best = -1;
+    for (int i = 0; i < nh; i++) {
+        int h = holders[i];
+        if (used && used[i])
+            continue;
+        if (best < 0) {
+            best = i;
+            continue;
+        }
+        int bh = holders[best];
+        int64_t load = b->net_out[h] + bytes, bload = b->net_out[bh] + bytes;
+        int on_rail = rail[h] == rail[receiver], bon_rail = rail[bh] == rail[receiver];
+        if (load < bload ||
+            (load == bload && (on_rail > bon_rail || (on_rail == bon_rail && h < bh))))
+            best = i;
+    }
+    return best;
+}
+
+/* Sends one slice to `receiver`, from one holder or split among several, and forwards each
+ * part to the receiver's fellow needers. */
+static reshard_status_t emit_slice(struct build *b, struct scratch *s, const struct net_unit *u,
+                                   const int64_t *start, const int64_t *len, uint64_t box,
+                                   int receiver, const struct tdom_run *need)
+{
+    struct rs_plan *p = b->plan;
+    const struct tensor_work *w = &b->work[u->tensor];
+    int ndim = p->tensors[u->tensor].dst.ndim;
+    const int *holders = w->src_td.rank + w->src_td.runs[w->src_td.run_first[u->src_tuple]].begin;
+    int nh = w->src_td.runs[w->src_td.run_first[u->src_tuple + 1] - 1].end -
+             w->src_td.runs[w->src_td.run_first[u->src_tuple]].begin;
+    int64_t bytes = volume(len, ndim) * w->esize;
+
+    int64_t k = 1;
+    int dim = 0;
+    if (nh > 1 && bytes >= 2 * p->opts.split_min_bytes) {
+        k = bytes / p->opts.split_min_bytes;
+        if (k > nh)
+            k = nh;
+        dim = pick_dim(len, ndim, k);
+        if (k > len[dim])
+            k = len[dim];
+    }
+    if (k > 1)
+        memset(s->used, 0, (size_t)nh);
+    for (int64_t q = 0; q < k; q++) {
+        int64_t sub_start[RS_MAX_DIMS], sub_len[RS_MAX_DIMS];
+        memcpy(sub_start, start, (size_t)ndim * sizeof(int64_t));
+        memcpy(sub_len, len, (size_t)ndim * sizeof(int64_t));
+        uint64_t sub_box = box;
+        if (k > 1) {
+            int64_t a = piece_at(len[dim], q, k), e = piece_at(len[dim], q + 1, k);
+            sub_start[dim] = start[dim] + a;
+            sub_len[dim] = e - a;
+            sub_box = plan_push_box(p, ndim, sub_start, sub_len);
+            if (sub_box == UINT64_MAX)
+                return RESHARD_ERR_NO_MEMORY;
+        }
+        int64_t sub_bytes = volume(sub_len, ndim) * w->esize;
+        int i = pick_sender(b, holders, nh, k > 1 ? s->used : NULL, receiver, sub_bytes);
+        if (k > 1)
+            s->used[i] = 1;
+        int sender = holders[i];
+        b->net_out[sender] += sub_bytes;
+        b->net_in[receiver] += sub_bytes;
+        RS_CHECK(plan_push_op(p, PLAN_OP_NET, u->tensor, sender, receiver, sub_box, sub_bytes,
+                              PLAN_NO_PARENT));
+        uint32_t parent = (uint32_t)(p->nops - 1);
+        for (int r = need->begin; r < need->end; r++) {
+            int peer = w->dst_td.rank[r];
+            if (peer != receiver)
+                RS_CHECK(plan_push_op(p, PLAN_OP_FWD, u->tensor, receiver, peer, sub_box, sub_bytes,
+                                      parent));
+        }
+    }
+    return RESHARD_OK;
+}
+
+static reshard_status_t assign_unit(struct build *b, struct scratch *s, const struct net_unit *u)
+{
+    struct rs_plan *p = b->plan;
+    const struct tensor_work *w = &b->work[u->tensor];
+    const struct tdom_run *need = &w->dst_td.runs[u->run];
+    int ndim = p->tensors[u->tensor].dst.ndim;
+    int m = need->end - need->begin;
+    int nh = w->src_td.runs[w->src_td.run_first[u->src_tuple + 1] - 1].end -
+             w->src_td.runs[w->src_td.run_first[u->src_tuple]].begin;
+    RS_CHECK(scratch_fit(s, m, nh));
+    int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS]; /* copies: pushing boxes moves coords */
+    memcpy(start, p->coords + u->box, (size_t)ndim * sizeof(int64_t));
+    memcpy(len, p->coords + u->box + ndim, (size_t)ndim * sizeof(int64_t));
+    if (m == 1)
+        return emit_slice(b, s, u, start, len, u->box, w->dst_td.rank[need->begin], need);
+
+    /* m slices; the larger ones (they differ by at most a row) go to the least loaded */
+    int dim = pick_dim(len, ndim, m);
+    order_needers(b, w->dst_td.rank + need->begin, m, s->needers);
+    int64_t base = len[dim] / m, extra = len[dim] % m; /* slices 0..extra-1 get base + 1 */
+    for (int i = 0; i < m; i++) {
+        int64_t slice_start[RS_MAX_DIMS], slice_len[RS_MAX_DIMS];
+        memcpy(slice_start, start, (size_t)ndim * sizeof(int64_t));
+        memcpy(slice_len, len, (size_t)ndim * sizeof(int64_t));
+        slice_start[dim] = start[dim] + i * base + (i < extra ? i : extra);
+        slice_len[dim] = base + (i < extra);
+        if (slice_len[dim] == 0)
+            break; /* fewer rows than needers: the rest receive nothing and only forward-in */
+        uint64_t box = plan_push_box(p, ndim, slice_start, slice_len);
+        if (box == UINT64_MAX)
+            return RESHARD_ERR_NO_MEMORY;
+        RS_CHECK(emit_slice(b, s, u, slice_start, slice_len, box, s->needers[i], need));
+    }
+    return RESHARD_OK;
+}
+
+reshard_status_t plan_assign_net(struct build *b)
+{
+    qsort(b->units, b->nunits, sizeof(*b->units), cmp_unit);
+    struct scratch s = {0};
+    reshard_status_t st = RESHARD_OK;
+    for (size_t i = 0; i < b->nunits && st == RESHARD_OK; i++)
+        st = assign_unit(b, &s, &b->units[i]);
+    free(s.needers);
+    free(s.used);
+    return st;
+}

@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Planner behaviours: local first, once per domain, fan-out, replica splitting, rails. */
+#include "error.h"
+#include "plan_util.h"
+#include "validate.h"
+
+#include <criterion/criterion.h>
+
+static void expect_valid(const struct rs_plan *p)
+{
+    cr_assert_eq(plan_validate(p), RESHARD_OK, "%s", rs_error_message());
+}
+
+Test(plan, colocated_identical_layouts_copy_in_place)
+{
+    struct rs_plan *p =
+        plan_one("shape=8x8 ranks=0-3 place=S(0)", "shape=8x8 ranks=0-3 place=S(0)", 4, 4);
+    expect_valid(p);
+    cr_assert_eq(p->nops, 4);
+    cr_assert_eq(count_ops(p, PLAN_OP_SELF), 4);
+    for (size_t i = 0; i < p->nops; i++)
+        cr_assert_eq(p->ops[i].src, p->ops[i].dst);
+    plan_free(p);
+}
+
+Test(plan, a_domain_that_holds_a_piece_copies_it_locally)
+{
+    /* all eight ranks in one domain: source and destination differ, nothing crosses */
+    struct rs_plan *p =
+        plan_one("shape=8x8 ranks=0-3 place=S(0)", "shape=8x8 ranks=4-7 place=S(1)", 8, 8);
+    expect_valid(p);
+    struct plan_stats s = stats_of(p, NULL);
+    cr_assert_eq(s.net_bytes, 0);
+    cr_assert_eq(count_ops(p, PLAN_OP_LOCAL), 16, "each 4x2 destination shard meets 4 sources");
+    cr_assert_eq(s.local_bytes, 8 * 8 * 2);
+    plan_free(p);
+}
+
+Test(plan, a_cell_crosses_once_and_the_replicas_swap_slices)
+{
+    /* 2 sources in domain 0; 4 replicas in domain 1 each need the whole 8x4 tensor */
+    struct rs_plan *p =
+        plan_one("shape=8x4 ranks=0-1 place=S(0)", "shape=8x4 ranks=4-7 place=R", 8, 4);
+    expect_valid(p);
+    struct plan_rank_stats r[8];
+    struct plan_stats s = stats_of(p, r);
+    cr_assert_eq(s.net_bytes, 8 * 4 * 2, "the tensor crosses exactly once");
+    cr_assert_eq(count_ops(p, PLAN_OP_NET), 8, "2 cells x 4 slices");
+    cr_assert_eq(count_ops(p, PLAN_OP_FWD), 24, "each slice forwarded to the 3 other replicas");
+    for (int k = 4; k < 8; k++) {
+        cr_assert_eq(r[k].net_in, 16, "rank %d receives one row of each cell", k);
+        cr_assert_eq(r[k].local_in, 48, "rank %d gets the other 6 rows locally", k);
+    }
+    plan_free(p);
+}
+
+Test(plan, fewer_rows_than_needers_cuts_another_dim)
+{
+    /* one 2x3 cell, 4 needers: no dim reaches 4, so the longest (3 columns) is cut */
+    struct rs_plan *p = plan_one("shape=2x3 ranks=0 place=R", "shape=2x3 ranks=4-7 place=R", 8, 4);
+    expect_valid(p);
+    cr_assert_eq(count_ops(p, PLAN_OP_NET), 3);
+    for (size_t i = 0; i < p->nops; i++)
+        if (p->ops[i].kind == PLAN_OP_NET)
+            cr_assert_eq(plan_op_len(p, &p->ops[i])[1], 1, "slices are single columns");
+    cr_assert_eq(stats_of(p, NULL).net_bytes, 12);
+    plan_free(p);
+}
+
+Test(plan, uneven_slices_give_the_larger_to_the_least_loaded)
+{
+    /* 5 rows over 2 needers: 3 + 2; validation proves the cover */
+    struct rs_plan *p = plan_one("shape=5x2 ranks=0 place=R", "shape=5x2 ranks=2-3 place=R", 4, 2);
+    expect_valid(p);
+    struct plan_rank_stats r[4];
+    stats_of(p, r);
+    cr_assert_eq(r[2].net_in + r[3].net_in, 20);
+    cr_assert_eq(r[2].net_in, 12, "rank 2 (lower rank on a tie) takes the 3-row slice");
+    plan_free(p);
+}
+
+Test(plan, replicas_split_a_large_slice)
+{
+    int dom[] = {0, 1, 2};
+    const char *src = "shape=64x64 dtype=f32 ranks=0-1 place=R";
+    const char *dst = "shape=64x64 dtype=f32 ranks=2 place=R";
+    struct rs_plan *p = plan_specs(1, &src, &dst, 3, 0, dom, 1024);
+    expect_valid(p);
+    struct plan_rank_stats r[3];
+    stats_of(p, r);
+    cr_assert_eq(r[0].net_out, 8192, "each replica sends half");
+    cr_assert_eq(r[1].net_out, 8192);
+    plan_free(p);
+
+    p = plan_specs(1, &src, &dst, 3, 0, dom, 0); /* default 1 MiB: 16 KiB stays whole */
+    expect_valid(p);
+    stats_of(p, r);
+    cr_assert_eq(r[0].net_out + r[1].net_out, 16384);
+    cr_assert_eq(count_ops(p, PLAN_OP_NET), 1);
+    plan_free(p);
+}
+
+Test(plan, ties_go_to_the_sender_on_the_receivers_rail)
+{
+    /* domains of 2: ranks 0,1 hold replicas (rails 0,1); rank 3 sits on rail 1 */
+    struct rs_plan *p = plan_one("shape=4 ranks=0-1 place=R", "shape=4 ranks=3 place=R", 4, 2);
+    cr_assert_eq(p->nops, 1);
+    cr_assert_eq(p->ops[0].src, 1);
+    plan_free(p);
+    p = plan_one("shape=4 ranks=0-1 place=R", "shape=4 ranks=2 place=R", 4, 2);
+    cr_assert_eq(p->ops[0].src, 0);
+    plan_free(p);
+}
+
+Test(plan, load_beats_the_rail)
+{
+    /* two equal tensors: the first goes on-rail to rank 1, the second to idle rank 0 */
+    const char *src[] = {"shape=4 ranks=0-1 place=R", "shape=4 ranks=0-1 place=R"};
+    const char *dst[] = {"shape=4 ranks=3 place=R", "shape=4 ranks=3 place=R"};
+    struct rs_plan *p = plan_specs(2, src, dst, 4, 2, NULL, 0);
+    expect_valid(p);
+    cr_assert_eq(p->nops, 2);
+    cr_assert_eq(p->ops[0].tensor, 0);
+    cr_assert_eq(p->ops[0].src, 1);
+    cr_assert_eq(p->ops[1].src, 0);
+    plan_free(p);
+}
+
+Test(plan, ranks_on_neither_side_have_no_work)
+{
+    struct rs_plan *p =
+        plan_one("shape=16x16 ranks=0-3 place=S(0)", "shape=16x16 ranks=8-11 place=S(1)", 16, 4);
+    expect_valid(p);
+    for (size_t i = 0; i < p->nops; i++) {
+        cr_assert((p->ops[i].src < 4) || (p->ops[i].src >= 8 && p->ops[i].src < 12));
+        cr_assert(p->ops[i].dst >= 8 && p->ops[i].dst < 12);
+    }
+    plan_free(p);
+}
+
+Test(plan, overlapping_rank_sets)
+{
+    struct rs_plan *p = plan_one("shape=12x6 ranks=0-3 place=S(0)",
+                                 "shape=12x6 ranks=2-5 mesh=2x2 place=S(1),S(0)", 6, 2);
+    expect_valid(p);
+    struct plan_stats s = stats_of(p, NULL);
+    cr_assert_eq(s.net_bytes, s.min_net_bytes);
+    cr_assert_gt(count_ops(p, PLAN_OP_SELF), 0, "ranks 2 and 3 keep part of their rows");
+    plan_free(p);
+}
+
+Test(plan, mismatched_pairs_are_refused)
+{
+    struct rs_plan *p;
+    const char *s1 = "shape=4x4 ranks=0-1", *d1 = "shape=4x5 ranks=2-3";
+    cr_assert_eq(try_plan_specs(1, &s1, &d1, 4, 2, NULL, &p), RESHARD_ERR_MISMATCH);
+    cr_assert_str_eq(rs_error_message(),
+                     "tensor 't0': source shape 4x4 differs from destination shape 4x5");
+    const char *s2 = "shape=4x4 dtype=f32 ranks=0-1", *d2 = "shape=4x4 ranks=2-3";
+    cr_assert_eq(try_plan_specs(1, &s2, &d2, 4, 2, NULL, &p), RESHARD_ERR_MISMATCH);
+    cr_assert_str_eq(rs_error_message(),
+                     "tensor 't0': source dtype f32 differs from destination dtype bf16");
+    const char *s3 = "shape=4x4 ranks=0-1", *d3 = "shape=4x4 ranks=2-4";
+    cr_assert_eq(try_plan_specs(1, &s3, &d3, 4, 2, NULL, &p), RESHARD_ERR_RANK_RANGE);
+    cr_assert_str_eq(rs_error_message(),
+                     "tensor 't0': destination rank 4 is outside the communicator of 4 ranks");
+}
+
+Test(plan, bad_layout_structs_name_tensor_and_side)
+{
+    int ranks[] = {0, 1};
+    struct rs_layout ok = {
+        .ndim = 1, .shape = {4}, .nranks = 2, .ranks = ranks, .mesh_ndim = 1, .mesh = {2}};
+    struct rs_layout bad = ok;
+    bad.mesh[0] = 3;
+    struct rs_topo topo;
+    cr_assert_eq(topo_create(2, 2, NULL, &topo), RESHARD_OK);
+    struct plan_input in = {"w", &ok, &bad};
+    struct rs_plan *p;
+    cr_assert_eq(plan_build(&in, 1, &topo, NULL, &p), RESHARD_ERR_MESH_SIZE);
+    cr_assert_str_eq(rs_error_message(),
+                     "tensor 'w' destination: mesh: 3 holds 3 ranks but ranks lists 2");
+    in.dst = NULL;
+    cr_assert_eq(plan_build(&in, 1, &topo, NULL, &p), RESHARD_ERR_INVALID_ARG);
+    cr_assert_str_eq(rs_error_message(), "tensor 'w': missing destination layout");
+    cr_assert_eq(plan_build(&in, 0, &topo, NULL, &p), RESHARD_ERR_INVALID_ARG);
+    cr_assert_eq(plan_build(&in, 1, NULL, NULL, &p), RESHARD_ERR_INVALID_ARG);
+    topo_free(&topo);
+}
+
+Test(plan, the_hash_is_deterministic_and_covers_the_topology)
+{
+    const char *s = "shape=64x32 ranks=0-7 mesh=2x4 place=S(1),S(0)";
+    const char *d = "shape=64x32 ranks=8-15 mesh=4x2 place=R,SS(0,2)";
+    struct rs_plan *a = plan_one(s, d, 16, 4), *b = plan_one(s, d, 16, 4);
+    struct rs_plan *c = plan_one(s, d, 16, 8);
+    cr_assert_eq(a->hash, b->hash);
+    cr_assert_neq(a->hash, c->hash);
+    cr_assert_eq(a->nops, b->nops);
+    plan_free(a);
+    plan_free(b);
+    plan_free(c);
+}

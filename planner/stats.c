@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "stats.h"
+
+#include "error.h"
+#include "grid.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void op_stats(const struct rs_plan *p, struct plan_stats *s, struct plan_rank_stats *r)
+{
+    for (size_t i = 0; i < p->nops; i++) {
+        const struct plan_op *op = &p->ops[i];
+        s->nops[op->kind]++;
+        switch ((enum plan_op_kind)op->kind) {
+        case PLAN_OP_SELF:
+            s->self_bytes += op->bytes;
+            r[op->dst].self += op->bytes;
+            break;
+        case PLAN_OP_NET:
+            s->net_bytes += op->bytes;
+            r[op->src].net_out += op->bytes;
+            r[op->dst].net_in += op->bytes;
+            break;
+        case PLAN_OP_LOCAL:
+        case PLAN_OP_FWD:
+            s->local_bytes += op->bytes;
+            r[op->src].local_out += op->bytes;
+            r[op->dst].local_in += op->bytes;
+            break;
+        }
+    }
+    s->max_nic_rank = -1;
+    for (int k = 0; k < p->topo.nranks; k++) {
+        int64_t nic = r[k].net_out > r[k].net_in ? r[k].net_out : r[k].net_in;
+        if (nic > s->max_nic_bytes) {
+            s->max_nic_bytes = nic;
+            s->max_nic_rank = k;
+        }
+    }
+}
+
+/* Accumulators of the layout bounds over all tensors. */
+struct bounds {
+    int64_t *in;     /* [ndomains]: bytes that must enter each domain */
+    int64_t *forced; /* [nranks]: bytes a sole holder must send to other domains */
+    char *is_dst;    /* [nranks]: destination rank of some tensor */
+    int *stamp;      /* [ndomains]: scratch for counting domains per tensor */
+};
+
+static int count_other_domains(const struct rs_topo *topo, const struct rs_layout *l, int except,
+                               int *stamp, int mark)
+{
+    int n = 0;
+    for (int i = 0; i < l->nranks; i++) {
+        int d = topo->domain[l->ranks[i]];
+        if (d != except && stamp[d] != mark) {
+            stamp[d] = mark;
+            n++;
+        }
+    }
+    return n;
+}
+
+static reshard_status_t tensor_bounds(const struct rs_plan *p, int t, struct bounds *bd,
+                                      struct plan_stats *s)
+{
+    const struct plan_tensor *pt = &p->tensors[t];
+    const struct rs_topo *topo = &p->topo;
+    int64_t esize = (int64_t)dtype_size(pt->dst.dtype);
+    struct rs_grid g;
+    struct tuple_domains src, dst;
+    RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, &g));
+    reshard_status_t st = tdom_build(&pt->src_map, topo, &src);
+    if (st == RESHARD_OK && (st = tdom_build(&pt->dst_map, topo, &dst)) != RESHARD_OK)
+        tdom_free(&src);
+    if (st != RESHARD_OK) {
+        grid_free(&g);
+        return st;
+    }
+    int root_domain = topo->domain[pt->src.ranks[0]];
+    int64_t root_has = 0;
+    struct grid_cursor c;
+    grid_first(&g, &c);
+    do {
+        int64_t bytes = c.volume * esize;
+        int rb = dst.run_first[c.dst_tuple], re = dst.run_first[c.dst_tuple + 1];
+        int needed_elsewhere = 0;
+        for (int r = rb; r < re; r++) {
+            int d = dst.runs[r].domain;
+            if (tdom_find(&src, c.src_tuple, d) < 0) {
+                s->min_net_bytes += bytes;
+                bd->in[d] += bytes;
+            }
+        }
+        int hb = src.runs[src.run_first[c.src_tuple]].begin;
+        int he = src.runs[src.run_first[c.src_tuple + 1] - 1].end;
+        if (he - hb == 1) { /* a sole holder must feed every other domain that needs it */
+            int holder = src.rank[hb];
+            for (int r = rb; r < re; r++)
+                needed_elsewhere += dst.runs[r].domain != topo->domain[holder];
+            bd->forced[holder] += bytes * needed_elsewhere;
+        }
+        if (tdom_find(&src, c.src_tuple, root_domain) >= 0)
+            root_has += bytes;
+    } while (grid_next(&g, &c));
+
+    int64_t total = layout_numel(&pt->dst) * esize;
+    int other = count_other_domains(topo, &pt->dst, root_domain, bd->stamp, t + 1);
+    s->gather_bcast_bytes += (total - root_has) + total * other;
+    for (int i = 0; i < pt->dst.nranks; i++)
+        bd->is_dst[pt->dst.ranks[i]] = 1;
+    grid_free(&g);
+    tdom_free(&src);
+    tdom_free(&dst);
+    return RESHARD_OK;
+}
+
+static reshard_status_t layout_bounds(const struct rs_plan *p, struct plan_stats *s)
+{
+    const struct rs_topo *topo = &p->topo;
+    struct bounds bd = {
+        .in = rs_calloc((size_t)topo->ndomains, sizeof(int64_t), "plan bounds"),
+        .forced = rs_calloc((size_t)topo->nranks, sizeof(int64_t), "plan bounds"),
+        .is_dst = rs_calloc((size_t)topo->nranks, 1, "plan bounds"),
+        .stamp = rs_calloc((size_t)topo->ndomains, sizeof(int), "plan bounds"),
+    };
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (!bd.in || !bd.forced || !bd.is_dst || !bd.stamp)
+        goto out;
+    for (int t = 0; t < p->ntensors; t++)
+        RS_CHECK_GOTO(tensor_bounds(p, t, &bd, s), st, out);
+    /* receivers of a domain: its destination ranks; senders: what only they hold */
+    memset(bd.stamp, 0, (size_t)topo->ndomains * sizeof(int));
+    for (int r = 0; r < topo->nranks; r++)
+        bd.stamp[topo->domain[r]] += bd.is_dst[r];
+    for (int d = 0; d < topo->ndomains; d++) {
+        if (!bd.stamp[d])
+            continue;
+        int64_t share = (bd.in[d] + bd.stamp[d] - 1) / bd.stamp[d];
+        if (share > s->lb_nic_bytes)
+            s->lb_nic_bytes = share;
+    }
+    for (int r = 0; r < topo->nranks; r++)
+        if (bd.forced[r] > s->lb_nic_bytes)
+            s->lb_nic_bytes = bd.forced[r];
+    st = RESHARD_OK;
+out:
+    free(bd.in);
+    free(bd.forced);
+    free(bd.is_dst);
+    free(bd.stamp);
+    return st;
+}
+
+reshard_status_t plan_stats_compute(const struct rs_plan *p, struct plan_stats *s,
+                                    struct plan_rank_stats *per_rank)
+{
+    struct plan_rank_stats *r = per_rank;
+    if (!r && !(r = rs_calloc((size_t)p->topo.nranks, sizeof(*r), "plan stats")))
+        return RESHARD_ERR_NO_MEMORY;
+    if (per_rank)
+        memset(per_rank, 0, (size_t)p->topo.nranks * sizeof(*r));
+    memset(s, 0, sizeof(*s));
+    op_stats(p, s, r);
+    if (!per_rank)
+        free(r);
+    return layout_bounds(p, s);
+}

@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Plan statistics (DESIGN.md section 5). The byte counts of the ops come from the plan; the
+ * bounds (min_net_bytes, lb_nic_bytes) and the gather-and-broadcast baseline come from the
+ * layouts and the topology alone, so the plan can be judged against them.
+ */
+#ifndef RS_STATS_H
+#define RS_STATS_H
+
+#include "plan.h"
+
+struct plan_rank_stats {
+    int64_t net_out, net_in;     /* over the network */
+    int64_t local_out, local_in; /* over the local path (LOCAL and FWD) */
+    int64_t self;                /* copied inside the rank */
+};
+
+struct plan_stats {
+    int64_t net_bytes, local_bytes, self_bytes;
+    int64_t max_nic_bytes;
+    int max_nic_rank; /* -1 when nothing crosses the network */
+    int64_t min_net_bytes, gather_bcast_bytes, lb_nic_bytes;
+    size_t nops[4]; /* by enum plan_op_kind */
+};
+
+/* per_rank may be NULL; else it has topo.nranks entries. */
+reshard_status_t plan_stats_compute(const struct rs_plan *p, struct plan_stats *s,
+                                    struct plan_rank_stats *per_rank);
+
+#endif

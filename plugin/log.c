@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "log.h"
+
+#include "error.h"
+#include "param.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static enum rs_log_level level = RS_LOG_WARN;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* Every failed RS_CHECK leaves a breadcrumb at TRACE, so a failure shows the path it took. */
+static void trace_check(const char *file, int line, const char *expr, reshard_status_t st)
+{
+    rs_log(RS_LOG_TRACE, "%s:%d %s -> %s", file, line, expr, rs_status_name(st));
+}
+
+static void emit(enum rs_log_level l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void announce(const char *env, const char *value, int rejected)
+{
+    if (rejected)
+        emit(RS_LOG_WARN, "%s=%s is not an integer; the default stays", env, value);
+    else
+        emit(RS_LOG_INFO, "%s set by environment to %s", env, value);
+}
+
+static void init(void)
+{
+    const char *v = rs_param_str(RS_PARAM_DEBUG);
+    if (!strcasecmp(v, "NONE"))
+        level = RS_LOG_NONE;
+    else if (!strcasecmp(v, "INFO"))
+        level = RS_LOG_INFO;
+    else if (!strcasecmp(v, "TRACE"))
+        level = RS_LOG_TRACE;
+    else
+        level = RS_LOG_WARN;
+    rs_error_set_trace(trace_check);
+    rs_param_overrides(announce);
+}
+
+int rs_log_enabled(enum rs_log_level l)
+{
+    pthread_once(&once, init);
+    return l <= level;
+}
+
+static void vemit(enum rs_log_level l, const char *fmt, va_list ap)
+{
+    if (l > level)
+        return;
+    static const char *const names[] = {
+        [RS_LOG_WARN] = "WARN", [RS_LOG_INFO] = "INFO", [RS_LOG_TRACE] = "TRACE"};
+    char host[64] = "?", msg[1024];
+    gethostname(host, sizeof(host));
+    host[sizeof(host) - 1] = '\0';
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    fprintf(stderr, "%s:%d RESHARD %s %s\n", host, (int)getpid(), names[l] ? names[l] : "?", msg);
+}
+
+static void emit(enum rs_log_level l, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vemit(l, fmt, ap);
+    va_end(ap);
+}
+
+void rs_log(enum rs_log_level l, const char *fmt, ...)
+{
+    if (!rs_log_enabled(l))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vemit(l, fmt, ap);
+    va_end(ap);
+}

@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "run_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+int run_capture(const char *cmd, char *out, size_t n)
+{
+    char full[4096];
+    snprintf(full, sizeof(full), "%s 2>&1", cmd);
+    FILE *f = popen(full, "r");
+    if (!f)
+        return -1;
+    size_t used = 0, got;
+    while (used + 1 < n && (got = fread(out + used, 1, n - 1 - used, f)) > 0)
+        used += got;
+    out[used] = '\0';
+    char sink[4096];
+    while (fread(sink, 1, sizeof(sink), f) > 0)
+        ;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+const char *build_dir(void)
+{
+    const char *b = getenv("RESHARD_BUILD");
+    return b && *b ? b : "build";
+}

@@ -1,0 +1,15 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Running the project's binaries from tests. */
+#ifndef RS_TEST_RUN_UTIL_H
+#define RS_TEST_RUN_UTIL_H
+
+#include <stddef.h>
+
+/* Runs `cmd` through the shell; stdout (and stderr, merged) into out. Returns the exit
+ * status, or -1 when it did not exit normally. */
+int run_capture(const char *cmd, char *out, size_t n);
+
+/* The build directory under test: $RESHARD_BUILD, else "build". */
+const char *build_dir(void);
+
+#endif

@@ -1,0 +1,145 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* reshard-plan as a user runs it: report lines, JSON, exit statuses. */
+#include "run_util.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OUT_MAX (1 << 16)
+
+static char out[OUT_MAX];
+
+static int plan(const char *args)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s/reshard-plan %s", build_dir(), args);
+    return run_capture(cmd, out, sizeof(out));
+}
+
+/* The value on the line "key N", or -1. */
+static long long value_of(const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\n%s ", key);
+    const char *p = strstr(out, pat);
+    return p ? atoll(p + strlen(pat)) : -1;
+}
+
+Test(reshard_plan, report_ends_with_the_eight_lines)
+{
+    int rc = plan("--src 'shape=7168x2048 ranks=0-7 place=S(0)' "
+                  "--dst 'shape=7168x2048 ranks=8-15 mesh=2x4 place=R,S(0)'");
+    cr_assert_eq(rc, 0, "%s", out);
+    static const char *const keys[] = {"net_bytes",   "min_net_bytes", "gather_bcast_bytes",
+                                       "local_bytes", "max_nic_bytes", "lb_nic_bytes",
+                                       "plan_ms",     "valid"};
+    const char *p = out + strlen(out);
+    for (int i = 7; i >= 0; i--) { /* walk the last 8 lines backwards */
+        const char *line = p - 1;
+        while (line > out && line[-1] != '\n')
+            line--;
+        cr_assert_eq(strncmp(line, keys[i], strlen(keys[i])), 0, "line %d is '%.*s'", i,
+                     (int)(p - line), line);
+        cr_assert_eq(line[strlen(keys[i])], ' ');
+        p = line;
+    }
+    long long net = value_of("net_bytes");
+    cr_assert_eq(net, 7168LL * 2048 * 2, "the tensor enters domain 1 once");
+    cr_assert_eq(value_of("min_net_bytes"), net);
+    cr_assert_eq(value_of("max_nic_bytes"), value_of("lb_nic_bytes"));
+    cr_assert(strstr(out, "\nvalid yes\n"));
+    cr_assert(strstr(out, "rank   dom  rail"), "the per-rank table is printed");
+}
+
+Test(reshard_plan, json_carries_the_same_figures)
+{
+    const char *args = "--src 'shape=64x64 ranks=0-3 place=S(1)' --dst 'shape=64x64 ranks=4-7 "
+                       "mesh=2x2 place=SS(0,2),R' --domain-size 2";
+    cr_assert_eq(plan(args), 0, "%s", out);
+    long long net = value_of("net_bytes");
+    char json_args[512];
+    snprintf(json_args, sizeof(json_args), "%s --json", args);
+    cr_assert_eq(plan(json_args), 0, "%s", out);
+    char want[64];
+    snprintf(want, sizeof(want), "\"net_bytes\": %lld,", net);
+    cr_assert(strstr(out, want), "%s", out);
+    cr_assert(strstr(out, "\"valid\": true"), "%s", out);
+    cr_assert(strstr(out, "\"ranks\": ["), "%s", out);
+}
+
+Test(reshard_plan, bad_input_exits_2_with_one_line)
+{
+    cr_assert_eq(
+        plan("--src 'shape=7168x2048 ranks=0-3 place=X' --dst 'shape=7168x2048 ranks=0-3'"), 2);
+    cr_assert_str_eq(out, "error: place: expected R, S(d) or SS(d,k) at column 33 (in --src)\n");
+    cr_assert_eq(plan("--src 'shape=4x4 ranks=0-3' --dst 'shape=4x4 ranks=0-3 mesh=2x3'"), 2);
+    cr_assert_str_eq(out,
+                     "error: mesh: 2x3 holds 6 ranks but ranks lists 4 at column 26 (in --dst)\n");
+    cr_assert_eq(plan("--src 'shape=4x4 ranks=0-3' --dst 'shape=4x4 ranks=0-3 place=S(5)'"), 2);
+    cr_assert_eq(plan("--src 'shape=6 ranks=0-3 place=SS(0,4)' --dst 'shape=6 ranks=0-3'"), 2);
+    cr_assert_eq(plan("--src 'shape=4x4 ranks=0-3' --dst 'shape=4x4 dtype=f32 ranks=0-3'"), 2);
+    cr_assert_str_eq(out, "error: tensor 'tensor': source dtype bf16 differs from destination "
+                          "dtype f32\n");
+    cr_assert_eq(plan("--src 'shape=4x4 ranks=0-3' --dst 'shape=4x8 ranks=0-3'"), 2);
+    cr_assert_str_eq(out, "error: tensor 'tensor': source shape 4x4 differs from destination "
+                          "shape 4x8\n");
+}
+
+Test(reshard_plan, usage_errors_exit_2)
+{
+    cr_assert_eq(plan("--src 'shape=4 ranks=0'"), 2);
+    cr_assert(strstr(out, "error: --src and --dst are required"), "%s", out);
+    cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --bogus"), 2);
+    cr_assert(strstr(out, "error: unknown or incomplete option '--bogus'"), "%s", out);
+    cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --domain-size 0"), 2);
+    cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' extra"), 2);
+    cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --domains 0,0 "
+                      "--domain-size 2"),
+                 2);
+    cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --domains 0,x"), 2);
+    cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=2' --domains 0,1"), 2);
+    cr_assert_str_eq(out, "error: rank 2 is outside the world of 2 ranks\n");
+    cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --domains 0,1,1 "
+                      "--world-size 2"),
+                 2);
+    cr_assert_str_eq(out, "error: --domains lists 3 ranks, the world has 2\n");
+    cr_assert_eq(plan("--src 'shape=4' --dst 'shape=4'"), 2, "no rank count anywhere");
+}
+
+Test(reshard_plan, domains_list_and_world_size)
+{
+    cr_assert_eq(plan("--src 'shape=8 ranks=0-1 place=S(0)' --dst 'shape=8 ranks=2-3 place=R' "
+                      "--domains 5,5,9,9"),
+                 0, "%s", out);
+    cr_assert_eq(value_of("net_bytes"), 16);
+    cr_assert_eq(plan("--src 'shape=8 place=S(0)' --dst 'shape=8 place=R' --world-size 4 "
+                      "--domain-size 2"),
+                 0, "%s", out);
+    cr_assert_eq(value_of("net_bytes"), 16, "both sides default to ranks 0-3");
+    /* 64 B wanted: 16 B arrive by network, 16 B are kept (self), the rest moves locally */
+    cr_assert_eq(value_of("local_bytes"), 32);
+}
+
+Test(reshard_plan, long_tables_are_cut_unless_asked)
+{
+    const char *args = "--src 'shape=64x64 ranks=0-63 place=S(0)' --dst 'shape=64x64 ranks=0-63 "
+                       "place=S(1)'";
+    cr_assert_eq(plan(args), 0);
+    cr_assert(strstr(out, "... 32 more ranks with traffic (--all-ranks lists them)"), "%s", out);
+    char all[512];
+    snprintf(all, sizeof(all), "%s --all-ranks", args);
+    cr_assert_eq(plan(all), 0);
+    cr_assert_null(strstr(out, "more ranks with traffic"));
+    cr_assert(strstr(out, "\n    63 "), "rank 63 listed");
+}
+
+Test(reshard_plan, dump_config_and_help)
+{
+    cr_assert_eq(plan("--dump-config"), 0);
+    cr_assert(strstr(out, "RESHARD_DEBUG"), "%s", out);
+    cr_assert(strstr(out, "RESHARD_PLAN_SPLIT_MIN_BYTES"), "%s", out);
+    cr_assert_eq(plan("--help"), 0);
+    cr_assert(strstr(out, "usage: reshard-plan"), "%s", out);
+}

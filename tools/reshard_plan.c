@@ -1,0 +1,352 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * reshard-plan: explains the plan of one reshard (DESIGN.md section 10). Uses only the public
+ * API. Exit status: 0 valid plan, 1 invalid plan, 2 bad input.
+ */
+#include "reshard.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_DOMAIN_SIZE 8
+#define TABLE_ROWS          32
+
+static const char usage[] =
+    "usage: reshard-plan --src SPEC --dst SPEC [--domain-size N | --domains LIST]\n"
+    "                    [--world-size N] [--json] [--all-ranks]\n"
+    "       reshard-plan --dump-config\n"
+    "\n"
+    "  --src, --dst SPEC   layouts, e.g. 'shape=7168x2048 dtype=bf16 ranks=0-7 mesh=2x4 "
+    "place=R,S(0)'\n"
+    "  --domain-size N     NVLink domains of N consecutive ranks (default 8)\n"
+    "  --domains LIST      the domain id of every rank, comma separated\n"
+    "  --world-size N      ranks in the communicator (default: past the highest rank used)\n"
+    "  --json              the same report as JSON\n"
+    "  --all-ranks         list every rank with traffic (the table stops at 32 otherwise)\n"
+    "\n"
+    "The report ends with net_bytes, min_net_bytes, gather_bcast_bytes, local_bytes,\n"
+    "max_nic_bytes, lb_nic_bytes, plan_ms and valid. Exit status: 0 valid, 1 invalid,\n"
+    "2 bad input.\n";
+
+struct args {
+    const char *src, *dst, *domains;
+    int domain_size, world_size, json, all_ranks, dump_config;
+};
+
+static int bad_input(const char *what, const char *detail)
+{
+    fprintf(stderr, "error: %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
+    return 2;
+}
+
+static int parse_count(const char *s, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < 1 || v > (1 << 20))
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, struct args *a)
+{
+    static const struct option opts[] = {
+        {"src", required_argument, NULL, 's'},
+        {"dst", required_argument, NULL, 'd'},
+        {"domain-size", required_argument, NULL, 'n'},
+        {"domains", required_argument, NULL, 'D'},
+        {"world-size", required_argument, NULL, 'w'},
+        {"json", no_argument, NULL, 'j'},
+        {"all-ranks", no_argument, NULL, 'a'},
+        {"dump-config", no_argument, NULL, 'c'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 's':
+            a->src = optarg;
+            break;
+        case 'd':
+            a->dst = optarg;
+            break;
+        case 'n':
+            if (parse_count(optarg, &a->domain_size))
+                return bad_input("--domain-size: expected a positive integer", optarg);
+            break;
+        case 'D':
+            a->domains = optarg;
+            break;
+        case 'w':
+            if (parse_count(optarg, &a->world_size))
+                return bad_input("--world-size: expected a positive integer", optarg);
+            break;
+        case 'j':
+            a->json = 1;
+            break;
+        case 'a':
+            a->all_ranks = 1;
+            break;
+        case 'c':
+            a->dump_config = 1;
+            break;
+        case 'h':
+            fputs(usage, stdout);
+            exit(0);
+        default:
+            fprintf(stderr, "error: unknown or incomplete option '%s'\n%s", argv[optind - 1],
+                    usage);
+            return 2;
+        }
+    }
+    if (optind < argc)
+        return bad_input("unexpected argument", argv[optind]);
+    if (a->dump_config)
+        return 0;
+    if (!a->src || !a->dst) {
+        fprintf(stderr, "error: --src and --dst are required\n%s", usage);
+        return 2;
+    }
+    if (a->domains && a->domain_size)
+        return bad_input("--domains and --domain-size exclude each other", NULL);
+    return 0;
+}
+
+/* "0,0,1,1" -> ids; returns the count, or -1 on a malformed list. */
+static int parse_domains(const char *s, int **ids)
+{
+    int n = 1;
+    for (const char *p = s; *p; p++)
+        n += *p == ',';
+    int *v = calloc((size_t)n, sizeof(int));
+    if (!v)
+        return -1;
+    const char *p = s;
+    for (int i = 0; i < n; i++) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 0 || x > (1 << 20) || (*end != ',' && *end != '\0')) {
+            free(v);
+            return -1;
+        }
+        v[i] = (int)x;
+        p = end + 1;
+    }
+    *ids = v;
+    return n;
+}
+
+static void human(char *buf, size_t n, uint64_t bytes)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 5) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, n, "%" PRIu64 " B", bytes);
+    else
+        snprintf(buf, n, "%.2f %s", v, units[u]);
+}
+
+static int has_traffic(const reshard_rank_stats_t *r)
+{
+    return r->net_out || r->net_in || r->local_out || r->local_in || r->self;
+}
+
+static void print_table(const reshard_plan_stats_t *s, const reshard_rank_stats_t *r, int all)
+{
+    printf("%6s %5s %5s %12s %12s %12s %12s %12s\n", "rank", "dom", "rail", "net_out", "net_in",
+           "local_out", "local_in", "self");
+    int shown = 0, busy = 0;
+    for (int k = 0; k < s->world_size; k++) {
+        if (!has_traffic(&r[k]))
+            continue;
+        busy++;
+        if (!all && shown == TABLE_ROWS)
+            continue;
+        char b[5][32];
+        human(b[0], sizeof(b[0]), r[k].net_out);
+        human(b[1], sizeof(b[1]), r[k].net_in);
+        human(b[2], sizeof(b[2]), r[k].local_out);
+        human(b[3], sizeof(b[3]), r[k].local_in);
+        human(b[4], sizeof(b[4]), r[k].self);
+        printf("%6d %5d %5d %12s %12s %12s %12s %12s\n", k, r[k].domain, r[k].local_index, b[0],
+               b[1], b[2], b[3], b[4]);
+        shown++;
+    }
+    if (busy > shown)
+        printf("   ... %d more ranks with traffic (--all-ranks lists them)\n", busy - shown);
+    printf("ops: %" PRIu64 " net, %" PRIu64 " local, %" PRIu64 " fwd, %" PRIu64 " self\n",
+           s->net_ops, s->local_ops, s->fwd_ops, s->self_ops);
+    if (s->max_nic_rank >= 0)
+        printf("busiest NIC: rank %d, %.3f x the lower bound\n", s->max_nic_rank,
+               s->lb_nic_bytes ? (double)s->max_nic_bytes / (double)s->lb_nic_bytes : 0.0);
+    printf("\n");
+}
+
+static void print_tail(const reshard_plan_stats_t *s, int valid)
+{
+    printf("net_bytes %" PRIu64 "\n", s->net_bytes);
+    printf("min_net_bytes %" PRIu64 "\n", s->min_net_bytes);
+    printf("gather_bcast_bytes %" PRIu64 "\n", s->gather_bcast_bytes);
+    printf("local_bytes %" PRIu64 "\n", s->local_bytes);
+    printf("max_nic_bytes %" PRIu64 "\n", s->max_nic_bytes);
+    printf("lb_nic_bytes %" PRIu64 "\n", s->lb_nic_bytes);
+    printf("plan_ms %.3f\n", s->plan_ms);
+    printf("valid %s\n", valid ? "yes" : "no");
+}
+
+static void json_string(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            printf("\\u%04x", *s);
+        else
+            putchar(*s);
+    }
+    putchar('"');
+}
+
+static void print_json(const reshard_plan_stats_t *s, const reshard_rank_stats_t *r,
+                       const char *src, const char *dst, uint64_t hash, int valid, const char *why)
+{
+    printf("{\n  \"src\": ");
+    json_string(src);
+    printf(",\n  \"dst\": ");
+    json_string(dst);
+    printf(",\n  \"world_size\": %d,\n  \"ndomains\": %d,\n  \"plan_hash\": \"0x%016" PRIx64
+           "\",\n",
+           s->world_size, s->ndomains, hash);
+    printf("  \"ranks\": [");
+    int first = 1;
+    for (int k = 0; k < s->world_size; k++) {
+        if (!has_traffic(&r[k]))
+            continue;
+        printf("%s\n    {\"rank\": %d, \"domain\": %d, \"rail\": %d, \"net_out\": %" PRIu64
+               ", \"net_in\": %" PRIu64 ", \"local_out\": %" PRIu64 ", \"local_in\": %" PRIu64
+               ", \"self\": %" PRIu64 "}",
+               first ? "" : ",", k, r[k].domain, r[k].local_index, r[k].net_out, r[k].net_in,
+               r[k].local_out, r[k].local_in, r[k].self);
+        first = 0;
+    }
+    printf("\n  ],\n  \"ops\": {\"net\": %" PRIu64 ", \"local\": %" PRIu64 ", \"fwd\": %" PRIu64
+           ", \"self\": %" PRIu64 "},\n",
+           s->net_ops, s->local_ops, s->fwd_ops, s->self_ops);
+    printf("  \"net_bytes\": %" PRIu64 ",\n  \"min_net_bytes\": %" PRIu64
+           ",\n  \"gather_bcast_bytes\": %" PRIu64 ",\n  \"local_bytes\": %" PRIu64
+           ",\n  \"self_bytes\": %" PRIu64 ",\n  \"max_nic_bytes\": %" PRIu64
+           ",\n  \"max_nic_rank\": %d,\n  \"lb_nic_bytes\": %" PRIu64
+           ",\n  \"plan_ms\": %.3f,\n  \"valid\": %s",
+           s->net_bytes, s->min_net_bytes, s->gather_bcast_bytes, s->local_bytes, s->self_bytes,
+           s->max_nic_bytes, s->max_nic_rank, s->lb_nic_bytes, s->plan_ms,
+           valid ? "true" : "false");
+    if (!valid) {
+        printf(",\n  \"error\": ");
+        json_string(why);
+    }
+    printf("\n}\n");
+}
+
+static int max_rank(const reshard_layout_t *l)
+{
+    reshard_layout_info_t info;
+    return reshard_layout_info(l, &info) == RESHARD_OK ? info.max_rank : -1;
+}
+
+int main(int argc, char **argv)
+{
+    struct args a = {0};
+    int rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc;
+    if (a.dump_config) {
+        reshard_config_print(stdout);
+        return 0;
+    }
+    int *ids = NULL, nids = 0;
+    if (a.domains && (nids = parse_domains(a.domains, &ids)) < 0)
+        return bad_input("--domains: expected comma-separated non-negative domain ids", a.domains);
+    int world = a.world_size ? a.world_size : nids;
+    reshard_layout_t *src = NULL, *dst = NULL;
+    reshard_topo_t *topo = NULL;
+    reshard_plan_t *plan = NULL;
+    rc = 2;
+    if (reshard_layout_parse(a.src, world, &src) != RESHARD_OK) {
+        fprintf(stderr, "error: %s (in --src)\n", reshard_last_error());
+        goto out;
+    }
+    if (reshard_layout_parse(a.dst, world, &dst) != RESHARD_OK) {
+        fprintf(stderr, "error: %s (in --dst)\n", reshard_last_error());
+        goto out;
+    }
+    int top = max_rank(src) > max_rank(dst) ? max_rank(src) : max_rank(dst);
+    if (!world)
+        world = top + 1;
+    if (top >= world) {
+        fprintf(stderr, "error: rank %d is outside the world of %d ranks\n", top, world);
+        goto out;
+    }
+    if (nids && nids != world) {
+        fprintf(stderr, "error: --domains lists %d ranks, the world has %d\n", nids, world);
+        goto out;
+    }
+    int dsize = a.domain_size ? a.domain_size : DEFAULT_DOMAIN_SIZE;
+    if (reshard_topo_create(world, dsize, ids, &topo) != RESHARD_OK) {
+        fprintf(stderr, "error: %s\n", reshard_last_error());
+        goto out;
+    }
+    reshard_tensor_t t = {"tensor", src, dst};
+    if (reshard_plan_create(&t, 1, topo, NULL, &plan) != RESHARD_OK) {
+        fprintf(stderr, "error: %s\n", reshard_last_error());
+        goto out;
+    }
+    int valid = reshard_plan_validate(plan) == RESHARD_OK;
+    char why[512];
+    snprintf(why, sizeof(why), "%s", valid ? "" : reshard_last_error());
+    reshard_plan_stats_t s;
+    reshard_rank_stats_t *ranks = calloc((size_t)world, sizeof(*ranks));
+    if (!ranks || reshard_plan_stats(plan, &s, ranks) != RESHARD_OK) {
+        fprintf(stderr, "error: %s\n", ranks ? reshard_last_error() : "out of memory");
+        free(ranks);
+        goto out;
+    }
+    char sbuf[4096], dbuf[4096];
+    reshard_layout_format(src, sbuf, sizeof(sbuf));
+    reshard_layout_format(dst, dbuf, sizeof(dbuf));
+    if (a.json) {
+        print_json(&s, ranks, sbuf, dbuf, reshard_plan_hash(plan), valid, why);
+    } else {
+        printf("src: %s\ndst: %s\n", sbuf, dbuf);
+        if (ids)
+            printf("world: %d ranks in %d domains (--domains), plan hash 0x%016" PRIx64 "\n\n",
+                   world, s.ndomains, reshard_plan_hash(plan));
+        else
+            printf("world: %d ranks in %d domains of %d%s, plan hash 0x%016" PRIx64 "\n\n", world,
+                   s.ndomains, dsize, a.domain_size ? "" : " (default)", reshard_plan_hash(plan));
+        print_table(&s, ranks, a.all_ranks);
+        if (!valid)
+            fprintf(stderr, "error: %s\n", why);
+        print_tail(&s, valid);
+    }
+    free(ranks);
+    rc = valid ? 0 : 1;
+out:
+    reshard_plan_destroy(plan);
+    reshard_topo_destroy(topo);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    free(ids);
+    return rc;
+}

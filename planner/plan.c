@@ -29,28 +29,38 @@ const char *plan_op_kind_name(enum plan_op_kind k)
     return "?";
 }
 
-uint64_t plan_push_box(struct rs_plan *p, int ndim, const int64_t *start, const int64_t *len)
+/* One 64-bit word into a hash (multiply-xorshift, a word at a time). */
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h = (h ^ v) * UINT64_C(0x9e3779b97f4a7c15);
+    return h ^ (h >> 29);
+}
+
+reshard_status_t plan_push_box(struct rs_plan *p, int ndim, const int64_t *start,
+                               const int64_t *len, uint32_t *box)
 {
     size_t need = p->ncoords + 2 * (size_t)ndim;
+    if (need > UINT32_MAX)
+        return rs_error(RESHARD_ERR_TOO_LARGE, "plan: more than 2^32 box coordinates");
     if (need > p->coords_cap) {
         size_t cap = p->coords_cap ? 2 * p->coords_cap : 1024;
         while (cap < need)
             cap *= 2;
         int64_t *c = rs_realloc_array(p->coords, cap, sizeof(int64_t), "plan boxes");
         if (!c)
-            return UINT64_MAX;
+            return RESHARD_ERR_NO_MEMORY;
         p->coords = c;
         p->coords_cap = cap;
     }
-    uint64_t at = p->ncoords;
-    memcpy(p->coords + at, start, (size_t)ndim * sizeof(int64_t));
-    memcpy(p->coords + at + ndim, len, (size_t)ndim * sizeof(int64_t));
+    memcpy(p->coords + p->ncoords, start, (size_t)ndim * sizeof(int64_t));
+    memcpy(p->coords + p->ncoords + ndim, len, (size_t)ndim * sizeof(int64_t));
+    *box = (uint32_t)p->ncoords;
     p->ncoords = need;
-    return at;
+    return RESHARD_OK;
 }
 
 reshard_status_t plan_push_op(struct rs_plan *p, enum plan_op_kind kind, uint32_t tensor, int src,
-                              int dst, uint64_t box, int64_t bytes, uint32_t parent)
+                              int dst, uint32_t box, int64_t bytes, uint32_t parent)
 {
     if (p->nops == p->ops_cap) {
         size_t cap = p->ops_cap ? 2 * p->ops_cap : 1024;
@@ -62,8 +72,14 @@ reshard_status_t plan_push_op(struct rs_plan *p, enum plan_op_kind kind, uint32_
         p->ops = o;
         p->ops_cap = cap;
     }
-    p->ops[p->nops++] = (struct plan_op){.box = box,
-                                         .bytes = bytes,
+    uint64_t h = mix(p->hash, (uint64_t)kind << 32 | tensor);
+    h = mix(h, (uint64_t)(uint32_t)src << 32 | (uint32_t)dst);
+    h = mix(h, parent);
+    for (int k = 0; k < 2 * p->tensors[tensor].dst.ndim; k++)
+        h = mix(h, (uint64_t)p->coords[box + k]);
+    p->hash = h;
+    p->ops[p->nops++] = (struct plan_op){.bytes = bytes,
+                                         .box = box,
                                          .tensor = tensor,
                                          .parent = parent,
                                          .src = src,
@@ -161,9 +177,9 @@ static reshard_status_t push_unit(struct build *b, const struct net_unit *u)
  * holds it already, else from the least busy holder there. */
 static reshard_status_t serve_locally(struct build *b, uint32_t t, const struct grid_cursor *c,
                                       const struct tdom_run *need, const struct tdom_run *have,
-                                      uint64_t box, int64_t bytes)
+                                      uint32_t box, int64_t bytes)
 {
-    const struct tensor_work *w = &b->work[t];
+    const struct tensor_work *w = &b->work;
     const struct rs_shardmap *src_map = &b->plan->tensors[t].src_map;
     for (int i = need->begin; i < need->end; i++) {
         int n = w->dst_td.rank[i];
@@ -184,9 +200,17 @@ static reshard_status_t serve_locally(struct build *b, uint32_t t, const struct 
     return RESHARD_OK;
 }
 
+static void work_free(struct tensor_work *w)
+{
+    grid_free(&w->grid);
+    tdom_free(&w->src_td);
+    tdom_free(&w->dst_td);
+}
+
+/* Finds the cells of tensor t: serves what is held locally, queues the rest as units. */
 static reshard_status_t plan_tensor_cells(struct build *b, uint32_t t)
 {
-    struct tensor_work *w = &b->work[t];
+    struct tensor_work *w = &b->work;
     const struct plan_tensor *pt = &b->plan->tensors[t];
     int ndim = pt->dst.ndim;
     RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, &w->grid));
@@ -199,15 +223,13 @@ static reshard_status_t plan_tensor_cells(struct build *b, uint32_t t)
     do {
         int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS];
         int64_t bytes = c.volume * w->esize;
-        uint64_t box = UINT64_MAX; /* pushed once, shared by every op that moves the whole cell */
+        uint32_t box = PLAN_NO_BOX; /* pushed once, shared by every op that moves the whole cell */
         for (int r = w->dst_td.run_first[c.dst_tuple]; r < w->dst_td.run_first[c.dst_tuple + 1];
              r++) {
             const struct tdom_run *need = &w->dst_td.runs[r];
-            if (box == UINT64_MAX) {
+            if (box == PLAN_NO_BOX) {
                 grid_cell_box(&w->grid, &c, start, len);
-                box = plan_push_box(b->plan, ndim, start, len);
-                if (box == UINT64_MAX)
-                    return RESHARD_ERR_NO_MEMORY;
+                RS_CHECK(plan_push_box(b->plan, ndim, start, len, &box));
             }
             int h = tdom_find(&w->src_td, c.src_tuple, need->domain);
             if (h >= 0) {
@@ -221,38 +243,50 @@ static reshard_status_t plan_tensor_cells(struct build *b, uint32_t t)
     return RESHARD_OK;
 }
 
-static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+/* What every rank must agree on: the ops (hashed as they are pushed, while they are in
+ * cache), the topology and the tensors. */
+static uint64_t plan_hash(const struct rs_plan *p)
 {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= UINT64_C(0x100000001b3);
+    uint64_t h = mix(p->hash, (uint64_t)p->ntensors);
+    for (int r = 0; r < p->topo.nranks; r++)
+        h = mix(h, (uint64_t)p->topo.domain[r]);
+    for (int t = 0; t < p->ntensors; t++) {
+        const struct rs_layout *l = &p->tensors[t].dst;
+        for (int d = 0; d < l->ndim; d++)
+            h = mix(h, (uint64_t)l->shape[d]);
+        h = mix(h, (uint64_t)l->dtype);
     }
     return h;
 }
 
-/* Covers what every rank must agree on: the tensors, the topology and every op. */
-static uint64_t plan_hash(const struct rs_plan *p)
+struct size_index {
+    int64_t bytes;
+    uint32_t index;
+};
+
+static int cmp_size_index(const void *a, const void *b)
 {
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
-    h = fnv1a(h, &p->ntensors, sizeof(p->ntensors));
-    h = fnv1a(h, p->topo.domain, (size_t)p->topo.nranks * sizeof(int));
+    const struct size_index *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes ? 1 : -1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+/* Tensors largest first (ties in input order), so the greedy places big pieces first. */
+static reshard_status_t largest_first(const struct rs_plan *p, uint32_t *order)
+{
+    struct size_index *v = rs_calloc((size_t)p->ntensors, sizeof(*v), "plan order");
+    if (!v)
+        return RESHARD_ERR_NO_MEMORY;
     for (int t = 0; t < p->ntensors; t++) {
         const struct rs_layout *l = &p->tensors[t].dst;
-        h = fnv1a(h, l->shape, (size_t)l->ndim * sizeof(int64_t));
-        h = fnv1a(h, &l->dtype, sizeof(l->dtype));
+        v[t] = (struct size_index){layout_numel(l) * (int64_t)dtype_size(l->dtype), (uint32_t)t};
     }
-    for (size_t i = 0; i < p->nops; i++) {
-        const struct plan_op *op = &p->ops[i];
-        int ndim = p->tensors[op->tensor].dst.ndim;
-        h = fnv1a(h, &op->kind, sizeof(op->kind));
-        h = fnv1a(h, &op->tensor, sizeof(op->tensor));
-        h = fnv1a(h, &op->src, sizeof(op->src));
-        h = fnv1a(h, &op->dst, sizeof(op->dst));
-        h = fnv1a(h, &op->parent, sizeof(op->parent));
-        h = fnv1a(h, p->coords + op->box, 2 * (size_t)ndim * sizeof(int64_t));
-    }
-    return h;
+    qsort(v, (size_t)p->ntensors, sizeof(*v), cmp_size_index);
+    for (int t = 0; t < p->ntensors; t++)
+        order[t] = v[t].index;
+    free(v);
+    return RESHARD_OK;
 }
 
 static double now_ms(void)
@@ -262,14 +296,9 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static void build_free(struct build *b, int ntensors)
+static void build_free(struct build *b)
 {
-    for (int t = 0; b->work && t < ntensors; t++) {
-        grid_free(&b->work[t].grid);
-        tdom_free(&b->work[t].src_td);
-        tdom_free(&b->work[t].dst_td);
-    }
-    free(b->work);
+    work_free(&b->work);
     free(b->units);
     free(b->net_out);
     free(b->net_in);
@@ -293,6 +322,7 @@ reshard_status_t plan_build(const struct plan_input *in, int ntensors, const str
     if (p->opts.split_min_bytes < 1)
         p->opts.split_min_bytes = 1;
     b.plan = p;
+    p->hash = UINT64_C(0x7265736861726421); /* the running hash of the ops */
     RS_CHECK_GOTO(topo_copy(topo, &p->topo), st, err_free);
     st = RESHARD_ERR_NO_MEMORY;
     p->tensors = rs_calloc((size_t)ntensors, sizeof(*p->tensors), "plan tensors");
@@ -303,22 +333,30 @@ reshard_status_t plan_build(const struct plan_input *in, int ntensors, const str
         RS_CHECK_GOTO(add_tensor(p, t, &in[t]), st, err_free);
 
     st = RESHARD_ERR_NO_MEMORY;
-    b.work = rs_calloc((size_t)ntensors, sizeof(*b.work), "plan work");
     b.net_out = rs_calloc((size_t)topo->nranks, sizeof(int64_t), "plan loads");
     b.net_in = rs_calloc((size_t)topo->nranks, sizeof(int64_t), "plan loads");
     b.local_out = rs_calloc((size_t)topo->nranks, sizeof(int64_t), "plan loads");
-    if (!b.work || !b.net_out || !b.net_in || !b.local_out)
+    uint32_t *order = rs_calloc((size_t)ntensors, sizeof(uint32_t), "plan order");
+    if (!b.net_out || !b.net_in || !b.local_out || !order)
+        goto done_order;
+    RS_CHECK_GOTO(largest_first(p, order), st, done_order);
+    for (int i = 0; i < ntensors && st == RESHARD_OK; i++) {
+        st = plan_tensor_cells(&b, order[i]);
+        if (st == RESHARD_OK)
+            st = plan_assign_net(&b);
+        work_free(&b.work);
+    }
+done_order:
+    free(order);
+    if (st != RESHARD_OK)
         goto err_free;
-    for (int t = 0; t < ntensors; t++)
-        RS_CHECK_GOTO(plan_tensor_cells(&b, (uint32_t)t), st, err_free);
-    RS_CHECK_GOTO(plan_assign_net(&b), st, err_free);
-    build_free(&b, ntensors);
+    build_free(&b);
     p->hash = plan_hash(p);
     p->plan_ms = now_ms() - t0;
     *out = p;
     return RESHARD_OK;
 err_free:
-    build_free(&b, ntensors);
+    build_free(&b);
     plan_free(p);
     return st;
 }

@@ -23,9 +23,9 @@ enum plan_op_kind { PLAN_OP_SELF, PLAN_OP_LOCAL, PLAN_OP_NET, PLAN_OP_FWD };
 
 #define PLAN_NO_PARENT UINT32_MAX
 
-struct plan_op {
-    uint64_t box;  /* plan->coords[box ..]: start[ndim], then len[ndim] */
+struct plan_op {   /* 32 bytes: a plan of a large model holds millions */
     int64_t bytes; /* in the destination dtype */
+    uint32_t box;  /* plan->coords[box ..]: start[ndim], then len[ndim] */
     uint32_t tensor;
     uint32_t parent; /* FWD: index of the NET op that delivered the box */
     int32_t src, dst;
@@ -83,9 +83,10 @@ const char *plan_op_kind_name(enum plan_op_kind k);
 
 /* ---- used by the builder's parts (plan.c, plan_net.c) ---- */
 
-/* Appends a box; returns its index in coords, or UINT64_MAX when out of memory. */
-uint64_t plan_push_box(struct rs_plan *p, int ndim, const int64_t *start, const int64_t *len);
+/* Appends a box; *box is its index in coords. */
+reshard_status_t plan_push_box(struct rs_plan *p, int ndim, const int64_t *start,
+                               const int64_t *len, uint32_t *box);
 reshard_status_t plan_push_op(struct rs_plan *p, enum plan_op_kind kind, uint32_t tensor, int src,
-                              int dst, uint64_t box, int64_t bytes, uint32_t parent);
+                              int dst, uint32_t box, int64_t bytes, uint32_t parent);
 
 #endif

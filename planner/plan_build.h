@@ -16,21 +16,26 @@ struct tensor_work {
  * that lives there, and the source tuple whose ranks (all in other domains) hold it. */
 struct net_unit {
     int64_t bytes;
-    uint64_t box;
+    uint32_t box;
     uint32_t tensor;
     int32_t src_tuple;
     int32_t run;
 };
 
+#define PLAN_NO_BOX UINT32_MAX
+
+/* Tensors are planned one at a time (largest first), so the grid and the units of only one
+ * tensor are alive; the loads carry over from tensor to tensor. */
 struct build {
     struct rs_plan *plan;
-    struct tensor_work *work;
-    struct net_unit *units;
+    struct tensor_work work; /* of the tensor being planned */
+    struct net_unit *units;  /* ... and its network units */
     size_t nunits, units_cap;
     int64_t *net_out, *net_in, *local_out; /* bytes per rank so far */
 };
 
-/* Cuts every unit into per-rank slices, picks senders, emits NET and FWD ops. */
+/* Cuts the current tensor's units into per-rank slices, largest first, picks senders and
+ * emits NET and FWD ops. */
 reshard_status_t plan_assign_net(struct build *b);
 
 #endif

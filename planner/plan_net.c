@@ -5,8 +5,9 @@
  * A cell that must enter a domain is needed there by m ranks. It is cut into m slices, one per
  * needer, so it crosses the network once; each needer forwards its slice to the other m - 1
  * over the local path. A slice held by several source replicas is split among them when the
- * parts stay large. Units are taken largest first; each (sub-)slice goes to the least loaded
- * sender, ties going to the sender on the receiver's rail, then to the lower rank.
+ * parts stay large. Tensors come largest first and each tensor's units largest first; each
+ * (sub-)slice goes to the least loaded sender, ties going to the sender on the receiver's rail,
+ * then to the lower rank.
  */
 #include "error.h"
 #include "plan_build.h"
@@ -19,18 +20,6 @@ struct scratch {
     char *used;   /* holders already sending part of the current slice */
     int cap_need, cap_have;
 };
-
-static int cmp_unit(const void *a, const void *b)
-{
-    const struct net_unit *x = a, *y = b;
-    if (x->bytes != y->bytes)
-        return x->bytes < y->bytes ? 1 : -1; /* largest first */
-    if (x->tensor != y->tensor)
-        return x->tensor < y->tensor ? -1 : 1;
-    if (x->box != y->box)
-        return x->box < y->box ? -1 : 1;
-    return (x->run > y->run) - (x->run < y->run);
-}
 
 /* The dim to cut into `parts` pieces: the outermost one long enough (pieces then stay runs of
  * whole rows), else the longest. */
@@ -119,11 +108,11 @@ static int pick_sender(const struct build *b, const int *holders, int nh, const 
 /* Sends one slice to `receiver`, from one holder or split among several, and forwards each
  * part to the receiver's fellow needers. */
 static reshard_status_t emit_slice(struct build *b, struct scratch *s, const struct net_unit *u,
-                                   const int64_t *start, const int64_t *len, uint64_t box,
+                                   const int64_t *start, const int64_t *len, uint32_t box,
                                    int receiver, const struct tdom_run *need)
 {
     struct rs_plan *p = b->plan;
-    const struct tensor_work *w = &b->work[u->tensor];
+    const struct tensor_work *w = &b->work;
     int ndim = p->tensors[u->tensor].dst.ndim;
     const int *holders = w->src_td.rank + w->src_td.runs[w->src_td.run_first[u->src_tuple]].begin;
     int nh = w->src_td.runs[w->src_td.run_first[u->src_tuple + 1] - 1].end -
@@ -146,14 +135,12 @@ static reshard_status_t emit_slice(struct build *b, struct scratch *s, const str
         int64_t sub_start[RS_MAX_DIMS], sub_len[RS_MAX_DIMS];
         memcpy(sub_start, start, (size_t)ndim * sizeof(int64_t));
         memcpy(sub_len, len, (size_t)ndim * sizeof(int64_t));
-        uint64_t sub_box = box;
+        uint32_t sub_box = box;
         if (k > 1) {
             int64_t a = piece_at(len[dim], q, k), e = piece_at(len[dim], q + 1, k);
             sub_start[dim] = start[dim] + a;
             sub_len[dim] = e - a;
-            sub_box = plan_push_box(p, ndim, sub_start, sub_len);
-            if (sub_box == UINT64_MAX)
-                return RESHARD_ERR_NO_MEMORY;
+            RS_CHECK(plan_push_box(p, ndim, sub_start, sub_len, &sub_box));
         }
         int64_t sub_bytes = volume(sub_len, ndim) * w->esize;
         int i = pick_sender(b, holders, nh, k > 1 ? s->used : NULL, receiver, sub_bytes);
@@ -178,7 +165,7 @@ static reshard_status_t emit_slice(struct build *b, struct scratch *s, const str
 static reshard_status_t assign_unit(struct build *b, struct scratch *s, const struct net_unit *u)
 {
     struct rs_plan *p = b->plan;
-    const struct tensor_work *w = &b->work[u->tensor];
+    const struct tensor_work *w = &b->work;
     const struct tdom_run *need = &w->dst_td.runs[u->run];
     int ndim = p->tensors[u->tensor].dst.ndim;
     int m = need->end - need->begin;
@@ -203,21 +190,55 @@ static reshard_status_t assign_unit(struct build *b, struct scratch *s, const st
         slice_len[dim] = base + (i < extra);
         if (slice_len[dim] == 0)
             break; /* fewer rows than needers: the rest receive nothing and only forward-in */
-        uint64_t box = plan_push_box(p, ndim, slice_start, slice_len);
-        if (box == UINT64_MAX)
-            return RESHARD_ERR_NO_MEMORY;
+        uint32_t box;
+        RS_CHECK(plan_push_box(p, ndim, slice_start, slice_len, &box));
         RS_CHECK(emit_slice(b, s, u, slice_start, slice_len, box, s->needers[i], need));
     }
     return RESHARD_OK;
 }
 
+/* Largest first, and among equals in the order the units were found (cell, then domain),
+ * which every rank shares: a stable LSD radix sort on (max - bytes), 11 bits a pass, only as
+ * many passes as the sizes need. */
+static reshard_status_t sort_units(struct build *b)
+{
+    size_t n = b->nunits;
+    int64_t max = 0;
+    for (size_t i = 0; i < n; i++)
+        if (b->units[i].bytes > max)
+            max = b->units[i].bytes;
+    if (n < 2 || max == 0)
+        return RESHARD_OK;
+    struct net_unit *tmp = rs_calloc(n, sizeof(*tmp), "network units");
+    if (!tmp)
+        return RESHARD_ERR_NO_MEMORY;
+    struct net_unit *from = b->units, *to = tmp;
+    for (int shift = 0; shift < 64 && ((uint64_t)max >> shift); shift += 11) {
+        size_t count[2049] = {0};
+        for (size_t i = 0; i < n; i++)
+            count[(((uint64_t)(max - from[i].bytes)) >> shift & 2047) + 1]++;
+        for (int d = 0; d < 2048; d++)
+            count[d + 1] += count[d];
+        for (size_t i = 0; i < n; i++)
+            to[count[((uint64_t)(max - from[i].bytes)) >> shift & 2047]++] = from[i];
+        struct net_unit *t = from;
+        from = to;
+        to = t;
+    }
+    if (from != b->units)
+        memcpy(b->units, from, n * sizeof(*from));
+    free(tmp);
+    return RESHARD_OK;
+}
+
 reshard_status_t plan_assign_net(struct build *b)
 {
-    qsort(b->units, b->nunits, sizeof(*b->units), cmp_unit);
+    RS_CHECK(sort_units(b));
     struct scratch s = {0};
     reshard_status_t st = RESHARD_OK;
     for (size_t i = 0; i < b->nunits && st == RESHARD_OK; i++)
         st = assign_unit(b, &s, &b->units[i]);
+    b->nunits = 0;
     free(s.needers);
     free(s.used);
     return st;

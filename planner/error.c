@@ -84,3 +84,16 @@ void *rs_realloc_array(void *p, size_t n, size_t size, const char *what)
         rs_error(RESHARD_ERR_NO_MEMORY, "out of memory growing %s to %zu entries", what, n);
     return q;
 }
+
+void *rs_grow(void *p, size_t *cap, size_t need, size_t size, const char *what)
+{
+    if (need <= *cap)
+        return p;
+    size_t n = *cap ? *cap : 64;
+    while (n < need)
+        n = n > SIZE_MAX / 2 ? need : 2 * n;
+    void *q = rs_realloc_array(p, n, size, what);
+    if (q)
+        *cap = n;
+    return q;
+}

@@ -51,5 +51,9 @@ void rs_error_trace(const char *file, int line, const char *expr, reshard_status
 /* Allocation helpers that record the failure, so call sites stay one line. */
 void *rs_calloc(size_t n, size_t size, const char *what);
 void *rs_realloc_array(void *p, size_t n, size_t size, const char *what);
+/* Room for at least `need` entries of `size` bytes in array p of capacity *cap, doubling (from
+ * 64 entries). Returns the array, perhaps moved, and updates *cap; on failure returns NULL
+ * with the error recorded, and p and *cap stay as they were. */
+void *rs_grow(void *p, size_t *cap, size_t need, size_t size, const char *what);
 
 #endif

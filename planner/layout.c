@@ -201,14 +201,10 @@ static reshard_status_t segbuf_push(struct segbuf *b, int64_t start, int64_t len
     if (b->n == RS_MAX_SEGMENTS)
         return rs_error(RESHARD_ERR_TOO_LARGE, "place: more than %d segments in one tensor dim",
                         RS_MAX_SEGMENTS);
-    if (b->n == b->cap) {
-        size_t cap = b->cap ? 2 * b->cap : 16;
-        struct rs_seg *v = rs_realloc_array(b->v, cap, sizeof(*v), "shard segments");
-        if (!v)
-            return RESHARD_ERR_NO_MEMORY;
-        b->v = v;
-        b->cap = cap;
-    }
+    struct rs_seg *v = rs_grow(b->v, &b->cap, b->n + 1, sizeof(*v), "shard segments");
+    if (!v)
+        return RESHARD_ERR_NO_MEMORY;
+    b->v = v;
     b->v[b->n++] = (struct rs_seg){start, len, pos};
     return RESHARD_OK;
 }

@@ -43,14 +43,10 @@ reshard_status_t plan_push_box(struct rs_plan *p, int ndim, const int64_t *start
     if (need > UINT32_MAX)
         return rs_error(RESHARD_ERR_TOO_LARGE, "plan: more than 2^32 box coordinates");
     if (need > p->coords_cap) {
-        size_t cap = p->coords_cap ? 2 * p->coords_cap : 1024;
-        while (cap < need)
-            cap *= 2;
-        int64_t *c = rs_realloc_array(p->coords, cap, sizeof(int64_t), "plan boxes");
+        int64_t *c = rs_grow(p->coords, &p->coords_cap, need, sizeof(int64_t), "plan boxes");
         if (!c)
             return RESHARD_ERR_NO_MEMORY;
         p->coords = c;
-        p->coords_cap = cap;
     }
     memcpy(p->coords + p->ncoords, start, (size_t)ndim * sizeof(int64_t));
     memcpy(p->coords + p->ncoords + ndim, len, (size_t)ndim * sizeof(int64_t));
@@ -62,15 +58,13 @@ reshard_status_t plan_push_box(struct rs_plan *p, int ndim, const int64_t *start
 reshard_status_t plan_push_op(struct rs_plan *p, enum plan_op_kind kind, uint32_t tensor, int src,
                               int dst, uint32_t box, int64_t bytes, uint32_t parent)
 {
+    if (p->nops == UINT32_MAX) /* FWD ops name their parent by a 32-bit index */
+        return rs_error(RESHARD_ERR_TOO_LARGE, "plan: more than 2^32 ops");
     if (p->nops == p->ops_cap) {
-        size_t cap = p->ops_cap ? 2 * p->ops_cap : 1024;
-        if (cap > UINT32_MAX)
-            return rs_error(RESHARD_ERR_TOO_LARGE, "plan: more than 2^32 ops");
-        struct plan_op *o = rs_realloc_array(p->ops, cap, sizeof(*o), "plan ops");
+        struct plan_op *o = rs_grow(p->ops, &p->ops_cap, p->nops + 1, sizeof(*o), "plan ops");
         if (!o)
             return RESHARD_ERR_NO_MEMORY;
         p->ops = o;
-        p->ops_cap = cap;
     }
     uint64_t h = mix(p->hash, (uint64_t)kind << 32 | tensor);
     h = mix(h, (uint64_t)(uint32_t)src << 32 | (uint32_t)dst);
@@ -161,14 +155,11 @@ static reshard_status_t add_tensor(struct rs_plan *p, int i, const struct plan_i
 
 static reshard_status_t push_unit(struct build *b, const struct net_unit *u)
 {
-    if (b->nunits == b->units_cap) {
-        size_t cap = b->units_cap ? 2 * b->units_cap : 1024;
-        struct net_unit *v = rs_realloc_array(b->units, cap, sizeof(*v), "network units");
-        if (!v)
-            return RESHARD_ERR_NO_MEMORY;
-        b->units = v;
-        b->units_cap = cap;
-    }
+    struct net_unit *v =
+        rs_grow(b->units, &b->units_cap, b->nunits + 1, sizeof(*v), "network units");
+    if (!v)
+        return RESHARD_ERR_NO_MEMORY;
+    b->units = v;
     b->units[b->nunits++] = *u;
     return RESHARD_OK;
 }

@@ -18,7 +18,7 @@
 struct scratch {
     int *needers; /* receivers of one unit, least loaded first */
     char *used;   /* holders already sending part of the current slice */
-    int cap_need, cap_have;
+    size_t cap_need, cap_have;
 };
 
 /* The dim to cut into `parts` pieces: the outermost one long enough (pieces then stay runs of
@@ -51,20 +51,14 @@ static int64_t volume(const int64_t *len, int ndim)
 
 static reshard_status_t scratch_fit(struct scratch *s, int need, int have)
 {
-    if (need > s->cap_need) {
-        int *v = rs_realloc_array(s->needers, (size_t)need, sizeof(int), "plan scratch");
-        if (!v)
-            return RESHARD_ERR_NO_MEMORY;
-        s->needers = v;
-        s->cap_need = need;
-    }
-    if (have > s->cap_have) {
-        char *v = rs_realloc_array(s->used, (size_t)have, 1, "plan scratch");
-        if (!v)
-            return RESHARD_ERR_NO_MEMORY;
-        s->used = v;
-        s->cap_have = have;
-    }
+    int *n = rs_grow(s->needers, &s->cap_need, (size_t)need, sizeof(int), "plan scratch");
+    if (!n)
+        return RESHARD_ERR_NO_MEMORY;
+    s->needers = n;
+    char *u = rs_grow(s->used, &s->cap_have, (size_t)have, 1, "plan scratch");
+    if (!u)
+        return RESHARD_ERR_NO_MEMORY;
+    s->used = u;
     return RESHARD_OK;
 }
 

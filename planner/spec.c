@@ -22,7 +22,7 @@ struct parser {
     struct rs_layout l;
     int seen[NITEMS];                /* column of each item's value, 0 = absent */
     int elem_col[NITEMS][MAX_ELEMS]; /* column of each element of a list item */
-    int rank_cap;
+    size_t rank_cap;
 };
 
 /* Records a syntax error at the 0-based offset `at` of the spec. */
@@ -90,14 +90,10 @@ static reshard_status_t push_rank(struct parser *p, int64_t r, const char *at)
 {
     if (p->l.nranks == RS_MAX_RANK + 1)
         return syntax(p, RS_ITEM_RANKS, at, "more than %d ranks", RS_MAX_RANK + 1);
-    if (p->l.nranks == p->rank_cap) {
-        int cap = p->rank_cap ? 2 * p->rank_cap : 64;
-        int *v = rs_realloc_array(p->l.ranks, (size_t)cap, sizeof(int), "rank list");
-        if (!v)
-            return RESHARD_ERR_NO_MEMORY;
-        p->l.ranks = v;
-        p->rank_cap = cap;
-    }
+    int *v = rs_grow(p->l.ranks, &p->rank_cap, (size_t)p->l.nranks + 1, sizeof(int), "rank list");
+    if (!v)
+        return RESHARD_ERR_NO_MEMORY;
+    p->l.ranks = v;
     if (p->l.nranks < MAX_ELEMS)
         p->elem_col[RS_ITEM_RANKS][p->l.nranks] = (int)(at - p->spec) + 1;
     p->l.ranks[p->l.nranks++] = (int)r;

@@ -50,7 +50,7 @@ $(AR_LIB): $(LIB_OBJ)
 	ar rcs $@ $^
 
 $(PLAN_BIN): $(BUILD)/obj/tools/reshard_plan.o $(SO)
-	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN' $(LDFLAGS_ALL)
+	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../lib' $(LDFLAGS_ALL)
 
 # Unit tests see the internals through the static archive; the public API tests reach the same
 # code, and the export test checks the shared object itself.

@@ -71,6 +71,10 @@ deps:
 	done; \
 	if [ -n "$$missing" ]; then \
 	    echo "deps: installing$$missing"; \
+	    if [ -n "$(SUDO)" ] && ! command -v sudo >/dev/null; then \
+	        echo "deps: not root and no sudo: as root run 'apt-get install$$missing'" >&2; \
+	        exit 1; \
+	    fi; \
 	    $(SUDO) apt-get update -qq && \
 	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi

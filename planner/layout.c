@@ -7,9 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Bytes of one tensor, and of all of its elements, stay below this. */
-#define RS_MAX_BYTES (INT64_C(1) << 62)
-
 static reshard_status_t fail(struct rs_fault *fault, enum rs_item item, int index,
                              reshard_status_t st)
 {
@@ -209,14 +206,16 @@ static reshard_status_t segbuf_push(struct segbuf *b, int64_t start, int64_t len
     return RESHARD_OK;
 }
 
-/* Appends the part of a group (segs, in local order) whose local index lies in [a, b). */
-static reshard_status_t take_local(const struct rs_seg *segs, int nsegs, int64_t a, int64_t b,
-                                   int64_t *pos, int *new_group, struct segbuf *out)
+/* Appends the part of a group (segs, in local order) whose local index lies in [a, b).
+ * Successive calls for one new group ask for increasing ranges, so *cursor (the first segment
+ * that can still meet them) only moves forward: a group is scanned once, not once per piece. */
+static reshard_status_t take_local(const struct rs_seg *segs, int nsegs, int *cursor, int64_t a,
+                                   int64_t b, int64_t *pos, int *new_group, struct segbuf *out)
 {
-    for (int s = 0; s < nsegs && a < b; s++) {
+    while (*cursor < nsegs && segs[*cursor].pos + segs[*cursor].len <= a)
+        (*cursor)++;
+    for (int s = *cursor; s < nsegs && a < b; s++) {
         int64_t lo = segs[s].pos, hi = segs[s].pos + segs[s].len;
-        if (hi <= a)
-            continue;
         if (lo >= b)
             break;
         int64_t from = a > lo ? a : lo, to = b < hi ? b : hi;
@@ -267,16 +266,18 @@ static reshard_status_t split_groups(struct rs_dimmap *d, const struct rs_place 
         int64_t piece = len / k, chunk = ceil_div(piece, m);
         for (int c = 0; c < m && st == RESHARD_OK; c++) {
             int64_t pos = 0;
-            int new_group = 1;
+            int new_group = 1, cursor = 0;
             first[g * m + c] = (int)out.n;
             for (int64_t q = 0; q < k && piece && st == RESHARD_OK; q++) {
                 int64_t a = q * piece + min64((int64_t)c * chunk, piece);
                 int64_t b = q * piece + min64((int64_t)(c + 1) * chunk, piece);
-                st = take_local(segs, nsegs, a, b, &pos, &new_group, &out);
+                st = take_local(segs, nsegs, &cursor, a, b, &pos, &new_group, &out);
             }
         }
     }
     if (st != RESHARD_OK) {
+        if (st == RESHARD_ERR_TOO_LARGE) /* too many segments: this placement's doing */
+            fail(fault, RS_ITEM_PLACE, i, st);
         free(first);
         free(out.v);
         return st;
@@ -448,15 +449,18 @@ static reshard_status_t check_view_fits(const struct rs_shardmap *map, struct rs
         const int64_t *shape = v->ndim ? v->shape : local;
         int ndim = v->ndim ? v->ndim : l->ndim;
         int64_t vnumel = 1;
+        int wraps = 0;
         for (int d = 0; d < ndim; d++)
-            vnumel *= shape[d];
-        if (vnumel != numel) {
-            char buf[160];
+            wraps |= __builtin_mul_overflow(vnumel, shape[d], &vnumel);
+        if (wraps || vnumel != numel) {
+            char buf[160], held[32] = "more than 2^63";
             format_dims(buf, sizeof(buf), v->shape, v->ndim);
+            if (!wraps)
+                snprintf(held, sizeof(held), "%lld", (long long)vnumel);
             return fail(fault, RS_ITEM_VIEW, -1,
                         rs_error(RESHARD_ERR_VIEW,
-                                 "view: %s holds %lld elements but the shard of rank %d holds %lld",
-                                 buf, (long long)vnumel, l->ranks[pos], (long long)numel));
+                                 "view: %s holds %s elements but the shard of rank %d holds %lld",
+                                 buf, held, l->ranks[pos], (long long)numel));
         }
         if (v->nstrides && view_overlaps(shape, v->strides, ndim))
             return fail(fault, RS_ITEM_STRIDES, -1,

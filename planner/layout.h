@@ -23,7 +23,8 @@
 #define RS_MAX_MESH_DIMS 4
 #define RS_MAX_RANK      ((1 << 20) - 1) /* global ranks are 0 .. RS_MAX_RANK */
 #define RS_NAME_MAX      64
-#define RS_MAX_SEGMENTS  (1 << 22) /* per tensor dim, over all groups */
+#define RS_MAX_SEGMENTS  (1 << 22)          /* per tensor dim, over all groups */
+#define RS_MAX_BYTES     (INT64_C(1) << 62) /* a tensor; and byte sums over a whole plan */
 
 enum rs_place_kind { RS_PLACE_R, RS_PLACE_S, RS_PLACE_SS };
 

@@ -296,14 +296,19 @@ static reshard_status_t apply_defaults(struct parser *p, const struct spec_opts 
         int64_t n = opts->world_size;
         if (p->seen[RS_ITEM_MESH]) {
             n = 1;
-            for (int i = 0; i < l->mesh_ndim; i++)
-                n *= l->mesh[i];
+            for (int i = 0; i < l->mesh_ndim && n <= RS_MAX_RANK + 1; i++)
+                n *= l->mesh[i]; /* each dim <= 2^20: stops before it could wrap */
+            if (n > RS_MAX_RANK + 1)
+                return rs_error(RESHARD_ERR_MESH_SIZE, "mesh: more than %d ranks at column %d",
+                                RS_MAX_RANK + 1, p->seen[RS_ITEM_MESH]);
+        } else if (n > RS_MAX_RANK + 1) {
+            return rs_error(RESHARD_ERR_RANK_RANGE,
+                            "ranks: not given, and the world size %lld exceeds %d ranks",
+                            (long long)n, RS_MAX_RANK + 1);
         }
         if (n < 1)
             return rs_error(RESHARD_ERR_SPEC_SYNTAX,
                             "ranks: not given, and neither mesh nor a world size says how many");
-        if (n > RS_MAX_RANK + 1)
-            return rs_error(RESHARD_ERR_MESH_SIZE, "mesh: more than %d ranks", RS_MAX_RANK + 1);
         for (int64_t r = 0; r < n; r++)
             RS_CHECK(push_rank(p, r, p->spec));
     }

@@ -263,3 +263,62 @@ Test(layout, too_many_pieces_is_an_error_not_a_hang)
                  RESHARD_ERR_TOO_LARGE);
     cr_assert_str_eq(rs_error_message(), "place: dim 0 is cut into too many pieces at column 34");
 }
+
+Test(layout, nested_strided_shards_scan_each_group_once, .timeout = 30)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    /* 2^17 pieces of 8: rank 0 holds [8q, 8q+4), 2^17 segments. Cutting its 2^19 elements
+     * again into 2^18 pieces walks those segments 2^18 times: once each, not from the start. */
+    build("shape=1048576 ranks=0-1 mesh=2x1 place=SS(0,131072),SS(0,262144)", &l, &m);
+    const struct rs_dimmap *d = &m.dim[0];
+    int g = shardmap_group(&m, 0, 0);
+    cr_assert_eq(d->first[g + 1] - d->first[g], 131072, "pieces of 2 merge back into runs of 4");
+    cr_assert_eq(d->segs[d->first[g] + 1].start, 8);
+    cr_assert_eq(d->segs[d->first[g] + 1].len, 4);
+    cr_assert_eq(shardmap_local_numel(&m, 0), 524288);
+    release(&l, &m);
+}
+
+Test(layout, view_sizes_that_wrap_are_refused)
+{
+    struct rs_layout l;
+    /* 3 x 6148914691236517206 wraps to 2 in 64 bits, which is the shard's size */
+    cr_assert_eq(spec_parse("shape=4 ranks=0-1 place=S(0) view=3x6148914691236517206", NULL, &l),
+                 RESHARD_ERR_VIEW);
+    cr_assert_str_eq(rs_error_message(), "view: 3x6148914691236517206 holds more than 2^63 "
+                                         "elements but the shard of rank 0 holds 2 at column 35");
+    /* a stride whose reach wraps cannot address a buffer either */
+    cr_assert_eq(spec_parse("shape=8x2 ranks=0 strides=4611686018427387904x1", NULL, &l),
+                 RESHARD_ERR_VIEW);
+    cr_assert_str_eq(rs_error_message(),
+                     "strides: two elements of rank 0's view share a buffer element at column 27");
+}
+
+Test(layout, check_rejects_bad_view_structs)
+{
+    int ranks[] = {0};
+    struct rs_layout l = {
+        .ndim = 2, .shape = {4, 2}, .nranks = 1, .ranks = ranks, .mesh_ndim = 1, .mesh = {1}};
+    struct rs_fault f;
+    l.view.ndim = 9;
+    cr_assert_eq(layout_check(&l, &f), RESHARD_ERR_VIEW);
+    cr_assert_str_eq(rs_error_message(), "view: expected 1 to 8 dims");
+    l.view.ndim = 0;
+    l.view.nstrides = 2;
+    l.view.strides[1] = -1;
+    cr_assert_eq(layout_check(&l, &f), RESHARD_ERR_VIEW);
+    cr_assert_eq(f.item, RS_ITEM_STRIDES);
+    cr_assert_eq(f.index, 1);
+    cr_assert_str_eq(rs_error_message(), "strides: stride 1 is negative");
+}
+
+Test(layout, too_many_segments_is_an_error)
+{
+    struct rs_layout l;
+    /* 2^22 pieces of 2 over 2 ranks: every rank gets 2^22 single elements, 2^23 in all */
+    cr_assert_eq(spec_parse("shape=8388608 ranks=0-1 place=SS(0,4194304)", NULL, &l),
+                 RESHARD_ERR_TOO_LARGE);
+    cr_assert_str_eq(rs_error_message(),
+                     "place: more than 4194304 segments in one tensor dim at column 31");
+}

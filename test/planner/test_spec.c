@@ -4,6 +4,7 @@
 #include "spec.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 static struct rs_layout parse_ok(const char *spec, int world)
@@ -169,7 +170,10 @@ Test(spec, semantic_errors_have_their_own_status)
     expect_error("shape=11 mesh=3x1 place=S(0),SS(0,2)", RESHARD_ERR_NOT_DIVISIBLE,
                  "place: SS(0,2) needs dim 0's local size 3 to divide by 2 at column 30");
     expect_error("shape=4 mesh=1024x1024x2", RESHARD_ERR_MESH_SIZE,
-                 "mesh: more than 1048576 ranks");
+                 "mesh: more than 1048576 ranks at column 14");
+    /* four dims of 2^20 would wrap a 64-bit product */
+    expect_error("shape=4 mesh=1048576x1048576x1048576x16", RESHARD_ERR_MESH_SIZE,
+                 "mesh: more than 1048576 ranks at column 14");
 }
 
 Test(spec, ranks_need_a_count)
@@ -178,6 +182,20 @@ Test(spec, ranks_need_a_count)
     cr_assert_eq(spec_parse("shape=4", NULL, &l), RESHARD_ERR_SPEC_SYNTAX);
     cr_assert_str_eq(rs_error_message(),
                      "ranks: not given, and neither mesh nor a world size says how many");
+    struct spec_opts huge = {.world_size = RS_MAX_RANK + 2};
+    cr_assert_eq(spec_parse("shape=4", &huge, &l), RESHARD_ERR_RANK_RANGE);
+    cr_assert_str_eq(rs_error_message(),
+                     "ranks: not given, and the world size 1048577 exceeds 1048576 ranks");
+}
+
+Test(spec, long_buffer_names_are_refused)
+{
+    char spec[160];
+    snprintf(spec, sizeof(spec), "shape=4 ranks=0 buffer=%064d", 0);
+    struct rs_layout l;
+    cr_assert_eq(spec_parse(spec, NULL, &l), RESHARD_ERR_SPEC_SYNTAX);
+    cr_assert_str_eq(rs_error_message(),
+                     "buffer: a buffer name has 1 to 63 characters at column 24");
 }
 
 Test(spec, context_supplies_the_tensor)

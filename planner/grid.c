@@ -110,19 +110,12 @@ static void cursor_fill(const struct rs_grid *g, struct grid_cursor *c)
     }
 }
 
-void grid_seek(const struct rs_grid *g, int64_t cell, struct grid_cursor *c)
-{
-    c->cell = cell;
-    for (int j = g->ndim - 1; j >= 0; j--) {
-        c->idx[j] = (int)(cell % g->n[j]);
-        cell /= g->n[j];
-    }
-    cursor_fill(g, c);
-}
-
 void grid_first(const struct rs_grid *g, struct grid_cursor *c)
 {
-    grid_seek(g, 0, c);
+    c->cell = 0;
+    for (int j = 0; j < g->ndim; j++)
+        c->idx[j] = 0;
+    cursor_fill(g, c);
 }
 
 int grid_next(const struct rs_grid *g, struct grid_cursor *c)
@@ -192,10 +185,7 @@ reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo 
             td->runs[nruns - 1].end = i + 1;
         }
     }
-    for (int t = 0; t < map->ntuples; t++) /* every tuple has ranks, but stay safe */
-        if (td->run_first[t + 1] < td->run_first[t])
-            td->run_first[t + 1] = td->run_first[t];
-    free(v);
+    free(v); /* every tuple has ranks, so every run_first entry was set */
     return RESHARD_OK;
 }
 
@@ -220,4 +210,57 @@ int tdom_find(const struct tuple_domains *td, int t, int d)
             hi = mid - 1;
     }
     return -1;
+}
+
+/* ---- a tensor's overlap on a topology ---- */
+
+reshard_status_t overlap_build(const struct rs_shardmap *src, const struct rs_shardmap *dst,
+                               const struct rs_topo *topo, struct overlap *o)
+{
+    memset(o, 0, sizeof(*o));
+    reshard_status_t st;
+    RS_CHECK_GOTO(grid_build(src, dst, &o->grid), st, err_free);
+    RS_CHECK_GOTO(tdom_build(src, topo, &o->src_td), st, err_free);
+    RS_CHECK_GOTO(tdom_build(dst, topo, &o->dst_td), st, err_free);
+    return RESHARD_OK;
+err_free:
+    overlap_free(o);
+    return st;
+}
+
+void overlap_free(struct overlap *o)
+{
+    grid_free(&o->grid);
+    tdom_free(&o->src_td);
+    tdom_free(&o->dst_td);
+}
+
+int64_t overlap_pairs(const struct overlap *o, const struct rs_shardmap *dst)
+{
+    const struct rs_grid *g = &o->grid;
+    int *count[RS_MAX_DIMS] = {0}; /* intervals of each destination group, per dim */
+    int64_t pairs = 0;
+    for (int j = 0; j < g->ndim; j++) {
+        count[j] = rs_calloc((size_t)dst->dim[j].ngroups, sizeof(int), "overlap count");
+        if (!count[j]) {
+            pairs = INT64_MAX; /* cannot count: let the caller refuse rather than guess low */
+            goto out;
+        }
+        for (int i = 0; i < g->n[j]; i++)
+            count[j][g->iv[j][i].dg]++;
+    }
+    for (int t = 0; t < dst->ntuples && pairs < INT64_MAX; t++) {
+        int64_t cells = 1;
+        for (int j = 0; j < g->ndim && cells; j++) {
+            int group = t / g->dst_stride[j] % dst->dim[j].ngroups;
+            cells *= count[j][group]; /* <= the grid's cells, at most 2^32 */
+        }
+        int64_t runs = o->dst_td.run_first[t + 1] - o->dst_td.run_first[t], add;
+        if (__builtin_mul_overflow(cells, runs, &add) || __builtin_add_overflow(pairs, add, &pairs))
+            pairs = INT64_MAX;
+    }
+out:
+    for (int j = 0; j < g->ndim; j++)
+        free(count[j]);
+    return pairs;
 }

@@ -44,7 +44,6 @@ struct grid_cursor {
 };
 void grid_first(const struct rs_grid *g, struct grid_cursor *c);
 int grid_next(const struct rs_grid *g, struct grid_cursor *c); /* 0 when past the last cell */
-void grid_seek(const struct rs_grid *g, int64_t cell, struct grid_cursor *c);
 void grid_cell_box(const struct rs_grid *g, const struct grid_cursor *c, int64_t *start,
                    int64_t *len);
 
@@ -65,5 +64,18 @@ reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo 
 void tdom_free(struct tuple_domains *td);
 /* Index of tuple t's run in domain d, or -1 when no rank of t lives in d. */
 int tdom_find(const struct tuple_domains *td, int t, int d);
+
+/* Everything the planner and the bounds need about one tensor on a topology. */
+struct overlap {
+    struct rs_grid grid;
+    struct tuple_domains src_td, dst_td;
+};
+
+reshard_status_t overlap_build(const struct rs_shardmap *src, const struct rs_shardmap *dst,
+                               const struct rs_topo *topo, struct overlap *o);
+void overlap_free(struct overlap *o);
+/* The (cell, destination domain needing it) pairs: a lower bound on the ops of a plan.
+ * Counted per destination tuple, without visiting the cells; saturates at INT64_MAX. */
+int64_t overlap_pairs(const struct overlap *o, const struct rs_shardmap *dst);
 
 #endif

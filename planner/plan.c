@@ -8,6 +8,7 @@
 
 #include "error.h"
 #include "plan_build.h"
+#include "spec.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,7 +171,7 @@ static reshard_status_t serve_locally(struct build *b, uint32_t t, const struct 
                                       const struct tdom_run *need, const struct tdom_run *have,
                                       uint32_t box, int64_t bytes)
 {
-    const struct tensor_work *w = &b->work;
+    const struct overlap *w = &b->ov;
     const struct rs_shardmap *src_map = &b->plan->tensors[t].src_map;
     for (int i = need->begin; i < need->end; i++) {
         int n = w->dst_td.rank[i];
@@ -191,29 +192,19 @@ static reshard_status_t serve_locally(struct build *b, uint32_t t, const struct 
     return RESHARD_OK;
 }
 
-static void work_free(struct tensor_work *w)
-{
-    grid_free(&w->grid);
-    tdom_free(&w->src_td);
-    tdom_free(&w->dst_td);
-}
-
-/* Finds the cells of tensor t: serves what is held locally, queues the rest as units. */
+/* Finds the cells of tensor t (its overlap already built): serves what is held locally,
+ * queues the rest as units. */
 static reshard_status_t plan_tensor_cells(struct build *b, uint32_t t)
 {
-    struct tensor_work *w = &b->work;
+    struct overlap *w = &b->ov;
     const struct plan_tensor *pt = &b->plan->tensors[t];
     int ndim = pt->dst.ndim;
-    RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, &w->grid));
-    RS_CHECK(tdom_build(&pt->src_map, &b->plan->topo, &w->src_td));
-    RS_CHECK(tdom_build(&pt->dst_map, &b->plan->topo, &w->dst_td));
-    w->esize = (int64_t)dtype_size(pt->dst.dtype);
 
     struct grid_cursor c;
     grid_first(&w->grid, &c);
     do {
         int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS];
-        int64_t bytes = c.volume * w->esize;
+        int64_t bytes = c.volume * b->esize;
         uint32_t box = PLAN_NO_BOX; /* pushed once, shared by every op that moves the whole cell */
         for (int r = w->dst_td.run_first[c.dst_tuple]; r < w->dst_td.run_first[c.dst_tuple + 1];
              r++) {
@@ -236,18 +227,46 @@ static reshard_status_t plan_tensor_cells(struct build *b, uint32_t t)
 
 /* What every rank must agree on: the ops (hashed as they are pushed, while they are in
  * cache), the topology and the tensors. */
-static uint64_t plan_hash(const struct rs_plan *p)
+static uint64_t mix_string(uint64_t h, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t w = 0;
+        memcpy(&w, s + i, n - i < 8 ? n - i : 8);
+        h = mix(h, w);
+    }
+    return mix(h, n);
+}
+
+/* The canonical spec covers all of a layout: ranks, mesh, placements and the local view
+ * (an executor addresses buffers through it). */
+static reshard_status_t mix_layout(uint64_t *h, const struct rs_layout *l)
+{
+    char small[512], *buf = small;
+    size_t n = spec_format(l, small, sizeof(small));
+    if (n >= sizeof(small)) {
+        if (!(buf = rs_calloc(n + 1, 1, "plan hash")))
+            return RESHARD_ERR_NO_MEMORY;
+        spec_format(l, buf, n + 1);
+    }
+    *h = mix_string(*h, buf, n);
+    if (buf != small)
+        free(buf);
+    return RESHARD_OK;
+}
+
+static reshard_status_t plan_hash(const struct rs_plan *p, uint64_t *out)
 {
     uint64_t h = mix(p->hash, (uint64_t)p->ntensors);
     for (int r = 0; r < p->topo.nranks; r++)
         h = mix(h, (uint64_t)p->topo.domain[r]);
     for (int t = 0; t < p->ntensors; t++) {
-        const struct rs_layout *l = &p->tensors[t].dst;
-        for (int d = 0; d < l->ndim; d++)
-            h = mix(h, (uint64_t)l->shape[d]);
-        h = mix(h, (uint64_t)l->dtype);
+        const struct plan_tensor *pt = &p->tensors[t];
+        h = mix_string(h, pt->name, strlen(pt->name));
+        RS_CHECK(mix_layout(&h, &pt->src));
+        RS_CHECK(mix_layout(&h, &pt->dst));
     }
-    return h;
+    *out = h;
+    return RESHARD_OK;
 }
 
 struct size_index {
@@ -289,11 +308,90 @@ static double now_ms(void)
 
 static void build_free(struct build *b)
 {
-    work_free(&b->work);
+    overlap_free(&b->ov);
     free(b->units);
     free(b->net_out);
     free(b->net_in);
     free(b->local_out);
+}
+
+/* Plans tensor t: its overlap, the local copies and the network units, then the network ops.
+ * Refuses up front a tensor whose plan would pass the op limit. */
+static reshard_status_t plan_tensor(struct build *b, uint32_t t)
+{
+    struct rs_plan *p = b->plan;
+    const struct plan_tensor *pt = &p->tensors[t];
+    RS_CHECK(overlap_build(&pt->src_map, &pt->dst_map, &p->topo, &b->ov));
+    b->esize = (int64_t)dtype_size(pt->dst.dtype);
+    int64_t least = overlap_pairs(&b->ov, &pt->dst_map);
+    reshard_status_t st = RESHARD_OK;
+    if (least > p->opts.max_ops - (int64_t)p->nops)
+        st = rs_error(RESHARD_ERR_TOO_LARGE,
+                      "plan: tensor '%s' needs at least %lld transfers, more than the %lld "
+                      "left of RESHARD_PLAN_MAX_OPS; coarsen the layouts or raise the limit",
+                      pt->name, (long long)least, (long long)(p->opts.max_ops - (int64_t)p->nops));
+    if (st == RESHARD_OK)
+        st = plan_tensor_cells(b, t);
+    if (st == RESHARD_OK)
+        st = plan_assign_net(b);
+    overlap_free(&b->ov);
+    return st;
+}
+
+static reshard_status_t plan_tensors(struct rs_plan *p)
+{
+    int n = p->topo.nranks;
+    struct build b = {.plan = p};
+    uint32_t *order = rs_calloc((size_t)p->ntensors, sizeof(uint32_t), "plan order");
+    b.net_out = rs_calloc((size_t)n, sizeof(int64_t), "plan loads");
+    b.net_in = rs_calloc((size_t)n, sizeof(int64_t), "plan loads");
+    b.local_out = rs_calloc((size_t)n, sizeof(int64_t), "plan loads");
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (!order || !b.net_out || !b.net_in || !b.local_out)
+        goto free_build;
+    RS_CHECK_GOTO(largest_first(p, order), st, free_build);
+    for (int i = 0; i < p->ntensors; i++)
+        RS_CHECK_GOTO(plan_tensor(&b, order[i]), st, free_build);
+free_build:
+    free(order);
+    build_free(&b);
+    return st;
+}
+
+/* Counters hold sums over every destination copy of every tensor: keep them below 2^62. */
+static reshard_status_t check_volume(const struct rs_plan *p)
+{
+    int64_t total = 0;
+    for (int t = 0; t < p->ntensors; t++) {
+        const struct rs_layout *l = &p->tensors[t].dst;
+        int64_t bytes = layout_numel(l) * (int64_t)dtype_size(l->dtype), copies;
+        if (__builtin_mul_overflow(bytes, (int64_t)l->nranks + 1, &copies) ||
+            __builtin_add_overflow(total, copies, &total) || total > RS_MAX_BYTES)
+            return rs_error(RESHARD_ERR_TOO_LARGE,
+                            "plan: the tensors times their destination copies exceed 2^62 bytes "
+                            "(at tensor '%s')",
+                            p->tensors[t].name);
+    }
+    return RESHARD_OK;
+}
+
+static reshard_status_t plan_init(struct rs_plan *p, const struct plan_input *in, int ntensors,
+                                  const struct rs_topo *topo, const struct plan_opts *opts)
+{
+    p->opts = (struct plan_opts){PLAN_SPLIT_MIN_DEFAULT, PLAN_MAX_OPS_DEFAULT};
+    if (opts && opts->split_min_bytes > 0)
+        p->opts.split_min_bytes = opts->split_min_bytes;
+    if (opts && opts->max_ops > 0)
+        p->opts.max_ops = opts->max_ops;
+    p->hash = UINT64_C(0x7265736861726421); /* the running hash of the ops */
+    RS_CHECK(topo_copy(topo, &p->topo));
+    p->tensors = rs_calloc((size_t)ntensors, sizeof(*p->tensors), "plan tensors");
+    if (!p->tensors)
+        return RESHARD_ERR_NO_MEMORY;
+    p->ntensors = ntensors;
+    for (int t = 0; t < ntensors; t++)
+        RS_CHECK(add_tensor(p, t, &in[t]));
+    return check_volume(p);
 }
 
 reshard_status_t plan_build(const struct plan_input *in, int ntensors, const struct rs_topo *topo,
@@ -302,52 +400,17 @@ reshard_status_t plan_build(const struct plan_input *in, int ntensors, const str
     if (!in || ntensors < 1 || !topo || !out)
         return rs_error(RESHARD_ERR_INVALID_ARG, "plan: needs at least one tensor and a topology");
     double t0 = now_ms();
-    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
-    struct build b = {0};
     struct rs_plan *p = rs_calloc(1, sizeof(*p), "plan");
     if (!p)
         return RESHARD_ERR_NO_MEMORY;
-    p->opts.split_min_bytes = PLAN_SPLIT_MIN_DEFAULT;
-    if (opts)
-        p->opts = *opts;
-    if (p->opts.split_min_bytes < 1)
-        p->opts.split_min_bytes = 1;
-    b.plan = p;
-    p->hash = UINT64_C(0x7265736861726421); /* the running hash of the ops */
-    RS_CHECK_GOTO(topo_copy(topo, &p->topo), st, err_free);
-    st = RESHARD_ERR_NO_MEMORY;
-    p->tensors = rs_calloc((size_t)ntensors, sizeof(*p->tensors), "plan tensors");
-    if (!p->tensors)
-        goto err_free;
-    p->ntensors = ntensors;
-    for (int t = 0; t < ntensors; t++)
-        RS_CHECK_GOTO(add_tensor(p, t, &in[t]), st, err_free);
-
-    st = RESHARD_ERR_NO_MEMORY;
-    b.net_out = rs_calloc((size_t)topo->nranks, sizeof(int64_t), "plan loads");
-    b.net_in = rs_calloc((size_t)topo->nranks, sizeof(int64_t), "plan loads");
-    b.local_out = rs_calloc((size_t)topo->nranks, sizeof(int64_t), "plan loads");
-    uint32_t *order = rs_calloc((size_t)ntensors, sizeof(uint32_t), "plan order");
-    if (!b.net_out || !b.net_in || !b.local_out || !order)
-        goto done_order;
-    RS_CHECK_GOTO(largest_first(p, order), st, done_order);
-    for (int i = 0; i < ntensors && st == RESHARD_OK; i++) {
-        st = plan_tensor_cells(&b, order[i]);
-        if (st == RESHARD_OK)
-            st = plan_assign_net(&b);
-        work_free(&b.work);
-    }
-done_order:
-    free(order);
-    if (st != RESHARD_OK)
-        goto err_free;
-    build_free(&b);
-    p->hash = plan_hash(p);
+    reshard_status_t st;
+    RS_CHECK_GOTO(plan_init(p, in, ntensors, topo, opts), st, err_free_plan);
+    RS_CHECK_GOTO(plan_tensors(p), st, err_free_plan);
+    RS_CHECK_GOTO(plan_hash(p, &p->hash), st, err_free_plan);
     p->plan_ms = now_ms() - t0;
     *out = p;
     return RESHARD_OK;
-err_free:
-    build_free(&b);
+err_free_plan:
     plan_free(p);
     return st;
 }

@@ -38,13 +38,18 @@ struct plan_tensor {
     struct rs_shardmap src_map, dst_map;
 };
 
-struct plan_opts {
+struct plan_opts { /* a field <= 0 takes its default */
     /* A network slice held by several source replicas is split among them when each part
      * keeps at least this many bytes. */
     int64_t split_min_bytes;
+    /* A plan needing more ops is refused up front (RESHARD_ERR_TOO_LARGE) rather than
+     * exhausting memory: 32 bytes each. */
+    int64_t max_ops;
 };
 
 #define PLAN_SPLIT_MIN_DEFAULT (INT64_C(1) << 20)
+#define PLAN_MAX_SPLIT         64                 /* senders sharing one slice, at most */
+#define PLAN_MAX_OPS_DEFAULT   (INT64_C(1) << 27) /* 4 GiB of ops */
 
 struct plan_input {
     const char *name; /* may be NULL */

@@ -6,12 +6,6 @@
 #include "grid.h"
 #include "plan.h"
 
-struct tensor_work {
-    struct rs_grid grid;
-    struct tuple_domains src_td, dst_td;
-    int64_t esize;
-};
-
 /* One cell that must cross the network into one domain: the destination run of its tuple
  * that lives there, and the source tuple whose ranks (all in other domains) hold it. */
 struct net_unit {
@@ -28,8 +22,9 @@ struct net_unit {
  * tensor are alive; the loads carry over from tensor to tensor. */
 struct build {
     struct rs_plan *plan;
-    struct tensor_work work; /* of the tensor being planned */
-    struct net_unit *units;  /* ... and its network units */
+    struct overlap ov;      /* of the tensor being planned */
+    int64_t esize;          /* ... and the size of its elements */
+    struct net_unit *units; /* ... and its network units */
     size_t nunits, units_cap;
     int64_t *net_out, *net_in, *local_out; /* bytes per rank so far */
 };

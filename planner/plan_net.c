@@ -15,9 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+struct load_rank {
+    int64_t load;
+    int rank;
+};
+
 struct scratch {
-    int *needers; /* receivers of one unit, least loaded first */
-    char *used;   /* holders already sending part of the current slice */
+    struct load_rank *needers; /* receivers of one unit, least loaded first */
+    char *used;                /* holders already sending part of the current slice */
     size_t cap_need, cap_have;
 };
 
@@ -51,7 +56,8 @@ static int64_t volume(const int64_t *len, int ndim)
 
 static reshard_status_t scratch_fit(struct scratch *s, int need, int have)
 {
-    int *n = rs_grow(s->needers, &s->cap_need, (size_t)need, sizeof(int), "plan scratch");
+    struct load_rank *n =
+        rs_grow(s->needers, &s->cap_need, (size_t)need, sizeof(*n), "plan scratch");
     if (!n)
         return RESHARD_ERR_NO_MEMORY;
     s->needers = n;
@@ -62,22 +68,27 @@ static reshard_status_t scratch_fit(struct scratch *s, int need, int have)
     return RESHARD_OK;
 }
 
-/* Needers sorted by bytes received so far, then by rank (insertion sort: m is a domain). */
-static void order_needers(const struct build *b, const int *ranks, int m, int *out)
+static int cmp_load_rank(const void *a, const void *b)
 {
-    for (int i = 0; i < m; i++) {
-        int r = ranks[i], j = i;
-        while (j > 0 && (b->net_in[out[j - 1]] > b->net_in[r] ||
-                         (b->net_in[out[j - 1]] == b->net_in[r] && out[j - 1] > r))) {
-            out[j] = out[j - 1];
-            j--;
-        }
-        out[j] = r;
-    }
+    const struct load_rank *x = a, *y = b;
+    if (x->load != y->load)
+        return x->load < y->load ? -1 : 1;
+    return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
+/* Needers by bytes received so far, then by rank. */
+static void order_needers(const struct build *b, const int *ranks, int m, struct load_rank *out)
+{
+    for (int i = 0; i < m; i++)
+        out[i] = (struct load_rank){b->net_in[ranks[i]], ranks[i]};
+    qsort(out, (size_t)m, sizeof(*out), cmp_load_rank);
+}
+
+/* The holder (not yet used for this slice) that has sent least so far; ties go to the one on
+ * the receiver's rail, then to the lower rank. Receivers are fixed by the slicing (each needer
+ * takes one slice), so balancing the (sender, receiver) pair comes down to the sender. */
 static int pick_sender(const struct build *b, const int *holders, int nh, const char *used,
-                       int receiver, int64_t bytes)
+                       int receiver)
 {
     const int *rail = b->plan->topo.local_index;
     int best = -1;
@@ -90,13 +101,22 @@ static int pick_sender(const struct build *b, const int *holders, int nh, const 
             continue;
         }
         int bh = holders[best];
-        int64_t load = b->net_out[h] + bytes, bload = b->net_out[bh] + bytes;
+        int64_t load = b->net_out[h], bload = b->net_out[bh];
         int on_rail = rail[h] == rail[receiver], bon_rail = rail[bh] == rail[receiver];
         if (load < bload ||
             (load == bload && (on_rail > bon_rail || (on_rail == bon_rail && h < bh))))
             best = i;
     }
     return best;
+}
+
+/* All ranks holding a source tuple (they sit in other domains than the unit's). */
+static const int *holders_of(const struct overlap *w, int tuple, int *n)
+{
+    const struct tdom_run *first = &w->src_td.runs[w->src_td.run_first[tuple]];
+    const struct tdom_run *last = &w->src_td.runs[w->src_td.run_first[tuple + 1] - 1];
+    *n = last->end - first->begin;
+    return w->src_td.rank + first->begin;
 }
 
 /* Sends one slice to `receiver`, from one holder or split among several, and forwards each
@@ -106,19 +126,20 @@ static reshard_status_t emit_slice(struct build *b, struct scratch *s, const str
                                    int receiver, const struct tdom_run *need)
 {
     struct rs_plan *p = b->plan;
-    const struct tensor_work *w = &b->work;
+    const struct overlap *w = &b->ov;
     int ndim = p->tensors[u->tensor].dst.ndim;
-    const int *holders = w->src_td.rank + w->src_td.runs[w->src_td.run_first[u->src_tuple]].begin;
-    int nh = w->src_td.runs[w->src_td.run_first[u->src_tuple + 1] - 1].end -
-             w->src_td.runs[w->src_td.run_first[u->src_tuple]].begin;
-    int64_t bytes = volume(len, ndim) * w->esize;
+    int nh;
+    const int *holders = holders_of(w, u->src_tuple, &nh);
+    int64_t bytes = volume(len, ndim) * b->esize;
 
     int64_t k = 1;
     int dim = 0;
-    if (nh > 1 && bytes >= 2 * p->opts.split_min_bytes) {
+    if (nh > 1 && bytes / 2 >= p->opts.split_min_bytes) {
         k = bytes / p->opts.split_min_bytes;
         if (k > nh)
             k = nh;
+        if (k > PLAN_MAX_SPLIT)
+            k = PLAN_MAX_SPLIT;
         dim = pick_dim(len, ndim, k);
         if (k > len[dim])
             k = len[dim];
@@ -136,8 +157,8 @@ static reshard_status_t emit_slice(struct build *b, struct scratch *s, const str
             sub_len[dim] = e - a;
             RS_CHECK(plan_push_box(p, ndim, sub_start, sub_len, &sub_box));
         }
-        int64_t sub_bytes = volume(sub_len, ndim) * w->esize;
-        int i = pick_sender(b, holders, nh, k > 1 ? s->used : NULL, receiver, sub_bytes);
+        int64_t sub_bytes = volume(sub_len, ndim) * b->esize;
+        int i = pick_sender(b, holders, nh, k > 1 ? s->used : NULL, receiver);
         if (k > 1)
             s->used[i] = 1;
         int sender = holders[i];
@@ -159,12 +180,11 @@ static reshard_status_t emit_slice(struct build *b, struct scratch *s, const str
 static reshard_status_t assign_unit(struct build *b, struct scratch *s, const struct net_unit *u)
 {
     struct rs_plan *p = b->plan;
-    const struct tensor_work *w = &b->work;
+    const struct overlap *w = &b->ov;
     const struct tdom_run *need = &w->dst_td.runs[u->run];
     int ndim = p->tensors[u->tensor].dst.ndim;
-    int m = need->end - need->begin;
-    int nh = w->src_td.runs[w->src_td.run_first[u->src_tuple + 1] - 1].end -
-             w->src_td.runs[w->src_td.run_first[u->src_tuple]].begin;
+    int m = need->end - need->begin, nh;
+    holders_of(w, u->src_tuple, &nh);
     RS_CHECK(scratch_fit(s, m, nh));
     int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS]; /* copies: pushing boxes moves coords */
     memcpy(start, p->coords + u->box, (size_t)ndim * sizeof(int64_t));
@@ -186,7 +206,7 @@ static reshard_status_t assign_unit(struct build *b, struct scratch *s, const st
             break; /* fewer rows than needers: the rest receive nothing and only forward-in */
         uint32_t box;
         RS_CHECK(plan_push_box(p, ndim, slice_start, slice_len, &box));
-        RS_CHECK(emit_slice(b, s, u, slice_start, slice_len, box, s->needers[i], need));
+        RS_CHECK(emit_slice(b, s, u, slice_start, slice_len, box, s->needers[i].rank, need));
     }
     return RESHARD_OK;
 }

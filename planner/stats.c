@@ -68,51 +68,43 @@ static reshard_status_t tensor_bounds(const struct rs_plan *p, int t, struct bou
     const struct plan_tensor *pt = &p->tensors[t];
     const struct rs_topo *topo = &p->topo;
     int64_t esize = (int64_t)dtype_size(pt->dst.dtype);
-    struct rs_grid g;
-    struct tuple_domains src, dst;
-    RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, &g));
-    reshard_status_t st = tdom_build(&pt->src_map, topo, &src);
-    if (st == RESHARD_OK && (st = tdom_build(&pt->dst_map, topo, &dst)) != RESHARD_OK)
-        tdom_free(&src);
-    if (st != RESHARD_OK) {
-        grid_free(&g);
-        return st;
-    }
+    struct overlap o;
+    RS_CHECK(overlap_build(&pt->src_map, &pt->dst_map, topo, &o));
+    const struct rs_grid *g = &o.grid;
+    const struct tuple_domains *src = &o.src_td, *dst = &o.dst_td;
     int root_domain = topo->domain[pt->src.ranks[0]];
     int64_t root_has = 0;
     struct grid_cursor c;
-    grid_first(&g, &c);
+    grid_first(g, &c);
     do {
         int64_t bytes = c.volume * esize;
-        int rb = dst.run_first[c.dst_tuple], re = dst.run_first[c.dst_tuple + 1];
+        int rb = dst->run_first[c.dst_tuple], re = dst->run_first[c.dst_tuple + 1];
         int needed_elsewhere = 0;
         for (int r = rb; r < re; r++) {
-            int d = dst.runs[r].domain;
-            if (tdom_find(&src, c.src_tuple, d) < 0) {
+            int d = dst->runs[r].domain;
+            if (tdom_find(src, c.src_tuple, d) < 0) {
                 s->min_net_bytes += bytes;
                 bd->in[d] += bytes;
             }
         }
-        int hb = src.runs[src.run_first[c.src_tuple]].begin;
-        int he = src.runs[src.run_first[c.src_tuple + 1] - 1].end;
+        int hb = src->runs[src->run_first[c.src_tuple]].begin;
+        int he = src->runs[src->run_first[c.src_tuple + 1] - 1].end;
         if (he - hb == 1) { /* a sole holder must feed every other domain that needs it */
-            int holder = src.rank[hb];
+            int holder = src->rank[hb];
             for (int r = rb; r < re; r++)
-                needed_elsewhere += dst.runs[r].domain != topo->domain[holder];
+                needed_elsewhere += dst->runs[r].domain != topo->domain[holder];
             bd->forced[holder] += bytes * needed_elsewhere;
         }
-        if (tdom_find(&src, c.src_tuple, root_domain) >= 0)
+        if (tdom_find(src, c.src_tuple, root_domain) >= 0)
             root_has += bytes;
-    } while (grid_next(&g, &c));
+    } while (grid_next(g, &c));
 
     int64_t total = layout_numel(&pt->dst) * esize;
     int other = count_other_domains(topo, &pt->dst, root_domain, bd->stamp, t + 1);
     s->gather_bcast_bytes += (total - root_has) + total * other;
     for (int i = 0; i < pt->dst.nranks; i++)
         bd->is_dst[pt->dst.ranks[i]] = 1;
-    grid_free(&g);
-    tdom_free(&src);
-    tdom_free(&dst);
+    overlap_free(&o);
     return RESHARD_OK;
 }
 
@@ -156,14 +148,17 @@ out:
 reshard_status_t plan_stats_compute(const struct rs_plan *p, struct plan_stats *s,
                                     struct plan_rank_stats *per_rank)
 {
-    struct plan_rank_stats *r = per_rank;
-    if (!r && !(r = rs_calloc((size_t)p->topo.nranks, sizeof(*r), "plan stats")))
+    struct plan_rank_stats *r = rs_calloc((size_t)p->topo.nranks, sizeof(*r), "plan stats");
+    if (!r)
         return RESHARD_ERR_NO_MEMORY;
-    if (per_rank)
-        memset(per_rank, 0, (size_t)p->topo.nranks * sizeof(*r));
-    memset(s, 0, sizeof(*s));
-    op_stats(p, s, r);
-    if (!per_rank)
-        free(r);
-    return layout_bounds(p, s);
+    struct plan_stats out = {0};
+    op_stats(p, &out, r);
+    reshard_status_t st = layout_bounds(p, &out);
+    if (st == RESHARD_OK) { /* outputs only on success */
+        *s = out;
+        if (per_rank)
+            memcpy(per_rank, r, (size_t)p->topo.nranks * sizeof(*r));
+    }
+    free(r);
+    return st;
 }

@@ -165,7 +165,7 @@ reshard_status_t reshard_plan_create(const reshard_tensor_t *tensors, int ntenso
                                         "%s: config->size %zu is too small; use "
                                         "RESHARD_PLAN_CONFIG_INIT",
                                         __func__, config->size));
-    struct plan_opts opts = {rs_param_int(RS_PARAM_PLAN_SPLIT_MIN_BYTES)};
+    struct plan_opts opts = {.split_min_bytes = rs_param_int(RS_PARAM_PLAN_SPLIT_MIN_BYTES)};
     if (config && config->split_min_bytes > 0)
         opts.split_min_bytes = config->split_min_bytes;
 

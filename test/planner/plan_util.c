@@ -23,7 +23,7 @@ static reshard_status_t build(int n, const char *const *src, const char *const *
     }
     struct rs_topo topo;
     cr_assert_eq(topo_create(world, domain_size, domain_of, &topo), RESHARD_OK);
-    struct plan_opts opts = {split_min ? split_min : PLAN_SPLIT_MIN_DEFAULT};
+    struct plan_opts opts = {.split_min_bytes = split_min};
     reshard_status_t st = plan_build(in, n, &topo, &opts, out);
     topo_free(&topo);
     for (int i = 0; i < 2 * n; i++)

@@ -2,6 +2,7 @@
 /* Planner behaviours: local first, once per domain, fan-out, replica splitting, rails. */
 #include "error.h"
 #include "plan_util.h"
+#include "spec.h"
 #include "validate.h"
 
 #include <criterion/criterion.h>
@@ -200,4 +201,100 @@ Test(plan, the_hash_is_deterministic_and_covers_the_topology)
     plan_free(a);
     plan_free(b);
     plan_free(c);
+}
+
+Test(plan, the_op_limit_refuses_before_building)
+{
+    const char *s = "shape=16x16 ranks=0-3 place=S(0)", *d = "shape=16x16 ranks=4-7 place=S(1)";
+    struct rs_layout l[2];
+    struct spec_opts o = {0};
+    cr_assert_eq(spec_parse(s, &o, &l[0]), RESHARD_OK);
+    cr_assert_eq(spec_parse(d, &o, &l[1]), RESHARD_OK);
+    struct rs_topo topo;
+    cr_assert_eq(topo_create(8, 4, NULL, &topo), RESHARD_OK);
+    struct plan_input in = {"w", &l[0], &l[1]};
+    struct plan_opts opts = {.max_ops = 15}; /* 4 x 4 cells, one destination domain: 16 */
+    struct rs_plan *p;
+    cr_assert_eq(plan_build(&in, 1, &topo, &opts, &p), RESHARD_ERR_TOO_LARGE);
+    cr_assert_str_eq(rs_error_message(),
+                     "plan: tensor 'w' needs at least 16 transfers, more than the 15 left of "
+                     "RESHARD_PLAN_MAX_OPS; coarsen the layouts or raise the limit");
+    opts.max_ops = 16;
+    cr_assert_eq(plan_build(&in, 1, &topo, &opts, &p), RESHARD_OK, "%s", rs_error_message());
+    cr_assert_eq(p->nops, 16, "the estimate is exact here: one NET op per cell");
+    plan_free(p);
+    topo_free(&topo);
+    layout_free(&l[0]);
+    layout_free(&l[1]);
+}
+
+Test(plan, byte_counts_that_could_wrap_are_refused)
+{
+    /* 2^51 bytes to 8192 ranks: 2^64 bytes of destination copies */
+    const char *s = "shape=1125899906842624 ranks=0", *d = "shape=1125899906842624 ranks=1-8192";
+    struct rs_plan *p;
+    cr_assert_eq(try_plan_specs(1, &s, &d, 8193, 1, NULL, &p), RESHARD_ERR_TOO_LARGE);
+    cr_assert_str_eq(rs_error_message(), "plan: the tensors times their destination copies "
+                                         "exceed 2^62 bytes (at tensor 't0')");
+}
+
+Test(plan, more_than_2_32_overlap_boxes_are_refused, .timeout = 60)
+{
+    /* 65537 single rows against 65537 single columns */
+    const char *s = "shape=65537x65537 dtype=u8 ranks=0-65536 place=S(0)";
+    const char *d = "shape=65537x65537 dtype=u8 ranks=0-65536 place=S(1)";
+    struct rs_plan *p;
+    cr_assert_eq(try_plan_specs(1, &s, &d, 65537, 8, NULL, &p), RESHARD_ERR_TOO_LARGE);
+    cr_assert_str_eq(rs_error_message(), "plan: more than 2^32 overlap boxes in one tensor");
+}
+
+Test(plan, a_missing_source_is_named)
+{
+    int ranks[] = {0};
+    struct rs_layout ok = {
+        .ndim = 1, .shape = {4}, .nranks = 1, .ranks = ranks, .mesh_ndim = 1, .mesh = {1}};
+    struct rs_topo topo;
+    cr_assert_eq(topo_create(1, 1, NULL, &topo), RESHARD_OK);
+    struct plan_input in = {NULL, NULL, &ok};
+    struct rs_plan *p;
+    cr_assert_eq(plan_build(&in, 1, &topo, NULL, &p), RESHARD_ERR_INVALID_ARG);
+    cr_assert_str_eq(rs_error_message(), "tensor 't0': missing source layout");
+    topo_free(&topo);
+}
+
+Test(plan, the_hash_covers_views_and_names)
+{
+    const char *s = "shape=8x4 ranks=0-1 place=S(0)";
+    const char *d1 = "shape=8x4 ranks=2-3 place=S(1)";
+    const char *d2 = "shape=8x4 ranks=2-3 place=S(1) buffer=qkv offset=4096";
+    struct rs_plan *a = plan_one(s, d1, 4, 2), *b = plan_one(s, d2, 4, 2);
+    cr_assert_eq(a->nops, b->nops, "the same ops");
+    cr_assert_neq(a->hash, b->hash, "but the view differs");
+    plan_free(a);
+    plan_free(b);
+
+    struct rs_layout l[2];
+    cr_assert_eq(spec_parse(s, NULL, &l[0]), RESHARD_OK);
+    cr_assert_eq(spec_parse(d1, NULL, &l[1]), RESHARD_OK);
+    struct rs_topo topo;
+    cr_assert_eq(topo_create(4, 2, NULL, &topo), RESHARD_OK);
+    struct plan_input x = {"x", &l[0], &l[1]}, y = {"y", &l[0], &l[1]};
+    cr_assert_eq(plan_build(&x, 1, &topo, NULL, &a), RESHARD_OK);
+    cr_assert_eq(plan_build(&y, 1, &topo, NULL, &b), RESHARD_OK);
+    cr_assert_neq(a->hash, b->hash, "tensor names are part of the agreement");
+    plan_free(a);
+    plan_free(b);
+    topo_free(&topo);
+    layout_free(&l[0]);
+    layout_free(&l[1]);
+}
+
+Test(plan, the_largest_split_threshold_never_splits)
+{
+    int dom[] = {0, 1, 2};
+    const char *src = "shape=64x64 dtype=f32 ranks=0-1 place=R";
+    const char *dst = "shape=64x64 dtype=f32 ranks=2 place=R";
+    struct rs_plan *p = plan_specs(1, &src, &dst, 3, 0, dom, INT64_MAX);
+    cr_assert_eq(count_ops(p, PLAN_OP_NET), 1);
+    plan_free(p);
 }

@@ -49,3 +49,10 @@ Test(topo, bad_arguments)
     cr_assert_eq(topo_create(2, 0, ids, &t), RESHARD_ERR_INVALID_ARG);
     cr_assert_str_eq(rs_error_message(), "topology: rank 1 has domain id -1");
 }
+
+Test(topo, worlds_past_2_20_ranks_are_refused)
+{
+    struct rs_topo t;
+    cr_assert_eq(topo_create((1 << 20) + 1, 8, NULL, &t), RESHARD_ERR_INVALID_ARG);
+    cr_assert_str_eq(rs_error_message(), "topology: world size 1048577 is outside 1..1048576");
+}

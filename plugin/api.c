@@ -165,9 +165,14 @@ reshard_status_t reshard_plan_create(const reshard_tensor_t *tensors, int ntenso
                                         "%s: config->size %zu is too small; use "
                                         "RESHARD_PLAN_CONFIG_INIT",
                                         __func__, config->size));
-    struct plan_opts opts = {.split_min_bytes = rs_param_int(RS_PARAM_PLAN_SPLIT_MIN_BYTES)};
+    struct plan_opts opts = {rs_param_int(RS_PARAM_PLAN_SPLIT_MIN_BYTES),
+                             rs_param_int(RS_PARAM_PLAN_MAX_OPS)};
     if (config && config->split_min_bytes > 0)
         opts.split_min_bytes = config->split_min_bytes;
+    /* fields past what the caller's struct has (an older header) keep their defaults */
+    if (config && config->size >= offsetof(reshard_plan_config_t, max_ops) + sizeof(int64_t) &&
+        config->max_ops > 0)
+        opts.max_ops = config->max_ops;
 
     struct plan_input *in = rs_calloc((size_t)ntensors, sizeof(*in), "plan inputs");
     struct reshard_plan *h = in ? rs_calloc(1, sizeof(*h), "plan") : NULL;

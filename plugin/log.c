@@ -21,10 +21,10 @@ static void trace_check(const char *file, int line, const char *expr, reshard_st
 
 static void emit(enum rs_log_level l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-static void announce(const char *env, const char *value, int rejected)
+static void announce(const char *env, const char *value, const char *why)
 {
-    if (rejected)
-        emit(RS_LOG_WARN, "%s=%s is not an integer; the default stays", env, value);
+    if (why)
+        emit(RS_LOG_WARN, "%s=%s %s; the default stays", env, value, why);
     else
         emit(RS_LOG_INFO, "%s set by environment to %s", env, value);
 }
@@ -40,6 +40,8 @@ static void init(void)
         level = RS_LOG_TRACE;
     else
         level = RS_LOG_WARN;
+    if (level == RS_LOG_WARN && strcasecmp(v, "WARN"))
+        emit(RS_LOG_WARN, "RESHARD_DEBUG=%s is not NONE, WARN, INFO or TRACE; using WARN", v);
     rs_error_set_trace(trace_check);
     rs_param_overrides(announce);
 }

@@ -2,21 +2,24 @@
 #include "param.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 
 struct param {
     const char *name, *env, *def, *meaning;
     enum rs_param_type type;
+    int64_t min;
     const char *value; /* environment or default */
     int64_t ival;
     int from_env;
-    int rejected; /* the environment held a value of the wrong type */
+    char rejected[64]; /* why the environment's value was refused, "" when it was not */
 };
 
 static struct param params[RS_PARAM_COUNT] = {
-#define RS_PARAM_ROW_(id, t, d, m)                                                                 \
-    [RS_PARAM_##id] = {.name = #id, .env = "RESHARD_" #id, .def = d, .meaning = m, .type = t},
+#define RS_PARAM_ROW_(id, t, d, lo, m)                                                             \
+    [RS_PARAM_##                                                                                   \
+        id] = {.name = #id, .env = "RESHARD_" #id, .def = d, .meaning = m, .type = t, .min = lo},
     RS_PARAM_MAP(RS_PARAM_ROW_)
 #undef RS_PARAM_ROW_
 };
@@ -44,24 +47,28 @@ static void load(void)
             parse_int(p->def, &p->ival);
         if (!env)
             continue;
-        p->value = env;
-        if (p->type == RS_PARAM_INT && parse_int(env, &p->ival) != 0) {
-            parse_int(p->def, &p->ival);
-            p->value = p->def;
-            p->rejected = 1;
+        int64_t v = 0;
+        if (p->type == RS_PARAM_INT && parse_int(env, &v) != 0) {
+            snprintf(p->rejected, sizeof(p->rejected), "is not an integer");
             continue;
         }
+        if (p->type == RS_PARAM_INT && v < p->min) {
+            snprintf(p->rejected, sizeof(p->rejected), "is below %lld", (long long)p->min);
+            continue;
+        }
+        p->value = env;
+        p->ival = v;
         p->from_env = 1;
     }
 }
 
-void rs_param_overrides(void (*fn)(const char *env, const char *value, int rejected))
+void rs_param_overrides(void (*fn)(const char *env, const char *value, const char *why))
 {
     pthread_once(&once, load);
     for (int i = 0; i < RS_PARAM_COUNT; i++)
-        if (params[i].from_env || params[i].rejected)
-            fn(params[i].env, params[i].rejected ? getenv(params[i].env) : params[i].value,
-               params[i].rejected);
+        if (params[i].from_env || params[i].rejected[0])
+            fn(params[i].env, params[i].rejected[0] ? getenv(params[i].env) : params[i].value,
+               params[i].rejected[0] ? params[i].rejected : NULL);
 }
 
 int64_t rs_param_int(enum rs_param p)

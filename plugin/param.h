@@ -11,14 +11,16 @@
 
 enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
 
-/* X(id, type, default, meaning) */
+/* X(id, type, default, smallest integer accepted, meaning) */
 #define RS_PARAM_MAP(X)                                                                            \
-    X(DEBUG, RS_PARAM_STR, "WARN", "log level: NONE, WARN, INFO or TRACE")                         \
-    X(PLAN_SPLIT_MIN_BYTES, RS_PARAM_INT, "1048576",                                               \
-      "split a network slice among source replicas when each part keeps this many bytes")
+    X(DEBUG, RS_PARAM_STR, "WARN", 0, "log level: NONE, WARN, INFO or TRACE")                      \
+    X(PLAN_SPLIT_MIN_BYTES, RS_PARAM_INT, "1048576", 1,                                            \
+      "split a network slice among source replicas when each part keeps this many bytes")          \
+    X(PLAN_MAX_OPS, RS_PARAM_INT, "134217728", 1,                                                  \
+      "refuse a plan needing more transfers than this (32 bytes each), before building it")
 
 enum rs_param {
-#define RS_PARAM_ENUM_(id, type, def, meaning) RS_PARAM_##id,
+#define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,
     RS_PARAM_MAP(RS_PARAM_ENUM_)
 #undef RS_PARAM_ENUM_
         RS_PARAM_COUNT
@@ -27,8 +29,8 @@ enum rs_param {
 int64_t rs_param_int(enum rs_param p);
 const char *rs_param_str(enum rs_param p);
 void rs_param_print(FILE *out);
-/* Calls fn for each value the environment set, or set wrongly (rejected: the default stays).
- * The logger reports them once; nothing here logs, since the logger reads DEBUG from here. */
-void rs_param_overrides(void (*fn)(const char *env, const char *value, int rejected));
+/* Calls fn for each value the environment set, or set wrongly (why says how; the default
+ * stays). The logger reports them once; nothing here logs, since the logger reads DEBUG here. */
+void rs_param_overrides(void (*fn)(const char *env, const char *value, const char *why));
 
 #endif

@@ -93,12 +93,14 @@ typedef struct reshard_plan_config {
     /* A network slice held by several source replicas is split among them when each part
      * keeps at least this many bytes; <= 0 takes RESHARD_PLAN_SPLIT_MIN_BYTES. */
     int64_t split_min_bytes;
+    /* A plan needing more transfers is refused up front with RESHARD_ERR_TOO_LARGE instead of
+     * exhausting memory (32 bytes each); <= 0 takes RESHARD_PLAN_MAX_OPS. */
+    int64_t max_ops;
 } reshard_plan_config_t;
 
-#define RESHARD_PLAN_CONFIG_INIT                                                                   \
-    {                                                                                              \
-        sizeof(reshard_plan_config_t), 0                                                           \
-    }
+/* clang-format off */
+#define RESHARD_PLAN_CONFIG_INIT {sizeof(reshard_plan_config_t), 0, 0}
+/* clang-format on */
 
 /* Plans all tensors together (loads balance across them). Source and destination of a tensor
  * must agree in shape and dtype (RESHARD_ERR_MISMATCH) and use ranks below the topology's world

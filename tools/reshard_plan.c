@@ -259,6 +259,16 @@ static void print_json(const reshard_plan_stats_t *s, const reshard_rank_stats_t
     printf("\n}\n");
 }
 
+/* The canonical spec, however long its rank list; NULL when out of memory. */
+static char *format_layout(const reshard_layout_t *l)
+{
+    size_t n = reshard_layout_format(l, NULL, 0) + 1;
+    char *buf = malloc(n);
+    if (buf)
+        reshard_layout_format(l, buf, n);
+    return buf;
+}
+
 static int max_rank(const reshard_layout_t *l)
 {
     reshard_layout_info_t info;
@@ -322,9 +332,14 @@ int main(int argc, char **argv)
         free(ranks);
         goto out;
     }
-    char sbuf[4096], dbuf[4096];
-    reshard_layout_format(src, sbuf, sizeof(sbuf));
-    reshard_layout_format(dst, dbuf, sizeof(dbuf));
+    char *sbuf = format_layout(src), *dbuf = format_layout(dst);
+    if (!sbuf || !dbuf) {
+        fprintf(stderr, "error: out of memory\n");
+        free(sbuf);
+        free(dbuf);
+        free(ranks);
+        goto out;
+    }
     if (a.json) {
         print_json(&s, ranks, sbuf, dbuf, reshard_plan_hash(plan), valid, why);
     } else {
@@ -340,6 +355,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "error: %s\n", why);
         print_tail(&s, valid);
     }
+    free(sbuf);
+    free(dbuf);
     free(ranks);
     rc = valid ? 0 : 1;
 out:

@@ -29,6 +29,14 @@ static double peak_mib(void)
     return (double)ru.ru_maxrss / 1024.0; /* KiB on Linux */
 }
 
+/* A positive count, or -1. */
+static int count_arg(const char *s)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    return end != s && !*end && v > 0 && v <= (1 << 24) ? (int)v : -1;
+}
+
 static int fail(const char *what)
 {
     fprintf(stderr, "plan_bench: %s: %s\n", what, reshard_last_error());
@@ -52,7 +60,7 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "n:", opts, NULL)) != -1) {
         switch (c) {
         case 'n':
-            ntensors = atoi(optarg);
+            ntensors = count_arg(optarg);
             break;
         case 's':
             src = optarg;
@@ -61,10 +69,10 @@ int main(int argc, char **argv)
             dst = optarg;
             break;
         case 'D':
-            domain_size = atoi(optarg);
+            domain_size = count_arg(optarg);
             break;
         case 'w':
-            world = atoi(optarg);
+            world = count_arg(optarg);
             break;
         case 'V':
             validate = 0;
@@ -75,8 +83,10 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (ntensors < 1)
-        return fail("-n must be positive");
+    if (ntensors < 1 || domain_size < 1 || world < 1) {
+        fprintf(stderr, "plan_bench: -n, --domain-size and --world-size take positive counts\n");
+        return 2;
+    }
     reshard_layout_t *s, *d;
     reshard_topo_t *topo;
     if (reshard_layout_parse(src, world, &s) != RESHARD_OK)

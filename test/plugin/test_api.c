@@ -4,6 +4,7 @@
 
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -244,4 +245,49 @@ Test(api, a_malformed_environment_value_keeps_the_default, .init = cr_redirect_s
     cr_assert(strstr(log, "RESHARD WARN RESHARD_PLAN_SPLIT_MIN_BYTES=lots is not an integer; the "
                           "default stays"),
               "%s", log);
+}
+
+static char *stderr_text(void)
+{
+    static char log[2048];
+    fflush(stderr);
+    size_t n = fread(log, 1, sizeof(log) - 1, cr_get_redirected_stderr());
+    log[n] = '\0';
+    return log;
+}
+
+Test(api, tunables_below_their_minimum_keep_the_default, .init = cr_redirect_stderr)
+{
+    setenv("RESHARD_PLAN_SPLIT_MIN_BYTES", "0", 1);
+    setenv("RESHARD_DEBUG", "loud", 1);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    reshard_config_print(out);
+    fclose(out);
+    cr_assert(strstr(text, "RESHARD_PLAN_SPLIT_MIN_BYTES   1048576      default"), "%s", text);
+    free(text);
+    const char *log = stderr_text();
+    cr_assert(strstr(log, "RESHARD_PLAN_SPLIT_MIN_BYTES=0 is below 1; the default stays"), "%s",
+              log);
+    cr_assert(strstr(log, "RESHARD_DEBUG=loud is not NONE, WARN, INFO or TRACE; using WARN"), "%s",
+              log);
+}
+
+Test(api, config_and_environment_cap_the_ops)
+{
+    struct fixture f;
+    fixture_make(&f, "shape=16x16 ranks=0-3 place=S(0)", "shape=16x16 ranks=4-7 place=S(1)", 8, 4);
+    reshard_tensor_t t = {"w", f.src, f.dst};
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cfg.max_ops = 8;
+    reshard_plan_t *p = NULL;
+    cr_assert_eq(reshard_plan_create(&t, 1, f.topo, &cfg, &p), RESHARD_ERR_TOO_LARGE);
+    cr_assert_null(p);
+    /* a caller built against a header without max_ops: the field is not read */
+    cfg.size = offsetof(reshard_plan_config_t, max_ops);
+    cr_assert_eq(reshard_plan_create(&t, 1, f.topo, &cfg, &p), RESHARD_OK, "%s",
+                 reshard_last_error());
+    reshard_plan_destroy(p);
+    fixture_free(&f);
 }

@@ -3,13 +3,18 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 
 int run_capture(const char *cmd, char *out, size_t n)
 {
-    char full[4096];
-    snprintf(full, sizeof(full), "%s 2>&1", cmd);
+    size_t len = strlen(cmd) + 8;
+    char *full = malloc(len);
+    if (!full)
+        return -1;
+    snprintf(full, len, "%s 2>&1", cmd);
     FILE *f = popen(full, "r");
+    free(full);
     if (!f)
         return -1;
     size_t used = 0, got;

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-Test(exports, only_the_public_api_is_visible)
+Test(exports, only_the_public_api_is_visible, .timeout = 60)
 {
     char cmd[512], out[1 << 15];
     snprintf(cmd, sizeof(cmd), "nm -D --defined-only %s/libnccl-net-reshard.so", build_dir());

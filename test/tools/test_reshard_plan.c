@@ -13,9 +13,13 @@ static char out[OUT_MAX];
 
 static int plan(const char *args)
 {
-    char cmd[2048];
-    snprintf(cmd, sizeof(cmd), "%s/reshard-plan %s", build_dir(), args);
-    return run_capture(cmd, out, sizeof(out));
+    size_t n = strlen(args) + strlen(build_dir()) + 32;
+    char *cmd = malloc(n);
+    cr_assert_not_null(cmd);
+    snprintf(cmd, n, "%s/reshard-plan %s", build_dir(), args);
+    int rc = run_capture(cmd, out, sizeof(out));
+    free(cmd);
+    return rc;
 }
 
 /* The value on the line "key N", or -1. */
@@ -27,7 +31,7 @@ static long long value_of(const char *key)
     return p ? atoll(p + strlen(pat)) : -1;
 }
 
-Test(reshard_plan, report_ends_with_the_eight_lines)
+Test(reshard_plan, report_ends_with_the_eight_lines, .timeout = 60)
 {
     int rc = plan("--src 'shape=7168x2048 ranks=0-7 place=S(0)' "
                   "--dst 'shape=7168x2048 ranks=8-15 mesh=2x4 place=R,S(0)'");
@@ -53,7 +57,7 @@ Test(reshard_plan, report_ends_with_the_eight_lines)
     cr_assert(strstr(out, "rank   dom  rail"), "the per-rank table is printed");
 }
 
-Test(reshard_plan, json_carries_the_same_figures)
+Test(reshard_plan, json_carries_the_same_figures, .timeout = 60)
 {
     const char *args = "--src 'shape=64x64 ranks=0-3 place=S(1)' --dst 'shape=64x64 ranks=4-7 "
                        "mesh=2x2 place=SS(0,2),R' --domain-size 2";
@@ -69,7 +73,7 @@ Test(reshard_plan, json_carries_the_same_figures)
     cr_assert(strstr(out, "\"ranks\": ["), "%s", out);
 }
 
-Test(reshard_plan, bad_input_exits_2_with_one_line)
+Test(reshard_plan, bad_input_exits_2_with_one_line, .timeout = 60)
 {
     cr_assert_eq(
         plan("--src 'shape=7168x2048 ranks=0-3 place=X' --dst 'shape=7168x2048 ranks=0-3'"), 2);
@@ -87,7 +91,7 @@ Test(reshard_plan, bad_input_exits_2_with_one_line)
                           "shape 4x8\n");
 }
 
-Test(reshard_plan, usage_errors_exit_2)
+Test(reshard_plan, usage_errors_exit_2, .timeout = 60)
 {
     cr_assert_eq(plan("--src 'shape=4 ranks=0'"), 2);
     cr_assert(strstr(out, "error: --src and --dst are required"), "%s", out);
@@ -108,7 +112,7 @@ Test(reshard_plan, usage_errors_exit_2)
     cr_assert_eq(plan("--src 'shape=4' --dst 'shape=4'"), 2, "no rank count anywhere");
 }
 
-Test(reshard_plan, domains_list_and_world_size)
+Test(reshard_plan, domains_list_and_world_size, .timeout = 60)
 {
     cr_assert_eq(plan("--src 'shape=8 ranks=0-1 place=S(0)' --dst 'shape=8 ranks=2-3 place=R' "
                       "--domains 5,5,9,9"),
@@ -122,7 +126,7 @@ Test(reshard_plan, domains_list_and_world_size)
     cr_assert_eq(value_of("local_bytes"), 32);
 }
 
-Test(reshard_plan, long_tables_are_cut_unless_asked)
+Test(reshard_plan, long_tables_are_cut_unless_asked, .timeout = 60)
 {
     const char *args = "--src 'shape=64x64 ranks=0-63 place=S(0)' --dst 'shape=64x64 ranks=0-63 "
                        "place=S(1)'";
@@ -135,11 +139,30 @@ Test(reshard_plan, long_tables_are_cut_unless_asked)
     cr_assert(strstr(out, "\n    63 "), "rank 63 listed");
 }
 
-Test(reshard_plan, dump_config_and_help)
+Test(reshard_plan, dump_config_and_help, .timeout = 60)
 {
     cr_assert_eq(plan("--dump-config"), 0);
     cr_assert(strstr(out, "RESHARD_DEBUG"), "%s", out);
     cr_assert(strstr(out, "RESHARD_PLAN_SPLIT_MIN_BYTES"), "%s", out);
     cr_assert_eq(plan("--help"), 0);
     cr_assert(strstr(out, "usage: reshard-plan"), "%s", out);
+}
+
+Test(reshard_plan, bad_world_size_and_long_rank_lists, .timeout = 60)
+{
+    cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --world-size x"), 2);
+    cr_assert_str_eq(out, "error: --world-size: expected a positive integer: x\n");
+    /* 1,000 scattered ranks: the canonical spec runs past any fixed buffer */
+    char ranks[8192] = "";
+    size_t n = 0;
+    for (int r = 0; r < 2000; r += 2)
+        n += (size_t)snprintf(ranks + n, sizeof(ranks) - n, "%s%d", r ? "," : "", r);
+    char *args = malloc(3 * sizeof(ranks));
+    snprintf(args, 3 * sizeof(ranks),
+             "--src 'shape=1000 ranks=%s place=S(0)' --dst 'shape=1000 ranks=1 place=R' "
+             "--domain-size 2",
+             ranks);
+    cr_assert_eq(plan(args), 0, "%s", out);
+    cr_assert(strstr(out, ",1998 mesh=1000 place=S(0)\n"), "the whole spec is printed");
+    free(args);
 }

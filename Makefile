@@ -81,7 +81,7 @@ deps:
 
 test: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BIN)
-	RESHARD_BUILD=$(BUILD) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
+	RESHARD_BUILD=$(BUILD) $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 
 demo: deps
 	@$(MAKE) --no-print-directory all

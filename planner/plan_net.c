@@ -4,8 +4,13 @@
  *
  * A cell that must enter a domain is needed there by m ranks. It is cut into m slices, one per
  * needer, so it crosses the network once; each needer forwards its slice to the other m - 1
- * over the local path. A slice held by several source replicas is split among them when the
- * parts stay large. Tensors come largest first and each tensor's units largest first; each
+ * over the local path. (DESIGN.md cuts the maximal boxes needed by the same ranks; cutting the
+ * overlap cells instead moves the same bytes and keeps every slice inside one source tuple, so
+ * a network op always has one set of holders to choose its sender from. Messages between one
+ * pair of ranks are coalesced by the executor, so the finer cut costs no extra round trips.)
+ * A cell with fewer rows than needers, along every dim, gives some needers no slice: they get
+ * the whole cell by forwarding. A slice held by several source replicas is split among them when
+ * the parts stay large. Tensors come largest first and each tensor's units largest first; each
  * (sub-)slice goes to the least loaded sender, ties going to the sender on the receiver's rail,
  * then to the lower rank.
  */

@@ -6,8 +6,8 @@
  * needer, so it crosses the network once; each needer forwards its slice to the other m - 1
  * over the local path. (DESIGN.md cuts the maximal boxes needed by the same ranks; cutting the
  * overlap cells instead moves the same bytes and keeps every slice inside one source tuple, so
- * a network op always has one set of holders to choose its sender from. Messages between one
- * pair of ranks are coalesced by the executor, so the finer cut costs no extra round trips.)
+ * a network op always has one set of holders to choose its sender from. The finer cut makes more
+ * ops, not more bytes; the executor is to coalesce the messages of one pair of ranks.)
  * A cell with fewer rows than needers, along every dim, gives some needers no slice: they get
  * the whole cell by forwarding. A slice held by several source replicas is split among them when
  * the parts stay large. Tensors come largest first and each tensor's units largest first; each

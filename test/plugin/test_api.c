@@ -171,80 +171,35 @@ Test(api, layout_info_and_format)
     reshard_layout_destroy(l);
 }
 
-Test(api, config_sets_the_replica_split)
+/* 16 KiB held by two replicas in two domains, wanted by a rank of a third: returns the
+ * network ops of its plan under cfg (NULL: the environment's settings). */
+static uint64_t replica_split_ops(const reshard_plan_config_t *cfg)
 {
+    struct fixture f;
     int dom[] = {0, 1, 2};
-    reshard_layout_t *s, *d;
-    reshard_topo_t *t;
-    cr_assert_eq(reshard_layout_parse("shape=64x64 dtype=f32 ranks=0-1 place=R", 0, &s),
+    cr_assert_eq(reshard_layout_parse("shape=64x64 dtype=f32 ranks=0-1 place=R", 0, &f.src),
                  RESHARD_OK);
-    cr_assert_eq(reshard_layout_parse("shape=64x64 dtype=f32 ranks=2", 0, &d), RESHARD_OK);
-    cr_assert_eq(reshard_topo_create(3, 0, dom, &t), RESHARD_OK);
-    reshard_tensor_t tensor = {NULL, s, d};
-    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
-    cfg.split_min_bytes = 4096;
+    cr_assert_eq(reshard_layout_parse("shape=64x64 dtype=f32 ranks=2", 0, &f.dst), RESHARD_OK);
+    cr_assert_eq(reshard_topo_create(3, 0, dom, &f.topo), RESHARD_OK);
+    reshard_tensor_t tensor = {NULL, f.src, f.dst};
     reshard_plan_t *p;
-    cr_assert_eq(reshard_plan_create(&tensor, 1, t, &cfg, &p), RESHARD_OK);
+    cr_assert_eq(reshard_plan_create(&tensor, 1, f.topo, cfg, &p), RESHARD_OK, "%s",
+                 reshard_last_error());
     reshard_plan_stats_t st;
     cr_assert_eq(reshard_plan_stats(p, &st, NULL), RESHARD_OK);
-    cr_assert_eq(st.net_ops, 2, "16 KiB split between two replicas");
     reshard_plan_destroy(p);
-    cfg.size = 4;
-    cr_assert_eq(reshard_plan_create(&tensor, 1, t, &cfg, &p), RESHARD_ERR_INVALID_ARG);
-    cr_assert_eq(reshard_plan_create(&tensor, 0, t, NULL, &p), RESHARD_ERR_INVALID_ARG);
-    reshard_topo_destroy(t);
-    reshard_layout_destroy(s);
-    reshard_layout_destroy(d);
+    fixture_free(&f);
+    return st.net_ops;
 }
 
-Test(api, environment_sets_the_replica_split)
+static char *config_text(void)
 {
-    setenv("RESHARD_PLAN_SPLIT_MIN_BYTES", "4096", 1);
-    int dom[] = {0, 1, 2};
-    reshard_layout_t *s, *d;
-    reshard_topo_t *t;
-    cr_assert_eq(reshard_layout_parse("shape=64x64 dtype=f32 ranks=0-1 place=R", 0, &s),
-                 RESHARD_OK);
-    cr_assert_eq(reshard_layout_parse("shape=64x64 dtype=f32 ranks=2", 0, &d), RESHARD_OK);
-    cr_assert_eq(reshard_topo_create(3, 0, dom, &t), RESHARD_OK);
-    reshard_tensor_t tensor = {NULL, s, d};
-    reshard_plan_t *p;
-    cr_assert_eq(reshard_plan_create(&tensor, 1, t, NULL, &p), RESHARD_OK);
-    reshard_plan_stats_t st;
-    cr_assert_eq(reshard_plan_stats(p, &st, NULL), RESHARD_OK);
-    cr_assert_eq(st.net_ops, 2);
-    reshard_plan_destroy(p);
-    reshard_topo_destroy(t);
-    reshard_layout_destroy(s);
-    reshard_layout_destroy(d);
-
     char *text = NULL;
     size_t len = 0;
     FILE *out = open_memstream(&text, &len);
     reshard_config_print(out);
     fclose(out);
-    cr_assert(strstr(text, "RESHARD_PLAN_SPLIT_MIN_BYTES   4096         env"), "%s", text);
-    cr_assert(strstr(text, "RESHARD_DEBUG                  WARN         default"), "%s", text);
-    free(text);
-}
-
-Test(api, a_malformed_environment_value_keeps_the_default, .init = cr_redirect_stderr)
-{
-    setenv("RESHARD_PLAN_SPLIT_MIN_BYTES", "lots", 1);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&text, &len);
-    reshard_config_print(out);
-    fclose(out);
-    cr_assert(strstr(text, "RESHARD_PLAN_SPLIT_MIN_BYTES   1048576      default"), "%s", text);
-    free(text);
-    fflush(stderr);
-    char log[1024] = "";
-    size_t n = fread(log, 1, sizeof(log) - 1, cr_get_redirected_stderr());
-    log[n] = '\0';
-    cr_assert(strstr(log, "RESHARD WARN RESHARD_PLAN_SPLIT_MIN_BYTES=lots is not an integer; the "
-                          "default stays"),
-              "%s", log);
+    return text;
 }
 
 static char *stderr_text(void)
@@ -256,15 +211,50 @@ static char *stderr_text(void)
     return log;
 }
 
+Test(api, config_sets_the_replica_split)
+{
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cr_assert_eq(replica_split_ops(&cfg), 1, "1 MiB by default: 16 KiB stays whole");
+    cfg.split_min_bytes = 4096;
+    cr_assert_eq(replica_split_ops(&cfg), 2, "16 KiB split between two replicas");
+
+    struct fixture f;
+    fixture_make(&f, "shape=8 ranks=0", "shape=8 ranks=1", 2, 1);
+    reshard_tensor_t tensor = {NULL, f.src, f.dst};
+    reshard_plan_t *p;
+    cfg.size = 4;
+    cr_assert_eq(reshard_plan_create(&tensor, 1, f.topo, &cfg, &p), RESHARD_ERR_INVALID_ARG);
+    cr_assert_eq(reshard_plan_create(&tensor, 0, f.topo, NULL, &p), RESHARD_ERR_INVALID_ARG);
+    fixture_free(&f);
+}
+
+Test(api, environment_sets_the_replica_split)
+{
+    setenv("RESHARD_PLAN_SPLIT_MIN_BYTES", "4096", 1);
+    cr_assert_eq(replica_split_ops(NULL), 2);
+    char *text = config_text();
+    cr_assert(strstr(text, "RESHARD_PLAN_SPLIT_MIN_BYTES   4096         env"), "%s", text);
+    cr_assert(strstr(text, "RESHARD_DEBUG                  WARN         default"), "%s", text);
+    free(text);
+}
+
+Test(api, a_malformed_environment_value_keeps_the_default, .init = cr_redirect_stderr)
+{
+    setenv("RESHARD_PLAN_SPLIT_MIN_BYTES", "lots", 1);
+    char *text = config_text();
+    cr_assert(strstr(text, "RESHARD_PLAN_SPLIT_MIN_BYTES   1048576      default"), "%s", text);
+    free(text);
+    const char *log = stderr_text();
+    cr_assert(strstr(log, "RESHARD WARN RESHARD_PLAN_SPLIT_MIN_BYTES=lots is not an integer; the "
+                          "default stays"),
+              "%s", log);
+}
+
 Test(api, tunables_below_their_minimum_keep_the_default, .init = cr_redirect_stderr)
 {
     setenv("RESHARD_PLAN_SPLIT_MIN_BYTES", "0", 1);
     setenv("RESHARD_DEBUG", "loud", 1);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&text, &len);
-    reshard_config_print(out);
-    fclose(out);
+    char *text = config_text();
     cr_assert(strstr(text, "RESHARD_PLAN_SPLIT_MIN_BYTES   1048576      default"), "%s", text);
     free(text);
     const char *log = stderr_text();

@@ -225,8 +225,6 @@ static reshard_status_t plan_tensor_cells(struct build *b, uint32_t t)
     return RESHARD_OK;
 }
 
-/* What every rank must agree on: the ops (hashed as they are pushed, while they are in
- * cache), the topology and the tensors. */
 static uint64_t mix_string(uint64_t h, const char *s, size_t n)
 {
     for (size_t i = 0; i < n; i += 8) {
@@ -254,6 +252,8 @@ static reshard_status_t mix_layout(uint64_t *h, const struct rs_layout *l)
     return RESHARD_OK;
 }
 
+/* What every rank must agree on: the ops (hashed as they are pushed, while they are in
+ * cache), the topology and the tensors. */
 static reshard_status_t plan_hash(const struct rs_plan *p, uint64_t *out)
 {
     uint64_t h = mix(p->hash, (uint64_t)p->ntensors);

@@ -15,12 +15,13 @@ endif
 OPT := $(if $(filter 1,$(DEBUG)),-O0 -g3,-O2 -g)
 
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fvisibility=hidden -fPIC \
-              -MMD -MP $(OPT) $(SAN) -Iplanner -Iplugin $(CFLAGS)
+              -MMD -MP $(OPT) $(SAN) -Iplanner -Itransport -Iplugin $(CFLAGS)
 LDFLAGS_ALL := $(SAN) $(LDFLAGS)
 
-LIB_SRC := $(sort $(wildcard planner/*.c plugin/*.c))
+LIB_SRC := $(sort $(wildcard planner/*.c transport/*.c plugin/*.c))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-TEST_SRC := $(sort $(wildcard test/planner/*.c test/plugin/*.c test/tools/*.c))
+TEST_SRC := $(sort $(wildcard test/planner/*.c test/transport/*.c test/plugin/*.c test/tools/*.c \
+                              test/cluster/*.c))
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
 SO := $(BUILD)/libnccl-net-reshard.so
@@ -43,7 +44,7 @@ $(BUILD)/obj/%.o: %.c
 
 $(SO): $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libnccl-net-reshard.so -Wl,--no-undefined -o $@ $^ \
-	    $(LDFLAGS_ALL) -lpthread
+	    $(LDFLAGS_ALL) -lpthread -ldl
 
 $(AR_LIB): $(LIB_OBJ)
 	@rm -f $@
@@ -56,7 +57,7 @@ $(PLAN_BIN): $(BUILD)/obj/tools/reshard_plan.o $(SO)
 # code, and the export test checks the shared object itself.
 $(UNIT_BIN): $(TEST_OBJ) $(AR_LIB)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $(TEST_OBJ) $(AR_LIB) -lcriterion -lpthread -lm $(LDFLAGS_ALL)
+	$(CC) -o $@ $(TEST_OBJ) $(AR_LIB) -lcriterion -lpthread -ldl -lm $(LDFLAGS_ALL)
 
 $(BUILD)/obj/test/%.o: CFLAGS_ALL += -Itest
 

@@ -24,7 +24,15 @@ extern "C" {
     X(ERR_VIEW, 9, "local view does not fit the shard")                                            \
     X(ERR_TOO_LARGE, 10, "size exceeds a supported limit")                                         \
     X(ERR_INVALID_PLAN, 11, "plan failed validation")                                              \
-    X(ERR_INTERNAL, 12, "internal error")
+    X(ERR_INTERNAL, 12, "internal error")                                                          \
+    X(ERR_TIMEOUT, 13, "timed out waiting for a peer")                                             \
+    X(ERR_REFUSED, 14, "peer refused: not part of this job (wrong secret)")                        \
+    X(ERR_NETWORK, 15, "network or system failure")                                                \
+    X(ERR_BUSY, 16, "plan is already executing")                                                   \
+    X(ERR_BUFFER, 17, "buffer smaller than its shard")                                             \
+    X(ERR_PLAN_MISMATCH, 18, "ranks passed different layouts (plan hashes differ)")                \
+    X(ERR_UNAVAILABLE, 19, "transport or library not available on this host")                      \
+    X(ERR_REMOTE, 20, "another rank failed")
 
 typedef enum reshard_status {
 #define RESHARD_STATUS_ENUM_(name, value, msg) RESHARD_##name = value,

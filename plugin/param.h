@@ -17,7 +17,24 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
     X(PLAN_SPLIT_MIN_BYTES, RS_PARAM_INT, "1048576", 1,                                            \
       "split a network slice among source replicas when each part keeps this many bytes")          \
     X(PLAN_MAX_OPS, RS_PARAM_INT, "134217728", 1,                                                  \
-      "refuse a plan needing more transfers than this (32 bytes each), before building it")
+      "refuse a plan needing more transfers than this (32 bytes each), before building it")        \
+    X(TIMEOUT, RS_PARAM_INT, "300", 1,                                                             \
+      "seconds any wait for a peer may last (bootstrap and execute) before failing")               \
+    X(BOOT_ADDR, RS_PARAM_STR, "", 0,                                                              \
+      "address reshard_get_unique_id listens on (default: first non-loopback IPv4)")               \
+    X(BOOT_PORT, RS_PARAM_INT, "0", 0,                                                             \
+      "bootstrap port: for reshard_get_unique_id (0: any); from the environment, MASTER_PORT+1")   \
+    X(SECRET, RS_PARAM_STR, "", 0,                                                                 \
+      "job secret for environment launches (default: derived from the job's identity)")            \
+    X(DOMAIN_SIZE, RS_PARAM_INT, "0", 0,                                                           \
+      "NVLink domains are consecutive blocks of this many ranks (0: one per hostname)")            \
+    X(DOMAIN, RS_PARAM_INT, "-1", -1, "this rank's domain id (-1: by hostname or DOMAIN_SIZE)")    \
+    X(CHUNK_BYTES, RS_PARAM_INT, "4194304", 4096,                                                  \
+      "pipeline unit: a slice is sent and fanned out in chunks of at most this many bytes")        \
+    X(STAGING_BYTES, RS_PARAM_INT, "268435456", 1048576,                                           \
+      "per-rank cap on packing memory for strided slices")                                         \
+    X(NET_TLS, RS_PARAM_STR, "^sm,self,cuda_ipc", 0,                                               \
+      "UCX transports of the inter-domain context (UCX_TLS syntax; never shared memory)")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

@@ -68,6 +68,19 @@ typedef struct reshard_layout_info {
 RESHARD_API reshard_status_t reshard_layout_info(const reshard_layout_t *layout,
                                                  reshard_layout_info_t *info);
 
+/* The shape of the shard that global rank `rank` holds (all zeros when it holds none) and the
+ * number of its elements. */
+RESHARD_API reshard_status_t reshard_layout_shard_shape(const reshard_layout_t *layout, int rank,
+                                                        int64_t shape[8], int64_t *numel);
+/* For tensor dim `dim`: global[i] = the global index of local index i of rank's shard, for i
+ * in [0, shape[dim]) of reshard_layout_shard_shape. A rank's shard is the product over dims
+ * of these index lists, stored row-major (or as the layout's view says). */
+RESHARD_API reshard_status_t reshard_layout_shard_index(const reshard_layout_t *layout, int rank,
+                                                        int dim, int64_t *global);
+/* Bytes the local buffer of rank's shard must span, view included (0 when it holds none). */
+RESHARD_API reshard_status_t reshard_layout_shard_bytes(const reshard_layout_t *layout, int rank,
+                                                        size_t *bytes);
+
 /* ---- topology ---- */
 
 typedef struct reshard_topo reshard_topo_t;
@@ -88,6 +101,14 @@ typedef struct reshard_tensor {
     const reshard_layout_t *dst;
 } reshard_tensor_t;
 
+/* How a communicator plan moves bytes. RESHARD is the point of this library; the other two
+ * exist to measure it against what users do today. */
+typedef enum reshard_algo {
+    RESHARD_ALGO_RESHARD = 0, /* overlaps only, each element once per domain, local fan-out */
+    RESHARD_ALGO_DIRECT = 1,  /* every destination rank fetches its own overlaps: no dedupe */
+    RESHARD_ALGO_BCAST = 2,   /* gather to the first source rank, then a ring broadcast */
+} reshard_algo_t;
+
 typedef struct reshard_plan_config {
     size_t size; /* sizeof(reshard_plan_config_t), for compatibility */
     /* A network slice held by several source replicas is split among them when each part
@@ -96,10 +117,12 @@ typedef struct reshard_plan_config {
     /* A plan needing more transfers is refused up front with RESHARD_ERR_TOO_LARGE instead of
      * exhausting memory (32 bytes each); <= 0 takes RESHARD_PLAN_MAX_OPS. */
     int64_t max_ops;
+    /* Communicator plans only (reshard_comm_plan_create). */
+    reshard_algo_t algo;
 } reshard_plan_config_t;
 
 /* clang-format off */
-#define RESHARD_PLAN_CONFIG_INIT {sizeof(reshard_plan_config_t), 0, 0}
+#define RESHARD_PLAN_CONFIG_INIT {sizeof(reshard_plan_config_t), 0, 0, RESHARD_ALGO_RESHARD}
 /* clang-format on */
 
 /* Plans all tensors together (loads balance across them). Source and destination of a tensor
@@ -141,6 +164,94 @@ typedef struct reshard_rank_stats {
 RESHARD_API reshard_status_t reshard_plan_stats(const reshard_plan_t *plan,
                                                 reshard_plan_stats_t *stats,
                                                 reshard_rank_stats_t *ranks);
+
+/* ---- communicators: moving the bytes ---- */
+
+typedef struct reshard_comm reshard_comm_t;
+
+/* Where to meet: rank 0's address and a random secret that proves a peer belongs to the job.
+ * Like ncclUniqueId: made once (by the process that will be rank 0), passed to every rank out
+ * of band. */
+typedef struct reshard_unique_id {
+    char internal[128];
+} reshard_unique_id_t;
+
+/* Makes an id and starts listening on this host (RESHARD_BOOT_ADDR picks the address, else
+ * the first non-loopback IPv4 address; RESHARD_BOOT_PORT the port, else any). The process
+ * that calls it must create rank 0. */
+RESHARD_API reshard_status_t reshard_get_unique_id(reshard_unique_id_t *id);
+
+/* Collective over `size` ranks: joins rank `rank` to the job of `id`. Waits at most
+ * RESHARD_TIMEOUT seconds for every rank; errors name the peer that failed. A rank's NVLink
+ * domain is its hostname unless RESHARD_DOMAIN_SIZE (consecutive blocks of ranks) or
+ * RESHARD_DOMAIN (this rank's domain id) says otherwise. */
+RESHARD_API reshard_status_t reshard_comm_init_rank(const reshard_unique_id_t *id, int rank,
+                                                    int size, reshard_comm_t **comm);
+/* The same, with rank, size and rendezvous from the launcher's environment: torchrun
+ * (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), else Open MPI
+ * (OMPI_COMM_WORLD_*) or Slurm (SLURM_PROCID, SLURM_NTASKS, ...) with MASTER_ADDR and
+ * MASTER_PORT. Rank 0 listens on MASTER_PORT + 1 (torchrun's own store holds MASTER_PORT)
+ * unless RESHARD_BOOT_PORT is set; the secret is RESHARD_SECRET, else derived from the job's
+ * identity. */
+RESHARD_API reshard_status_t reshard_comm_init_env(reshard_comm_t **comm);
+RESHARD_API int reshard_comm_rank(const reshard_comm_t *comm);
+RESHARD_API int reshard_comm_size(const reshard_comm_t *comm);
+/* The communicator's topology (owned by the communicator). */
+RESHARD_API const reshard_topo_t *reshard_comm_topo(const reshard_comm_t *comm);
+/* Collective. Closes connections; plans made on the communicator must be destroyed first. */
+RESHARD_API void reshard_comm_destroy(reshard_comm_t *comm);
+
+/* Collective: every rank passes the same tensors. Plans on the communicator's topology and
+ * compares the plan hash across ranks before any byte moves (RESHARD_ERR_PLAN_MISMATCH on every
+ * rank, naming the ranks that differ). config may be NULL. */
+RESHARD_API reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm,
+                                                      const reshard_tensor_t *tensors, int ntensors,
+                                                      const reshard_plan_config_t *config,
+                                                      reshard_plan_t **plan);
+
+/* Where a buffer lives. */
+typedef enum reshard_mem { RESHARD_MEM_HOST = 0, RESHARD_MEM_CUDA = 1 } reshard_mem_t;
+
+/* This rank's memory for one tensor: its source shard (NULL when it holds none) and its
+ * destination shard (NULL when it receives none), laid out as the layouts' views say. */
+typedef struct reshard_buffers {
+    const void *src;
+    size_t src_bytes;
+    void *dst;
+    size_t dst_bytes;
+    reshard_mem_t mem;
+} reshard_buffers_t;
+
+/* Collective over the plan's communicator: moves every tensor; bufs[t] for tensor t. Returns
+ * when this rank's destination shards are complete and its source shards may be reused. A
+ * buffer smaller than its shard fails on every rank (RESHARD_ERR_BUFFER); a second call while
+ * one runs on the same plan fails at once (RESHARD_ERR_BUSY); a peer silent for
+ * RESHARD_TIMEOUT seconds fails with RESHARD_ERR_TIMEOUT naming it. After a failure the
+ * destination buffers may be partial. */
+RESHARD_API reshard_status_t reshard_plan_execute(reshard_plan_t *plan,
+                                                  const reshard_buffers_t *bufs);
+
+/* What this rank's transports moved since the communicator was created, counted by the
+ * transports themselves (payload bytes; control messages apart). */
+typedef struct reshard_comm_counters {
+    uint64_t net_out, net_in;     /* to and from other domains */
+    uint64_t local_out, local_in; /* inside the domain (CMA, CUDA IPC) */
+    uint64_t self;                /* copied inside this rank */
+    uint64_t ctrl_msgs;           /* control messages sent */
+} reshard_comm_counters_t;
+
+RESHARD_API reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
+                                                   reshard_comm_counters_t *counters);
+
+/* Collective: every rank's counters (all[size]) and the node (hostname) each rank runs on,
+ * as dense ids in order of first appearance (node[size]; may be NULL). */
+RESHARD_API reshard_status_t reshard_comm_counters_all(reshard_comm_t *comm,
+                                                       reshard_comm_counters_t *all, int *node);
+
+/* Collective helpers for tools and tests, over the communicator's bootstrap. */
+RESHARD_API reshard_status_t reshard_comm_barrier(reshard_comm_t *comm);
+RESHARD_API reshard_status_t reshard_comm_allgather(reshard_comm_t *comm, void *buf,
+                                                    size_t bytes_per_rank);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The transport ops table (DESIGN.md section 7): what the executor needs from a network
+ * transport, filled by each implementation with designated initializers. A context serves one
+ * communicator; its peers are the communicator's ranks. Requests complete through a callback
+ * called from progress(), never from inside the call that posted them.
+ *
+ * Tagged two-sided messages are the data path: a receive completion is the signal that a
+ * chunk arrived, which the pipelined fan-out needs. Contiguous runs go straight from the
+ * source buffer into the destination buffer (UCX's rendezvous does the zero-copy where the
+ * transport allows); strided ones are packed by the executor.
+ */
+#ifndef RS_TP_H
+#define RS_TP_H
+
+#include "reshard_status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+enum tp_mem { TP_MEM_HOST, TP_MEM_CUDA };
+
+struct tp_req;
+/* st: RESHARD_OK or why it failed; bytes: what a receive got. */
+typedef void (*tp_done_fn)(struct tp_req *req, reshard_status_t st, size_t bytes);
+
+/* Embedded by the caller in its own per-transfer state; recovered with container_of. Every
+ * request that was posted successfully completes exactly once, through done; cancel only
+ * hastens that (with RESHARD_ERR_NETWORK), so the caller must keep the request alive until
+ * then. The fields after done are the transport's. */
+struct tp_req {
+    tp_done_fn done;
+    struct tp_ctx *ctx;
+    void *handle; /* the transport's request; NULL once completed */
+    int peer;     /* who it was for / from */
+    size_t len;
+    int ctrl;
+};
+
+/* Payload bytes a context moved; control messages (flagged by the caller) apart. */
+struct tp_counters {
+    uint64_t bytes_out, bytes_in; /* completed data sends / receives */
+    uint64_t ctrl_out;            /* control messages sent */
+};
+
+struct tp_config {
+    int rank, size;
+    const char *tls; /* UCX_TLS syntax for the network context */
+};
+
+struct tp_ctx {
+    const struct tp_ops *ops;
+    struct tp_counters counters;
+    /* The first peer whose connection failed (-1: none), so that waits on its messages end
+     * at once instead of at the timeout. */
+    int failed_peer;
+};
+
+struct tp_ops {
+    size_t size; /* sizeof(struct tp_ops) */
+    const char *name;
+    /* RESHARD_ERR_UNAVAILABLE when the library is missing on this host. */
+    reshard_status_t (*init)(const struct tp_config *cfg, struct tp_ctx **out);
+    /* This context's address: *len is the capacity of buf on entry, the length on return. */
+    reshard_status_t (*address)(struct tp_ctx *ctx, void *buf, size_t *len);
+    /* Records peer's address; the connection itself may be made on first use. */
+    reshard_status_t (*set_peer)(struct tp_ctx *ctx, int peer, const void *addr, size_t len);
+    /* Registers memory once for many transfers; *mh goes with every transfer inside it. */
+    reshard_status_t (*mem_reg)(struct tp_ctx *ctx, void *addr, size_t len, enum tp_mem mem,
+                                void **mh);
+    void (*mem_dereg)(struct tp_ctx *ctx, void *mh);
+    /* ctrl: a control message (counted apart from payload). mh may be NULL. */
+    reshard_status_t (*send)(struct tp_ctx *ctx, int peer, uint64_t tag, const void *buf,
+                             size_t len, void *mh, int ctrl, struct tp_req *req);
+    /* Matches the message with exactly this tag, whoever sends it. */
+    reshard_status_t (*recv)(struct tp_ctx *ctx, int peer, uint64_t tag, void *buf, size_t len,
+                             void *mh, struct tp_req *req);
+    /* The same into a scatter list (iov stays valid until completion): strided destinations
+     * receive in place, so receives never wait for staging memory. */
+    reshard_status_t (*recv_iov)(struct tp_ctx *ctx, int peer, uint64_t tag,
+                                 const struct iovec *iov, size_t n, struct tp_req *req);
+    /* Asks an outstanding request to finish early (receives; a send may still complete). */
+    void (*cancel)(struct tp_ctx *ctx, struct tp_req *req);
+    /* Advances requests; returns non-zero when something happened. */
+    int (*progress)(struct tp_ctx *ctx);
+    /* Sleeps until the context has work or timeout_ms passes (0 when something is ready). */
+    reshard_status_t (*wait)(struct tp_ctx *ctx, int timeout_ms);
+    void (*close)(struct tp_ctx *ctx);
+};
+
+extern const struct tp_ops tp_ucx_ops;
+
+#endif

@@ -1,0 +1,406 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The UCX transport: one UCP context and worker per communicator, restricted to network
+ * transports (RESHARD_NET_TLS, never shared memory) so that traffic between domains really
+ * crosses the network. Endpoints are made on first use, in error-handling mode "peer" so that
+ * a dead peer fails its requests instead of hanging them. Waiting arms the worker and sleeps
+ * on its event fd, so many ranks can share a core.
+ */
+#include "tp.h"
+#include "ucx_lib.h"
+
+#include "error.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
+
+struct ucx_peer {
+    ucp_ep_h ep;
+    void *addr;
+    size_t addr_len;
+};
+
+struct ucx_ctx {
+    struct tp_ctx super;
+    const struct ucx_fns *f;
+    ucp_context_h context;
+    ucp_worker_h worker;
+    int efd;
+    int rank, size;
+    struct ucx_peer *peers;
+};
+
+static struct ucx_ctx *to_ucx(struct tp_ctx *c)
+{
+    return container_of(c, struct ucx_ctx, super);
+}
+
+static reshard_status_t ucx_fail(const struct ucx_ctx *u, const char *call, ucs_status_t st)
+{
+    return rs_error(ucx_status(st), "UCX %s: %s", call, u->f->ucs_status_string(st));
+}
+
+static reshard_status_t make_context(struct ucx_ctx *u, const char *tls)
+{
+    ucp_config_t *config;
+    ucs_status_t st = u->f->ucp_config_read(NULL, NULL, &config);
+    if (st != UCS_OK)
+        return ucx_fail(u, "ucp_config_read", st);
+    if (tls && *tls && (st = u->f->ucp_config_modify(config, "TLS", tls)) != UCS_OK) {
+        u->f->ucp_config_release(config);
+        return rs_error(ucx_status(st), "UCX: RESHARD_NET_TLS=%s rejected: %s", tls,
+                        u->f->ucs_status_string(st));
+    }
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES,
+        .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP,
+    };
+    st = u->f->ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &params, config, &u->context);
+    u->f->ucp_config_release(config);
+    if (st != UCS_OK)
+        return ucx_fail(u, "ucp_init", st);
+    return RESHARD_OK;
+}
+
+static reshard_status_t make_worker(struct ucx_ctx *u)
+{
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SINGLE,
+    };
+    ucs_status_t st = u->f->ucp_worker_create(u->context, &wp, &u->worker);
+    if (st != UCS_OK)
+        return ucx_fail(u, "ucp_worker_create", st);
+    if ((st = u->f->ucp_worker_get_efd(u->worker, &u->efd)) != UCS_OK)
+        return ucx_fail(u, "ucp_worker_get_efd", st);
+    return RESHARD_OK;
+}
+
+static void ucx_close(struct tp_ctx *c);
+
+static reshard_status_t ucx_init(const struct tp_config *cfg, struct tp_ctx **out)
+{
+    const struct ucx_fns *f = ucx_lib();
+    if (!f)
+        return RESHARD_ERR_UNAVAILABLE;
+    struct ucx_ctx *u = rs_calloc(1, sizeof(*u), "UCX context");
+    if (!u)
+        return RESHARD_ERR_NO_MEMORY;
+    u->super.ops = &tp_ucx_ops;
+    u->super.failed_peer = -1;
+    u->f = f;
+    u->rank = cfg->rank;
+    u->size = cfg->size;
+    u->efd = -1;
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    u->peers = rs_calloc((size_t)cfg->size, sizeof(*u->peers), "UCX peers");
+    if (!u->peers)
+        goto err;
+    RS_CHECK_GOTO(make_context(u, cfg->tls), st, err);
+    RS_CHECK_GOTO(make_worker(u), st, err);
+    *out = &u->super;
+    return RESHARD_OK;
+err:
+    ucx_close(&u->super);
+    return st;
+}
+
+static reshard_status_t ucx_address(struct tp_ctx *c, void *buf, size_t *len)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    ucp_address_t *addr;
+    size_t n;
+    ucs_status_t st = u->f->ucp_worker_get_address(u->worker, &addr, &n);
+    if (st != UCS_OK)
+        return ucx_fail(u, "ucp_worker_get_address", st);
+    reshard_status_t ret = RESHARD_OK;
+    if (n > *len)
+        ret = rs_error(RESHARD_ERR_TOO_LARGE, "UCX worker address is %zu bytes, room for %zu", n,
+                       *len);
+    else
+        memcpy(buf, addr, n);
+    *len = n;
+    u->f->ucp_worker_release_address(u->worker, addr);
+    return ret;
+}
+
+static reshard_status_t ucx_set_peer(struct tp_ctx *c, int peer, const void *addr, size_t len)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    void *copy = malloc(len);
+    if (!copy)
+        return rs_error(RESHARD_ERR_NO_MEMORY, "UCX: no memory for a peer address");
+    memcpy(copy, addr, len);
+    free(u->peers[peer].addr);
+    u->peers[peer].addr = copy;
+    u->peers[peer].addr_len = len;
+    return RESHARD_OK;
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    (void)status;
+    struct ucx_ctx *u = arg;
+    /* Which peer: the endpoint is found by a scan, on a path that only runs on failure. */
+    for (int r = 0; r < u->size; r++)
+        if (u->peers[r].ep == ep && u->super.failed_peer < 0)
+            u->super.failed_peer = r;
+}
+
+static reshard_status_t get_ep(struct ucx_ctx *u, int peer, ucp_ep_h *ep)
+{
+    struct ucx_peer *p = &u->peers[peer];
+    if (p->ep) {
+        *ep = p->ep;
+        return RESHARD_OK;
+    }
+    if (!p->addr)
+        return rs_error(RESHARD_ERR_INTERNAL, "UCX: no address for rank %d", peer);
+    ucp_ep_params_t ep_params = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = p->addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = on_ep_error, .arg = u},
+    };
+    ucs_status_t st = u->f->ucp_ep_create(u->worker, &ep_params, &p->ep);
+    if (st != UCS_OK)
+        return rs_error(ucx_status(st), "UCX ucp_ep_create to rank %d: %s", peer,
+                        u->f->ucs_status_string(st));
+    *ep = p->ep;
+    return RESHARD_OK;
+}
+
+static reshard_status_t ucx_mem_reg(struct tp_ctx *c, void *addr, size_t len, enum tp_mem mem,
+                                    void **mh)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+        .address = addr,
+        .length = len,
+        .memory_type = mem == TP_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
+    };
+    ucp_mem_h memh;
+    ucs_status_t st = u->f->ucp_mem_map(u->context, &mp, &memh);
+    if (st != UCS_OK)
+        return rs_error(ucx_status(st), "UCX ucp_mem_map of %zu bytes at %p: %s", len, addr,
+                        u->f->ucs_status_string(st));
+    *mh = memh;
+    return RESHARD_OK;
+}
+
+static void ucx_mem_dereg(struct tp_ctx *c, void *mh)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    if (mh)
+        u->f->ucp_mem_unmap(u->context, mh);
+}
+
+static void send_done(void *request, ucs_status_t status, void *user_data)
+{
+    struct tp_req *req = user_data;
+    struct tp_ctx *c = req->ctx;
+    req->handle = NULL;
+    to_ucx(c)->f->ucp_request_free(request);
+    if (status == UCS_OK) {
+        if (req->ctrl)
+            c->counters.ctrl_out++;
+        else
+            c->counters.bytes_out += req->len;
+    }
+    req->done(req, ucx_status(status), req->len);
+}
+
+static void recv_done(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                      void *user_data)
+{
+    struct tp_req *req = user_data;
+    struct tp_ctx *c = req->ctx;
+    req->handle = NULL;
+    to_ucx(c)->f->ucp_request_free(request);
+    size_t got = status == UCS_OK ? info->length : 0;
+    if (status == UCS_OK && !req->ctrl)
+        c->counters.bytes_in += got;
+    req->done(req, ucx_status(status), got);
+}
+
+static reshard_status_t posted(struct ucx_ctx *u, struct tp_req *req, ucs_status_ptr_t sp,
+                               const char *what)
+{
+    if (UCS_PTR_IS_ERR(sp)) {
+        req->handle = NULL;
+        ucs_status_t st = UCS_PTR_STATUS(sp);
+        return rs_error(ucx_status(st), "UCX %s (rank %d): %s", what, req->peer,
+                        u->f->ucs_status_string(st));
+    }
+    /* NO_IMM_CMPL: a request always comes back, and completes from progress. */
+    req->handle = sp;
+    return RESHARD_OK;
+}
+
+static reshard_status_t ucx_send(struct tp_ctx *c, int peer, uint64_t tag, const void *buf,
+                                 size_t len, void *mh, int ctrl, struct tp_req *req)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    ucp_ep_h ep = NULL;
+    RS_CHECK(get_ep(u, peer, &ep));
+    req->ctx = c;
+    req->peer = peer;
+    req->len = len;
+    req->ctrl = ctrl;
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FLAG_NO_IMM_CMPL | (mh ? UCP_OP_ATTR_FIELD_MEMH : 0),
+        .cb.send = send_done,
+        .user_data = req,
+        .memh = mh,
+    };
+    return posted(u, req, u->f->ucp_tag_send_nbx(ep, buf, len, tag, &p), "tag send");
+}
+
+static reshard_status_t ucx_recv(struct tp_ctx *c, int peer, uint64_t tag, void *buf, size_t len,
+                                 void *mh, struct tp_req *req)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    req->ctx = c;
+    req->peer = peer;
+    req->len = len;
+    req->ctrl = 0;
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FLAG_NO_IMM_CMPL | (mh ? UCP_OP_ATTR_FIELD_MEMH : 0),
+        .cb.recv = recv_done,
+        .user_data = req,
+        .memh = mh,
+    };
+    return posted(u, req, u->f->ucp_tag_recv_nbx(u->worker, buf, len, tag, UINT64_MAX, &p),
+                  "tag recv");
+}
+
+static reshard_status_t ucx_recv_iov(struct tp_ctx *c, int peer, uint64_t tag,
+                                     const struct iovec *iov, size_t n, struct tp_req *req)
+{
+    _Static_assert(sizeof(ucp_dt_iov_t) == sizeof(struct iovec) &&
+                       offsetof(ucp_dt_iov_t, length) == offsetof(struct iovec, iov_len),
+                   "ucp_dt_iov_t and struct iovec differ");
+    struct ucx_ctx *u = to_ucx(c);
+    req->ctx = c;
+    req->peer = peer;
+    req->len = 0;
+    req->ctrl = 0;
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+        .cb.recv = recv_done,
+        .user_data = req,
+        .datatype = ucp_dt_make_iov(),
+    };
+    return posted(u, req, u->f->ucp_tag_recv_nbx(u->worker, (void *)iov, n, tag, UINT64_MAX, &p),
+                  "tag recv");
+}
+
+static void ucx_cancel(struct tp_ctx *c, struct tp_req *req)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    if (req->handle) /* the callback runs from progress, with UCS_ERR_CANCELED */
+        u->f->ucp_request_cancel(u->worker, req->handle);
+}
+
+static int ucx_progress(struct tp_ctx *c)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    return (int)u->f->ucp_worker_progress(u->worker);
+}
+
+static reshard_status_t ucx_wait(struct tp_ctx *c, int timeout_ms)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    if (u->f->ucp_worker_progress(u->worker))
+        return RESHARD_OK;
+    ucs_status_t st = u->f->ucp_worker_arm(u->worker);
+    if (st == UCS_ERR_BUSY)
+        return RESHARD_OK; /* events arrived between progress and arm */
+    if (st != UCS_OK)
+        return ucx_fail(u, "ucp_worker_arm", st);
+    struct pollfd pfd = {.fd = u->efd, .events = POLLIN};
+    if (poll(&pfd, 1, timeout_ms) < 0 && errno != EINTR)
+        return rs_error(RESHARD_ERR_NETWORK, "poll on the UCX event fd: %m");
+    return RESHARD_OK;
+}
+
+static void close_eps(struct ucx_ctx *u)
+{
+    void **reqs = calloc((size_t)u->size, sizeof(*reqs));
+    for (int r = 0; r < u->size; r++) {
+        if (!u->peers[r].ep)
+            continue;
+        ucp_request_param_t p = {.op_attr_mask = 0};
+        void *sp = u->f->ucp_ep_close_nbx(u->peers[r].ep, &p);
+        if (UCS_PTR_IS_PTR(sp) && reqs)
+            reqs[r] = sp;
+        u->peers[r].ep = NULL;
+    }
+    /* Flushing closes need the peers' progress too; they close at the same time. Bounded, so
+     * that a dead peer cannot hold us. */
+    for (int spins = 0; reqs && spins < 2000000; spins++) {
+        int pending = 0;
+        u->f->ucp_worker_progress(u->worker);
+        for (int r = 0; r < u->size; r++) {
+            if (!reqs[r])
+                continue;
+            if (u->f->ucp_request_check_status(reqs[r]) == UCS_INPROGRESS) {
+                pending = 1;
+                continue;
+            }
+            u->f->ucp_request_free(reqs[r]);
+            reqs[r] = NULL;
+        }
+        if (!pending)
+            break;
+    }
+    free(reqs);
+}
+
+static void ucx_close(struct tp_ctx *c)
+{
+    if (!c)
+        return;
+    struct ucx_ctx *u = to_ucx(c);
+    if (u->peers) {
+        if (u->worker)
+            close_eps(u);
+        for (int r = 0; r < u->size; r++)
+            free(u->peers[r].addr);
+    }
+    if (u->worker)
+        u->f->ucp_worker_destroy(u->worker);
+    if (u->context)
+        u->f->ucp_cleanup(u->context);
+    free(u->peers);
+    free(u);
+}
+
+const struct tp_ops tp_ucx_ops = {
+    .size = sizeof(struct tp_ops),
+    .name = "ucx",
+    .init = ucx_init,
+    .address = ucx_address,
+    .set_peer = ucx_set_peer,
+    .mem_reg = ucx_mem_reg,
+    .mem_dereg = ucx_mem_dereg,
+    .send = ucx_send,
+    .recv = ucx_recv,
+    .recv_iov = ucx_recv_iov,
+    .cancel = ucx_cancel,
+    .progress = ucx_progress,
+    .wait = ucx_wait,
+    .close = ucx_close,
+};

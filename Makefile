@@ -29,14 +29,15 @@ AR_LIB := $(BUILD)/libreshard-internal.a
 PLAN_BIN := $(BUILD)/reshard-plan
 UNIT_BIN := $(BUILD)/test/unit
 BENCH_BIN := $(BUILD)/test/perf/plan_bench
+PERF_BIN := $(BUILD)/test/perf/reshard_perf
 
 # Debian packages that building and testing need (make deps installs the missing ones).
-DEPS := gcc make binutils pkg-config libcriterion-dev
+DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev iproute2 util-linux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all test demo bench deps install format format-check clean
 
-all: $(SO) $(PLAN_BIN)
+all: $(SO) $(PLAN_BIN) $(PERF_BIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
@@ -64,6 +65,11 @@ $(BUILD)/obj/test/%.o: CFLAGS_ALL += -Itest
 $(BENCH_BIN): $(BUILD)/obj/test/perf/plan_bench.o $(SO)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS_ALL)
+
+# reshard_perf: the nccl-tests style perf tool (public API only).
+$(PERF_BIN): $(BUILD)/obj/test/perf/reshard_perf.o $(SO)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN/../..' -lm $(LDFLAGS_ALL)
 
 deps:
 	@missing=""; for p in $(DEPS); do \
@@ -109,4 +115,4 @@ clean:
 	rm -rf build
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/tools/reshard_plan.d \
-    $(BUILD)/obj/test/perf/plan_bench.d
+    $(BUILD)/obj/test/perf/plan_bench.d $(BUILD)/obj/test/perf/reshard_perf.d

@@ -7,6 +7,8 @@
 #include "reshard.h"
 
 #include "error.h"
+#include "exec.h"
+#include "handles.h"
 #include "log.h"
 #include "param.h"
 #include "plan.h"
@@ -20,39 +22,31 @@
 _Static_assert(RS_MAX_DIMS == sizeof(((reshard_layout_info_t *)0)->shape) / sizeof(int64_t),
                "reshard_layout_info_t.shape must hold RS_MAX_DIMS dims");
 
-struct reshard_layout {
-    struct rs_layout l;
-};
-
-struct reshard_topo {
-    struct rs_topo t;
-};
-
-struct reshard_plan {
-    struct rs_plan *p;
-};
-
 /* Entry of every call that can fail: start the logger (so breadcrumbs reach it) and forget
  * the previous error. */
-static void enter(void)
+void api_enter(void)
 {
     rs_log_enabled(RS_LOG_WARN);
     rs_error_clear();
 }
 
-/* Misuse and bad input are the caller's to report: logged at INFO; the rest at WARN. */
-static reshard_status_t leave(const char *fn, reshard_status_t st)
+/* Misuse and bad input are the caller's to report: logged at INFO. Failures of the system,
+ * the network or a peer at WARN. */
+reshard_status_t api_leave(const char *fn, reshard_status_t st)
 {
     if (st != RESHARD_OK) {
-        int caller = st != RESHARD_ERR_NO_MEMORY && st != RESHARD_ERR_INTERNAL;
+        int system =
+            st == RESHARD_ERR_NO_MEMORY || st == RESHARD_ERR_INTERNAL || st >= RESHARD_ERR_TIMEOUT;
+        int caller = !system || st == RESHARD_ERR_BUSY || st == RESHARD_ERR_BUFFER ||
+                     st == RESHARD_ERR_PLAN_MISMATCH;
         rs_log(caller ? RS_LOG_INFO : RS_LOG_WARN, "%s: %s", fn, rs_error_message());
     }
     return st;
 }
 
-static reshard_status_t null_arg(const char *fn, const char *what)
+reshard_status_t api_null_arg(const char *fn, const char *what)
 {
-    return leave(fn, rs_error(RESHARD_ERR_INVALID_ARG, "%s: %s is NULL", fn, what));
+    return api_leave(fn, rs_error(RESHARD_ERR_INVALID_ARG, "%s: %s is NULL", fn, what));
 }
 
 const char *reshard_strerror(reshard_status_t status)
@@ -73,17 +67,17 @@ void reshard_config_print(FILE *out)
 
 reshard_status_t reshard_layout_parse(const char *spec, int world_size, reshard_layout_t **layout)
 {
-    enter();
+    api_enter();
     if (!spec || !layout)
-        return null_arg(__func__, spec ? "layout" : "spec");
+        return api_null_arg(__func__, spec ? "layout" : "spec");
     struct reshard_layout *h = rs_calloc(1, sizeof(*h), "layout");
     if (!h)
-        return leave(__func__, RESHARD_ERR_NO_MEMORY);
+        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
     struct spec_opts opts = {.world_size = world_size};
     reshard_status_t st = spec_parse(spec, &opts, &h->l);
     if (st != RESHARD_OK) {
         free(h);
-        return leave(__func__, st);
+        return api_leave(__func__, st);
     }
     *layout = h;
     return RESHARD_OK;
@@ -101,9 +95,9 @@ size_t reshard_layout_format(const reshard_layout_t *layout, char *buf, size_t s
 
 reshard_status_t reshard_layout_info(const reshard_layout_t *layout, reshard_layout_info_t *info)
 {
-    enter();
+    api_enter();
     if (!layout || !info)
-        return null_arg(__func__, layout ? "info" : "layout");
+        return api_null_arg(__func__, layout ? "info" : "layout");
     const struct rs_layout *l = &layout->l;
     reshard_layout_info_t out = {
         .ndim = l->ndim, .elem_size = dtype_size(l->dtype), .nranks = l->nranks, .max_rank = -1};
@@ -126,16 +120,16 @@ void reshard_layout_destroy(reshard_layout_t *layout)
 reshard_status_t reshard_topo_create(int world_size, int domain_size, const int *domain_of,
                                      reshard_topo_t **topo)
 {
-    enter();
+    api_enter();
     if (!topo)
-        return null_arg(__func__, "topo");
+        return api_null_arg(__func__, "topo");
     struct reshard_topo *h = rs_calloc(1, sizeof(*h), "topology");
     if (!h)
-        return leave(__func__, RESHARD_ERR_NO_MEMORY);
+        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
     reshard_status_t st = topo_create(world_size, domain_size, domain_of, &h->t);
     if (st != RESHARD_OK) {
         free(h);
-        return leave(__func__, st);
+        return api_leave(__func__, st);
     }
     *topo = h;
     return RESHARD_OK;
@@ -149,22 +143,17 @@ void reshard_topo_destroy(reshard_topo_t *topo)
     free(topo);
 }
 
-reshard_status_t reshard_plan_create(const reshard_tensor_t *tensors, int ntensors,
-                                     const reshard_topo_t *topo,
-                                     const reshard_plan_config_t *config, reshard_plan_t **plan)
+reshard_status_t api_plan_build(const char *fn, const reshard_tensor_t *tensors, int ntensors,
+                                const struct rs_topo *topo, const reshard_plan_config_t *config,
+                                struct rs_plan **out)
 {
-    enter();
-    if (!tensors || !topo || !plan)
-        return null_arg(__func__, !tensors ? "tensors" : !topo ? "topo" : "plan");
     if (ntensors < 1)
-        return leave(__func__,
-                     rs_error(RESHARD_ERR_INVALID_ARG, "%s: ntensors is %d", __func__, ntensors));
+        return rs_error(RESHARD_ERR_INVALID_ARG, "%s: ntensors is %d", fn, ntensors);
     if (config && config->size < offsetof(reshard_plan_config_t, split_min_bytes) +
                                      sizeof(config->split_min_bytes))
-        return leave(__func__, rs_error(RESHARD_ERR_INVALID_ARG,
-                                        "%s: config->size %zu is too small; use "
-                                        "RESHARD_PLAN_CONFIG_INIT",
-                                        __func__, config->size));
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "%s: config->size %zu is too small; use RESHARD_PLAN_CONFIG_INIT", fn,
+                        config->size);
     struct plan_opts opts = {rs_param_int(RS_PARAM_PLAN_SPLIT_MIN_BYTES),
                              rs_param_int(RS_PARAM_PLAN_MAX_OPS)};
     if (config && config->split_min_bytes > 0)
@@ -173,34 +162,45 @@ reshard_status_t reshard_plan_create(const reshard_tensor_t *tensors, int ntenso
     if (config && config->size >= offsetof(reshard_plan_config_t, max_ops) + sizeof(int64_t) &&
         config->max_ops > 0)
         opts.max_ops = config->max_ops;
-
     struct plan_input *in = rs_calloc((size_t)ntensors, sizeof(*in), "plan inputs");
-    struct reshard_plan *h = in ? rs_calloc(1, sizeof(*h), "plan") : NULL;
-    if (!h) {
-        free(in);
-        return leave(__func__, RESHARD_ERR_NO_MEMORY);
-    }
+    if (!in)
+        return RESHARD_ERR_NO_MEMORY;
     for (int i = 0; i < ntensors; i++)
         in[i] = (struct plan_input){tensors[i].name, tensors[i].src ? &tensors[i].src->l : NULL,
                                     tensors[i].dst ? &tensors[i].dst->l : NULL};
-    reshard_status_t st = plan_build(in, ntensors, &topo->t, &opts, &h->p);
+    reshard_status_t st = plan_build(in, ntensors, topo, &opts, out);
     free(in);
+    if (st == RESHARD_OK)
+        rs_log(RS_LOG_INFO, "planned %d tensor(s) on %d ranks in %d domains: %zu ops in %.3f ms",
+               ntensors, topo->nranks, topo->ndomains, (*out)->nops, (*out)->plan_ms);
+    return st;
+}
+
+reshard_status_t reshard_plan_create(const reshard_tensor_t *tensors, int ntensors,
+                                     const reshard_topo_t *topo,
+                                     const reshard_plan_config_t *config, reshard_plan_t **plan)
+{
+    api_enter();
+    if (!tensors || !topo || !plan)
+        return api_null_arg(__func__, !tensors ? "tensors" : !topo ? "topo" : "plan");
+    struct reshard_plan *h = rs_calloc(1, sizeof(*h), "plan");
+    if (!h)
+        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
+    reshard_status_t st = api_plan_build(__func__, tensors, ntensors, &topo->t, config, &h->p);
     if (st != RESHARD_OK) {
         free(h);
-        return leave(__func__, st);
+        return api_leave(__func__, st);
     }
-    rs_log(RS_LOG_INFO, "planned %d tensor(s) on %d ranks in %d domains: %zu ops in %.3f ms",
-           ntensors, topo->t.nranks, topo->t.ndomains, h->p->nops, h->p->plan_ms);
     *plan = h;
     return RESHARD_OK;
 }
 
 reshard_status_t reshard_plan_validate(const reshard_plan_t *plan)
 {
-    enter();
+    api_enter();
     if (!plan)
-        return null_arg(__func__, "plan");
-    return leave(__func__, plan_validate(plan->p));
+        return api_null_arg(__func__, "plan");
+    return api_leave(__func__, plan_validate(plan->p));
 }
 
 uint64_t reshard_plan_hash(const reshard_plan_t *plan)
@@ -212,6 +212,7 @@ void reshard_plan_destroy(reshard_plan_t *plan)
 {
     if (!plan)
         return;
+    exec_destroy(plan->x);
     plan_free(plan->p);
     free(plan);
 }
@@ -219,18 +220,18 @@ void reshard_plan_destroy(reshard_plan_t *plan)
 reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_stats_t *stats,
                                     reshard_rank_stats_t *ranks)
 {
-    enter();
+    api_enter();
     if (!plan || !stats)
-        return null_arg(__func__, plan ? "stats" : "plan");
+        return api_null_arg(__func__, plan ? "stats" : "plan");
     const struct rs_plan *p = plan->p;
     struct plan_stats s;
     struct plan_rank_stats *r = NULL;
     if (ranks && !(r = rs_calloc((size_t)p->topo.nranks, sizeof(*r), "rank stats")))
-        return leave(__func__, RESHARD_ERR_NO_MEMORY);
+        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
     reshard_status_t st = plan_stats_compute(p, &s, r);
     if (st != RESHARD_OK) {
         free(r);
-        return leave(__func__, st);
+        return api_leave(__func__, st);
     }
     *stats = (reshard_plan_stats_t){
         .net_bytes = (uint64_t)s.net_bytes,
@@ -261,5 +262,8 @@ reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_sta
             .self = (uint64_t)r[k].self,
         };
     free(r);
+    /* A communicator plan runs its algorithm's transfers: report those. */
+    if (plan->x)
+        return api_leave(__func__, exec_stats(plan->x, stats, ranks));
     return RESHARD_OK;
 }

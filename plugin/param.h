@@ -33,7 +33,7 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
       "pipeline unit: a slice is sent and fanned out in chunks of at most this many bytes")        \
     X(STAGING_BYTES, RS_PARAM_INT, "268435456", 1048576,                                           \
       "per-rank cap on packing memory for strided slices")                                         \
-    X(NET_TLS, RS_PARAM_STR, "^sm,self,cuda_ipc", 0,                                               \
+    X(NET_TLS, RS_PARAM_STR, "^sm,self", 0,                                                        \
       "UCX transports of the inter-domain context (UCX_TLS syntax; never shared memory)")
 
 enum rs_param {

@@ -1,0 +1,298 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The public API that moves bytes (reshard.h): shard queries for callers filling buffers,
+ * communicators, communicator plans and their execution, counters.
+ */
+#include "comm.h"
+#include "error.h"
+#include "exec.h"
+#include "handles.h"
+#include "log.h"
+#include "param.h"
+#include "region.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(sizeof(reshard_unique_id_t) == sizeof(struct boot_id),
+               "reshard_unique_id_t must hold a bootstrap id");
+
+/* ---- shards ---- */
+
+static reshard_status_t shard_of(const reshard_layout_t *layout, int rank, struct rs_shardmap *m,
+                                 int *pos)
+{
+    RS_CHECK(shardmap_build(&layout->l, m, NULL));
+    *pos = shardmap_position(m, rank);
+    return RESHARD_OK;
+}
+
+reshard_status_t reshard_layout_shard_shape(const reshard_layout_t *layout, int rank,
+                                            int64_t shape[8], int64_t *numel)
+{
+    api_enter();
+    if (!layout || !shape)
+        return api_null_arg(__func__, layout ? "shape" : "layout");
+    struct rs_shardmap m;
+    int pos;
+    reshard_status_t st = shard_of(layout, rank, &m, &pos);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    int64_t n = pos >= 0;
+    for (int j = 0; j < 8; j++) {
+        shape[j] = 0;
+        if (j < layout->l.ndim && pos >= 0)
+            shape[j] = dimmap_group_len(&m.dim[j], shardmap_group(&m, pos, j));
+        n *= j < layout->l.ndim ? shape[j] : 1;
+    }
+    if (numel)
+        *numel = n;
+    shardmap_free(&m);
+    return RESHARD_OK;
+}
+
+reshard_status_t reshard_layout_shard_index(const reshard_layout_t *layout, int rank, int dim,
+                                            int64_t *global)
+{
+    api_enter();
+    if (!layout || !global)
+        return api_null_arg(__func__, layout ? "global" : "layout");
+    if (dim < 0 || dim >= layout->l.ndim)
+        return api_leave(__func__, rs_error(RESHARD_ERR_INVALID_ARG, "%s: dim %d of a %d-D tensor",
+                                            __func__, dim, layout->l.ndim));
+    struct rs_shardmap m;
+    int pos;
+    reshard_status_t st = shard_of(layout, rank, &m, &pos);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    if (pos >= 0) {
+        const struct rs_dimmap *d = &m.dim[dim];
+        int g = shardmap_group(&m, pos, dim);
+        for (int s = d->first[g]; s < d->first[g + 1]; s++)
+            for (int64_t i = 0; i < d->segs[s].len; i++)
+                global[d->segs[s].pos + i] = d->segs[s].start + i;
+    }
+    shardmap_free(&m);
+    return RESHARD_OK;
+}
+
+reshard_status_t reshard_layout_shard_bytes(const reshard_layout_t *layout, int rank, size_t *bytes)
+{
+    int64_t shape[8], numel;
+    reshard_status_t st = reshard_layout_shard_shape(layout, rank, shape, &numel);
+    if (st != RESHARD_OK)
+        return st;
+    if (!bytes)
+        return api_null_arg(__func__, "bytes");
+    *bytes = numel ? (size_t)region_span_bytes(&layout->l, shape) : 0;
+    return RESHARD_OK;
+}
+
+/* ---- communicators ---- */
+
+static void warn_line(const char *msg)
+{
+    rs_log(RS_LOG_WARN, "%s", msg);
+}
+
+/* The bootstrap cannot read our parameters (it sits below this layer): hand them over. */
+static void configure_boot(void)
+{
+    struct boot_config cfg = {.addr = rs_param_str(RS_PARAM_BOOT_ADDR),
+                              .port = (int)rs_param_int(RS_PARAM_BOOT_PORT),
+                              .secret = rs_param_str(RS_PARAM_SECRET),
+                              .warn = warn_line};
+    boot_configure(&cfg);
+}
+
+reshard_status_t reshard_get_unique_id(reshard_unique_id_t *id)
+{
+    api_enter();
+    if (!id)
+        return api_null_arg(__func__, "id");
+    configure_boot();
+    struct boot_id b;
+    reshard_status_t st = boot_id_create(&b);
+    if (st == RESHARD_OK)
+        memcpy(id, &b, sizeof(b));
+    return api_leave(__func__, st);
+}
+
+reshard_status_t reshard_comm_init_rank(const reshard_unique_id_t *id, int rank, int size,
+                                        reshard_comm_t **comm)
+{
+    api_enter();
+    if (!id || !comm)
+        return api_null_arg(__func__, id ? "comm" : "id");
+    configure_boot();
+    struct boot_id b;
+    memcpy(&b, id, sizeof(b));
+    return api_leave(__func__, comm_create(&b, rank, size, -1, comm));
+}
+
+reshard_status_t reshard_comm_init_env(reshard_comm_t **comm)
+{
+    api_enter();
+    if (!comm)
+        return api_null_arg(__func__, "comm");
+    configure_boot();
+    struct boot_env env;
+    reshard_status_t st = boot_env_read(&env);
+    if (st == RESHARD_OK)
+        st = comm_create(&env.id, env.rank, env.size, env.local_rank, comm);
+    return api_leave(__func__, st);
+}
+
+int reshard_comm_rank(const reshard_comm_t *comm)
+{
+    return comm ? comm->rank : -1;
+}
+
+int reshard_comm_size(const reshard_comm_t *comm)
+{
+    return comm ? comm->size : -1;
+}
+
+const reshard_topo_t *reshard_comm_topo(const reshard_comm_t *comm)
+{
+    return comm ? &comm->topo : NULL;
+}
+
+void reshard_comm_destroy(reshard_comm_t *comm)
+{
+    comm_destroy(comm);
+}
+
+reshard_status_t reshard_comm_barrier(reshard_comm_t *comm)
+{
+    api_enter();
+    if (!comm)
+        return api_null_arg(__func__, "comm");
+    return api_leave(__func__, boot_barrier(comm->boot));
+}
+
+reshard_status_t reshard_comm_allgather(reshard_comm_t *comm, void *buf, size_t bytes_per_rank)
+{
+    api_enter();
+    if (!comm || !buf)
+        return api_null_arg(__func__, comm ? "buf" : "comm");
+    return api_leave(__func__, boot_allgather(comm->boot, buf, bytes_per_rank));
+}
+
+reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
+                                       reshard_comm_counters_t *counters)
+{
+    api_enter();
+    if (!comm || !counters)
+        return api_null_arg(__func__, comm ? "counters" : "comm");
+    const struct tp_counters *n = &comm->net->counters;
+    *counters = (reshard_comm_counters_t){.net_out = n->bytes_out,
+                                          .net_in = n->bytes_in,
+                                          .local_out = comm->local_out,
+                                          .local_in = comm->local_in,
+                                          .self = comm->self,
+                                          .ctrl_msgs = n->ctrl_out};
+    return RESHARD_OK;
+}
+
+reshard_status_t reshard_comm_counters_all(reshard_comm_t *comm, reshard_comm_counters_t *all,
+                                           int *node)
+{
+    api_enter();
+    if (!comm || !all)
+        return api_null_arg(__func__, comm ? "all" : "comm");
+    RS_CHECK(reshard_comm_counters(comm, &all[comm->rank]));
+    reshard_status_t st = boot_allgather(comm->boot, all, sizeof(*all));
+    if (st == RESHARD_OK && node)
+        memcpy(node, comm->node, (size_t)comm->size * sizeof(int));
+    return api_leave(__func__, st);
+}
+
+/* ---- communicator plans ---- */
+
+/* What each rank planned, compared before anything moves. */
+struct plan_vote {
+    int32_t status;
+    int32_t algo;
+    uint64_t hash;
+};
+
+static reshard_status_t compare_plans(struct reshard_comm *c, struct plan_vote *mine)
+{
+    struct plan_vote *v = rs_calloc((size_t)c->size, sizeof(*v), "plan votes");
+    if (!v)
+        return RESHARD_ERR_NO_MEMORY;
+    v[c->rank] = *mine;
+    reshard_status_t st = boot_allgather(c->boot, v, sizeof(*v));
+    for (int r = 0; st == RESHARD_OK && r < c->size; r++) {
+        if (v[r].status != RESHARD_OK && r != c->rank)
+            st = rs_error(RESHARD_ERR_REMOTE, "rank %d could not plan: %s", r,
+                          rs_status_string((reshard_status_t)v[r].status));
+        else if (v[r].status == RESHARD_OK && mine->status == RESHARD_OK &&
+                 (v[r].hash != mine->hash || v[r].algo != mine->algo)) {
+            char list[128];
+            size_t used = 0;
+            int shown = 0;
+            for (int q = 0; q < c->size && shown < 8; q++)
+                if (v[q].hash != mine->hash || v[q].algo != mine->algo)
+                    used +=
+                        (size_t)snprintf(list + used, used < sizeof(list) ? sizeof(list) - used : 0,
+                                         "%s%d", shown++ ? ", " : "", q);
+            st = rs_error(RESHARD_ERR_PLAN_MISMATCH,
+                          "rank %d: ranks %s passed other layouts or algorithm than this rank "
+                          "(plan hash %016llx here)",
+                          c->rank, list, (unsigned long long)mine->hash);
+        }
+    }
+    free(v);
+    return st;
+}
+
+reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_tensor_t *tensors,
+                                          int ntensors, const reshard_plan_config_t *config,
+                                          reshard_plan_t **plan)
+{
+    api_enter();
+    if (!comm || !tensors || !plan)
+        return api_null_arg(__func__, !comm ? "comm" : !tensors ? "tensors" : "plan");
+    reshard_algo_t algo = RESHARD_ALGO_RESHARD;
+    if (config && config->size >= offsetof(reshard_plan_config_t, algo) + sizeof(config->algo))
+        algo = config->algo;
+    struct reshard_plan *h = rs_calloc(1, sizeof(*h), "plan");
+    if (!h)
+        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
+    /* Plan locally, then vote: a rank that failed still votes, so nobody waits for it. */
+    struct plan_vote mine = {.algo = (int32_t)algo};
+    mine.status = api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, &h->p);
+    char why[256];
+    snprintf(why, sizeof(why), "%s", rs_error_message());
+    if (mine.status == RESHARD_OK)
+        mine.hash = h->p->hash;
+    reshard_status_t st = compare_plans(comm, &mine);
+    if (mine.status != RESHARD_OK) /* our own failure says more than the vote */
+        st = rs_error((reshard_status_t)mine.status, "%s", why);
+    struct xfer_set xs;
+    if (st == RESHARD_OK && (st = xfer_build(h->p, algo, &xs)) == RESHARD_OK)
+        st = exec_create(comm, h->p, &xs, &h->x);
+    if (st != RESHARD_OK) {
+        plan_free(h->p);
+        free(h);
+        return api_leave(__func__, st);
+    }
+    *plan = h;
+    return RESHARD_OK;
+}
+
+reshard_status_t reshard_plan_execute(reshard_plan_t *plan, const reshard_buffers_t *bufs)
+{
+    api_enter();
+    if (!plan || !bufs)
+        return api_null_arg(__func__, plan ? "bufs" : "plan");
+    if (!plan->x)
+        return api_leave(__func__,
+                         rs_error(RESHARD_ERR_INVALID_ARG,
+                                  "%s: the plan was made by reshard_plan_create; execute one made "
+                                  "by reshard_comm_plan_create",
+                                  __func__));
+    return api_leave(__func__, exec_run(plan->x, bufs));
+}

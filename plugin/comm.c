@@ -1,0 +1,153 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "comm.h"
+
+#include "cma.h"
+#include "error.h"
+#include "log.h"
+#include "param.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* What every rank tells the others when the communicator forms. */
+struct comm_hello {
+    char host[COMM_HOST_MAX];
+    int32_t pid;
+    int32_t domain; /* RESHARD_DOMAIN, or -1 */
+    uint32_t addr_len;
+};
+
+#define COMM_ADDR_MAX 4096
+
+int comm_timeout_ms(void)
+{
+    int64_t s = rs_param_int(RS_PARAM_TIMEOUT);
+    return s > INT32_MAX / 1000 ? INT32_MAX : (int)(s * 1000);
+}
+
+/* Dense ids, in order of first appearance, for the hostnames. */
+static void number_hosts(const struct comm_hello *h, int n, int *node)
+{
+    int next = 0;
+    for (int r = 0; r < n; r++) {
+        node[r] = -1;
+        for (int q = 0; q < r && node[r] < 0; q++)
+            if (!strncmp(h[q].host, h[r].host, COMM_HOST_MAX))
+                node[r] = node[q];
+        if (node[r] < 0)
+            node[r] = next++;
+    }
+}
+
+static reshard_status_t make_topo(struct reshard_comm *c, const struct comm_hello *h)
+{
+    int64_t block = rs_param_int(RS_PARAM_DOMAIN_SIZE);
+    if (block > 0)
+        return topo_create(c->size, (int)(block > c->size ? c->size : block), NULL, &c->topo.t);
+    int set = 0;
+    for (int r = 0; r < c->size; r++)
+        set += h[r].domain >= 0;
+    if (set && set != c->size)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "RESHARD_DOMAIN is set on %d of %d ranks: set it on all or none", set,
+                        c->size);
+    int *dom = rs_calloc((size_t)c->size, sizeof(int), "domains");
+    if (!dom)
+        return RESHARD_ERR_NO_MEMORY;
+    for (int r = 0; r < c->size; r++)
+        dom[r] = set ? h[r].domain : c->node[r];
+    reshard_status_t st = topo_create(c->size, 0, dom, &c->topo.t);
+    free(dom);
+    return st;
+}
+
+/* Everyone's hostname, pid and domain, then everyone's network address. */
+static reshard_status_t exchange(struct reshard_comm *c)
+{
+    struct comm_hello *h = rs_calloc((size_t)c->size, sizeof(*h), "hello");
+    char *addrs = NULL;
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (!h)
+        return st;
+    struct comm_hello *me = &h[c->rank];
+    gethostname(me->host, sizeof(me->host) - 1);
+    me->pid = (int32_t)getpid();
+    me->domain = (int32_t)rs_param_int(RS_PARAM_DOMAIN);
+    char addr[COMM_ADDR_MAX];
+    size_t len = sizeof(addr);
+    RS_CHECK_GOTO(c->net->ops->address(c->net, addr, &len), st, out);
+    me->addr_len = (uint32_t)len;
+    RS_CHECK_GOTO(boot_allgather(c->boot, h, sizeof(*h)), st, out);
+    size_t slot = 0;
+    for (int r = 0; r < c->size; r++)
+        slot = h[r].addr_len > slot ? h[r].addr_len : slot;
+    if (!(addrs = rs_calloc((size_t)c->size, slot, "addresses")))
+        goto out;
+    memcpy(addrs + (size_t)c->rank * slot, addr, len);
+    RS_CHECK_GOTO(boot_allgather(c->boot, addrs, slot), st, out);
+    for (int r = 0; r < c->size; r++) {
+        c->pid[r] = h[r].pid;
+        if (r != c->rank)
+            RS_CHECK_GOTO(c->net->ops->set_peer(c->net, r, addrs + (size_t)r * slot, h[r].addr_len),
+                          st, out);
+    }
+    number_hosts(h, c->size, c->node);
+    st = make_topo(c, h);
+out:
+    free(addrs);
+    free(h);
+    return st;
+}
+
+reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int local_rank,
+                             struct reshard_comm **out)
+{
+    (void)local_rank;
+    if (size < 1 || rank < 0 || rank >= size)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "rank %d of %d: expected 0 <= rank < size", rank,
+                        size);
+    struct reshard_comm *c = rs_calloc(1, sizeof(*c), "communicator");
+    if (!c)
+        return RESHARD_ERR_NO_MEMORY;
+    c->rank = rank;
+    c->size = size;
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    c->pid = rs_calloc((size_t)size, sizeof(*c->pid), "pids");
+    c->node = rs_calloc((size_t)size, sizeof(*c->node), "nodes");
+    if (!c->pid || !c->node)
+        goto err;
+    RS_CHECK_GOTO(boot_init(id, rank, size, comm_timeout_ms(), &c->boot), st, err);
+    struct tp_config cfg = {.rank = rank, .size = size, .tls = rs_param_str(RS_PARAM_NET_TLS)};
+    st = tp_ucx_ops.init(&cfg, &c->net);
+    if (st != RESHARD_OK) {
+        /* The others would wait for our address until they time out: tell them now. */
+        boot_abort(c->boot, st, rs_error_message());
+        goto err;
+    }
+    RS_CHECK_GOTO(exchange(c), st, err);
+    cma_allow_peers();
+    rs_log(RS_LOG_INFO, "comm: rank %d of %d, %d domains, network transport %s", rank, size,
+           c->topo.t.ndomains, c->net->ops->name);
+    *out = c;
+    return RESHARD_OK;
+err:
+    comm_destroy(c);
+    return st;
+}
+
+void comm_destroy(struct reshard_comm *c)
+{
+    if (!c)
+        return;
+    /* Nobody closes connections a peer may still be using. */
+    if (c->boot && c->net)
+        (void)boot_barrier(c->boot);
+    if (c->net)
+        c->net->ops->close(c->net);
+    boot_close(c->boot);
+    topo_free(&c->topo.t);
+    free(c->pid);
+    free(c->node);
+    free(c);
+}

@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The executor (DESIGN.md section 6): runs a transfer list on one rank. Network transfers
+ * first, then the local fan-out of each received chunk to the other replicas of the domain,
+ * so the fan-out of chunk i overlaps the network transfer of chunk i+1; sends start at a
+ * rotated peer. The memory kind of the buffers is a parameter here and in the transports, so
+ * device memory only adds an implementation.
+ */
+#ifndef RS_EXEC_H
+#define RS_EXEC_H
+
+#include "comm.h"
+#include "plan.h"
+#include "xfer.h"
+
+struct exec;
+
+/* Takes over xs. plan stays the caller's and must outlive the executor. */
+reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *plan,
+                             struct xfer_set *xs, struct exec **out);
+reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs);
+void exec_destroy(struct exec *x);
+
+/* Replaces the op figures of *stats (and of ranks[], when not NULL) with what the transfer list
+ * moves: the algorithm's promise, which the transports' counters must match. */
+reshard_status_t exec_stats(const struct exec *x, reshard_plan_stats_t *stats,
+                            reshard_rank_stats_t *ranks);
+
+#endif

@@ -1,0 +1,1041 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * reshard_perf: nccl-tests style bandwidth test of reshard_plan_execute (DESIGN.md section 10),
+ * written against the public API only.
+ *
+ * For each size of the sweep and each algo: plan on the communicator, run WARMUP untimed and
+ * ITERS timed executes, report the median over iterations of the slowest rank's time, check
+ * every destination element against a pattern of (tensor, global index, iteration), and
+ * compare the bytes the transports counted with what the plan says each rank moves.
+ */
+#include "reshard.h"
+
+#include "perf_pattern.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXIT_USAGE 2
+#define MAX_ALGOS  8
+#define MAX_SIZES  64
+#define MAX_NOTES  4    /* differing ranks listed under the byte-count line */
+#define POISON     0xA5 /* destination bytes before each checked execute */
+#define MIB        (1024.0 * 1024.0)
+#define GRACE_S    3.0 /* -np: how long the other ranks get to exit after one fails */
+
+static const char *const algo_names[] = {
+    [RESHARD_ALGO_RESHARD] = "reshard",
+    [RESHARD_ALGO_DIRECT] = "direct",
+    [RESHARD_ALGO_BCAST] = "bcast",
+};
+
+struct opts {
+    int np; /* 0: rank and size from the launcher's environment */
+    size_t min_bytes, max_bytes;
+    long factor;
+    int iters, warmup, check, dump_config, help;
+    const char *dtype, *src, *dst;
+    reshard_algo_t algos[MAX_ALGOS];
+    int nalgos;
+    char algo_list[64];
+};
+
+/* The tensors of the sweep: full specs, and what validation learned of them. */
+struct sweep {
+    int n, fixed; /* fixed: a spec named its shape, so one tensor and no sweep */
+    char *src[MAX_SIZES], *dst[MAX_SIZES];
+    size_t bytes[MAX_SIZES];
+    int64_t count[MAX_SIZES];
+    char type[MAX_SIZES][16];
+};
+
+struct tensor_run {
+    reshard_layout_t *src, *dst;
+    struct shard_map smap, dmap;
+    void *sbuf, *dbuf;
+};
+
+struct ctx {
+    const struct opts *o;
+    struct sweep *sw;
+    reshard_comm_t *comm;
+    int rank, size;
+    reshard_comm_counters_t *before, *after; /* [size] */
+    reshard_rank_stats_t *ranks;             /* [size] */
+    double *gather, *times;                  /* [size], [iters] */
+    uint64_t *wrong_all;                     /* [size] */
+    uint64_t wrong;                          /* totals over the run */
+    int differ, nrows, nnotes;
+    double busbw_sum;
+    char notes[MAX_NOTES][256]; /* the first ranks whose byte counts differ */
+};
+
+/* ---- small helpers ---- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* rank < 0: not known yet. */
+static int lib_fail(int rank, const char *call, reshard_status_t st)
+{
+    char who[16] = "?";
+    if (rank >= 0)
+        snprintf(who, sizeof(who), "%d", rank);
+    fprintf(stderr, "reshard_perf: rank %s: %s: %s: %s\n", who, call, reshard_strerror(st),
+            reshard_last_error());
+    return 1;
+}
+
+/* 1 when st is success; otherwise reports the failed call and returns 0. */
+static int ok(const struct ctx *c, reshard_status_t st, const char *call)
+{
+    if (st == RESHARD_OK)
+        return 1;
+    lib_fail(c->rank, call, st);
+    return 0;
+}
+
+static void *xcalloc(size_t n, size_t size, int rank)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p)
+        fprintf(stderr, "reshard_perf: rank %d: out of memory (%zu x %zu bytes)\n", rank, n, size);
+    return p;
+}
+
+/* The value of item `key` of a spec ("shape" in "shape=4x8 dtype=f32"): 1 when present. */
+static int spec_item(const char *spec, const char *key, char *val, size_t n)
+{
+    size_t klen = strlen(key);
+    for (const char *p = spec; *p;) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        size_t len = strcspn(p, " \t");
+        if (len > klen && !strncmp(p, key, klen) && p[klen] == '=') {
+            if (val && n)
+                snprintf(val, n, "%.*s", (int)(len - klen - 1), p + klen + 1);
+            return 1;
+        }
+        p += len;
+    }
+    return 0;
+}
+
+/* The canonical spec of a layout (malloc'd), or NULL. */
+static char *layout_string(const reshard_layout_t *l)
+{
+    size_t n = reshard_layout_format(l, NULL, 0) + 1;
+    char *s = malloc(n);
+    if (s)
+        reshard_layout_format(l, s, n);
+    return s;
+}
+
+/* ---- shard maps ---- */
+
+static int map_build(struct shard_map *m, const reshard_layout_t *l, int rank, const char *side)
+{
+    reshard_layout_info_t info;
+    memset(m, 0, sizeof(*m));
+    reshard_status_t st = reshard_layout_info(l, &info);
+    if (st == RESHARD_OK)
+        st = reshard_layout_shard_shape(l, rank, m->shape, &m->numel);
+    if (st == RESHARD_OK)
+        st = reshard_layout_shard_bytes(l, rank, &m->bytes);
+    if (st != RESHARD_OK)
+        return lib_fail(rank, "reshard_layout_shard_shape", st);
+    m->ndim = info.ndim;
+    m->elem_size = info.elem_size;
+    if ((size_t)m->numel * m->elem_size != m->bytes) {
+        fprintf(stderr,
+                "reshard_perf: rank %d: %s shard spans %zu bytes for %" PRId64 " elements: "
+                "local views are not supported by reshard_perf\n",
+                rank, side, m->bytes, m->numel);
+        return 1;
+    }
+    m->stride[m->ndim - 1] = 1;
+    for (int d = m->ndim - 2; d >= 0; d--)
+        m->stride[d] = m->stride[d + 1] * info.shape[d + 1];
+    if (m->numel == 0)
+        return 0;
+    for (int d = 0; d < m->ndim; d++) {
+        m->index[d] = xcalloc((size_t)m->shape[d], sizeof(int64_t), rank);
+        if (!m->index[d])
+            return 1;
+        st = reshard_layout_shard_index(l, rank, d, m->index[d]);
+        if (st != RESHARD_OK)
+            return lib_fail(rank, "reshard_layout_shard_index", st);
+    }
+    return 0;
+}
+
+/* ---- the sweep ---- */
+
+/* spec with "shape=SHAPE dtype=DTYPE " in front, each only where the spec lacks it. */
+static char *with_shape(const char *spec, const char *shape, const char *dtype)
+{
+    char *s = NULL;
+    if (spec_item(spec, "shape", NULL, 0))
+        return strdup(spec);
+    int add_dtype = dtype && !spec_item(spec, "dtype", NULL, 0);
+    if (asprintf(&s, "shape=%s%s%s %s", shape, add_dtype ? " dtype=" : "", add_dtype ? dtype : "",
+                 spec) < 0)
+        return NULL;
+    return s;
+}
+
+static int elem_size_of(const char *dtype, size_t *es)
+{
+    char spec[64];
+    reshard_layout_t *l;
+    reshard_layout_info_t info;
+    snprintf(spec, sizeof(spec), "shape=1 dtype=%.40s", dtype);
+    if (reshard_layout_parse(spec, 1, &l) != RESHARD_OK) {
+        fprintf(stderr, "reshard_perf: -d %s: %s\n", dtype, reshard_last_error());
+        return EXIT_USAGE;
+    }
+    reshard_layout_info(l, &info);
+    reshard_layout_destroy(l);
+    *es = info.elem_size;
+    return 0;
+}
+
+static int sweep_add(struct sweep *sw, const struct opts *o, const char *shape, const char *dtype)
+{
+    sw->src[sw->n] = with_shape(o->src, shape, dtype);
+    sw->dst[sw->n] = with_shape(o->dst, shape, dtype);
+    sw->n++;
+    if (sw->src[sw->n - 1] && sw->dst[sw->n - 1])
+        return 0;
+    fprintf(stderr, "reshard_perf: out of memory\n");
+    return 1;
+}
+
+/* One spec names the shape: that tensor alone, the other spec borrowing its shape and dtype. */
+static int sweep_fixed(struct sweep *sw, const struct opts *o)
+{
+    const char *shaped = spec_item(o->src, "shape", NULL, 0) ? o->src : o->dst;
+    char shape[256], dtype[32];
+    spec_item(shaped, "shape", shape, sizeof(shape));
+    int has_dtype = spec_item(shaped, "dtype", dtype, sizeof(dtype));
+    sw->fixed = 1;
+    return sweep_add(sw, o, shape, has_dtype ? dtype : NULL);
+}
+
+/* Sizes from -b to -e by -f; the shape is [count/1024, 1024], or [1, count] below 1024. The
+ * dtype is the one a spec names (src first), else -d. */
+static int sweep_sized(struct sweep *sw, const struct opts *o)
+{
+    char own[32], shape[64];
+    int named = spec_item(o->src, "dtype", own, sizeof(own)) ||
+                spec_item(o->dst, "dtype", own, sizeof(own));
+    const char *dtype = named ? own : o->dtype;
+    size_t es;
+    int rc = elem_size_of(dtype, &es);
+    for (size_t b = o->min_bytes; !rc && sw->n < MAX_SIZES; b *= (size_t)o->factor) {
+        int64_t count = (int64_t)(b / es);
+        if (count == 0) {
+            fprintf(stderr, "reshard_perf: %zu bytes is less than one %s element\n", b, dtype);
+            return EXIT_USAGE;
+        }
+        if (count >= 1024)
+            snprintf(shape, sizeof(shape), "%" PRId64 "x1024", count / 1024);
+        else
+            snprintf(shape, sizeof(shape), "1x%" PRId64, count);
+        rc = sweep_add(sw, o, shape, dtype);
+        if (b > o->max_bytes / (size_t)o->factor || o->factor < 2)
+            break;
+    }
+    return rc;
+}
+
+static void sweep_free(struct sweep *sw)
+{
+    for (int i = 0; i < sw->n; i++) {
+        free(sw->src[i]);
+        free(sw->dst[i]);
+    }
+    sw->n = 0;
+}
+
+static int sweep_build(struct sweep *sw, const struct opts *o)
+{
+    memset(sw, 0, sizeof(*sw));
+    if (spec_item(o->src, "shape", NULL, 0) || spec_item(o->dst, "shape", NULL, 0))
+        return sweep_fixed(sw, o);
+    return sweep_sized(sw, o);
+}
+
+static int parse_side(const char *flag, const char *spec, int world, int loud, reshard_layout_t **l)
+{
+    if (reshard_layout_parse(spec, world, l) == RESHARD_OK)
+        return 0;
+    if (loud)
+        fprintf(stderr, "reshard_perf: %s '%s': %s\n", flag, spec, reshard_last_error());
+    return EXIT_USAGE;
+}
+
+/* Does a canonical spec place the shard in a view (not row-major from its buffer's start)? */
+static int has_view(const char *canonical)
+{
+    static const char *const keys[] = {"buffer", "offset", "view", "strides"};
+    for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++)
+        if (spec_item(canonical, keys[k], NULL, 0))
+            return 1;
+    return 0;
+}
+
+/* What the tool refuses up front: ranks beyond the world, src and dst that differ, views. */
+static int check_pair(const reshard_layout_t *s, const reshard_layout_t *d, int world,
+                      char type[16], const char **why)
+{
+    reshard_layout_info_t si, di;
+    char *sf = layout_string(s), *df = layout_string(d), st[16] = "", dt[16] = "";
+    *why = NULL;
+    if (!sf || !df)
+        *why = "out of memory";
+    else if (reshard_layout_info(s, &si) != RESHARD_OK || reshard_layout_info(d, &di) != RESHARD_OK)
+        *why = reshard_last_error();
+    else if (si.max_rank >= world || di.max_rank >= world)
+        *why = "the layouts name ranks beyond the number of ranks running";
+    else if (si.ndim != di.ndim || memcmp(si.shape, di.shape, sizeof(si.shape)) ||
+             !spec_item(sf, "dtype", st, sizeof(st)) || !spec_item(df, "dtype", dt, sizeof(dt)) ||
+             strcmp(st, dt))
+        *why = "--src and --dst differ in shape or dtype";
+    else if (has_view(sf) || has_view(df))
+        *why = "local views (buffer, offset, view, strides) are not supported by reshard_perf";
+    snprintf(type, 16, "%s", st);
+    free(sf);
+    free(df);
+    return *why ? EXIT_USAGE : 0;
+}
+
+/* Parses every tensor of the sweep for `world` ranks and records its size. */
+static int sweep_validate(struct sweep *sw, int world, int loud)
+{
+    int rc = 0;
+    for (int i = 0; i < sw->n && !rc; i++) {
+        reshard_layout_t *s = NULL, *d = NULL;
+        reshard_layout_info_t info;
+        const char *why = NULL;
+        rc = parse_side("--src", sw->src[i], world, loud, &s);
+        if (!rc)
+            rc = parse_side("--dst", sw->dst[i], world, loud, &d);
+        if (!rc)
+            rc = check_pair(s, d, world, sw->type[i], &why);
+        if (why && loud)
+            fprintf(stderr, "reshard_perf: %s\n  src: %s\n  dst: %s\n", why, sw->src[i],
+                    sw->dst[i]);
+        if (!rc && reshard_layout_info(s, &info) == RESHARD_OK) {
+            sw->count[i] = 1;
+            for (int k = 0; k < info.ndim; k++)
+                sw->count[i] *= info.shape[k];
+            sw->bytes[i] = (size_t)sw->count[i] * info.elem_size;
+        }
+        reshard_layout_destroy(s);
+        reshard_layout_destroy(d);
+    }
+    return rc;
+}
+
+/* ---- one execute ---- */
+
+/* Allgathers one double per rank and returns the largest. */
+static int gather_max(struct ctx *c, double v, double *max)
+{
+    c->gather[c->rank] = v;
+    if (!ok(c, reshard_comm_allgather(c->comm, c->gather, sizeof(double)),
+            "reshard_comm_allgather"))
+        return 1;
+    *max = c->gather[0];
+    for (int r = 1; r < c->size; r++)
+        if (c->gather[r] > *max)
+            *max = c->gather[r];
+    return 0;
+}
+
+/* Execute number `iter`; time_us, when not NULL, gets the slowest rank's time. */
+static int iterate(struct ctx *c, reshard_plan_t *plan, const struct tensor_run *t, int iter,
+                   double *time_us, uint64_t *wrong)
+{
+    const reshard_buffers_t bufs = {t->sbuf, t->smap.bytes, t->dbuf, t->dmap.bytes,
+                                    RESHARD_MEM_HOST};
+    uint64_t key = pattern_key(0, iter);
+    if (c->o->check && t->sbuf)
+        shard_fill(&t->smap, t->sbuf, key);
+    if (c->o->check && t->dbuf)
+        memset(t->dbuf, POISON, t->dmap.bytes);
+    if (!ok(c, reshard_comm_barrier(c->comm), "reshard_comm_barrier"))
+        return 1;
+    double t0 = now_s();
+    reshard_status_t st = reshard_plan_execute(plan, &bufs);
+    double t1 = now_s();
+    if (!ok(c, st, "reshard_plan_execute"))
+        return 1;
+    if (c->o->check && t->dbuf)
+        *wrong += shard_check(&t->dmap, t->dbuf, key);
+    return time_us ? gather_max(c, (t1 - t0) * 1e6, time_us) : 0;
+}
+
+/* ---- one row of the table ---- */
+
+struct row {
+    size_t bytes;
+    int64_t count;
+    const char *type;
+    reshard_algo_t algo;
+    double time_us, net_mb, min_mb, nic_mb;
+    uint64_t wrong;
+    int differ;
+};
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void delta4(const reshard_comm_counters_t *a, const reshard_comm_counters_t *b,
+                   uint64_t d[4])
+{
+    d[0] = b->net_out - a->net_out;
+    d[1] = b->net_in - a->net_in;
+    d[2] = b->local_out - a->local_out;
+    d[3] = b->local_in - a->local_in;
+}
+
+/* Busiest NIC per iteration: a domain's ranks share its NIC, full duplex. Each rank sums its
+ * own domain, so every domain is summed once per member: quadratic, and cheap at these sizes. */
+static double nic_bytes(const struct ctx *c)
+{
+    uint64_t best = 0, d[4];
+    for (int r = 0; r < c->size; r++) {
+        uint64_t out = 0, in = 0;
+        for (int q = 0; q < c->size; q++) {
+            if (c->ranks[q].domain != c->ranks[r].domain)
+                continue;
+            delta4(&c->before[q], &c->after[q], d);
+            out += d[0];
+            in += d[1];
+        }
+        best = out > best ? out : best;
+        best = in > best ? in : best;
+    }
+    return (double)best / c->o->iters;
+}
+
+/* Counts ranks whose measured bytes per iteration differ from the plan's. */
+static int compare_plan(struct ctx *c, const struct row *row)
+{
+    int differ = 0;
+    for (int r = 0; r < c->size; r++) {
+        const reshard_rank_stats_t *s = &c->ranks[r];
+        uint64_t d[4], want[4] = {s->net_out, s->net_in, s->local_out, s->local_in};
+        int same = 1;
+        delta4(&c->before[r], &c->after[r], d);
+        for (int k = 0; k < 4; k++)
+            same &= d[k] == want[k] * (uint64_t)c->o->iters;
+        if (same)
+            continue;
+        differ++;
+        if (c->nnotes < MAX_NOTES)
+            snprintf(c->notes[c->nnotes++], sizeof(c->notes[0]),
+                     "%zu bytes %s rank %d: net_out/net_in/local_out/local_in per iteration: "
+                     "measured %.0f %.0f %.0f %.0f, plan %" PRIu64 " %" PRIu64 " %" PRIu64
+                     " %" PRIu64,
+                     row->bytes, algo_names[row->algo], r, (double)d[0] / c->o->iters,
+                     (double)d[1] / c->o->iters, (double)d[2] / c->o->iters,
+                     (double)d[3] / c->o->iters, want[0], want[1], want[2], want[3]);
+    }
+    return differ;
+}
+
+static void row_finish(struct ctx *c, struct row *row, const reshard_plan_stats_t *ps)
+{
+    uint64_t net = 0, d[4];
+    for (int r = 0; r < c->size; r++) {
+        delta4(&c->before[r], &c->after[r], d);
+        net += d[0];
+        row->wrong += c->wrong_all[r];
+    }
+    row->time_us = median(c->times, c->o->iters);
+    row->net_mb = (double)net / c->o->iters / MIB;
+    row->min_mb = (double)ps->min_net_bytes / MIB;
+    row->nic_mb = nic_bytes(c) / MIB;
+    if (row->algo != RESHARD_ALGO_BCAST)
+        row->differ = compare_plan(c, row);
+}
+
+static void row_print(struct ctx *c, const struct row *row)
+{
+    double algbw = (double)row->bytes / row->time_us / 1e3;
+    double busbw = row->nic_mb * MIB / row->time_us / 1e3;
+    char wrong[24] = "N/A";
+    c->wrong += row->wrong;
+    c->differ += row->differ;
+    c->busbw_sum += busbw;
+    c->nrows++;
+    if (c->rank != 0)
+        return;
+    if (c->o->check)
+        snprintf(wrong, sizeof(wrong), "%" PRIu64, row->wrong);
+    printf("%11zu%12" PRId64 "%8s%9s%10.1f%9.2f%9.2f%8s%10.2f%10.2f%10.2f\n", row->bytes,
+           row->count, row->type, algo_names[row->algo], row->time_us, algbw, busbw, wrong,
+           row->net_mb, row->min_mb, row->nic_mb);
+    fflush(stdout);
+}
+
+/* Warmup, then the timed iterations between two snapshots of every rank's counters. */
+static int measure(struct ctx *c, reshard_plan_t *plan, const struct tensor_run *t)
+{
+    const struct opts *o = c->o;
+    uint64_t wrong = 0;
+    for (int it = 0; it < o->warmup; it++)
+        if (iterate(c, plan, t, it, NULL, &wrong))
+            return 1;
+    if (!ok(c, reshard_comm_counters_all(c->comm, c->before, NULL), "reshard_comm_counters_all"))
+        return 1;
+    for (int i = 0; i < o->iters; i++)
+        if (iterate(c, plan, t, o->warmup + i, &c->times[i], &wrong))
+            return 1;
+    if (!ok(c, reshard_comm_counters_all(c->comm, c->after, NULL), "reshard_comm_counters_all"))
+        return 1;
+    c->wrong_all[c->rank] = wrong;
+    if (!ok(c, reshard_comm_allgather(c->comm, c->wrong_all, sizeof(uint64_t)),
+            "reshard_comm_allgather"))
+        return 1;
+    return 0;
+}
+
+static int run_algo(struct ctx *c, int i, const struct tensor_run *t, reshard_algo_t algo)
+{
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    reshard_tensor_t tensor = {.name = "t0", .src = t->src, .dst = t->dst};
+    reshard_plan_stats_t ps;
+    reshard_plan_t *plan = NULL;
+    struct row row = {
+        .bytes = c->sw->bytes[i], .count = c->sw->count[i], .type = c->sw->type[i], .algo = algo};
+    cfg.algo = algo;
+    if (!ok(c, reshard_comm_plan_create(c->comm, &tensor, 1, &cfg, &plan),
+            "reshard_comm_plan_create"))
+        return 1;
+    int rc = !ok(c, reshard_plan_stats(plan, &ps, c->ranks), "reshard_plan_stats");
+    if (!rc)
+        rc = measure(c, plan, t);
+    reshard_plan_destroy(plan);
+    if (rc)
+        return rc;
+    row_finish(c, &row, &ps);
+    row_print(c, &row);
+    return 0;
+}
+
+static void tensor_free(struct tensor_run *t)
+{
+    free(t->sbuf);
+    free(t->dbuf);
+    shard_map_free(&t->smap);
+    shard_map_free(&t->dmap);
+    reshard_layout_destroy(t->src);
+    reshard_layout_destroy(t->dst);
+}
+
+static int tensor_setup(struct ctx *c, int i, struct tensor_run *t)
+{
+    if (!ok(c, reshard_layout_parse(c->sw->src[i], c->size, &t->src), "reshard_layout_parse") ||
+        !ok(c, reshard_layout_parse(c->sw->dst[i], c->size, &t->dst), "reshard_layout_parse"))
+        return 1;
+    if (map_build(&t->smap, t->src, c->rank, "source") ||
+        map_build(&t->dmap, t->dst, c->rank, "destination"))
+        return 1;
+    if (t->smap.bytes && !(t->sbuf = xcalloc(1, t->smap.bytes, c->rank)))
+        return 1;
+    if (t->dmap.bytes && !(t->dbuf = xcalloc(1, t->dmap.bytes, c->rank)))
+        return 1;
+    if (!c->o->check && t->sbuf) /* unchecked runs move the same data every time */
+        shard_fill(&t->smap, t->sbuf, pattern_key(0, 0));
+    if (t->dbuf)
+        memset(t->dbuf, POISON, t->dmap.bytes);
+    return 0;
+}
+
+static int run_size(struct ctx *c, int i)
+{
+    struct tensor_run t = {0};
+    int rc = tensor_setup(c, i, &t);
+    for (int a = 0; a < c->o->nalgos && !rc; a++)
+        rc = run_algo(c, i, &t, c->o->algos[a]);
+    tensor_free(&t);
+    return rc;
+}
+
+/* ---- header and footer ---- */
+
+struct host_rec {
+    char host[64];
+    int32_t pid, pad;
+};
+
+/* Each rank's domain and place in it, from a trivial plan on the communicator's topology. */
+static int probe_domains(struct ctx *c)
+{
+    reshard_layout_t *l = NULL;
+    reshard_plan_t *plan = NULL;
+    reshard_plan_stats_t ps;
+    int rc = !ok(c, reshard_layout_parse("shape=1 dtype=u8", c->size, &l), "reshard_layout_parse");
+    if (!rc) {
+        reshard_tensor_t t = {.name = "probe", .src = l, .dst = l};
+        rc = !ok(c, reshard_plan_create(&t, 1, reshard_comm_topo(c->comm), NULL, &plan),
+                 "reshard_plan_create");
+    }
+    if (!rc)
+        rc = !ok(c, reshard_plan_stats(plan, &ps, c->ranks), "reshard_plan_stats");
+    reshard_plan_destroy(plan);
+    reshard_layout_destroy(l);
+    return rc;
+}
+
+static int print_devices(struct ctx *c)
+{
+    struct host_rec *recs = xcalloc((size_t)c->size, sizeof(*recs), c->rank);
+    if (!recs)
+        return 1;
+    gethostname(recs[c->rank].host, sizeof(recs[c->rank].host) - 1);
+    recs[c->rank].pid = (int32_t)getpid();
+    int rc = !ok(c, reshard_comm_allgather(c->comm, recs, sizeof(*recs)), "reshard_comm_allgather");
+    if (!rc)
+        rc = probe_domains(c);
+    for (int r = 0; r < c->size && !rc && c->rank == 0; r++) {
+        recs[r].host[sizeof(recs[r].host) - 1] = '\0';
+        printf("#  Rank %2d Group  0 Pid %6d on %10s device %2d [host] domain %d\n", r,
+               (int)recs[r].pid, recs[r].host, c->ranks[r].local_index, c->ranks[r].domain);
+    }
+    free(recs);
+    return rc;
+}
+
+static int print_header(struct ctx *c)
+{
+    const struct opts *o = c->o;
+    const struct sweep *sw = c->sw;
+    if (c->rank == 0) {
+        printf("# reshard_perf %d.%d.%d (libnccl-net-reshard)\n", RESHARD_VERSION_MAJOR,
+               RESHARD_VERSION_MINOR, RESHARD_VERSION_PATCH);
+        printf("#  src: %s\n#  dst: %s\n", o->src, o->dst);
+        printf("#  minBytes %zu maxBytes %zu step: %ld(factor) warmup iters: %d iters: %d "
+               "validation: %d algos: %s\n#\n# Using devices\n",
+               sw->fixed ? sw->bytes[0] : o->min_bytes, sw->fixed ? sw->bytes[0] : o->max_bytes,
+               o->factor, o->warmup, o->iters, o->check, o->algo_list);
+    }
+    if (print_devices(c))
+        return 1;
+    if (c->rank == 0) {
+        printf("#\n#%49s%9s%9s%8s%10s%10s%10s\n", "time", "algbw", "busbw", "#wrong", "netMB",
+               "minMB", "nicMB");
+        printf("#%10s%12s%8s%9s%10s%9s%9s\n", "size", "count", "type", "algo", "(us)", "(GB/s)",
+               "(GB/s)");
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static int print_footer(const struct ctx *c)
+{
+    int bad = c->wrong > 0 || c->differ > 0;
+    if (c->rank != 0)
+        return bad;
+    printf("# Out of bounds values : %" PRIu64 " %s\n", c->wrong, c->wrong ? "FAILED" : "OK");
+    printf("# Byte counts vs plan : %d ranks differ %s\n", c->differ, c->differ ? "FAILED" : "OK");
+    for (int i = 0; i < c->nnotes; i++)
+        printf("#   %s\n", c->notes[i]);
+    printf("# Avg bus bandwidth    : %.2f\n#\n", c->nrows ? c->busbw_sum / c->nrows : 0.0);
+    fflush(stdout);
+    return bad;
+}
+
+/* ---- one rank ---- */
+
+static void ctx_free(struct ctx *c)
+{
+    free(c->before);
+    free(c->after);
+    free(c->ranks);
+    free(c->gather);
+    free(c->times);
+    free(c->wrong_all);
+}
+
+static int ctx_alloc(struct ctx *c)
+{
+    size_t n = (size_t)c->size;
+    c->before = xcalloc(n, sizeof(*c->before), c->rank);
+    c->after = xcalloc(n, sizeof(*c->after), c->rank);
+    c->ranks = xcalloc(n, sizeof(*c->ranks), c->rank);
+    c->gather = xcalloc(n, sizeof(*c->gather), c->rank);
+    c->times = xcalloc((size_t)c->o->iters, sizeof(*c->times), c->rank);
+    c->wrong_all = xcalloc(n, sizeof(*c->wrong_all), c->rank);
+    return !(c->before && c->after && c->ranks && c->gather && c->times && c->wrong_all);
+}
+
+/* The launcher's rank, for messages before the communicator exists. */
+static int env_rank(void)
+{
+    const char *vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+        if (getenv(vars[i]))
+            return atoi(getenv(vars[i]));
+    return -1;
+}
+
+/* id NULL: rank and size from the environment. Returns the exit status. */
+static int run_rank(const struct opts *o, struct sweep *sw, const reshard_unique_id_t *id, int rank,
+                    int size)
+{
+    struct ctx c = {.o = o, .sw = sw, .rank = id ? rank : env_rank()};
+    reshard_status_t st =
+        id ? reshard_comm_init_rank(id, rank, size, &c.comm) : reshard_comm_init_env(&c.comm);
+    if (st != RESHARD_OK)
+        return lib_fail(c.rank, id ? "reshard_comm_init_rank" : "reshard_comm_init_env", st);
+    c.rank = reshard_comm_rank(c.comm);
+    c.size = reshard_comm_size(c.comm);
+    int rc = sweep_validate(sw, c.size, c.rank == 0); /* the same verdict on every rank */
+    int failed = !rc && (ctx_alloc(&c) || print_header(&c));
+    for (int i = 0; i < sw->n && !rc && !failed; i++)
+        failed = run_size(&c, i);
+    if (!rc && !failed)
+        rc = print_footer(&c);
+    ctx_free(&c);
+    /* After a failure the peers may wait in a collective this rank never joins, and destroy
+     * is collective (a barrier): leave without it, so that the peers see this rank go and -np
+     * or the launcher stops them, rather than everyone waiting out RESHARD_TIMEOUT. */
+    if (failed)
+        return 1;
+    reshard_comm_destroy(c.comm);
+    return rc;
+}
+
+/* ---- -np: local ranks ---- */
+
+static void signal_ranks(const pid_t *pids, int n, int sig)
+{
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            kill(pids[i], sig);
+}
+
+/* A rank's exit status; a rank killed by a signal we did not send is reported. */
+static int rank_status(int rank, int status, int stopping)
+{
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    if (!stopping)
+        fprintf(stderr, "reshard_perf: rank %d killed by signal %d (%s)\n", rank, WTERMSIG(status),
+                strsignal(WTERMSIG(status)));
+    return 1;
+}
+
+/* Waits for every rank. After the first failure the others get GRACE_S seconds to exit, then
+ * SIGTERM, then after as long again SIGKILL, so a rank stuck on a dead peer never hangs us. */
+static int reap_ranks(pid_t *pids, int n)
+{
+    int left = n, rc = 0, phase = 0; /* 0 running, 1 grace, 2 terminated, 3 killed */
+    double deadline = 0;
+    while (left > 0) {
+        int status;
+        pid_t p = waitpid(-1, &status, phase == 1 || phase == 2 ? WNOHANG : 0);
+        if (p < 0 && errno == EINTR)
+            continue;
+        if (p < 0)
+            break;
+        if (p == 0 && now_s() < deadline) {
+            usleep(20000);
+        } else if (p == 0) {
+            if (phase == 1)
+                fprintf(stderr, "reshard_perf: stopping %d ranks still running\n", left);
+            signal_ranks(pids, n, phase == 1 ? SIGTERM : SIGKILL);
+            phase++;
+            deadline = now_s() + GRACE_S;
+        }
+        for (int r = 0; r < n && p > 0; r++) {
+            if (pids[r] != p)
+                continue;
+            pids[r] = 0;
+            left--;
+            int code = rank_status(r, status, phase >= 2);
+            if (code && !rc) {
+                rc = code;
+                phase = 1;
+                deadline = now_s() + GRACE_S;
+            }
+        }
+    }
+    return rc;
+}
+
+static int launch_local(const struct opts *o, struct sweep *sw)
+{
+    reshard_unique_id_t id;
+    int rc = sweep_validate(sw, o->np, 1);
+    if (rc)
+        return rc;
+    reshard_status_t st = reshard_get_unique_id(&id);
+    if (st != RESHARD_OK) {
+        fprintf(stderr, "reshard_perf: reshard_get_unique_id: %s: %s\n", reshard_strerror(st),
+                reshard_last_error());
+        return 1;
+    }
+    pid_t *pids = calloc((size_t)o->np, sizeof(*pids));
+    if (!pids)
+        return 1;
+    fflush(NULL); /* children must not print what the parent buffered */
+    for (int i = 0; i < o->np; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            free(pids);
+            rc = run_rank(o, sw, &id, i, o->np);
+            sweep_free(sw);
+            exit(rc);
+        }
+        if (pids[i] < 0) {
+            fprintf(stderr, "reshard_perf: fork: %s\n", strerror(errno));
+            pids[i] = 0;
+            signal_ranks(pids, i, SIGKILL);
+            reap_ranks(pids, i);
+            free(pids);
+            return 1;
+        }
+    }
+    rc = reap_ranks(pids, o->np);
+    free(pids);
+    return rc;
+}
+
+/* ---- arguments ---- */
+
+/* The synopsis; with full, what each option does. */
+static void usage(FILE *out, int full)
+{
+    fprintf(out, "usage: reshard_perf [-np N] [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS]\n"
+                 "                    [-w WARMUP] [-c 0|1] [-d DTYPE] --src SPEC --dst SPEC\n"
+                 "                    [--algo reshard,direct,bcast] [--dump-config] [-h]\n");
+    if (!full)
+        return;
+    fprintf(out,
+            "  -np N                 fork N local ranks (default: torchrun/mpirun/srun env)\n"
+            "  -b, --minbytes SIZE   smallest size, K/M/G suffixes allowed (default 32M)\n"
+            "  -e, --maxbytes SIZE   largest size (default 32M)\n"
+            "  -f, --stepfactor N    size multiplier between steps (default 2)\n"
+            "  -n, --iters N         timed iterations (default 20)\n"
+            "  -w, --warmup_iters N  untimed iterations first (default 5)\n"
+            "  -c, --check 0|1       check every destination element (default 1)\n"
+            "  -d, --datatype DTYPE  dtype of derived shapes (default bf16)\n"
+            "  --src, --dst SPEC     layouts; without shape= the shape follows each size:\n"
+            "                        [count/1024, 1024], or [1, count] below 1024 elements\n"
+            "  --algo LIST           comma-separated reshard, direct, bcast (default reshard)\n"
+            "  --dump-config         print every RESHARD_* setting and exit\n"
+            "  -h, --help            this text\n");
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    unsigned shift = 0;
+    if (*end == 'K' || *end == 'k')
+        shift = 10;
+    else if (*end == 'M' || *end == 'm')
+        shift = 20;
+    else if (*end == 'G' || *end == 'g')
+        shift = 30;
+    if (end == s || *s == '-' || errno || (shift && end[1]) || (!shift && *end) ||
+        v > (SIZE_MAX >> shift))
+        return 1;
+    *out = (size_t)v << shift;
+    return 0;
+}
+
+static int parse_long(const char *s, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < min || v > max)
+        return 1;
+    *out = v;
+    return 0;
+}
+
+static int parse_algos(const char *s, struct opts *o)
+{
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", s);
+    o->nalgos = 0;
+    o->algo_list[0] = '\0';
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int a = 0;
+        while (a < 3 && strcmp(tok, algo_names[a]))
+            a++;
+        if (a == 3 || o->nalgos == MAX_ALGOS)
+            return 1;
+        o->algos[o->nalgos++] = (reshard_algo_t)a;
+        size_t len = strlen(o->algo_list);
+        snprintf(o->algo_list + len, sizeof(o->algo_list) - len, "%s%s", len ? "," : "", tok);
+    }
+    return o->nalgos == 0;
+}
+
+static int parse_count(const char *arg, long min, int *out)
+{
+    long v;
+    if (parse_long(arg, min, 1 << 24, &v))
+        return 1;
+    *out = (int)v;
+    return 0;
+}
+
+/* Applies one option; 1 when its value is bad. */
+static int parse_opt(int ch, const char *arg, struct opts *o)
+{
+    switch (ch) {
+    case 'P':
+        return parse_count(arg, 1, &o->np);
+    case 'b':
+        return parse_size(arg, &o->min_bytes);
+    case 'e':
+        return parse_size(arg, &o->max_bytes);
+    case 'f':
+        return parse_long(arg, 1, 1 << 20, &o->factor);
+    case 'n':
+        return parse_count(arg, 1, &o->iters);
+    case 'w':
+        return parse_count(arg, 0, &o->warmup);
+    case 'c':
+        return parse_count(arg, 0, &o->check) || o->check > 1;
+    case 'd':
+        o->dtype = arg;
+        return 0;
+    case 'S':
+        o->src = arg;
+        return 0;
+    case 'D':
+        o->dst = arg;
+        return 0;
+    default: /* 'a' */
+        return parse_algos(arg, o);
+    }
+}
+
+/* clang-format off */
+static const struct option long_opts[] = {
+    {"np",           required_argument, NULL, 'P'},
+    {"minbytes",     required_argument, NULL, 'b'},
+    {"maxbytes",     required_argument, NULL, 'e'},
+    {"stepfactor",   required_argument, NULL, 'f'},
+    {"iters",        required_argument, NULL, 'n'},
+    {"warmup_iters", required_argument, NULL, 'w'},
+    {"check",        required_argument, NULL, 'c'},
+    {"datatype",     required_argument, NULL, 'd'},
+    {"src",          required_argument, NULL, 'S'},
+    {"dst",          required_argument, NULL, 'D'},
+    {"algo",         required_argument, NULL, 'a'},
+    {"dump-config",  no_argument,       NULL, 'C'},
+    {"help",         no_argument,       NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+/* clang-format on */
+
+static const char *opt_name(int ch)
+{
+    const struct option *p = long_opts;
+    while (p->name && p->val != ch)
+        p++;
+    return p->name ? p->name : "?";
+}
+
+/* Rejects combinations no single option can: missing specs, an empty or endless sweep. */
+static const char *check_opts(const struct opts *o)
+{
+    if (!o->src || !o->dst)
+        return "--src and --dst are required";
+    if (o->max_bytes < o->min_bytes)
+        return "-e must not be below -b";
+    if (o->factor < 2 && o->max_bytes > o->min_bytes)
+        return "-f must be at least 2 when -e exceeds -b";
+    return NULL;
+}
+
+/* 0 to go on, else the exit status (help: 0 after printing, so check o->help first). */
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    static char np_long[] = "--np";
+    int ch;
+    *o = (struct opts){.min_bytes = 32u << 20,
+                       .max_bytes = 32u << 20,
+                       .factor = 2,
+                       .iters = 20,
+                       .warmup = 5,
+                       .check = 1,
+                       .dtype = "bf16"};
+    parse_algos("reshard", o);
+    for (int i = 1; i < argc; i++) /* nccl-tests and mpirun spell it with one dash */
+        if (!strcmp(argv[i], "-np"))
+            argv[i] = np_long;
+    while ((ch = getopt_long(argc, argv, "b:e:f:n:w:c:d:h", long_opts, NULL)) != -1) {
+        if (ch == 'h')
+            o->help = 1;
+        else if (ch == 'C')
+            o->dump_config = 1;
+        else if (ch == '?' || parse_opt(ch, optarg, o)) {
+            if (ch != '?')
+                fprintf(stderr, "reshard_perf: bad value '%s' for --%s\n", optarg, opt_name(ch));
+            return EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "reshard_perf: unexpected argument '%s'\n", argv[optind]);
+        return EXIT_USAGE;
+    }
+    const char *why = o->help || o->dump_config ? NULL : check_opts(o);
+    if (why)
+        fprintf(stderr, "reshard_perf: %s\n", why);
+    return why ? EXIT_USAGE : 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o;
+    struct sweep sw;
+    int rc = parse_args(argc, argv, &o);
+    if (rc || o.help) {
+        usage(rc ? stderr : stdout, !rc);
+        return rc;
+    }
+    if (o.dump_config) {
+        reshard_config_print(stdout);
+        return 0;
+    }
+    rc = sweep_build(&sw, &o);
+    if (!rc)
+        rc = o.np ? launch_local(&o, &sw) : run_rank(&o, &sw, NULL, 0, 0);
+    sweep_free(&sw);
+    return rc;
+}

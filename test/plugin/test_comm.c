@@ -1,0 +1,336 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Communicators and execution across real processes (fork): data lands where the layouts say,
+ * and every bad input or fault ends with a clear error on every rank, never a hang.
+ */
+#include "reshard.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_RANKS 8
+
+/* What a rank reports to the test process: its status and message. */
+struct outcome {
+    int status;
+    char msg[256];
+};
+
+static struct outcome *shared_outcomes(void)
+{
+    static struct outcome *o;
+    if (!o) {
+        o = mmap(NULL, sizeof(*o) * MAX_RANKS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                 -1, 0);
+        cr_assert_neq(o, MAP_FAILED);
+    }
+    memset(o, 0, sizeof(*o) * MAX_RANKS);
+    return o;
+}
+
+typedef reshard_status_t (*rank_fn)(int rank, int size, reshard_comm_t *comm);
+
+/* Runs fn on `size` forked ranks of one communicator; returns each rank's outcome. */
+static struct outcome *run_ranks(int size, rank_fn fn)
+{
+    struct outcome *out = shared_outcomes();
+    reshard_unique_id_t id;
+    cr_assert_eq(reshard_get_unique_id(&id), RESHARD_OK, "%s", reshard_last_error());
+    pid_t pid[MAX_RANKS];
+    for (int r = 0; r < size; r++) {
+        if ((pid[r] = fork()) == 0) {
+            reshard_comm_t *comm = NULL;
+            reshard_status_t st = reshard_comm_init_rank(&id, r, size, &comm);
+            if (st == RESHARD_OK)
+                st = fn(r, size, comm);
+            out[r].status = st;
+            snprintf(out[r].msg, sizeof(out[r].msg), "%s", reshard_last_error());
+            if (comm && st == RESHARD_OK)
+                reshard_comm_destroy(comm);
+            _exit(0);
+        }
+    }
+    for (int r = 0; r < size; r++) {
+        int ws;
+        waitpid(pid[r], &ws, 0);
+        cr_assert(WIFEXITED(ws), "rank %d crashed", r);
+    }
+    return out;
+}
+
+static reshard_layout_t *parse(const char *spec)
+{
+    reshard_layout_t *l = NULL;
+    reshard_status_t st = reshard_layout_parse(spec, 0, &l);
+    if (st != RESHARD_OK) {
+        fprintf(stderr, "%s: %s\n", spec, reshard_last_error());
+        abort();
+    }
+    return l;
+}
+
+/* Every element is its global index (int32); destinations are checked element by element. */
+static int64_t shard_numel(const reshard_layout_t *l, int rank, int64_t *shape)
+{
+    int64_t numel = 0;
+    reshard_layout_shard_shape(l, rank, shape, &numel);
+    return numel;
+}
+
+static void fill(const reshard_layout_t *l, int rank, int32_t *buf)
+{
+    int64_t shape[8], n = shard_numel(l, rank, shape);
+    if (!n)
+        return;
+    int64_t rows[64], cols[64]; /* the tests below use 2-D tensors of at most 64 x 64 */
+    reshard_layout_shard_index(l, rank, 0, rows);
+    reshard_layout_shard_index(l, rank, 1, cols);
+    reshard_layout_info_t info;
+    reshard_layout_info(l, &info);
+    for (int64_t i = 0; i < shape[0]; i++)
+        for (int64_t j = 0; j < shape[1]; j++)
+            buf[i * shape[1] + j] = (int32_t)(rows[i] * info.shape[1] + cols[j]);
+}
+
+static int count_wrong(const reshard_layout_t *l, int rank, const int32_t *buf)
+{
+    int64_t shape[8], n = shard_numel(l, rank, shape);
+    if (!n)
+        return 0;
+    int32_t *want = calloc((size_t)n, sizeof(int32_t));
+    fill(l, rank, want);
+    int wrong = 0;
+    for (int64_t i = 0; i < n; i++)
+        wrong += buf[i] != want[i];
+    free(want);
+    return wrong;
+}
+
+#define SRC "shape=48x40 dtype=i32 ranks=0-3 mesh=2x2 place=S(0),R"
+#define DST "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(1)"
+
+/* A reshard with a replicated source, on a communicator of 4 ranks in 2 domains. */
+static reshard_status_t move_and_check(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_layout_t *src = parse(SRC), *dst = parse(DST);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+    if (st != RESHARD_OK)
+        return st;
+    size_t sb, db;
+    reshard_layout_shard_bytes(src, rank, &sb);
+    reshard_layout_shard_bytes(dst, rank, &db);
+    int32_t *s = malloc(sb), *d = calloc(1, db);
+    fill(src, rank, s);
+    reshard_buffers_t b = {s, sb, d, db, RESHARD_MEM_HOST};
+    for (int it = 0; it < 3 && st == RESHARD_OK; it++) {
+        memset(d, 0, db);
+        st = reshard_plan_execute(plan, &b);
+        if (st == RESHARD_OK && count_wrong(dst, rank, d))
+            st = RESHARD_ERR_INTERNAL;
+    }
+    reshard_plan_destroy(plan);
+    free(s);
+    free(d);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+static void set_domains(void)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "2", 1);
+    setenv("RESHARD_TIMEOUT", "5", 1);
+    setenv("UCX_LOG_LEVEL", "error", 1);
+}
+
+TestSuite(comm, .init = set_domains, .timeout = 60);
+
+Test(comm, forked_ranks_reshard_every_element_to_its_place)
+{
+    struct outcome *o = run_ranks(4, move_and_check);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+static reshard_status_t layouts_by_rank(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_layout_t *src = parse(SRC);
+    reshard_layout_t *dst =
+        parse(rank == 2 ? "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(0)" : DST);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+    reshard_plan_destroy(plan);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+Test(comm, ranks_passing_different_layouts_all_fail_naming_the_odd_one)
+{
+    struct outcome *o = run_ranks(4, layouts_by_rank);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(o[r].status, RESHARD_ERR_PLAN_MISMATCH, "rank %d: %s", r, o[r].msg);
+        cr_assert(strstr(o[r].msg, r == 2 ? "ranks 0, 1, 3" : "ranks 2 "), "rank %d: %s", r,
+                  o[r].msg);
+    }
+}
+
+static reshard_status_t short_buffer_on_rank1(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_layout_t *src = parse(SRC), *dst = parse(DST);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+    if (st == RESHARD_OK) {
+        size_t sb, db;
+        reshard_layout_shard_bytes(src, rank, &sb);
+        reshard_layout_shard_bytes(dst, rank, &db);
+        void *s = calloc(1, sb), *d = calloc(1, db);
+        reshard_buffers_t b = {s, sb, d, rank == 1 ? db - 4 : db, RESHARD_MEM_HOST};
+        st = reshard_plan_execute(plan, &b);
+        free(s);
+        free(d);
+    }
+    reshard_plan_destroy(plan);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+Test(comm, a_short_destination_buffer_fails_every_rank_before_bytes_move)
+{
+    struct outcome *o = run_ranks(4, short_buffer_on_rank1);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(o[r].status, RESHARD_ERR_BUFFER, "rank %d: %s", r, o[r].msg);
+        cr_assert(strstr(o[r].msg, "rank 1: destination buffer of tensor w holds 1916 bytes, "
+                                   "its shard needs 1920"),
+                  "rank %d: %s", r, o[r].msg);
+    }
+}
+
+struct second_call {
+    reshard_plan_t *plan;
+    const reshard_buffers_t *b;
+    reshard_status_t st;
+};
+
+static void *execute_thread(void *arg)
+{
+    struct second_call *c = arg;
+    c->st = reshard_plan_execute(c->plan, c->b);
+    return NULL;
+}
+
+/* Rank 0 starts an execute that waits for rank 1 (which arrives late) and meanwhile calls
+ * execute again on the same plan from another thread. */
+static reshard_status_t second_execute(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_layout_t *src = parse(SRC), *dst = parse(DST);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+    size_t sb, db;
+    reshard_layout_shard_bytes(src, rank, &sb);
+    reshard_layout_shard_bytes(dst, rank, &db);
+    int32_t *s = calloc(1, sb), *d = calloc(1, db);
+    fill(src, rank, s);
+    reshard_buffers_t b = {s, sb, d, db, RESHARD_MEM_HOST};
+    if (st == RESHARD_OK && rank == 0) {
+        struct second_call first = {plan, &b, RESHARD_OK};
+        pthread_t th;
+        pthread_create(&th, NULL, execute_thread, &first);
+        usleep(300 * 1000); /* the first call now waits for rank 1 */
+        st = reshard_plan_execute(plan, &b);
+        pthread_join(th, NULL);
+        if (st == RESHARD_ERR_BUSY && first.st != RESHARD_OK)
+            st = first.st; /* the first call must still succeed */
+    } else if (st == RESHARD_OK) {
+        if (rank == 1)
+            usleep(1000 * 1000);
+        st = reshard_plan_execute(plan, &b);
+    }
+    if (st == RESHARD_OK && count_wrong(dst, rank, d))
+        st = RESHARD_ERR_INTERNAL;
+    reshard_plan_destroy(plan);
+    free(s);
+    free(d);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+Test(comm, a_second_execute_on_a_running_plan_is_refused_and_the_first_completes)
+{
+    struct outcome *o = run_ranks(4, second_execute);
+    cr_assert_eq(o[0].status, RESHARD_ERR_BUSY, "rank 0: %s", o[0].msg);
+    cr_assert(strstr(o[0].msg, "already executing"), "%s", o[0].msg);
+    for (int r = 1; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+static reshard_status_t rank3_skips_execute(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_layout_t *src = parse(SRC), *dst = parse(DST);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+    if (st == RESHARD_OK && rank != 3) {
+        size_t sb, db;
+        reshard_layout_shard_bytes(src, rank, &sb);
+        reshard_layout_shard_bytes(dst, rank, &db);
+        void *s = calloc(1, sb), *d = calloc(1, db);
+        reshard_buffers_t b = {s, sb, d, db, RESHARD_MEM_HOST};
+        st = reshard_plan_execute(plan, &b);
+        free(s);
+        free(d);
+    } else if (st == RESHARD_OK) {
+        sleep(4); /* longer than the others' timeout (2 s) */
+        st = RESHARD_ERR_INTERNAL;
+    }
+    reshard_plan_destroy(plan);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+Test(comm, a_rank_that_never_executes_times_out_the_others_naming_it)
+{
+    setenv("RESHARD_TIMEOUT", "2", 1);
+    struct outcome *o = run_ranks(4, rank3_skips_execute);
+    for (int r = 0; r < 3; r++) {
+        cr_assert(o[r].status == RESHARD_ERR_TIMEOUT || o[r].status == RESHARD_ERR_REMOTE,
+                  "rank %d: %d %s", r, o[r].status, o[r].msg);
+        cr_assert(strstr(o[r].msg, "rank 3") || strstr(o[r].msg, "3"), "rank %d: %s", r, o[r].msg);
+    }
+}
+
+Test(comm, execute_refuses_a_plan_made_without_a_communicator)
+{
+    reshard_layout_t *src = parse(SRC), *dst = parse(DST);
+    reshard_topo_t *topo;
+    cr_assert_eq(reshard_topo_create(4, 2, NULL, &topo), RESHARD_OK);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_t *plan;
+    cr_assert_eq(reshard_plan_create(&t, 1, topo, NULL, &plan), RESHARD_OK);
+    reshard_buffers_t b = {0};
+    cr_assert_eq(reshard_plan_execute(plan, &b), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(reshard_last_error(), "reshard_comm_plan_create"));
+    reshard_plan_destroy(plan);
+    reshard_topo_destroy(topo);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+}

@@ -12,7 +12,7 @@ LSAN_OPTIONS=${LSAN_OPTIONS:+$LSAN_OPTIONS:}exitcode=0 "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 ours=$(awk '
     /^(Direct|Indirect) leak of/ { inleak = 1; hit = 0; next }
-    inleak && /^ *#[0-9]+ / { if ($0 ~ /[ (](planner|plugin|tools|test)\//) hit = 1; next }
+    inleak && /^ *#[0-9]+ / { if ($0 ~ /[ (](planner|transport|plugin|tools|test)\//) hit = 1; next }
     inleak { leaks += hit; inleak = 0 }
     END { leaks += inleak && hit; print leaks + 0 }' "$log")
 if [ "$ours" -gt 0 ]; then

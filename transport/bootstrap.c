@@ -34,6 +34,9 @@ static struct {
 
 void boot_configure(const struct boot_config *cfg)
 {
+    static const struct boot_config defaults;
+    if (!cfg)
+        cfg = &defaults;
     pthread_mutex_lock(&config_lock);
     free(config.addr);
     free(config.secret);
@@ -461,6 +464,11 @@ static int min_int(int a, int b)
     return a < b ? a : b;
 }
 
+static int peer_grace(const struct boot *b)
+{
+    return min_int(b->timeout_ms / 4, PEER_GRACE_MAX);
+}
+
 /* One frame with rank `only`, or (only < 0) with every peer of rank 0 but `skip`: sent from,
  * or received into, base + rank * stride. */
 static reshard_status_t exchange(struct coll *c, int only, int skip, int send, uint64_t len,
@@ -472,12 +480,15 @@ static reshard_status_t exchange(struct coll *c, int only, int skip, int send, u
     if (!x)
         return RESHARD_ERR_NO_MEMORY;
     struct frame_hdr hdr = c->hdr;
+    /* A peer waiting on rank 0 waits a little longer than rank 0 waits on anyone, so that it
+     * hears which rank rank 0 gave up on, rather than timing out on its own. */
+    int64_t deadline = c->deadline + (b->rank != 0 && !send ? peer_grace(b) : 0);
     hdr.len = len;
     for (int r = first; r <= last; r++)
         if (r != skip)
             xfer_init(&x[n++], b->conns[r].fd, b->conns[r].name, send, hdr,
                       base + (size_t)r * stride);
-    reshard_status_t st = xfer_run(x, n, c->deadline, b->timeout_ms, c->what, &failed, &c->err);
+    reshard_status_t st = xfer_run(x, n, deadline, b->timeout_ms, c->what, &failed, &c->err);
     /* The same walk as above, to find each transfer's connection again. */
     for (int r = first, i = 0; r <= last; r++)
         if (r != skip && xfer_torn(&x[i++]) && send)
@@ -906,9 +917,7 @@ static reshard_status_t peer_join(struct boot *b, const union sock_addr *a,
     wire_put(hello + 4 + SECRET_BYTES, (uint32_t)b->rank, 4);
     wire_put(hello + 8 + SECRET_BYTES, (uint32_t)b->size, 4);
     RS_CHECK(exchange(&c, 0, -1, 1, HELLO_BYTES, hello, 0));
-    /* Wait a little past rank 0's own deadline, so as to hear why it gave up. */
     c.hdr.type = FRAME_WELCOME;
-    c.deadline += min_int(b->timeout_ms / 4, PEER_GRACE_MAX);
     return exchange(&c, 0, -1, 0, 0, hello, 0);
 }
 

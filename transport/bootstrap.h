@@ -24,7 +24,7 @@ struct boot_config {
     const char *secret;            /* RESHARD_SECRET: job secret for env launches ("": derived) */
     void (*warn)(const char *msg); /* told of each refused peer (a WARN line); NULL: silent */
 };
-/* Copies cfg (strings included); later calls replace it. Thread-safe. */
+/* Copies cfg (strings included; NULL: the defaults); later calls replace it. Thread-safe. */
 void boot_configure(const struct boot_config *cfg);
 
 /* ---- ids ---- */

@@ -376,6 +376,16 @@ const char *frame_op_name(unsigned op)
     return op < sizeof(names) / sizeof(names[0]) ? names[op] : "an unknown collective";
 }
 
+static const char *type_name(unsigned type)
+{
+    static const char *const names[] = {[FRAME_HELLO] = "hello",
+                                        [FRAME_WELCOME] = "welcome",
+                                        [FRAME_REFUSE] = "refusal",
+                                        [FRAME_DATA] = "data",
+                                        [FRAME_ERROR] = "error"};
+    return type < sizeof(names) / sizeof(names[0]) && names[type] ? names[type] : "unknown";
+}
+
 static reshard_status_t step_send(struct xfer *x)
 {
     while (!x->finished) {
@@ -419,11 +429,20 @@ static reshard_status_t check_hdr(struct xfer *x)
                             g->type == FRAME_ERROR ? "error" : "refusal");
         return RESHARD_OK;
     }
+    if (g->type != x->hdr.type && !x->hdr.type)
+        return rs_error(RESHARD_ERR_NETWORK, "bootstrap: %s sent a %s frame out of turn", x->peer,
+                        type_name(g->type));
     if (g->type != x->hdr.type)
         return rs_error(RESHARD_ERR_NETWORK,
-                        "bootstrap: %s sent a frame of type %u where %u "
-                        "was expected",
-                        x->peer, g->type, x->hdr.type);
+                        "bootstrap: %s sent a %s frame where a %s was expected", x->peer,
+                        type_name(g->type), type_name(x->hdr.type));
+    /* The rendezvous frames have one size per version. */
+    if (g->len != x->hdr.len && x->hdr.op == OP_NONE)
+        return rs_error(RESHARD_ERR_NETWORK,
+                        "bootstrap: %s sent a %s of %llu bytes where %llu were expected: another "
+                        "version of reshard?",
+                        x->peer, type_name(g->type), (unsigned long long)g->len,
+                        (unsigned long long)x->hdr.len);
     if (g->op != x->hdr.op || g->seq != x->hdr.seq)
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "bootstrap: %s is in %s #%u while this rank is in %s #%u: every rank "
@@ -495,17 +514,25 @@ reshard_status_t xfer_step(struct xfer *x, struct frame_error *err)
     return x->send ? step_send(x) : step_recv(x, err);
 }
 
-/* "rank 3 (10.0.0.1:4242), rank 5 (...)": who has not finished, for a timeout message. */
+/* "rank 3 (10.0.0.1:4242), rank 5 (...) and 7 more": who has not finished, for a timeout
+ * message. Names that would not fit whole are counted instead. */
 static void list_unfinished(const struct xfer *x, int n, char *buf, size_t cap)
 {
-    size_t used = 0;
+    size_t used = 0, room = cap - 24; /* for " and N more" */
+    int more = 0;
     buf[0] = '\0';
-    for (int i = 0; i < n && used + 1 < cap; i++) {
+    for (int i = 0; i < n; i++) {
         if (x[i].finished)
             continue;
-        int k = snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", x[i].peer);
-        used += k > 0 ? (size_t)k : 0;
+        size_t k = strlen(x[i].peer) + (used ? 2 : 0);
+        if (more || used + k >= room) {
+            more++;
+            continue;
+        }
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", x[i].peer);
     }
+    if (more)
+        snprintf(buf + used, cap - used, " and %d more", more);
 }
 
 /* A peer we are sending to spoke out of turn. In this protocol that can only be a failure

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
 
@@ -336,35 +337,42 @@ static reshard_status_t ucx_wait(struct tp_ctx *c, int timeout_ms)
     return RESHARD_OK;
 }
 
+/* Called once every rank is done with the context (the communicator's last barrier), so no
+ * message is in flight: a forced close needs no help from peers that may already be gone. */
 static void close_eps(struct ucx_ctx *u)
 {
     void **reqs = calloc((size_t)u->size, sizeof(*reqs));
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
     for (int r = 0; r < u->size; r++) {
         if (!u->peers[r].ep)
             continue;
-        ucp_request_param_t p = {.op_attr_mask = 0};
         void *sp = u->f->ucp_ep_close_nbx(u->peers[r].ep, &p);
-        if (UCS_PTR_IS_PTR(sp) && reqs)
-            reqs[r] = sp;
+        if (UCS_PTR_IS_PTR(sp)) {
+            if (reqs)
+                reqs[r] = sp;
+            else
+                u->f->ucp_request_free(sp);
+        }
         u->peers[r].ep = NULL;
     }
-    /* Flushing closes need the peers' progress too; they close at the same time. Bounded, so
-     * that a dead peer cannot hold us. */
-    for (int spins = 0; reqs && spins < 2000000; spins++) {
-        int pending = 0;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int pending = 1; reqs && pending;) {
+        pending = 0;
         u->f->ucp_worker_progress(u->worker);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        int late = t.tv_sec - t0.tv_sec > 5;
         for (int r = 0; r < u->size; r++) {
             if (!reqs[r])
                 continue;
-            if (u->f->ucp_request_check_status(reqs[r]) == UCS_INPROGRESS) {
+            if (!late && u->f->ucp_request_check_status(reqs[r]) == UCS_INPROGRESS) {
                 pending = 1;
                 continue;
             }
-            u->f->ucp_request_free(reqs[r]);
+            u->f->ucp_request_free(reqs[r]); /* a late one is released, not waited for */
             reqs[r] = NULL;
         }
-        if (!pending)
-            break;
     }
     free(reqs);
 }

@@ -168,7 +168,8 @@ reshard_status_t reshard_comm_barrier(reshard_comm_t *comm)
     api_enter();
     if (!comm)
         return api_null_arg(__func__, "comm");
-    return api_leave(__func__, boot_barrier(comm->boot));
+    reshard_status_t st = comm_usable(comm);
+    return api_leave(__func__, st != RESHARD_OK ? st : boot_barrier(comm->boot));
 }
 
 reshard_status_t reshard_comm_allgather(reshard_comm_t *comm, void *buf, size_t bytes_per_rank)
@@ -176,7 +177,9 @@ reshard_status_t reshard_comm_allgather(reshard_comm_t *comm, void *buf, size_t 
     api_enter();
     if (!comm || !buf)
         return api_null_arg(__func__, comm ? "buf" : "comm");
-    return api_leave(__func__, boot_allgather(comm->boot, buf, bytes_per_rank));
+    reshard_status_t st = comm_usable(comm);
+    return api_leave(__func__,
+                     st != RESHARD_OK ? st : boot_allgather(comm->boot, buf, bytes_per_rank));
 }
 
 reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
@@ -215,6 +218,7 @@ struct plan_vote {
     int32_t status;
     int32_t algo;
     uint64_t hash;
+    int64_t chunk_bytes; /* both ends of a transfer must cut it alike */
 };
 
 static reshard_status_t compare_plans(struct reshard_comm *c, struct plan_vote *mine)
@@ -228,6 +232,12 @@ static reshard_status_t compare_plans(struct reshard_comm *c, struct plan_vote *
         if (v[r].status != RESHARD_OK && r != c->rank)
             st = rs_error(RESHARD_ERR_REMOTE, "rank %d could not plan: %s", r,
                           rs_status_string((reshard_status_t)v[r].status));
+        else if (v[r].status == RESHARD_OK && mine->status == RESHARD_OK &&
+                 v[r].chunk_bytes != mine->chunk_bytes)
+            st = rs_error(RESHARD_ERR_PLAN_MISMATCH,
+                          "rank %d: RESHARD_CHUNK_BYTES is %lld on rank %d and %lld here: set "
+                          "it alike on every rank",
+                          c->rank, (long long)v[r].chunk_bytes, r, (long long)mine->chunk_bytes);
         else if (v[r].status == RESHARD_OK && mine->status == RESHARD_OK &&
                  (v[r].hash != mine->hash || v[r].algo != mine->algo)) {
             char list[128];
@@ -258,23 +268,28 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     reshard_algo_t algo = RESHARD_ALGO_RESHARD;
     if (config && config->size >= offsetof(reshard_plan_config_t, algo) + sizeof(config->algo))
         algo = config->algo;
+    reshard_status_t st = comm_usable(comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
     struct reshard_plan *h = rs_calloc(1, sizeof(*h), "plan");
     if (!h)
         return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
-    /* Plan locally, then vote: a rank that failed still votes, so nobody waits for it. */
-    struct plan_vote mine = {.algo = (int32_t)algo};
+    /* Build everything locally, then vote: a rank that failed still votes, so nobody waits
+     * for it, and nobody runs a plan another rank could not build. */
+    struct plan_vote mine = {.algo = (int32_t)algo, .chunk_bytes = exec_chunk_bytes()};
     mine.status = api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, &h->p);
-    char why[256];
+    struct xfer_set xs;
+    if (mine.status == RESHARD_OK && (mine.status = xfer_build(h->p, algo, &xs)) == RESHARD_OK)
+        mine.status = exec_create(comm, h->p, &xs, &h->x);
+    char why[RS_ERROR_MAX];
     snprintf(why, sizeof(why), "%s", rs_error_message());
     if (mine.status == RESHARD_OK)
         mine.hash = h->p->hash;
-    reshard_status_t st = compare_plans(comm, &mine);
+    st = compare_plans(comm, &mine);
     if (mine.status != RESHARD_OK) /* our own failure says more than the vote */
         st = rs_error((reshard_status_t)mine.status, "%s", why);
-    struct xfer_set xs;
-    if (st == RESHARD_OK && (st = xfer_build(h->p, algo, &xs)) == RESHARD_OK)
-        st = exec_create(comm, h->p, &xs, &h->x);
     if (st != RESHARD_OK) {
+        exec_destroy(h->x);
         plan_free(h->p);
         free(h);
         return api_leave(__func__, st);

@@ -82,8 +82,10 @@ static reshard_status_t exchange(struct reshard_comm *c)
     size_t slot = 0;
     for (int r = 0; r < c->size; r++)
         slot = h[r].addr_len > slot ? h[r].addr_len : slot;
-    if (!(addrs = rs_calloc((size_t)c->size, slot, "addresses")))
+    if (!(addrs = rs_calloc((size_t)c->size, slot, "addresses"))) {
+        st = RESHARD_ERR_NO_MEMORY;
         goto out;
+    }
     memcpy(addrs + (size_t)c->rank * slot, addr, len);
     RS_CHECK_GOTO(boot_allgather(c->boot, addrs, slot), st, out);
     for (int r = 0; r < c->size; r++) {
@@ -136,15 +138,69 @@ err:
     return st;
 }
 
+reshard_status_t comm_usable(const struct reshard_comm *c)
+{
+    if (c->broken == RESHARD_OK)
+        return RESHARD_OK;
+    return rs_error(c->broken, "the communicator failed earlier and must be destroyed: %s",
+                    c->broken_why);
+}
+
+int comm_keep(struct reshard_comm *c, void (*free_fn)(void *), void *p)
+{
+    struct comm_kept *k = realloc(c->kept, ((size_t)c->nkept + 1) * sizeof(*k));
+    if (!k)
+        return 0;
+    c->kept = k;
+    c->kept[c->nkept++] = (struct comm_kept){free_fn, p};
+    return 1;
+}
+
+reshard_status_t comm_staging(struct reshard_comm *c, int64_t slot_bytes, int nslots)
+{
+    if (c->staging)
+        return RESHARD_OK;
+    size_t bytes = (size_t)slot_bytes * (size_t)nslots;
+    char *base = malloc(bytes);
+    int *slots = calloc((size_t)nslots, sizeof(int));
+    void *mh = NULL;
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (!base || !slots) {
+        rs_error(st, "no memory for %d staging slots of %lld bytes", nslots, (long long)slot_bytes);
+        goto err;
+    }
+    RS_CHECK_GOTO(c->net->ops->mem_reg(c->net, base, bytes, TP_MEM_HOST, &mh), st, err);
+    for (int i = 0; i < nslots; i++)
+        slots[i] = i;
+    c->staging = base;
+    c->staging_mh = mh;
+    c->free_slots = slots;
+    c->nslots = c->nfree = nslots;
+    c->slot_bytes = slot_bytes;
+    return RESHARD_OK;
+err:
+    free(slots);
+    free(base);
+    return st;
+}
+
 void comm_destroy(struct reshard_comm *c)
 {
     if (!c)
         return;
-    /* Nobody closes connections a peer may still be using. */
-    if (c->boot && c->net)
+    /* Nobody closes connections a peer may still be using (a broken communicator does not
+     * wait: its peers may be gone). */
+    if (c->boot && c->net && c->broken == RESHARD_OK)
         (void)boot_barrier(c->boot);
-    if (c->net)
+    if (c->net) {
+        c->net->ops->mem_dereg(c->net, c->staging_mh);
         c->net->ops->close(c->net);
+    }
+    for (int i = 0; i < c->nkept; i++) /* their requests completed as the context closed */
+        c->kept[i].free(c->kept[i].p);
+    free(c->kept);
+    free(c->staging);
+    free(c->free_slots);
     boot_close(c->boot);
     topo_free(&c->topo.t);
     free(c->pid);

@@ -8,36 +8,24 @@
  * destination itself when the chunk is contiguous there, else as a scatter list over it, so a
  * receive never waits for memory and senders can always make progress. A sender sends a
  * contiguous chunk from its source buffer and packs a strided one into a staging slot (at most
- * RESHARD_STAGING_BYTES per rank). Local transfers are cross-memory writes followed by an empty
- * message that tells the receiver the chunk is there.
+ * RESHARD_STAGING_BYTES per rank, and no more than the send window uses). Local transfers are
+ * cross-memory writes followed by an empty message that tells the receiver the chunk is there.
  */
-#include "exec.h"
+#include "exec_int.h"
 
 #include "cma.h"
 #include "error.h"
 #include "log.h"
 #include "param.h"
-#include "region.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
-#define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
-
-/* Tags: kind (2 bits) | execution (6) | transfer (32) | chunk (24). */
-#define TAG_DATA    UINT64_C(1)
-#define TAG_CTRL    UINT64_C(2)
-#define MAX_CHUNKS  (INT64_C(1) << 24)
-#define SEND_WINDOW 16 /* network sends in flight per rank */
-#define DRAIN_MS    2000
-
-static uint64_t make_tag(uint64_t kind, uint32_t seq, uint32_t xfer, uint32_t chunk)
-{
-    return kind << 62 | (uint64_t)(seq & 63) << 56 | (uint64_t)xfer << 24 | chunk;
-}
+#define SEND_WINDOW 16   /* network sends in flight per rank */
+#define DRAIN_MS    2000 /* how long a failed run waits for its requests */
+#define WAIT_CAP_MS 2    /* longest sleep: UCX over TCP may not re-signal a half-read socket */
 
 enum req_kind { REQ_SEND_DATA, REQ_SEND_CTRL, REQ_RECV_DATA, REQ_RECV_CTRL };
 
@@ -60,49 +48,25 @@ struct ready {
 
 /* The state of one execution. */
 struct run {
-    struct exec *x;
+    struct exec *x; /* not to be touched once draining: a kept run may outlive its plan */
+    struct reshard_comm *comm;
     const reshard_buffers_t *bufs;
     char **peer_dst, **peer_tmp; /* [size * ntensors]: where local writes go */
     uint32_t seq;
     reshard_status_t st;
-    char why[256];
+    char why[RS_ERROR_MAX];
+    int draining;                       /* failed: completions now only count down */
     struct chunk_req *in_req, *out_req; /* by chunk, via in_off / out_off */
-    uint32_t *in_arrived;               /* [nin] */
+    size_t nin_req;
+    uint32_t *in_arrived; /* [nin] */
     struct queue {
         struct ready *q;
         size_t head, tail, cap;
     } net_q, local_q; /* network sends wait for the window; local work never waits */
-    size_t in_left, out_left, tmp_left;
+    size_t in_left, out_left;
+    size_t *tmp_left; /* [ntensors]: chunks still to reach the whole-tensor buffer */
     int inflight, posted;
     int64_t last_event_ms;
-};
-
-struct exec {
-    struct reshard_comm *comm;
-    const struct rs_plan *plan;
-    struct xfer_set xs;
-    atomic_int busy;
-    int64_t chunk_bytes;
-    /* This rank's share: outgoing transfers (src == me) in rotated peer order, incoming ones
-     * (dst == me, src != me) by index, and which outgoing ones each incoming one releases. */
-    uint32_t *out, *in;
-    size_t nout, nin;
-    size_t *out_off, *in_off; /* first chunk of each, then the total */
-    uint32_t *child_first, *child;
-    uint32_t *after_inputs;
-    size_t nafter;
-    /* Staging for packed sends, registered once. */
-    char *staging;
-    void *staging_mh;
-    int nslots, *free_slots, nfree;
-    /* Registrations of the caller's buffers, redone when a pointer changes. */
-    struct reg {
-        const void *addr;
-        size_t len;
-        void *mh;
-    } * reg;            /* [2 * ntensors]: src, dst */
-    struct run *zombie; /* a failed run whose requests never finished */
-    char **tmp;         /* [ntensors]: whole-tensor buffers (bcast), kept across runs */
 };
 
 static int64_t now_ms(void)
@@ -112,316 +76,14 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* ---- chunks ---- */
-
-static const int64_t *xfer_start(const struct exec *x, const struct xfer *xf)
-{
-    return x->xs.coords + xf->box;
-}
-
-static int xfer_ndim(const struct exec *x, const struct xfer *xf)
-{
-    return x->plan->tensors[xf->tensor].dst.ndim;
-}
-
-/* Cuts a box along its outermost dim whose inner part fits a chunk: `step` indices of dim
- * `split` per chunk, every index of the dims before it one at a time. */
-struct cut {
-    int split;
-    int64_t step, per_outer, n;
-};
-
-static struct cut cut_of(const struct exec *x, const struct xfer *xf)
-{
-    int ndim = xfer_ndim(x, xf);
-    const int64_t *len = xfer_start(x, xf) + ndim;
-    int64_t inner = (int64_t)dtype_size(x->plan->tensors[xf->tensor].dst.dtype);
-    int split = ndim - 1;
-    while (split > 0 && inner * len[split] <= x->chunk_bytes) {
-        inner *= len[split];
-        split--;
-    }
-    struct cut c = {.split = split};
-    c.step = x->chunk_bytes / inner;
-    if (c.step < 1)
-        c.step = 1;
-    if (c.step > len[split])
-        c.step = len[split] ? len[split] : 1;
-    c.per_outer = len[split] ? (len[split] + c.step - 1) / c.step : 0;
-    c.n = c.per_outer;
-    for (int j = 0; j < split; j++)
-        c.n *= len[j];
-    return c;
-}
-
-static void chunk_box(const struct exec *x, const struct xfer *xf, uint32_t chunk, int64_t *s,
-                      int64_t *l)
-{
-    int ndim = xfer_ndim(x, xf);
-    const int64_t *start = xfer_start(x, xf), *len = start + ndim;
-    struct cut c = cut_of(x, xf);
-    int64_t outer = chunk / c.per_outer, piece = chunk % c.per_outer;
-    for (int j = ndim - 1; j >= 0; j--) {
-        if (j > c.split) {
-            s[j] = start[j];
-            l[j] = len[j];
-        } else if (j == c.split) {
-            s[j] = start[j] + piece * c.step;
-            l[j] = len[j] - piece * c.step < c.step ? len[j] - piece * c.step : c.step;
-        } else {
-            s[j] = start[j] + outer % len[j];
-            l[j] = 1;
-            outer /= len[j];
-        }
-    }
-}
-
-/* The chunk inside the buffer `side` (0 source, 1 destination) of the transfer. */
-static void chunk_region(const struct exec *x, const struct xfer *xf, uint32_t chunk, int side,
-                         struct region *r)
-{
-    int64_t s[RS_MAX_DIMS], l[RS_MAX_DIMS];
-    chunk_box(x, xf, chunk, s, l);
-    const struct plan_tensor *pt = &x->plan->tensors[xf->tensor];
-    int buf = side ? xf->dst_buf : xf->src_buf, rank = side ? xf->dst : xf->src;
-    if (buf == XBUF_TMP) {
-        region_of_full(&pt->dst, s, l, r);
-        return;
-    }
-    const struct rs_shardmap *m = buf == XBUF_SRC ? &pt->src_map : &pt->dst_map;
-    region_of_shard(m, shardmap_position(m, rank), s, l, r);
-}
-
-/* ---- this rank's share ---- */
-
-static int cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
-}
-
-static long in_pos(const struct exec *x, uint32_t xfer)
-{
-    const uint32_t *p = bsearch(&xfer, x->in, x->nin, sizeof(*x->in), cmp_u32);
-    return p ? p - x->in : -1;
-}
-
-static const struct exec *rotate_ctx; /* qsort has no argument: exec_create holds the lock */
-
-/* Outgoing order: by distance from this rank to the peer (r+1, r+2, ...), so the ranks of a
- * job start on different peers instead of all on rank 0. */
-static int cmp_rotated(const void *a, const void *b)
-{
-    const struct exec *x = rotate_ctx;
-    const struct xfer *p = &x->xs.x[*(const uint32_t *)a], *q = &x->xs.x[*(const uint32_t *)b];
-    int n = x->comm->size, me = x->comm->rank;
-    int dp = (p->dst - me + n) % n, dq = (q->dst - me + n) % n;
-    if (dp != dq)
-        return dp - dq;
-    return cmp_u32(a, b);
-}
-
-static reshard_status_t prefix_chunks(struct exec *x, const uint32_t *list, size_t n, size_t **off)
-{
-    *off = rs_calloc(n + 1, sizeof(**off), "chunk offsets");
-    if (!*off)
-        return RESHARD_ERR_NO_MEMORY;
-    for (size_t i = 0; i < n; i++) {
-        struct cut c = cut_of(x, &x->xs.x[list[i]]);
-        if (c.n > MAX_CHUNKS)
-            return rs_error(RESHARD_ERR_TOO_LARGE, "transfer of %lld bytes: over 2^24 chunks",
-                            (long long)x->xs.x[list[i]].bytes);
-        (*off)[i + 1] = (*off)[i] + (size_t)c.n;
-    }
-    return RESHARD_OK;
-}
-
-/* Children: outgoing transfers whose parent is an incoming one, grouped by that parent. */
-static reshard_status_t link_children(struct exec *x)
-{
-    x->child_first = rs_calloc(x->nin + 1, sizeof(uint32_t), "children");
-    x->child = rs_calloc(x->nout ? x->nout : 1, sizeof(uint32_t), "children");
-    x->after_inputs = rs_calloc(x->nout ? x->nout : 1, sizeof(uint32_t), "children");
-    if (!x->child_first || !x->child || !x->after_inputs)
-        return RESHARD_ERR_NO_MEMORY;
-    for (int pass = 0; pass < 2; pass++) {
-        for (size_t o = 0; o < x->nout; o++) {
-            const struct xfer *xf = &x->xs.x[x->out[o]];
-            if (xf->parent == XFER_NONE)
-                continue;
-            if (xf->parent == XFER_AFTER_INPUTS) {
-                if (pass)
-                    x->after_inputs[x->nafter++] = (uint32_t)o;
-                continue;
-            }
-            long k = in_pos(x, xf->parent);
-            const struct xfer *par = &x->xs.x[xf->parent];
-            if (k < 0 || memcmp(x->xs.coords + par->box, x->xs.coords + xf->box,
-                                2 * sizeof(int64_t) * (size_t)xfer_ndim(x, xf)))
-                return rs_error(RESHARD_ERR_INTERNAL,
-                                "transfer %u: parent %u is not a delivery "
-                                "of the same box to rank %d",
-                                x->out[o], xf->parent, x->comm->rank);
-            if (pass)
-                x->child[x->child_first[k + 1]++] = (uint32_t)o;
-            else
-                x->child_first[k + 1]++;
-        }
-        if (!pass) /* counts to starts, then fill advances them back to ends */
-            for (size_t k = 0; k < x->nin; k++)
-                x->child_first[k + 1] += x->child_first[k];
-        if (!pass)
-            for (size_t k = x->nin; k > 0; k--)
-                x->child_first[k] = x->child_first[k - 1];
-    }
-    return RESHARD_OK;
-}
-
-static reshard_status_t share(struct exec *x)
-{
-    int me = x->comm->rank;
-    for (size_t i = 0; i < x->xs.n; i++) {
-        x->nout += x->xs.x[i].src == me;
-        x->nin += x->xs.x[i].dst == me && x->xs.x[i].src != me;
-    }
-    x->out = rs_calloc(x->nout + 1, sizeof(uint32_t), "transfers");
-    x->in = rs_calloc(x->nin + 1, sizeof(uint32_t), "transfers");
-    if (!x->out || !x->in)
-        return RESHARD_ERR_NO_MEMORY;
-    size_t no = 0, ni = 0;
-    for (size_t i = 0; i < x->xs.n; i++) {
-        if (x->xs.x[i].src == me)
-            x->out[no++] = (uint32_t)i;
-        else if (x->xs.x[i].dst == me)
-            x->in[ni++] = (uint32_t)i; /* ascending: in_pos searches it */
-    }
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&lock);
-    rotate_ctx = x;
-    qsort(x->out, x->nout, sizeof(*x->out), cmp_rotated);
-    pthread_mutex_unlock(&lock);
-    RS_CHECK(prefix_chunks(x, x->out, x->nout, &x->out_off));
-    RS_CHECK(prefix_chunks(x, x->in, x->nin, &x->in_off));
-    return link_children(x);
-}
-
-reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *plan,
-                             struct xfer_set *xs, struct exec **out)
-{
-    struct exec *x = rs_calloc(1, sizeof(*x), "executor");
-    if (!x) {
-        xfer_free(xs);
-        return RESHARD_ERR_NO_MEMORY;
-    }
-    x->comm = comm;
-    x->plan = plan;
-    x->xs = *xs;
-    memset(xs, 0, sizeof(*xs));
-    x->chunk_bytes = rs_param_int(RS_PARAM_CHUNK_BYTES);
-    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
-    x->reg = rs_calloc(2 * (size_t)plan->ntensors, sizeof(*x->reg), "registrations");
-    if (!x->reg)
-        goto err;
-    RS_CHECK_GOTO(share(x), st, err);
-    *out = x;
-    return RESHARD_OK;
-err:
-    exec_destroy(x);
-    return st;
-}
-
-static void run_free(struct run *r);
-
-void exec_destroy(struct exec *x)
-{
-    if (!x)
-        return;
-    struct tp_ctx *net = x->comm->net;
-    for (int i = 0; x->reg && i < 2 * x->plan->ntensors; i++)
-        net->ops->mem_dereg(net, x->reg[i].mh);
-    net->ops->mem_dereg(net, x->staging_mh);
-    if (x->zombie) /* its requests are gone now or never will be: the context is closing */
-        run_free(x->zombie);
-    for (int t = 0; x->tmp && t < x->plan->ntensors; t++)
-        free(x->tmp[t]);
-    free(x->tmp);
-    free(x->reg);
-    free(x->staging);
-    free(x->free_slots);
-    free(x->out);
-    free(x->in);
-    free(x->out_off);
-    free(x->in_off);
-    free(x->child_first);
-    free(x->child);
-    free(x->after_inputs);
-    xfer_free(&x->xs);
-    free(x);
-}
-
-reshard_status_t exec_stats(const struct exec *x, reshard_plan_stats_t *stats,
-                            reshard_rank_stats_t *ranks)
-{
-    int n = x->comm->size;
-    reshard_rank_stats_t *b = rs_calloc((size_t)n, sizeof(*b), "rank stats");
-    if (!b)
-        return RESHARD_ERR_NO_MEMORY;
-    stats->net_bytes = stats->local_bytes = stats->self_bytes = 0;
-    for (size_t i = 0; i < x->xs.n; i++) {
-        const struct xfer *xf = &x->xs.x[i];
-        uint64_t bytes = (uint64_t)xf->bytes;
-        if (xf->path == XFER_SELF) {
-            b[xf->src].self += bytes;
-            stats->self_bytes += bytes;
-        } else if (xf->path == XFER_LOCAL) {
-            b[xf->src].local_out += bytes;
-            b[xf->dst].local_in += bytes;
-            stats->local_bytes += bytes;
-        } else {
-            b[xf->src].net_out += bytes;
-            b[xf->dst].net_in += bytes;
-            stats->net_bytes += bytes;
-        }
-    }
-    stats->max_nic_bytes = 0;
-    stats->max_nic_rank = -1;
-    for (int r = 0; r < n; r++) {
-        uint64_t nic = b[r].net_out > b[r].net_in ? b[r].net_out : b[r].net_in;
-        if (nic > stats->max_nic_bytes) {
-            stats->max_nic_bytes = nic;
-            stats->max_nic_rank = r;
-        }
-        if (ranks) {
-            b[r].domain = ranks[r].domain;
-            b[r].local_index = ranks[r].local_index;
-            ranks[r] = b[r];
-        }
-    }
-    free(b);
-    return RESHARD_OK;
-}
-
 /* ---- buffers ---- */
 
+/* Packed sends use at most SEND_WINDOW slots at once: no more are made. */
 static reshard_status_t staging_init(struct exec *x)
 {
-    if (x->staging)
-        return RESHARD_OK;
-    int64_t cap = rs_param_int(RS_PARAM_STAGING_BYTES);
-    x->nslots = (int)(cap / x->chunk_bytes < 2 ? 2 : cap / x->chunk_bytes);
-    if (x->nslots > 1024)
-        x->nslots = 1024;
-    x->staging = malloc((size_t)x->nslots * (size_t)x->chunk_bytes);
-    x->free_slots = calloc((size_t)x->nslots, sizeof(int));
-    if (!x->staging || !x->free_slots)
-        return rs_error(RESHARD_ERR_NO_MEMORY, "no memory for %d staging slots of %lld bytes",
-                        x->nslots, (long long)x->chunk_bytes);
-    struct tp_ctx *net = x->comm->net;
-    RS_CHECK(net->ops->mem_reg(net, x->staging, (size_t)x->nslots * (size_t)x->chunk_bytes,
-                               TP_MEM_HOST, &x->staging_mh));
-    for (int i = 0; i < x->nslots; i++)
-        x->free_slots[x->nfree++] = i;
-    return RESHARD_OK;
+    int64_t cap = rs_param_int(RS_PARAM_STAGING_BYTES) / x->chunk_bytes;
+    int slots = (int)(cap < 1 ? 1 : cap > SEND_WINDOW ? SEND_WINDOW : cap);
+    return comm_staging(x->comm, x->chunk_bytes, slots);
 }
 
 /* Registers a caller's buffer, once per pointer and size. */
@@ -487,11 +149,12 @@ static reshard_status_t push_ready(struct run *r, uint32_t pos, uint32_t chunk)
     return RESHARD_OK;
 }
 
-static void release_after_inputs(struct run *r)
+/* Tensor t arrived whole in this rank's buffer: start what waited for it. */
+static void release_whole(struct run *r, uint32_t t)
 {
     const struct exec *x = r->x;
-    for (size_t i = 0; i < x->nafter; i++) {
-        uint32_t o = x->after_inputs[i];
+    for (uint32_t i = x->after_first[t]; i < x->after_first[t + 1]; i++) {
+        uint32_t o = x->after[i];
         for (size_t c = 0; c < x->out_off[o + 1] - x->out_off[o]; c++)
             push_ready(r, o, (uint32_t)c);
     }
@@ -507,15 +170,15 @@ static void arrived(struct run *r, long k, uint32_t chunk, const struct xfer *xf
         for (uint32_t i = x->child_first[k]; i < x->child_first[k + 1]; i++)
             push_ready(r, x->child[i], chunk);
     }
-    if (xf->dst_buf == XBUF_TMP && --r->tmp_left == 0)
-        release_after_inputs(r);
+    if (xf->dst_buf == XBUF_TMP && --r->tmp_left[xf->tensor] == 0)
+        release_whole(r, xf->tensor);
     r->last_event_ms = now_ms();
 }
 
 static uint64_t chunk_bytes(const struct exec *x, const struct xfer *xf, uint32_t chunk)
 {
     struct region rg;
-    chunk_region(x, xf, chunk, 1, &rg);
+    exec_chunk_region(x, xf, chunk, 1, &rg);
     return region_bytes(&rg);
 }
 
@@ -523,11 +186,13 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
 {
     struct chunk_req *c = container_of(req, struct chunk_req, req);
     struct run *r = c->run;
-    struct exec *x = r->x;
-    const struct xfer *xf = &x->xs.x[x->in[c->pos]];
     r->posted--;
     free(c->iov);
     c->iov = NULL;
+    if (r->draining)
+        return;
+    struct exec *x = r->x;
+    const struct xfer *xf = &x->xs.x[x->in[c->pos]];
     if (st != RESHARD_OK) {
         fail(r, rs_error(st, "rank %d: receiving chunk %u of transfer %u from rank %d failed",
                          x->comm->rank, c->chunk, x->in[c->pos], req->peer));
@@ -535,8 +200,10 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
     }
     uint64_t want = chunk_bytes(x, xf, c->chunk);
     if (c->kind == REQ_RECV_DATA && bytes != want) {
-        fail(r, rs_error(RESHARD_ERR_INTERNAL, "chunk %u of transfer %u: %zu bytes, expected %llu",
-                         c->chunk, x->in[c->pos], bytes, (unsigned long long)want));
+        fail(r, rs_error(RESHARD_ERR_INTERNAL,
+                         "rank %d: chunk %u of transfer %u from rank %d: %zu bytes, expected %llu",
+                         x->comm->rank, c->chunk, x->in[c->pos], req->peer, bytes,
+                         (unsigned long long)want));
         return;
     }
     if (c->kind == REQ_RECV_CTRL)
@@ -549,17 +216,19 @@ static void on_send(struct tp_req *req, reshard_status_t st, size_t bytes)
     (void)bytes;
     struct chunk_req *c = container_of(req, struct chunk_req, req);
     struct run *r = c->run;
-    struct exec *x = r->x;
+    struct reshard_comm *comm = r->comm;
     r->posted--;
     if (c->kind == REQ_SEND_DATA)
         r->inflight--;
     if (c->slot >= 0) {
-        x->free_slots[x->nfree++] = c->slot;
+        comm->free_slots[comm->nfree++] = c->slot;
         c->slot = -1;
     }
+    if (r->draining)
+        return;
     if (st != RESHARD_OK) {
         fail(r, rs_error(st, "rank %d: sending chunk %u of transfer %u to rank %d failed",
-                         x->comm->rank, c->chunk, x->out[c->pos], req->peer));
+                         comm->rank, c->chunk, r->x->out[c->pos], req->peer));
         return;
     }
     r->out_left--;
@@ -607,7 +276,7 @@ static reshard_status_t post_recv(struct run *r, size_t k, uint32_t chunk)
         c->kind = REQ_RECV_DATA;
         struct region rg;
         uint64_t off;
-        chunk_region(x, xf, chunk, 1, &rg);
+        exec_chunk_region(x, xf, chunk, 1, &rg);
         char *base = my_base(r, xf, 1);
         uint64_t tag = make_tag(TAG_DATA, r->seq, x->in[k], chunk);
         if (region_contiguous(&rg, &off)) {
@@ -634,8 +303,8 @@ static reshard_status_t do_local(struct run *r, uint32_t o, uint32_t chunk)
     struct exec *x = r->x;
     const struct xfer *xf = &x->xs.x[x->out[o]];
     struct region a, b;
-    chunk_region(x, xf, chunk, 0, &a);
-    chunk_region(x, xf, chunk, 1, &b);
+    exec_chunk_region(x, xf, chunk, 0, &a);
+    exec_chunk_region(x, xf, chunk, 1, &b);
     const char *src = my_base(r, xf, 0);
     size_t slot = (size_t)xf->dst * (size_t)x->plan->ntensors + xf->tensor;
     char *dst = xf->dst_buf == XBUF_TMP ? r->peer_tmp[slot] : r->peer_dst[slot];
@@ -670,8 +339,8 @@ static void do_self(struct run *r, uint32_t o, uint32_t chunk)
     struct exec *x = r->x;
     const struct xfer *xf = &x->xs.x[x->out[o]];
     struct region a, b;
-    chunk_region(x, xf, chunk, 0, &a);
-    chunk_region(x, xf, chunk, 1, &b);
+    exec_chunk_region(x, xf, chunk, 0, &a);
+    exec_chunk_region(x, xf, chunk, 1, &b);
     region_copy(&a, my_base(r, xf, 0), &b, my_base(r, xf, 1));
     x->comm->self += region_bytes(&a);
     r->out_left--;
@@ -683,30 +352,34 @@ static void do_self(struct run *r, uint32_t o, uint32_t chunk)
 static int do_net(struct run *r, uint32_t o, uint32_t chunk)
 {
     struct exec *x = r->x;
+    struct reshard_comm *comm = x->comm;
     const struct xfer *xf = &x->xs.x[x->out[o]];
     struct region a;
-    uint64_t off;
-    chunk_region(x, xf, chunk, 0, &a);
+    uint64_t off = 0;
+    exec_chunk_region(x, xf, chunk, 0, &a);
     int contiguous = region_contiguous(&a, &off);
-    if (r->inflight >= SEND_WINDOW || (!contiguous && !x->nfree))
+    if (r->inflight >= SEND_WINDOW || (!contiguous && !comm->nfree))
         return 0;
     struct chunk_req *c = &r->out_req[x->out_off[o] + chunk];
     *c = (struct chunk_req){
         .req.done = on_send, .run = r, .pos = o, .chunk = chunk, .slot = -1, .kind = REQ_SEND_DATA};
-    const char *buf = my_base(r, xf, 0) + off;
-    void *mh = my_mh(r, xf, 0);
-    if (!contiguous) {
-        c->slot = x->free_slots[--x->nfree];
-        buf = x->staging + (size_t)c->slot * (size_t)x->chunk_bytes;
-        mh = x->staging_mh;
+    const char *buf;
+    void *mh;
+    if (contiguous) {
+        buf = my_base(r, xf, 0) + off;
+        mh = my_mh(r, xf, 0);
+    } else {
+        c->slot = comm->free_slots[--comm->nfree];
+        buf = comm->staging + (size_t)c->slot * (size_t)comm->slot_bytes;
+        mh = comm->staging_mh;
         region_pack(&a, my_base(r, xf, 0), (char *)buf);
     }
-    struct tp_ctx *net = x->comm->net;
+    struct tp_ctx *net = comm->net;
     reshard_status_t st = net->ops->send(net, xf->dst, make_tag(TAG_DATA, r->seq, x->out[o], chunk),
                                          buf, region_bytes(&a), mh, 0, &c->req);
     if (st != RESHARD_OK) {
         if (c->slot >= 0)
-            x->free_slots[x->nfree++] = c->slot;
+            comm->free_slots[comm->nfree++] = c->slot;
         fail(r, st);
         return 1;
     }
@@ -715,11 +388,14 @@ static int do_net(struct run *r, uint32_t o, uint32_t chunk)
     return 1;
 }
 
-/* Works through the ready queues: local work to the end, network sends while the window and
- * the staging slots allow. */
+/* Works through the ready queues: network sends first, while the window and the staging
+ * slots allow (posting is cheap and keeps the wire busy), then local work to the end. */
 static void drain_ready(struct run *r)
 {
     struct exec *x = r->x;
+    for (struct queue *q = &r->net_q; q->head < q->tail && r->st == RESHARD_OK; q->head++)
+        if (!do_net(r, q->q[q->head].pos, q->q[q->head].chunk))
+            break;
     for (struct queue *q = &r->local_q; q->head < q->tail && r->st == RESHARD_OK; q->head++) {
         struct ready w = q->q[q->head];
         if (x->xs.x[x->out[w.pos]].path == XFER_SELF) {
@@ -730,9 +406,6 @@ static void drain_ready(struct run *r)
         if (st != RESHARD_OK)
             fail(r, st);
     }
-    for (struct queue *q = &r->net_q; q->head < q->tail && r->st == RESHARD_OK; q->head++)
-        if (!do_net(r, q->q[q->head].pos, q->q[q->head].chunk))
-            break;
 }
 
 /* ---- start: every rank checks its buffers and learns where the others' are ---- */
@@ -768,21 +441,17 @@ static void check_buffers(const struct exec *x, const reshard_buffers_t *bufs, s
             const void *p = side ? bufs[t].dst : bufs[t].src;
             size_t have = side ? bufs[t].dst_bytes : bufs[t].src_bytes;
             if (need && (!p || have < need)) {
-                *h = (struct hello){.hash = h->hash,
-                                    .seq = h->seq,
-                                    .status = RESHARD_ERR_BUFFER,
-                                    .tensor = t,
-                                    .side = side,
-                                    .need = need,
-                                    .have = p ? have : 0};
+                h->status = RESHARD_ERR_BUFFER;
+                h->tensor = t;
+                h->side = side;
+                h->need = need;
+                h->have = p ? have : 0;
                 return;
             }
             if (bufs[t].mem != RESHARD_MEM_HOST) {
-                *h = (struct hello){.hash = h->hash,
-                                    .seq = h->seq,
-                                    .status = RESHARD_ERR_UNAVAILABLE,
-                                    .tensor = t,
-                                    .side = side};
+                h->status = RESHARD_ERR_UNAVAILABLE;
+                h->tensor = t;
+                h->side = side;
                 return;
             }
         }
@@ -802,43 +471,61 @@ static reshard_status_t refuse(const struct exec *x, int rank, const struct hell
                         "rank %d: %s buffer of tensor %s is device memory: this build moves host "
                         "memory only",
                         rank, side, name);
-    return rs_error(RESHARD_ERR_REMOTE, "rank %d cannot run: %s", rank,
+    return rs_error(RESHARD_ERR_REMOTE, "rank %d could not start the execution: %s", rank,
                     rs_status_string((reshard_status_t)h->status));
 }
 
-static reshard_status_t exchange(struct run *r, char *all)
+/* Every rank joins, even one that already failed locally (local != OK), so that all reach the
+ * same verdict instead of waiting for it. On success peer_dst / peer_tmp are filled. */
+static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, uint32_t seq,
+                                 reshard_status_t local, struct run *r)
 {
-    struct exec *x = r->x;
     struct reshard_comm *c = x->comm;
     size_t hb = hello_bytes(x);
-    struct hello *me = (struct hello *)(all + (size_t)c->rank * hb);
-    *me = (struct hello){.hash = x->plan->hash, .seq = r->seq, .status = RESHARD_OK};
-    check_buffers(x, r->bufs, me);
+    char *all = rs_calloc((size_t)c->size, hb, "hello");
+    if (!all)
+        local = RESHARD_ERR_NO_MEMORY; /* still join, with a zero-sized view of our own */
+    char mine[sizeof(struct hello)];
+    struct hello *me = all ? (struct hello *)(all + (size_t)c->rank * hb) : (struct hello *)mine;
+    *me = (struct hello){.hash = x->plan->hash, .seq = seq, .status = local};
+    if (local == RESHARD_OK)
+        check_buffers(x, bufs, me);
+    if (!all) /* cannot take part: the others time out naming this rank */
+        return local;
     uint64_t *addr = (uint64_t *)(me + 1);
     for (int t = 0; t < x->plan->ntensors; t++) {
-        addr[2 * t] = (uint64_t)(uintptr_t)r->bufs[t].dst;
+        addr[2 * t] = (uint64_t)(uintptr_t)bufs[t].dst;
         addr[2 * t + 1] = (uint64_t)(uintptr_t)(x->tmp ? x->tmp[t] : NULL);
     }
-    RS_CHECK(boot_allgather(c->boot, all, hb));
-    for (int q = 0; q < c->size; q++) { /* every rank reaches the same verdict */
+    reshard_status_t st = boot_allgather(c->boot, all, hb);
+    if (st != RESHARD_OK) { /* the bootstrap is unusable now: so is the communicator */
+        c->broken = st;
+        snprintf(c->broken_why, sizeof(c->broken_why), "%s", rs_error_message());
+    }
+    for (int q = 0; st == RESHARD_OK && q < c->size; q++) { /* every rank: the same verdict */
         const struct hello *h = (const struct hello *)(all + (size_t)q * hb);
-        if (h->status != RESHARD_OK)
-            return refuse(x, q, h);
-        if (h->hash != x->plan->hash || h->seq != r->seq)
-            return rs_error(RESHARD_ERR_PLAN_MISMATCH,
-                            "rank %d executes another plan (hash %016llx, execution %u; here "
-                            "%016llx, %u): every rank must execute the same plans in the same "
-                            "order",
-                            q, (unsigned long long)h->hash, h->seq,
-                            (unsigned long long)x->plan->hash, r->seq);
-        const uint64_t *a = (const uint64_t *)(h + 1);
+        if (h->status != RESHARD_OK && q == c->rank && local != RESHARD_OK)
+            st = local; /* our own failure: its message is already recorded */
+        else if (h->status != RESHARD_OK)
+            st = refuse(x, q, h);
+        else if (h->hash != x->plan->hash || h->seq != seq)
+            st = rs_error(RESHARD_ERR_PLAN_MISMATCH,
+                          "rank %d executes another plan (hash %016llx, execution %u; here "
+                          "%016llx, %u): every rank must execute the same plans in the same "
+                          "order",
+                          q, (unsigned long long)h->hash, h->seq, (unsigned long long)x->plan->hash,
+                          seq);
+    }
+    for (int q = 0; st == RESHARD_OK && q < c->size; q++) {
+        const uint64_t *a = (const uint64_t *)((const struct hello *)(all + (size_t)q * hb) + 1);
         for (int t = 0; t < x->plan->ntensors; t++) {
             size_t slot = (size_t)q * (size_t)x->plan->ntensors + (size_t)t;
             r->peer_dst[slot] = (char *)(uintptr_t)a[2 * t];
             r->peer_tmp[slot] = (char *)(uintptr_t)a[2 * t + 1];
         }
     }
-    return RESHARD_OK;
+    free(all);
+    return st;
 }
 
 /* ---- the run ---- */
@@ -847,21 +534,26 @@ static void run_free(struct run *r)
 {
     if (!r)
         return;
-    if (r->in_req)
-        for (size_t i = 0; i < r->x->in_off[r->x->nin]; i++)
-            free(r->in_req[i].iov);
+    for (size_t i = 0; r->in_req && i < r->nin_req; i++)
+        free(r->in_req[i].iov);
     free(r->peer_dst);
     free(r->peer_tmp);
     free(r->in_req);
     free(r->out_req);
     free(r->in_arrived);
+    free(r->tmp_left);
     free(r->net_q.q);
     free(r->local_q.q);
     free(r);
 }
 
+static void run_free_any(void *r)
+{
+    run_free(r);
+}
+
 /* Whole-tensor buffers for the broadcast baseline, on the ranks that use one; made by the
- * first run, kept for the next. */
+ * first run, kept for the next (fresh pages would fault in under every cross-memory write). */
 static reshard_status_t alloc_tmp(struct exec *x)
 {
     int me = x->comm->rank;
@@ -883,40 +575,34 @@ static reshard_status_t alloc_tmp(struct exec *x)
     return RESHARD_OK;
 }
 
-static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs, struct run **out)
+static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs, uint32_t seq,
+                                   struct run **out)
 {
     struct run *r = rs_calloc(1, sizeof(*r), "execution");
     if (!r)
         return RESHARD_ERR_NO_MEMORY;
     r->x = x;
+    r->comm = x->comm;
     r->bufs = bufs;
-    r->seq = x->comm->seq++;
+    r->seq = seq;
     size_t slots = (size_t)x->comm->size * (size_t)x->plan->ntensors;
     r->peer_dst = rs_calloc(slots, sizeof(char *), "peer buffers");
     r->peer_tmp = rs_calloc(slots, sizeof(char *), "peer buffers");
-    r->in_req = rs_calloc(x->in_off[x->nin] + 1, sizeof(*r->in_req), "receives");
+    r->nin_req = x->in_off[x->nin];
+    r->in_req = rs_calloc(r->nin_req + 1, sizeof(*r->in_req), "receives");
     r->out_req = rs_calloc(x->out_off[x->nout] + 1, sizeof(*r->out_req), "sends");
     r->in_arrived = rs_calloc(x->nin + 1, sizeof(uint32_t), "arrivals");
-    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
-    if (!r->peer_dst || !r->peer_tmp || !r->in_req || !r->out_req || !r->in_arrived)
-        goto err;
-    RS_CHECK_GOTO(alloc_tmp(x), st, err);
+    r->tmp_left = rs_calloc((size_t)x->plan->ntensors, sizeof(size_t), "arrivals");
+    if (!r->peer_dst || !r->peer_tmp || !r->in_req || !r->out_req || !r->in_arrived ||
+        !r->tmp_left) {
+        run_free(r);
+        return RESHARD_ERR_NO_MEMORY;
+    }
     r->in_left = x->in_off[x->nin];
     r->out_left = x->out_off[x->nout];
-    int me = x->comm->rank;
-    for (size_t i = 0; i < x->nin; i++)
-        if (x->xs.x[x->in[i]].dst_buf == XBUF_TMP)
-            r->tmp_left += x->in_off[i + 1] - x->in_off[i];
-    for (size_t o = 0; o < x->nout; o++) {
-        const struct xfer *xf = &x->xs.x[x->out[o]];
-        if (xf->dst == me && xf->dst_buf == XBUF_TMP) /* a gather of our own part */
-            r->tmp_left += x->out_off[o + 1] - x->out_off[o];
-    }
+    memcpy(r->tmp_left, x->tmp_chunks, (size_t)x->plan->ntensors * sizeof(size_t));
     *out = r;
     return RESHARD_OK;
-err:
-    run_free(r);
-    return st;
 }
 
 static reshard_status_t start(struct run *r)
@@ -929,8 +615,9 @@ static reshard_status_t start(struct run *r)
         if (x->xs.x[x->out[o]].parent == XFER_NONE)
             for (size_t c = 0; c < x->out_off[o + 1] - x->out_off[o]; c++)
                 RS_CHECK(push_ready(r, (uint32_t)o, (uint32_t)c));
-    if (x->xs.needs_tmp && r->tmp_left == 0)
-        release_after_inputs(r);
+    for (int t = 0; t < x->plan->ntensors; t++)
+        if (r->tmp_left[t] == 0) /* nothing to wait for: a root holding the whole tensor */
+            release_whole(r, (uint32_t)t);
     return r->st;
 }
 
@@ -940,13 +627,22 @@ static void describe_wait(const struct run *r, char *buf, size_t n)
     const struct exec *x = r->x;
     size_t used = 0;
     int shown = 0;
-    for (size_t k = 0; k < x->nin && shown < 4; k++) {
+    buf[0] = 0;
+    for (size_t k = 0; k < x->nin && shown < 4 && used < n; k++) {
         size_t want = x->in_off[k + 1] - x->in_off[k];
         if (r->in_arrived[k] == want)
             continue;
-        const struct xfer *xf = &x->xs.x[x->in[k]];
-        used += (size_t)snprintf(buf + used, used < n ? n - used : 0, "%s%zu chunk(s) from rank %d",
-                                 shown++ ? ", " : "", want - r->in_arrived[k], xf->src);
+        int w = snprintf(buf + used, n - used, "%s%zu chunk(s) from rank %d", shown++ ? ", " : "",
+                         want - r->in_arrived[k], x->xs.x[x->in[k]].src);
+        used += w > 0 ? (size_t)w : 0;
+    }
+    for (size_t i = 0; i < x->out_off[x->nout] && shown < 4 && used < n; i++) {
+        const struct chunk_req *c = &r->out_req[i];
+        if (!c->req.handle)
+            continue;
+        int w = snprintf(buf + used, n - used, "%sa send of chunk %u to rank %d",
+                         shown++ ? ", " : "", c->chunk, c->req.peer);
+        used += w > 0 ? (size_t)w : 0;
     }
     if (!shown)
         snprintf(buf, n, "%zu send(s) to complete", r->out_left);
@@ -965,8 +661,9 @@ static reshard_status_t wait_done(struct run *r)
         if (r->st != RESHARD_OK || (!r->in_left && !r->out_left))
             break;
         if (net->failed_peer >= 0)
-            return fail(r, rs_error(RESHARD_ERR_NETWORK, "rank %d: connection to rank %d failed",
-                                    x->comm->rank, net->failed_peer));
+            return fail(r,
+                        rs_error(RESHARD_ERR_NETWORK, "rank %d: connection to rank %d failed: %s",
+                                 x->comm->rank, net->failed_peer, net->failed_why));
         int64_t idle = now_ms() - r->last_event_ms;
         if (idle >= timeout) {
             char what[192];
@@ -975,59 +672,105 @@ static reshard_status_t wait_done(struct run *r)
                                     "rank %d: no progress for %d s, still waiting for %s",
                                     x->comm->rank, timeout / 1000, what));
         }
+        if (r->inflight > 0) {
+            /* Our own sends need our progress to leave (UCX over TCP does not always signal
+             * a socket that drained): poll, but let other ranks on this core run. */
+            sched_yield();
+            continue;
+        }
         int64_t left = timeout - idle;
-        RS_CHECK(net->ops->wait(net, left < 100 ? (int)left : 100));
+        reshard_status_t st = net->ops->wait(net, left < WAIT_CAP_MS ? (int)left : WAIT_CAP_MS);
+        if (st != RESHARD_OK)
+            return fail(r, st);
     }
     return r->st;
 }
 
-/* After a failure: cancel what can be cancelled and let the rest finish, for a while. */
+/* After a failure in flight: cancel the receives and let the callbacks run, for a while.
+ * Sends to a failed peer fail by themselves (endpoints are in peer error mode); force-closing
+ * endpoints here instead made UCX 1.13's TCP transport assert on a peer that had just died. */
 static void drain_failed(struct run *r)
 {
     struct exec *x = r->x;
     struct tp_ctx *net = x->comm->net;
+    r->draining = 1;
     for (size_t i = 0; i < x->in_off[x->nin]; i++)
         if (r->in_req[i].req.handle)
             net->ops->cancel(net, &r->in_req[i].req);
     int64_t until = now_ms() + DRAIN_MS;
     while (r->posted > 0 && now_ms() < until)
         if (!net->ops->progress(net))
-            (void)net->ops->wait(net, 10);
+            (void)net->ops->wait(net, WAIT_CAP_MS);
+}
+
+/* Everything this rank prepares before the others hear from it. */
+static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs, uint32_t seq,
+                                struct run **r)
+{
+    RS_CHECK(staging_init(x));
+    for (int t = 0; t < x->plan->ntensors; t++) {
+        RS_CHECK(reg_buffer(x, 2 * t, bufs[t].src, bufs[t].src_bytes));
+        RS_CHECK(reg_buffer(x, 2 * t + 1, bufs[t].dst, bufs[t].dst_bytes));
+    }
+    RS_CHECK(alloc_tmp(x));
+    return run_create(x, bufs, seq, r);
+}
+
+/* A failure once bytes may be moving: the transports are in an unknown state. */
+static void break_comm(struct exec *x, struct run *r)
+{
+    struct reshard_comm *c = x->comm;
+    c->broken = r->st;
+    snprintf(c->broken_why, sizeof(c->broken_why), "%s", r->why);
+    drain_failed(r);
+    /* Requests still pointing into it complete when the communicator closes its context; if
+     * even that bookkeeping fails, it is leaked rather than freed under them. */
+    if (r->posted == 0)
+        run_free(r);
+    else
+        (void)comm_keep(c, run_free_any, r);
+}
+
+static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
+{
+    struct reshard_comm *c = x->comm;
+    uint32_t seq = c->seq++; /* every rank counts every execution, failed or not */
+    struct run *r = NULL;
+    reshard_status_t local = prepare(x, bufs, seq, &r);
+    char why[RS_ERROR_MAX];
+    snprintf(why, sizeof(why), "%s", rs_error_message());
+    reshard_status_t st = exchange(x, bufs, seq, local, r);
+    if (st == local && local != RESHARD_OK)
+        rs_error(local, "%s", why);
+    if (st != RESHARD_OK) { /* nothing moved: the communicator stays usable */
+        run_free(r);
+        return st;
+    }
+    st = start(r);
+    if (st == RESHARD_OK)
+        st = wait_done(r);
+    if (st == RESHARD_OK) /* a completed send may still sit in the transport's buffers */
+        st = c->net->ops->flush(c->net, comm_timeout_ms());
+    if (st == RESHARD_OK) {
+        run_free(r);
+        return RESHARD_OK;
+    }
+    fail(r, st); /* the first failure's message, not its echoes */
+    break_comm(x, r);
+    return rs_error(c->broken, "%s", c->broken_why);
 }
 
 reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs)
 {
+    struct reshard_comm *c = x->comm;
     int idle = 0;
-    if (!atomic_compare_exchange_strong(&x->busy, &idle, 1))
-        return rs_error(RESHARD_ERR_BUSY, "this plan is already executing (another thread)");
-    struct run *r = NULL;
-    char *hello = NULL;
-    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
-    if (!(hello = rs_calloc((size_t)x->comm->size, hello_bytes(x), "hello")))
-        goto out;
-    RS_CHECK_GOTO(staging_init(x), st, out);
-    for (int t = 0; t < x->plan->ntensors; t++) {
-        RS_CHECK_GOTO(reg_buffer(x, 2 * t, bufs[t].src, bufs[t].src_bytes), st, out);
-        RS_CHECK_GOTO(reg_buffer(x, 2 * t + 1, bufs[t].dst, bufs[t].dst_bytes), st, out);
-    }
-    RS_CHECK_GOTO(run_create(x, bufs, &r), st, out);
-    RS_CHECK_GOTO(exchange(r, hello), st, out);
-    st = start(r);
+    if (!atomic_compare_exchange_strong(&c->busy, &idle, 1))
+        return rs_error(RESHARD_ERR_BUSY,
+                        "the communicator is already executing (this plan or another, from "
+                        "another thread)");
+    reshard_status_t st = comm_usable(c);
     if (st == RESHARD_OK)
-        st = wait_done(r);
-    if (st != RESHARD_OK) {
-        if (r->st != RESHARD_OK) /* the message of the first failure, not of its echoes */
-            rs_error(r->st, "%s", r->why);
-        drain_failed(r);
-        if (r->posted > 0) { /* requests still point into it: keep it until destroy */
-            run_free(x->zombie);
-            x->zombie = r;
-            r = NULL;
-        }
-    }
-out:
-    run_free(r);
-    free(hello);
-    atomic_store(&x->busy, 0);
+        st = run_all(x, bufs);
+    atomic_store(&c->busy, 0);
     return st;
 }

@@ -18,7 +18,12 @@ struct exec;
 /* Takes over xs. plan stays the caller's and must outlive the executor. */
 reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *plan,
                              struct xfer_set *xs, struct exec **out);
+/* One execution at a time per communicator (RESHARD_ERR_BUSY otherwise). A failure found
+ * before any byte moves (buffers, plan mismatch) leaves the communicator usable; one after
+ * breaks it (comm_usable). */
 reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs);
+/* The chunk size this process cuts transfers with (RESHARD_CHUNK_BYTES, capped). */
+int64_t exec_chunk_bytes(void);
 void exec_destroy(struct exec *x);
 
 /* Replaces the op figures of *stats (and of ranks[], when not NULL) with what the transfer list

@@ -26,7 +26,8 @@ struct tp_req;
 typedef void (*tp_done_fn)(struct tp_req *req, reshard_status_t st, size_t bytes);
 
 /* Embedded by the caller in its own per-transfer state; recovered with container_of. Every
- * request that was posted successfully completes exactly once, through done; cancel only
+ * request that was posted successfully completes exactly once, through done, called from
+ * progress() and never from inside the call that posted it; cancel only
  * hastens that (with RESHARD_ERR_NETWORK), so the caller must keep the request alive until
  * then. The fields after done are the transport's. */
 struct tp_req {
@@ -36,6 +37,10 @@ struct tp_req {
     int peer;     /* who it was for / from */
     size_t len;
     int ctrl;
+    int state; /* transport's: posting, posted, or completed inside the posting call */
+    reshard_status_t st;
+    size_t got;
+    struct tp_req *next; /* completions waiting for the next progress() */
 };
 
 /* Payload bytes a context moved; control messages (flagged by the caller) apart. */
@@ -52,10 +57,13 @@ struct tp_config {
 struct tp_ctx {
     const struct tp_ops *ops;
     struct tp_counters counters;
-    /* The first peer whose connection failed (-1: none), so that waits on its messages end
-     * at once instead of at the timeout. */
+    /* The first peer whose connection failed (-1: none) and the transport's reason, so that
+     * waits on its messages end at once instead of at the timeout. */
     int failed_peer;
+    char failed_why[96];
 };
+
+#define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
 
 struct tp_ops {
     size_t size; /* sizeof(struct tp_ops) */
@@ -66,6 +74,8 @@ struct tp_ops {
     reshard_status_t (*address)(struct tp_ctx *ctx, void *buf, size_t *len);
     /* Records peer's address; the connection itself may be made on first use. */
     reshard_status_t (*set_peer)(struct tp_ctx *ctx, int peer, const void *addr, size_t len);
+    /* Connects now, so that a receive-only rank also learns when this peer fails. */
+    reshard_status_t (*connect)(struct tp_ctx *ctx, int peer);
     /* Registers memory once for many transfers; *mh goes with every transfer inside it. */
     reshard_status_t (*mem_reg)(struct tp_ctx *ctx, void *addr, size_t len, enum tp_mem mem,
                                 void **mh);
@@ -86,6 +96,9 @@ struct tp_ops {
     int (*progress)(struct tp_ctx *ctx);
     /* Sleeps until the context has work or timeout_ms passes (0 when something is ready). */
     reshard_status_t (*wait)(struct tp_ctx *ctx, int timeout_ms);
+    /* Pushes out everything posted so far (a completed send may still sit in the transport's
+     * buffers), so that peers can finish while this rank stops progressing. */
+    reshard_status_t (*flush)(struct tp_ctx *ctx, int timeout_ms);
     void (*close)(struct tp_ctx *ctx);
 };
 

@@ -18,16 +18,18 @@
 #include <string.h>
 #include <time.h>
 
-#define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
-
 struct ucx_peer {
     ucp_ep_h ep;
     void *addr;
     size_t addr_len;
 };
 
+/* tp_req.state */
+enum { REQ_POSTING, REQ_POSTED, REQ_DEFERRED };
+
 struct ucx_ctx {
     struct tp_ctx super;
+    struct tp_req *deferred, **deferred_tail; /* completed inside their posting call */
     const struct ucx_fns *f;
     ucp_context_h context;
     ucp_worker_h worker;
@@ -94,6 +96,7 @@ static reshard_status_t ucx_init(const struct tp_config *cfg, struct tp_ctx **ou
         return RESHARD_ERR_NO_MEMORY;
     u->super.ops = &tp_ucx_ops;
     u->super.failed_peer = -1;
+    u->deferred_tail = &u->deferred;
     u->f = f;
     u->rank = cfg->rank;
     u->size = cfg->size;
@@ -145,13 +148,14 @@ static reshard_status_t ucx_set_peer(struct tp_ctx *c, int peer, const void *add
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
-    (void)ep;
-    (void)status;
     struct ucx_ctx *u = arg;
     /* Which peer: the endpoint is found by a scan, on a path that only runs on failure. */
     for (int r = 0; r < u->size; r++)
-        if (u->peers[r].ep == ep && u->super.failed_peer < 0)
+        if (u->peers[r].ep == ep && u->super.failed_peer < 0) {
             u->super.failed_peer = r;
+            snprintf(u->super.failed_why, sizeof(u->super.failed_why), "%s",
+                     u->f->ucs_status_string(status));
+        }
 }
 
 static reshard_status_t get_ep(struct ucx_ctx *u, int peer, ucp_ep_h *ep)
@@ -205,11 +209,40 @@ static void ucx_mem_dereg(struct tp_ctx *c, void *mh)
         u->f->ucp_mem_unmap(u->context, mh);
 }
 
+/* UCX 1.13 may run a callback inside the posting call even with NO_IMM_CMPL: such a
+ * completion waits for the next progress(), as the ops table promises. */
+static void complete(struct ucx_ctx *u, struct tp_req *req, reshard_status_t st, size_t got)
+{
+    req->handle = NULL;
+    if (req->state == REQ_POSTING) {
+        req->state = REQ_DEFERRED;
+        req->st = st;
+        req->got = got;
+        req->next = NULL;
+        *u->deferred_tail = req;
+        u->deferred_tail = &req->next;
+        return;
+    }
+    req->done(req, st, got);
+}
+
+static int deliver_deferred(struct ucx_ctx *u)
+{
+    int n = 0;
+    while (u->deferred) {
+        struct tp_req *req = u->deferred;
+        if (!(u->deferred = req->next))
+            u->deferred_tail = &u->deferred;
+        req->done(req, req->st, req->got);
+        n++;
+    }
+    return n;
+}
+
 static void send_done(void *request, ucs_status_t status, void *user_data)
 {
     struct tp_req *req = user_data;
     struct tp_ctx *c = req->ctx;
-    req->handle = NULL;
     to_ucx(c)->f->ucp_request_free(request);
     if (status == UCS_OK) {
         if (req->ctrl)
@@ -217,7 +250,7 @@ static void send_done(void *request, ucs_status_t status, void *user_data)
         else
             c->counters.bytes_out += req->len;
     }
-    req->done(req, ucx_status(status), req->len);
+    complete(to_ucx(c), req, ucx_status(status), req->len);
 }
 
 static void recv_done(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
@@ -225,25 +258,36 @@ static void recv_done(void *request, ucs_status_t status, const ucp_tag_recv_inf
 {
     struct tp_req *req = user_data;
     struct tp_ctx *c = req->ctx;
-    req->handle = NULL;
     to_ucx(c)->f->ucp_request_free(request);
     size_t got = status == UCS_OK ? info->length : 0;
     if (status == UCS_OK && !req->ctrl)
         c->counters.bytes_in += got;
-    req->done(req, ucx_status(status), got);
+    complete(to_ucx(c), req, ucx_status(status), got);
+}
+
+static void posting(struct tp_ctx *c, struct tp_req *req, int peer, size_t len, int ctrl)
+{
+    req->ctx = c;
+    req->peer = peer;
+    req->len = len;
+    req->ctrl = ctrl;
+    req->handle = NULL;
+    req->state = REQ_POSTING;
 }
 
 static reshard_status_t posted(struct ucx_ctx *u, struct tp_req *req, ucs_status_ptr_t sp,
                                const char *what)
 {
     if (UCS_PTR_IS_ERR(sp)) {
-        req->handle = NULL;
+        req->state = REQ_POSTED;
         ucs_status_t st = UCS_PTR_STATUS(sp);
         return rs_error(ucx_status(st), "UCX %s (rank %d): %s", what, req->peer,
                         u->f->ucs_status_string(st));
     }
-    /* NO_IMM_CMPL: a request always comes back, and completes from progress. */
-    req->handle = sp;
+    if (req->state == REQ_POSTING) { /* else it completed already and sp is freed */
+        req->state = REQ_POSTED;
+        req->handle = sp;
+    }
     return RESHARD_OK;
 }
 
@@ -253,10 +297,7 @@ static reshard_status_t ucx_send(struct tp_ctx *c, int peer, uint64_t tag, const
     struct ucx_ctx *u = to_ucx(c);
     ucp_ep_h ep = NULL;
     RS_CHECK(get_ep(u, peer, &ep));
-    req->ctx = c;
-    req->peer = peer;
-    req->len = len;
-    req->ctrl = ctrl;
+    posting(c, req, peer, len, ctrl);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FLAG_NO_IMM_CMPL | (mh ? UCP_OP_ATTR_FIELD_MEMH : 0),
@@ -271,10 +312,7 @@ static reshard_status_t ucx_recv(struct tp_ctx *c, int peer, uint64_t tag, void 
                                  void *mh, struct tp_req *req)
 {
     struct ucx_ctx *u = to_ucx(c);
-    req->ctx = c;
-    req->peer = peer;
-    req->len = len;
-    req->ctrl = 0;
+    posting(c, req, peer, len, 0);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FLAG_NO_IMM_CMPL | (mh ? UCP_OP_ATTR_FIELD_MEMH : 0),
@@ -293,10 +331,7 @@ static reshard_status_t ucx_recv_iov(struct tp_ctx *c, int peer, uint64_t tag,
                        offsetof(ucp_dt_iov_t, length) == offsetof(struct iovec, iov_len),
                    "ucp_dt_iov_t and struct iovec differ");
     struct ucx_ctx *u = to_ucx(c);
-    req->ctx = c;
-    req->peer = peer;
-    req->len = 0;
-    req->ctrl = 0;
+    posting(c, req, peer, 0, 0);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
@@ -318,13 +353,13 @@ static void ucx_cancel(struct tp_ctx *c, struct tp_req *req)
 static int ucx_progress(struct tp_ctx *c)
 {
     struct ucx_ctx *u = to_ucx(c);
-    return (int)u->f->ucp_worker_progress(u->worker);
+    return deliver_deferred(u) + (int)u->f->ucp_worker_progress(u->worker);
 }
 
 static reshard_status_t ucx_wait(struct tp_ctx *c, int timeout_ms)
 {
     struct ucx_ctx *u = to_ucx(c);
-    if (u->f->ucp_worker_progress(u->worker))
+    if (u->deferred || u->f->ucp_worker_progress(u->worker))
         return RESHARD_OK;
     ucs_status_t st = u->f->ucp_worker_arm(u->worker);
     if (st == UCS_ERR_BUSY)
@@ -337,8 +372,49 @@ static reshard_status_t ucx_wait(struct tp_ctx *c, int timeout_ms)
     return RESHARD_OK;
 }
 
-/* Called once every rank is done with the context (the communicator's last barrier), so no
- * message is in flight: a forced close needs no help from peers that may already be gone. */
+static void flush_done(void *request, ucs_status_t status, void *user_data)
+{
+    (void)request;
+    *(ucs_status_t *)user_data = status;
+}
+
+static reshard_status_t ucx_flush(struct tp_ctx *c, int timeout_ms)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    ucs_status_t done = UCS_INPROGRESS;
+    ucp_request_param_t p = {.op_attr_mask =
+                                 UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.send = flush_done,
+                             .user_data = &done};
+    ucs_status_ptr_t sp = u->f->ucp_worker_flush_nbx(u->worker, &p);
+    if (sp == NULL)
+        return RESHARD_OK;
+    if (UCS_PTR_IS_ERR(sp))
+        return ucx_fail(u, "ucp_worker_flush_nbx", UCS_PTR_STATUS(sp));
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (done == UCS_INPROGRESS) {
+        if (!u->f->ucp_worker_progress(u->worker))
+            (void)ucx_wait(c, 2);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > timeout_ms)
+            break;
+    }
+    u->f->ucp_request_free(sp);
+    if (done == UCS_INPROGRESS)
+        return rs_error(RESHARD_ERR_TIMEOUT, "UCX: flushing the worker took over %d ms",
+                        timeout_ms);
+    return done == UCS_OK ? RESHARD_OK : ucx_fail(u, "ucp_worker_flush_nbx", done);
+}
+
+static reshard_status_t ucx_connect(struct tp_ctx *c, int peer)
+{
+    ucp_ep_h ep = NULL;
+    return get_ep(to_ucx(c), peer, &ep);
+}
+
+/* At teardown, after the communicator's last barrier: a forced close needs no help from peers
+ * that may be gone, and completes what a failed execution left bound to the endpoints. */
 static void close_eps(struct ucx_ctx *u)
 {
     void **reqs = calloc((size_t)u->size, sizeof(*reqs));
@@ -402,6 +478,7 @@ const struct tp_ops tp_ucx_ops = {
     .init = ucx_init,
     .address = ucx_address,
     .set_peer = ucx_set_peer,
+    .connect = ucx_connect,
     .mem_reg = ucx_mem_reg,
     .mem_dereg = ucx_mem_dereg,
     .send = ucx_send,
@@ -410,5 +487,6 @@ const struct tp_ops tp_ucx_ops = {
     .cancel = ucx_cancel,
     .progress = ucx_progress,
     .wait = ucx_wait,
+    .flush = ucx_flush,
     .close = ucx_close,
 };

@@ -13,7 +13,8 @@ static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 
 static void load(void)
 {
-    /* RTLD_LOCAL: our copy of UCX stays out of the way of an application's own. */
+    /* RTLD_LOCAL keeps libucp's symbols out of the global scope; an application that already
+     * loaded UCX shares its copy with us (same soname). */
     void *h = dlopen("libucp.so.0", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         snprintf(load_error, sizeof(load_error), "UCX: %s (install libucx0)", dlerror());

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,8 +37,9 @@ static struct outcome *shared_outcomes(void)
 
 typedef reshard_status_t (*rank_fn)(int rank, int size, reshard_comm_t *comm);
 
-/* Runs fn on `size` forked ranks of one communicator; returns each rank's outcome. */
-static struct outcome *run_ranks(int size, rank_fn fn)
+/* Runs fn on `size` forked ranks of one communicator; returns each rank's outcome. Rank
+ * `stalls` may stop itself: it is killed once the others are done. */
+static struct outcome *run_ranks_stalling(int size, rank_fn fn, int stalls)
 {
     struct outcome *out = shared_outcomes();
     reshard_unique_id_t id;
@@ -58,10 +60,22 @@ static struct outcome *run_ranks(int size, rank_fn fn)
     }
     for (int r = 0; r < size; r++) {
         int ws;
+        if (r == stalls)
+            continue;
         waitpid(pid[r], &ws, 0);
-        cr_assert(WIFEXITED(ws), "rank %d crashed", r);
+        cr_assert(WIFEXITED(ws), "rank %d crashed (signal %d)", r,
+                  WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
+    }
+    if (stalls >= 0) {
+        kill(pid[stalls], SIGKILL);
+        waitpid(pid[stalls], NULL, 0);
     }
     return out;
+}
+
+static struct outcome *run_ranks(int size, rank_fn fn)
+{
+    return run_ranks_stalling(size, fn, -1);
 }
 
 static reshard_layout_t *parse(const char *spec)
@@ -338,4 +352,60 @@ Test(comm, execute_refuses_a_plan_made_without_a_communicator)
     reshard_topo_destroy(topo);
     reshard_layout_destroy(src);
     reshard_layout_destroy(dst);
+}
+
+static void stop_self(int sig)
+{
+    (void)sig;
+    raise(SIGSTOP);
+}
+
+/* Rank 1 stops (as a hung process would) while sending a large transfer cut into small
+ * chunks (so it takes a while). Killing it instead
+ * would test UCX 1.13's TCP transport, which asserts on a peer that dies mid-stream. */
+static reshard_status_t rank1_stalls_mid_transfer(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    int from = 1, to = 0;
+    char s_spec[64], d_spec[64];
+    snprintf(s_spec, sizeof(s_spec), "shape=16384x4096 dtype=i32 ranks=%d place=R", from);
+    snprintf(d_spec, sizeof(d_spec), "shape=16384x4096 dtype=i32 ranks=%d place=R", to);
+    reshard_layout_t *src = parse(s_spec), *dst = parse(d_spec);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+    size_t bytes = (size_t)16384 * 4096 * 4; /* 256 MiB in 4 KiB chunks: 0.6 s */
+    char *buf = calloc(1, bytes);
+    reshard_buffers_t b = {rank == 1 ? buf : NULL, rank == 1 ? bytes : 0, rank == 0 ? buf : NULL,
+                           rank == 0 ? bytes : 0, RESHARD_MEM_HOST};
+    if (st == RESHARD_OK && rank == 1) {
+        struct itimerval soon = {.it_value = {.tv_usec = 150 * 1000}};
+        signal(SIGALRM, stop_self);
+        setitimer(ITIMER_REAL, &soon, NULL);
+    }
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(plan, &b);
+    if (st != RESHARD_OK && rank == 0) {
+        /* The communicator refuses further use, and destroys without waiting for rank 1. */
+        reshard_status_t again = reshard_plan_execute(plan, &b);
+        if (again == RESHARD_OK || !strstr(reshard_last_error(), "must be destroyed"))
+            st = RESHARD_ERR_INTERNAL;
+        reshard_plan_destroy(plan); /* the message above also names the first failure */
+        reshard_comm_destroy(comm);
+        plan = NULL;
+    }
+    reshard_plan_destroy(plan);
+    free(buf);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+Test(comm, a_sender_hanging_mid_transfer_times_out_its_receiver_who_then_destroys)
+{
+    setenv("RESHARD_CHUNK_BYTES", "4096", 1);
+    setenv("RESHARD_TIMEOUT", "2", 1);
+    struct outcome *o = run_ranks_stalling(2, rank1_stalls_mid_transfer, 1);
+    cr_assert_eq(o[0].status, RESHARD_ERR_TIMEOUT, "rank 0: %d %s", o[0].status, o[0].msg);
+    cr_assert(strstr(o[0].msg, "from rank 1"), "rank 0: %s", o[0].msg);
 }

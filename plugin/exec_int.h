@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The executor's insides, shared by exec_share.c (this rank's share of a transfer list, its
+ * chunks and regions) and exec.c (running it).
+ */
+#ifndef RS_EXEC_INT_H
+#define RS_EXEC_INT_H
+
+#include "exec.h"
+#include "region.h"
+
+#include <stdint.h>
+
+/* Tags: kind (2 bits) | execution (10) | transfer (32) | chunk (20). */
+#define TAG_DATA        UINT64_C(1)
+#define TAG_CTRL        UINT64_C(2)
+#define MAX_CHUNKS      (INT64_C(1) << 20)
+#define MAX_CHUNK_BYTES (INT64_C(1) << 30)
+
+static inline uint64_t make_tag(uint64_t kind, uint32_t seq, uint32_t xfer, uint32_t chunk)
+{
+    return kind << 62 | (uint64_t)(seq & 1023) << 52 | (uint64_t)xfer << 20 | chunk;
+}
+
+struct exec {
+    struct reshard_comm *comm;
+    const struct rs_plan *plan;
+    struct xfer_set xs;
+    int64_t chunk_bytes;
+    /* This rank's share: outgoing transfers (src == me) in rotated peer order, incoming ones
+     * (dst == me, src != me) by index, and which outgoing ones each incoming one releases. */
+    uint32_t *out, *in;
+    size_t nout, nin;
+    size_t *out_off, *in_off; /* first chunk of each, then the total */
+    uint32_t *child_first, *child;
+    /* Per tensor: outgoing transfers that wait for the whole tensor (bcast), and how many
+     * chunks must reach this rank's whole-tensor buffer first. */
+    uint32_t *after_first, *after; /* [ntensors + 1], [nout] */
+    size_t *tmp_chunks;            /* [ntensors] */
+    /* Registrations of the caller's buffers, redone when a pointer changes. */
+    struct reg {
+        const void *addr;
+        size_t len;
+        void *mh;
+    } * reg;    /* [2 * ntensors]: src, dst */
+    char **tmp; /* [ntensors]: whole-tensor buffers (bcast), kept across runs */
+};
+
+/* ---- exec_share.c ---- */
+
+/* Chunks of a transfer: as many on both sides, since both derive them alike. */
+int64_t exec_nchunks(const struct exec *x, const struct xfer *xf);
+/* The chunk inside the buffer `side` (0 source, 1 destination) of the transfer. */
+void exec_chunk_region(const struct exec *x, const struct xfer *xf, uint32_t chunk, int side,
+                       struct region *r);
+/* Position of an incoming transfer in x->in, or -1. */
+long exec_in_pos(const struct exec *x, uint32_t xfer);
+
+#endif

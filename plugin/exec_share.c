@@ -1,0 +1,351 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * This rank's share of a transfer list: which transfers it sends and receives, in what order,
+ * which received ones release which sends, and how each transfer is cut into chunks.
+ */
+#include "exec_int.h"
+
+#include "error.h"
+#include "param.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- chunks ---- */
+
+static const int64_t *xfer_start(const struct exec *x, const struct xfer *xf)
+{
+    return x->xs.coords + xf->box;
+}
+
+static int xfer_ndim(const struct exec *x, const struct xfer *xf)
+{
+    return x->plan->tensors[xf->tensor].dst.ndim;
+}
+
+/* Cuts a box along its outermost dim whose inner part fits a chunk: `step` indices of dim
+ * `split` per chunk, every index of the dims before it one at a time. */
+struct cut {
+    int split;
+    int64_t step, per_outer, n;
+};
+
+static struct cut cut_of(const struct exec *x, const struct xfer *xf)
+{
+    int ndim = xfer_ndim(x, xf);
+    const int64_t *len = xfer_start(x, xf) + ndim;
+    int64_t inner = (int64_t)dtype_size(x->plan->tensors[xf->tensor].dst.dtype);
+    int split = ndim - 1;
+    int64_t wider;
+    while (split > 0 && !__builtin_mul_overflow(inner, len[split], &wider) &&
+           wider <= x->chunk_bytes) {
+        inner = wider;
+        split--;
+    }
+    struct cut c = {.split = split};
+    c.step = x->chunk_bytes / inner;
+    if (c.step < 1)
+        c.step = 1;
+    if (c.step > len[split])
+        c.step = len[split] ? len[split] : 1;
+    c.per_outer = len[split] ? (len[split] + c.step - 1) / c.step : 0;
+    c.n = c.per_outer;
+    for (int j = 0; j < split; j++)
+        c.n *= len[j];
+    return c;
+}
+
+int64_t exec_nchunks(const struct exec *x, const struct xfer *xf)
+{
+    return cut_of(x, xf).n;
+}
+
+static void chunk_box(const struct exec *x, const struct xfer *xf, uint32_t chunk, int64_t *s,
+                      int64_t *l)
+{
+    int ndim = xfer_ndim(x, xf);
+    const int64_t *start = xfer_start(x, xf), *len = start + ndim;
+    struct cut c = cut_of(x, xf);
+    int64_t outer = chunk / c.per_outer, piece = chunk % c.per_outer;
+    for (int j = ndim - 1; j >= 0; j--) {
+        if (j > c.split) {
+            s[j] = start[j];
+            l[j] = len[j];
+        } else if (j == c.split) {
+            s[j] = start[j] + piece * c.step;
+            l[j] = len[j] - piece * c.step < c.step ? len[j] - piece * c.step : c.step;
+        } else {
+            s[j] = start[j] + outer % len[j];
+            l[j] = 1;
+            outer /= len[j];
+        }
+    }
+}
+
+/* The chunk inside the buffer `side` (0 source, 1 destination) of the transfer. */
+void exec_chunk_region(const struct exec *x, const struct xfer *xf, uint32_t chunk, int side,
+                       struct region *r)
+{
+    int64_t s[RS_MAX_DIMS], l[RS_MAX_DIMS];
+    chunk_box(x, xf, chunk, s, l);
+    const struct plan_tensor *pt = &x->plan->tensors[xf->tensor];
+    int buf = side ? xf->dst_buf : xf->src_buf, rank = side ? xf->dst : xf->src;
+    if (buf == XBUF_TMP) {
+        region_of_full(&pt->dst, s, l, r);
+        return;
+    }
+    const struct rs_shardmap *m = buf == XBUF_SRC ? &pt->src_map : &pt->dst_map;
+    region_of_shard(m, shardmap_position(m, rank), s, l, r);
+}
+
+/* ---- this rank's share ---- */
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+long exec_in_pos(const struct exec *x, uint32_t xfer)
+{
+    const uint32_t *p = bsearch(&xfer, x->in, x->nin, sizeof(*x->in), cmp_u32);
+    return p ? p - x->in : -1;
+}
+
+/* Outgoing order: by distance from this rank to the peer (r+1, r+2, ...), so the ranks of a
+ * job start on different peers instead of all on rank 0. */
+static int cmp_rotated(const void *a, const void *b, void *arg)
+{
+    const struct exec *x = arg;
+    const struct xfer *p = &x->xs.x[*(const uint32_t *)a], *q = &x->xs.x[*(const uint32_t *)b];
+    int n = x->comm->size, me = x->comm->rank;
+    int dp = (p->dst - me + n) % n, dq = (q->dst - me + n) % n;
+    if (dp != dq)
+        return dp - dq;
+    return cmp_u32(a, b);
+}
+
+static reshard_status_t prefix_chunks(struct exec *x, const uint32_t *list, size_t n, size_t **off)
+{
+    *off = rs_calloc(n + 1, sizeof(**off), "chunk offsets");
+    if (!*off)
+        return RESHARD_ERR_NO_MEMORY;
+    for (size_t i = 0; i < n; i++) {
+        struct cut c = cut_of(x, &x->xs.x[list[i]]);
+        if (c.n > MAX_CHUNKS)
+            return rs_error(RESHARD_ERR_TOO_LARGE, "transfer of %lld bytes: over 2^20 chunks",
+                            (long long)x->xs.x[list[i]].bytes);
+        (*off)[i + 1] = (*off)[i] + (size_t)c.n;
+    }
+    return RESHARD_OK;
+}
+
+/* Children: outgoing transfers whose parent is an incoming one, grouped by that parent. */
+static reshard_status_t link_children(struct exec *x)
+{
+    x->child_first = rs_calloc(x->nin + 1, sizeof(uint32_t), "children");
+    x->child = rs_calloc(x->nout + 1, sizeof(uint32_t), "children");
+    if (!x->child_first || !x->child)
+        return RESHARD_ERR_NO_MEMORY;
+    for (size_t o = 0; o < x->nout; o++) { /* count per parent */
+        const struct xfer *xf = &x->xs.x[x->out[o]];
+        if (xf->parent == XFER_NONE || xf->parent == XFER_AFTER_INPUTS)
+            continue;
+        long k = exec_in_pos(x, xf->parent);
+        const struct xfer *par = &x->xs.x[xf->parent];
+        if (k < 0 || memcmp(x->xs.coords + par->box, x->xs.coords + xf->box,
+                            2 * sizeof(int64_t) * (size_t)xfer_ndim(x, xf)))
+            return rs_error(RESHARD_ERR_INTERNAL,
+                            "transfer %u: parent %u is not a delivery of the same box to rank %d",
+                            x->out[o], xf->parent, x->comm->rank);
+        x->child_first[k + 1]++;
+    }
+    for (size_t k = 0; k < x->nin; k++) /* counts to starts */
+        x->child_first[k + 1] += x->child_first[k];
+    uint32_t *fill = rs_calloc(x->nin + 1, sizeof(uint32_t), "children");
+    if (!fill)
+        return RESHARD_ERR_NO_MEMORY;
+    for (size_t o = 0; o < x->nout; o++) {
+        const struct xfer *xf = &x->xs.x[x->out[o]];
+        if (xf->parent == XFER_NONE || xf->parent == XFER_AFTER_INPUTS)
+            continue;
+        long k = exec_in_pos(x, xf->parent);
+        x->child[x->child_first[k] + fill[k]++] = (uint32_t)o;
+    }
+    free(fill);
+    return RESHARD_OK;
+}
+
+/* Per tensor (the bcast baseline): what waits for the whole tensor, and how many chunks must
+ * land in this rank's whole-tensor buffer first, its own part of the gather included. */
+static reshard_status_t link_whole_tensors(struct exec *x)
+{
+    int nt = x->plan->ntensors, me = x->comm->rank;
+    x->after_first = rs_calloc((size_t)nt + 1, sizeof(uint32_t), "tensor waits");
+    x->after = rs_calloc(x->nout + 1, sizeof(uint32_t), "tensor waits");
+    x->tmp_chunks = rs_calloc((size_t)nt, sizeof(size_t), "tensor waits");
+    if (!x->after_first || !x->after || !x->tmp_chunks)
+        return RESHARD_ERR_NO_MEMORY;
+    for (size_t o = 0; o < x->nout; o++) {
+        const struct xfer *xf = &x->xs.x[x->out[o]];
+        if (xf->parent == XFER_AFTER_INPUTS)
+            x->after_first[xf->tensor + 1]++;
+        if (xf->dst == me && xf->dst_buf == XBUF_TMP)
+            x->tmp_chunks[xf->tensor] += x->out_off[o + 1] - x->out_off[o];
+    }
+    for (size_t k = 0; k < x->nin; k++) {
+        const struct xfer *xf = &x->xs.x[x->in[k]];
+        if (xf->dst_buf == XBUF_TMP)
+            x->tmp_chunks[xf->tensor] += x->in_off[k + 1] - x->in_off[k];
+    }
+    for (int t = 0; t < nt; t++)
+        x->after_first[t + 1] += x->after_first[t];
+    uint32_t *fill = rs_calloc((size_t)nt + 1, sizeof(uint32_t), "tensor waits");
+    if (!fill)
+        return RESHARD_ERR_NO_MEMORY;
+    for (size_t o = 0; o < x->nout; o++) {
+        const struct xfer *xf = &x->xs.x[x->out[o]];
+        if (xf->parent == XFER_AFTER_INPUTS)
+            x->after[x->after_first[xf->tensor] + fill[xf->tensor]++] = (uint32_t)o;
+    }
+    free(fill);
+    return RESHARD_OK;
+}
+
+/* Connects to every peer this rank exchanges messages with, so that a rank that only
+ * receives also hears when a sender's connection fails. */
+static reshard_status_t connect_peers(struct exec *x)
+{
+    struct tp_ctx *net = x->comm->net;
+    for (size_t o = 0; o < x->nout; o++) {
+        const struct xfer *xf = &x->xs.x[x->out[o]];
+        if (xf->path != XFER_SELF)
+            RS_CHECK(net->ops->connect(net, xf->dst));
+    }
+    for (size_t k = 0; k < x->nin; k++)
+        RS_CHECK(net->ops->connect(net, x->xs.x[x->in[k]].src));
+    return RESHARD_OK;
+}
+
+static reshard_status_t share(struct exec *x)
+{
+    int me = x->comm->rank;
+    for (size_t i = 0; i < x->xs.n; i++) {
+        x->nout += x->xs.x[i].src == me;
+        x->nin += x->xs.x[i].dst == me && x->xs.x[i].src != me;
+    }
+    x->out = rs_calloc(x->nout + 1, sizeof(uint32_t), "transfers");
+    x->in = rs_calloc(x->nin + 1, sizeof(uint32_t), "transfers");
+    if (!x->out || !x->in)
+        return RESHARD_ERR_NO_MEMORY;
+    size_t no = 0, ni = 0;
+    for (size_t i = 0; i < x->xs.n; i++) {
+        if (x->xs.x[i].src == me)
+            x->out[no++] = (uint32_t)i;
+        else if (x->xs.x[i].dst == me)
+            x->in[ni++] = (uint32_t)i; /* ascending: in_pos searches it */
+    }
+    qsort_r(x->out, x->nout, sizeof(*x->out), cmp_rotated, x);
+    RS_CHECK(prefix_chunks(x, x->out, x->nout, &x->out_off));
+    RS_CHECK(prefix_chunks(x, x->in, x->nin, &x->in_off));
+    RS_CHECK(link_children(x));
+    RS_CHECK(link_whole_tensors(x));
+    return connect_peers(x);
+}
+
+int64_t exec_chunk_bytes(void)
+{
+    int64_t b = rs_param_int(RS_PARAM_CHUNK_BYTES);
+    return b > MAX_CHUNK_BYTES ? MAX_CHUNK_BYTES : b;
+}
+
+reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *plan,
+                             struct xfer_set *xs, struct exec **out)
+{
+    struct exec *x = rs_calloc(1, sizeof(*x), "executor");
+    if (!x) {
+        xfer_free(xs);
+        return RESHARD_ERR_NO_MEMORY;
+    }
+    x->comm = comm;
+    x->plan = plan;
+    x->xs = *xs;
+    memset(xs, 0, sizeof(*xs));
+    x->chunk_bytes = exec_chunk_bytes();
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    x->reg = rs_calloc(2 * (size_t)plan->ntensors, sizeof(*x->reg), "registrations");
+    if (!x->reg)
+        goto err;
+    RS_CHECK_GOTO(share(x), st, err);
+    *out = x;
+    return RESHARD_OK;
+err:
+    exec_destroy(x);
+    return st;
+}
+
+void exec_destroy(struct exec *x)
+{
+    if (!x)
+        return;
+    struct tp_ctx *net = x->comm->net;
+    for (int i = 0; x->reg && i < 2 * x->plan->ntensors; i++)
+        net->ops->mem_dereg(net, x->reg[i].mh);
+    for (int t = 0; x->tmp && t < x->plan->ntensors; t++)
+        free(x->tmp[t]);
+    free(x->tmp);
+    free(x->reg);
+    free(x->out);
+    free(x->in);
+    free(x->out_off);
+    free(x->in_off);
+    free(x->child_first);
+    free(x->child);
+    free(x->after_first);
+    free(x->after);
+    free(x->tmp_chunks);
+    xfer_free(&x->xs);
+    free(x);
+}
+
+reshard_status_t exec_stats(const struct exec *x, reshard_plan_stats_t *stats,
+                            reshard_rank_stats_t *ranks)
+{
+    int n = x->comm->size;
+    reshard_rank_stats_t *b = rs_calloc((size_t)n, sizeof(*b), "rank stats");
+    if (!b)
+        return RESHARD_ERR_NO_MEMORY;
+    stats->net_bytes = stats->local_bytes = stats->self_bytes = 0;
+    for (size_t i = 0; i < x->xs.n; i++) {
+        const struct xfer *xf = &x->xs.x[i];
+        uint64_t bytes = (uint64_t)xf->bytes;
+        if (xf->path == XFER_SELF) {
+            b[xf->src].self += bytes;
+            stats->self_bytes += bytes;
+        } else if (xf->path == XFER_LOCAL) {
+            b[xf->src].local_out += bytes;
+            b[xf->dst].local_in += bytes;
+            stats->local_bytes += bytes;
+        } else {
+            b[xf->src].net_out += bytes;
+            b[xf->dst].net_in += bytes;
+            stats->net_bytes += bytes;
+        }
+    }
+    stats->max_nic_bytes = 0;
+    stats->max_nic_rank = -1;
+    for (int r = 0; r < n; r++) {
+        uint64_t nic = b[r].net_out > b[r].net_in ? b[r].net_out : b[r].net_in;
+        if (nic > stats->max_nic_bytes) {
+            stats->max_nic_bytes = nic;
+            stats->max_nic_rank = r;
+        }
+        if (ranks) {
+            b[r].domain = ranks[r].domain;
+            b[r].local_index = ranks[r].local_index;
+            ranks[r] = b[r];
+        }
+    }
+    free(b);
+    return RESHARD_OK;
+}

@@ -120,7 +120,10 @@ reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int l
     if (!c->pid || !c->node)
         goto err;
     RS_CHECK_GOTO(boot_init(id, rank, size, comm_timeout_ms(), &c->boot), st, err);
-    struct tp_config cfg = {.rank = rank, .size = size, .tls = rs_param_str(RS_PARAM_NET_TLS)};
+    struct tp_config cfg = {.rank = rank,
+                            .size = size,
+                            .tls = rs_param_str(RS_PARAM_NET_TLS),
+                            .peer_errors = rs_param_int(RS_PARAM_NET_PEER_ERRORS) != 0};
     st = tp_ucx_ops.init(&cfg, &c->net);
     if (st != RESHARD_OK) {
         /* The others would wait for our address until they time out: tell them now. */

@@ -34,7 +34,10 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
     X(STAGING_BYTES, RS_PARAM_INT, "268435456", 1048576,                                           \
       "per-rank cap on packing memory for strided slices")                                         \
     X(NET_TLS, RS_PARAM_STR, "^sm,self", 0,                                                        \
-      "UCX transports of the inter-domain context (UCX_TLS syntax; never shared memory)")
+      "UCX transports of the inter-domain context (UCX_TLS syntax; never shared memory)")          \
+    X(NET_PEER_ERRORS, RS_PARAM_INT, "0", 0,                                                       \
+      "1: UCX peer error mode, a dead peer fails its transfers at once (costs ~30% of TCP "        \
+      "bandwidth here); 0: such waits end at RESHARD_TIMEOUT")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

@@ -52,6 +52,7 @@ struct tp_counters {
 struct tp_config {
     int rank, size;
     const char *tls; /* UCX_TLS syntax for the network context */
+    int peer_errors; /* fail a dead peer's requests at once, at a cost in bandwidth */
 };
 
 struct tp_ctx {

@@ -35,6 +35,7 @@ struct ucx_ctx {
     ucp_worker_h worker;
     int efd;
     int rank, size;
+    int peer_errors; /* UCX's peer error mode, on request (it costs bandwidth) */
     struct ucx_peer *peers;
 };
 
@@ -100,6 +101,7 @@ static reshard_status_t ucx_init(const struct tp_config *cfg, struct tp_ctx **ou
     u->f = f;
     u->rank = cfg->rank;
     u->size = cfg->size;
+    u->peer_errors = cfg->peer_errors;
     u->efd = -1;
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     u->peers = rs_calloc((size_t)cfg->size, sizeof(*u->peers), "UCX peers");
@@ -171,7 +173,7 @@ static reshard_status_t get_ep(struct ucx_ctx *u, int peer, ucp_ep_h *ep)
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
         .address = p->addr,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_mode = u->peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE,
         .err_handler = {.cb = on_ep_error, .arg = u},
     };
     ucs_status_t st = u->f->ucp_ep_create(u->worker, &ep_params, &p->ep);

@@ -23,7 +23,11 @@
 #include <sched.h>
 #include <time.h>
 
-#define SEND_WINDOW 16   /* network sends in flight per rank */
+#define SEND_WINDOW 16 /* network sends in flight per rank */
+#define PEER_WINDOW                                                                                \
+    2                    /* ... and per peer: more let UCX interleave them, so that none ends      \
+                          * early and the receiver's fan-out (or a ring's next hop) waits */
+#define SEND_SCAN   64   /* queued sends looked at past one whose peer is busy */
 #define DRAIN_MS    2000 /* how long a failed run waits for its requests */
 #define WAIT_CAP_MS 2    /* longest sleep: UCX over TCP may not re-signal a half-read socket */
 
@@ -66,6 +70,7 @@ struct run {
     size_t in_left, out_left;
     size_t *tmp_left; /* [ntensors]: chunks still to reach the whole-tensor buffer */
     int inflight, posted;
+    int *peer_inflight; /* [size] */
     int64_t last_event_ms;
 };
 
@@ -218,8 +223,10 @@ static void on_send(struct tp_req *req, reshard_status_t st, size_t bytes)
     struct run *r = c->run;
     struct reshard_comm *comm = r->comm;
     r->posted--;
-    if (c->kind == REQ_SEND_DATA)
+    if (c->kind == REQ_SEND_DATA) {
         r->inflight--;
+        r->peer_inflight[req->peer]--;
+    }
     if (c->slot >= 0) {
         comm->free_slots[comm->nfree++] = c->slot;
         c->slot = -1;
@@ -358,7 +365,8 @@ static int do_net(struct run *r, uint32_t o, uint32_t chunk)
     uint64_t off = 0;
     exec_chunk_region(x, xf, chunk, 0, &a);
     int contiguous = region_contiguous(&a, &off);
-    if (r->inflight >= SEND_WINDOW || (!contiguous && !comm->nfree))
+    if (r->inflight >= SEND_WINDOW || r->peer_inflight[xf->dst] >= PEER_WINDOW ||
+        (!contiguous && !comm->nfree))
         return 0;
     struct chunk_req *c = &r->out_req[x->out_off[o] + chunk];
     *c = (struct chunk_req){
@@ -385,17 +393,33 @@ static int do_net(struct run *r, uint32_t o, uint32_t chunk)
     }
     r->posted++;
     r->inflight++;
+    r->peer_inflight[xf->dst]++;
     return 1;
 }
 
 /* Works through the ready queues: network sends first, while the window and the staging
  * slots allow (posting is cheap and keeps the wire busy), then local work to the end. */
+/* Posts queued network sends in order, passing over (at most SEND_SCAN) ones whose peer has
+ * its window full; those keep their place. */
+static void drain_net(struct run *r)
+{
+    struct queue *q = &r->net_q;
+    size_t keep = q->head, i = q->head;
+    for (; i < q->tail && keep - q->head < SEND_SCAN && r->st == RESHARD_OK; i++) {
+        if (r->inflight >= SEND_WINDOW)
+            break;
+        if (!do_net(r, q->q[i].pos, q->q[i].chunk))
+            q->q[keep++] = q->q[i]; /* not now: stays, ahead of what follows */
+    }
+    /* Entries [keep, i) were sent: close the gap. */
+    memmove(q->q + keep, q->q + i, (q->tail - i) * sizeof(*q->q));
+    q->tail -= i - keep;
+}
+
 static void drain_ready(struct run *r)
 {
     struct exec *x = r->x;
-    for (struct queue *q = &r->net_q; q->head < q->tail && r->st == RESHARD_OK; q->head++)
-        if (!do_net(r, q->q[q->head].pos, q->q[q->head].chunk))
-            break;
+    drain_net(r);
     for (struct queue *q = &r->local_q; q->head < q->tail && r->st == RESHARD_OK; q->head++) {
         struct ready w = q->q[q->head];
         if (x->xs.x[x->out[w.pos]].path == XFER_SELF) {
@@ -542,6 +566,7 @@ static void run_free(struct run *r)
     free(r->out_req);
     free(r->in_arrived);
     free(r->tmp_left);
+    free(r->peer_inflight);
     free(r->net_q.q);
     free(r->local_q.q);
     free(r);
@@ -593,8 +618,9 @@ static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs
     r->out_req = rs_calloc(x->out_off[x->nout] + 1, sizeof(*r->out_req), "sends");
     r->in_arrived = rs_calloc(x->nin + 1, sizeof(uint32_t), "arrivals");
     r->tmp_left = rs_calloc((size_t)x->plan->ntensors, sizeof(size_t), "arrivals");
+    r->peer_inflight = rs_calloc((size_t)x->comm->size, sizeof(int), "sends in flight");
     if (!r->peer_dst || !r->peer_tmp || !r->in_req || !r->out_req || !r->in_arrived ||
-        !r->tmp_left) {
+        !r->tmp_left || !r->peer_inflight) {
         run_free(r);
         return RESHARD_ERR_NO_MEMORY;
     }

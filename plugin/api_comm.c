@@ -224,8 +224,10 @@ struct plan_vote {
 static reshard_status_t compare_plans(struct reshard_comm *c, struct plan_vote *mine)
 {
     struct plan_vote *v = rs_calloc((size_t)c->size, sizeof(*v), "plan votes");
-    if (!v)
+    if (!v) { /* cannot vote: tell the others rather than let them time out */
+        boot_abort(c->boot, RESHARD_ERR_NO_MEMORY, "out of memory voting on a plan");
         return RESHARD_ERR_NO_MEMORY;
+    }
     v[c->rank] = *mine;
     reshard_status_t st = boot_allgather(c->boot, v, sizeof(*v));
     for (int r = 0; st == RESHARD_OK && r < c->size; r++) {
@@ -272,8 +274,10 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     if (st != RESHARD_OK)
         return api_leave(__func__, st);
     struct reshard_plan *h = rs_calloc(1, sizeof(*h), "plan");
-    if (!h)
+    if (!h) {
+        boot_abort(comm->boot, RESHARD_ERR_NO_MEMORY, "out of memory creating a plan");
         return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
+    }
     /* Build everything locally, then vote: a rank that failed still votes, so nobody waits
      * for it, and nobody runs a plan another rank could not build. */
     struct plan_vote mine = {.algo = (int32_t)algo, .chunk_bytes = exec_chunk_bytes()};

@@ -159,6 +159,16 @@ int comm_keep(struct reshard_comm *c, void (*free_fn)(void *), void *p)
     return 1;
 }
 
+int comm_keep_mh(struct reshard_comm *c, void *mh)
+{
+    void **k = realloc(c->kept_mh, ((size_t)c->nkept_mh + 1) * sizeof(*k));
+    if (!k)
+        return 0;
+    c->kept_mh = k;
+    c->kept_mh[c->nkept_mh++] = mh;
+    return 1;
+}
+
 reshard_status_t comm_staging(struct reshard_comm *c, int64_t slot_bytes, int nslots)
 {
     if (c->staging)
@@ -196,9 +206,16 @@ void comm_destroy(struct reshard_comm *c)
     if (c->boot && c->net && c->broken == RESHARD_OK)
         (void)boot_barrier(c->boot);
     if (c->net) {
+        /* After a failed execution requests may still use registered memory: closing the
+         * connections ends them, and only then do the registrations go. */
+        if (c->broken != RESHARD_OK)
+            c->net->ops->disconnect(c->net);
+        for (int i = 0; i < c->nkept_mh; i++)
+            c->net->ops->mem_dereg(c->net, c->kept_mh[i]);
         c->net->ops->mem_dereg(c->net, c->staging_mh);
         c->net->ops->close(c->net);
     }
+    free(c->kept_mh);
     for (int i = 0; i < c->nkept; i++) /* their requests completed as the context closed */
         c->kept[i].free(c->kept[i].p);
     free(c->kept);

@@ -42,6 +42,8 @@ struct reshard_comm {
         void *p;
     } * kept;
     int nkept;
+    void **kept_mh; /* their registrations, released once the connections are closed */
+    int nkept_mh;
 };
 
 reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int local_rank,
@@ -53,6 +55,8 @@ reshard_status_t comm_usable(const struct reshard_comm *c);
 /* Keeps p until the network context closes, then frees it with free_fn. Returns 0 when that
  * cannot be arranged (no memory): p is then the caller's. */
 int comm_keep(struct reshard_comm *c, void (*free_fn)(void *), void *p);
+/* The same for a registration of the network context. */
+int comm_keep_mh(struct reshard_comm *c, void *mh);
 /* Staging slots of slot_bytes each, made (and registered) once. */
 reshard_status_t comm_staging(struct reshard_comm *c, int64_t slot_bytes, int nslots);
 

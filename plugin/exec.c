@@ -256,6 +256,7 @@ static reshard_status_t chunk_iov(const struct region *rg, char *base, struct io
             struct iovec *v = rs_grow(*iov, &cap, count + 1, sizeof(*v), "scatter list");
             if (!v) {
                 free(*iov);
+                *iov = NULL;
                 return RESHARD_ERR_NO_MEMORY;
             }
             *iov = v;
@@ -361,12 +362,13 @@ static int do_net(struct run *r, uint32_t o, uint32_t chunk)
     struct exec *x = r->x;
     struct reshard_comm *comm = x->comm;
     const struct xfer *xf = &x->xs.x[x->out[o]];
+    if (r->inflight >= SEND_WINDOW || r->peer_inflight[xf->dst] >= PEER_WINDOW)
+        return 0;
     struct region a;
     uint64_t off = 0;
     exec_chunk_region(x, xf, chunk, 0, &a);
     int contiguous = region_contiguous(&a, &off);
-    if (r->inflight >= SEND_WINDOW || r->peer_inflight[xf->dst] >= PEER_WINDOW ||
-        (!contiguous && !comm->nfree))
+    if (!contiguous && !comm->nfree)
         return 0;
     struct chunk_req *c = &r->out_req[x->out_off[o] + chunk];
     *c = (struct chunk_req){
@@ -397,8 +399,6 @@ static int do_net(struct run *r, uint32_t o, uint32_t chunk)
     return 1;
 }
 
-/* Works through the ready queues: network sends first, while the window and the staging
- * slots allow (posting is cheap and keeps the wire busy), then local work to the end. */
 /* Posts queued network sends in order, passing over (at most SEND_SCAN) ones whose peer has
  * its window full; those keep their place. */
 static void drain_net(struct run *r)
@@ -411,11 +411,15 @@ static void drain_net(struct run *r)
         if (!do_net(r, q->q[i].pos, q->q[i].chunk))
             q->q[keep++] = q->q[i]; /* not now: stays, ahead of what follows */
     }
+    if (keep == i)
+        return; /* nothing sent (or nothing queued: q->q may be NULL) */
     /* Entries [keep, i) were sent: close the gap. */
     memmove(q->q + keep, q->q + i, (q->tail - i) * sizeof(*q->q));
     q->tail -= i - keep;
 }
 
+/* Works through the ready queues: network sends first, while the window and the staging
+ * slots allow (posting is cheap and keeps the wire busy), then local work to the end. */
 static void drain_ready(struct run *r)
 {
     struct exec *x = r->x;
@@ -514,8 +518,12 @@ static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, 
     *me = (struct hello){.hash = x->plan->hash, .seq = seq, .status = local};
     if (local == RESHARD_OK)
         check_buffers(x, bufs, me);
-    if (!all) /* cannot take part: the others time out naming this rank */
+    if (!all) { /* cannot take part: tell the others rather than let them time out */
+        boot_abort(c->boot, local, "out of memory starting an execution");
+        c->broken = local;
+        snprintf(c->broken_why, sizeof(c->broken_why), "out of memory starting an execution");
         return local;
+    }
     uint64_t *addr = (uint64_t *)(me + 1);
     for (int t = 0; t < x->plan->ntensors; t++) {
         addr[2 * t] = (uint64_t)(uintptr_t)bufs[t].dst;
@@ -584,7 +592,7 @@ static reshard_status_t alloc_tmp(struct exec *x)
     int me = x->comm->rank;
     if (!x->xs.needs_tmp || x->tmp)
         return RESHARD_OK;
-    if (!(x->tmp = rs_calloc((size_t)x->plan->ntensors, sizeof(char *), "tensor buffers")))
+    if (!(x->tmp = rs_calloc((size_t)x->plan->ntensors + 1, sizeof(char *), "tensor buffers")))
         return RESHARD_ERR_NO_MEMORY;
     for (size_t i = 0; i < x->xs.n; i++) {
         const struct xfer *xf = &x->xs.x[i];
@@ -748,6 +756,9 @@ static void break_comm(struct exec *x, struct run *r)
     struct reshard_comm *c = x->comm;
     c->broken = r->st;
     snprintf(c->broken_why, sizeof(c->broken_why), "%s", r->why);
+    /* Peers that finished may enter the next collective: it fails at once instead of at the
+     * timeout. */
+    boot_abort(c->boot, r->st, r->why);
     drain_failed(r);
     /* Requests still pointing into it complete when the communicator closes its context; if
      * even that bookkeeping fails, it is leaked rather than freed under them. */

@@ -284,16 +284,40 @@ err:
     return st;
 }
 
+static void free_tmp(void *p)
+{
+    char **tmp = p;
+    for (int t = 0; tmp[t]; t++)
+        free(tmp[t]);
+    free(tmp);
+}
+
 void exec_destroy(struct exec *x)
 {
     if (!x)
         return;
-    struct tp_ctx *net = x->comm->net;
-    for (int i = 0; x->reg && i < 2 * x->plan->ntensors; i++)
-        net->ops->mem_dereg(net, x->reg[i].mh);
-    for (int t = 0; x->tmp && t < x->plan->ntensors; t++)
-        free(x->tmp[t]);
-    free(x->tmp);
+    struct reshard_comm *c = x->comm;
+    /* After a failed execution, requests may still use our registrations and peers may still
+     * write into our whole-tensor buffers: both go when the communicator's context closes. */
+    int broken = c->broken != RESHARD_OK;
+    for (int i = 0; x->reg && i < 2 * x->plan->ntensors; i++) {
+        if (!x->reg[i].mh)
+            continue;
+        if (!broken || !comm_keep_mh(c, x->reg[i].mh))
+            c->net->ops->mem_dereg(c->net, x->reg[i].mh);
+    }
+    if (x->tmp) {
+        /* compact the array (it has room for one more) so that NULL ends it */
+        int n = 0;
+        for (int t = 0; t < x->plan->ntensors; t++)
+            if (x->tmp[t])
+                x->tmp[n++] = x->tmp[t];
+        x->tmp[n] = NULL;
+        if (!broken)
+            free_tmp(x->tmp);
+        else
+            (void)comm_keep(c, free_tmp, x->tmp); /* else leaked: never freed under a writer */
+    }
     free(x->reg);
     free(x->out);
     free(x->in);

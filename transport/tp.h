@@ -100,6 +100,9 @@ struct tp_ops {
     /* Pushes out everything posted so far (a completed send may still sit in the transport's
      * buffers), so that peers can finish while this rank stops progressing. */
     reshard_status_t (*flush)(struct tp_ctx *ctx, int timeout_ms);
+    /* Closes every connection (waiting a bounded time for peers that may be gone), which
+     * completes whatever is still bound to them; registrations stay valid until close. */
+    void (*disconnect)(struct tp_ctx *ctx);
     void (*close)(struct tp_ctx *ctx);
 };
 

@@ -2,9 +2,9 @@
 /*
  * The UCX transport: one UCP context and worker per communicator, restricted to network
  * transports (RESHARD_NET_TLS, never shared memory) so that traffic between domains really
- * crosses the network. Endpoints are made on first use, in error-handling mode "peer" so that
- * a dead peer fails its requests instead of hanging them. Waiting arms the worker and sleeps
- * on its event fd, so many ranks can share a core.
+ * crosses the network. Endpoints are made before a plan first runs; UCX's peer error mode (a
+ * dead peer fails its requests at once) is on request, since it costs bandwidth. Waiting arms
+ * the worker and sleeps on its event fd, so many ranks can share a core.
  */
 #include "tp.h"
 #include "ucx_lib.h"
@@ -280,6 +280,17 @@ static void posting(struct tp_ctx *c, struct tp_req *req, int peer, size_t len, 
 static reshard_status_t posted(struct ucx_ctx *u, struct tp_req *req, ucs_status_ptr_t sp,
                                const char *what)
 {
+    if (sp == NULL && req->state == REQ_POSTING) {
+        /* Done at once without a callback (NO_IMM_CMPL should prevent it): a send is
+         * complete; a receive's length is unknown, so it is reported as failed. */
+        int send = !strcmp(what, "tag send");
+        if (send && !req->ctrl)
+            req->ctx->counters.bytes_out += req->len;
+        else if (send)
+            req->ctx->counters.ctrl_out++;
+        complete(u, req, send ? RESHARD_OK : RESHARD_ERR_INTERNAL, req->len);
+        return RESHARD_OK;
+    }
     if (UCS_PTR_IS_ERR(sp)) {
         req->state = REQ_POSTED;
         ucs_status_t st = UCS_PTR_STATUS(sp);
@@ -415,13 +426,15 @@ static reshard_status_t ucx_connect(struct tp_ctx *c, int peer)
     return get_ep(to_ucx(c), peer, &ep);
 }
 
-/* At teardown, after the communicator's last barrier: a forced close needs no help from peers
- * that may be gone, and completes what a failed execution left bound to the endpoints. */
+/* At teardown, after the communicator's last barrier (or after a failure): closes every
+ * endpoint, waiting at most 5 s for peers that may be gone, and releases what is left. */
 static void close_eps(struct ucx_ctx *u)
 {
     void **reqs = calloc((size_t)u->size, sizeof(*reqs));
+    /* A forced close needs peer error mode on both sides; without it, a flushing close,
+     * bounded below. */
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
+                             .flags = u->peer_errors ? UCP_EP_CLOSE_FLAG_FORCE : 0};
     for (int r = 0; r < u->size; r++) {
         if (!u->peers[r].ep)
             continue;
@@ -453,6 +466,13 @@ static void close_eps(struct ucx_ctx *u)
         }
     }
     free(reqs);
+}
+
+static void ucx_disconnect(struct tp_ctx *c)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    close_eps(u);
+    deliver_deferred(u);
 }
 
 static void ucx_close(struct tp_ctx *c)
@@ -490,5 +510,6 @@ const struct tp_ops tp_ucx_ops = {
     .progress = ucx_progress,
     .wait = ucx_wait,
     .flush = ucx_flush,
+    .disconnect = ucx_disconnect,
     .close = ucx_close,
 };

@@ -18,16 +18,17 @@
 #include "log.h"
 #include "param.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <time.h>
 
-#define SEND_WINDOW 16 /* network sends in flight per rank */
-#define PEER_WINDOW                                                                                \
-    2                    /* ... and per peer: more let UCX interleave them, so that none ends      \
-                          * early and the receiver's fan-out (or a ring's next hop) waits */
-#define SEND_SCAN   64   /* queued sends looked at past one whose peer is busy */
+/* Network sends in flight: per rank, and per peer. More than 2 to one peer let UCX interleave
+ * them, so that none ends early and the receiver's fan-out (or a ring's next hop) waits for
+ * the last. Sends queued behind a busy peer are passed over, SEND_SCAN at most. */
+#define SEND_WINDOW 16
+#define PEER_WINDOW 2
+#define SEND_SCAN   64
 #define DRAIN_MS    2000 /* how long a failed run waits for its requests */
 #define WAIT_CAP_MS 2    /* longest sleep: UCX over TCP may not re-signal a half-read socket */
 

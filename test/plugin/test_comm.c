@@ -130,6 +130,41 @@ static int count_wrong(const reshard_layout_t *l, int rank, const int32_t *buf)
     return wrong;
 }
 
+/* One rank's side of a plan: layouts, the plan, buffers sized for its shards (the source
+ * filled with the pattern). */
+struct side {
+    reshard_layout_t *src, *dst;
+    reshard_plan_t *plan;
+    int32_t *s, *d;
+    reshard_buffers_t b;
+};
+
+static reshard_status_t side_open(struct side *x, reshard_comm_t *comm, int rank, const char *src,
+                                  const char *dst)
+{
+    memset(x, 0, sizeof(*x));
+    x->src = parse(src);
+    x->dst = parse(dst);
+    reshard_tensor_t t = {"w", x->src, x->dst};
+    reshard_layout_shard_bytes(x->src, rank, &x->b.src_bytes);
+    reshard_layout_shard_bytes(x->dst, rank, &x->b.dst_bytes);
+    x->s = calloc(1, x->b.src_bytes + 1);
+    x->d = calloc(1, x->b.dst_bytes + 1);
+    fill(x->src, rank, x->s);
+    x->b.src = x->b.src_bytes ? x->s : NULL;
+    x->b.dst = x->b.dst_bytes ? x->d : NULL;
+    return reshard_comm_plan_create(comm, &t, 1, NULL, &x->plan);
+}
+
+static void side_close(struct side *x)
+{
+    reshard_plan_destroy(x->plan);
+    free(x->s);
+    free(x->d);
+    reshard_layout_destroy(x->src);
+    reshard_layout_destroy(x->dst);
+}
+
 #define SRC "shape=48x40 dtype=i32 ranks=0-3 mesh=2x2 place=S(0),R"
 #define DST "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(1)"
 
@@ -137,29 +172,15 @@ static int count_wrong(const reshard_layout_t *l, int rank, const int32_t *buf)
 static reshard_status_t move_and_check(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
-    reshard_layout_t *src = parse(SRC), *dst = parse(DST);
-    reshard_tensor_t t = {"w", src, dst};
-    reshard_plan_t *plan = NULL;
-    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
-    if (st != RESHARD_OK)
-        return st;
-    size_t sb, db;
-    reshard_layout_shard_bytes(src, rank, &sb);
-    reshard_layout_shard_bytes(dst, rank, &db);
-    int32_t *s = malloc(sb), *d = calloc(1, db);
-    fill(src, rank, s);
-    reshard_buffers_t b = {s, sb, d, db, RESHARD_MEM_HOST};
+    struct side x;
+    reshard_status_t st = side_open(&x, comm, rank, SRC, DST);
     for (int it = 0; it < 3 && st == RESHARD_OK; it++) {
-        memset(d, 0, db);
-        st = reshard_plan_execute(plan, &b);
-        if (st == RESHARD_OK && count_wrong(dst, rank, d))
+        memset(x.d, 0, x.b.dst_bytes);
+        st = reshard_plan_execute(x.plan, &x.b);
+        if (st == RESHARD_OK && count_wrong(x.dst, rank, x.d))
             st = RESHARD_ERR_INTERNAL;
     }
-    reshard_plan_destroy(plan);
-    free(s);
-    free(d);
-    reshard_layout_destroy(src);
-    reshard_layout_destroy(dst);
+    side_close(&x);
     return st;
 }
 
@@ -182,15 +203,10 @@ Test(comm, forked_ranks_reshard_every_element_to_its_place)
 static reshard_status_t layouts_by_rank(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
-    reshard_layout_t *src = parse(SRC);
-    reshard_layout_t *dst =
-        parse(rank == 2 ? "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(0)" : DST);
-    reshard_tensor_t t = {"w", src, dst};
-    reshard_plan_t *plan = NULL;
-    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
-    reshard_plan_destroy(plan);
-    reshard_layout_destroy(src);
-    reshard_layout_destroy(dst);
+    struct side x;
+    reshard_status_t st = side_open(
+        &x, comm, rank, SRC, rank == 2 ? "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(0)" : DST);
+    side_close(&x);
     return st;
 }
 
@@ -207,23 +223,13 @@ Test(comm, ranks_passing_different_layouts_all_fail_naming_the_odd_one)
 static reshard_status_t short_buffer_on_rank1(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
-    reshard_layout_t *src = parse(SRC), *dst = parse(DST);
-    reshard_tensor_t t = {"w", src, dst};
-    reshard_plan_t *plan = NULL;
-    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
-    if (st == RESHARD_OK) {
-        size_t sb, db;
-        reshard_layout_shard_bytes(src, rank, &sb);
-        reshard_layout_shard_bytes(dst, rank, &db);
-        void *s = calloc(1, sb), *d = calloc(1, db);
-        reshard_buffers_t b = {s, sb, d, rank == 1 ? db - 4 : db, RESHARD_MEM_HOST};
-        st = reshard_plan_execute(plan, &b);
-        free(s);
-        free(d);
-    }
-    reshard_plan_destroy(plan);
-    reshard_layout_destroy(src);
-    reshard_layout_destroy(dst);
+    struct side x;
+    reshard_status_t st = side_open(&x, comm, rank, SRC, DST);
+    if (rank == 1)
+        x.b.dst_bytes -= 4;
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x.plan, &x.b);
+    side_close(&x);
     return st;
 }
 
@@ -258,22 +264,14 @@ static void *execute_thread(void *arg)
 static reshard_status_t second_execute(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
-    reshard_layout_t *src = parse(SRC), *dst = parse(DST);
-    reshard_tensor_t t = {"w", src, dst};
-    reshard_plan_t *plan = NULL;
-    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
-    size_t sb, db;
-    reshard_layout_shard_bytes(src, rank, &sb);
-    reshard_layout_shard_bytes(dst, rank, &db);
-    int32_t *s = calloc(1, sb), *d = calloc(1, db);
-    fill(src, rank, s);
-    reshard_buffers_t b = {s, sb, d, db, RESHARD_MEM_HOST};
+    struct side x;
+    reshard_status_t st = side_open(&x, comm, rank, SRC, DST);
     if (st == RESHARD_OK && rank == 0) {
-        struct second_call first = {plan, &b, RESHARD_OK, ""};
+        struct second_call first = {x.plan, &x.b, RESHARD_OK, ""};
         pthread_t th;
         pthread_create(&th, NULL, execute_thread, &first);
         usleep(300 * 1000); /* the first call now waits for rank 1 */
-        st = reshard_plan_execute(plan, &b);
+        st = reshard_plan_execute(x.plan, &x.b);
         pthread_join(th, NULL);
         if (st == RESHARD_ERR_BUSY && first.st != RESHARD_OK) {
             fprintf(stderr, "rank 0: the first execute failed: %s\n", first.msg);
@@ -282,15 +280,11 @@ static reshard_status_t second_execute(int rank, int size, reshard_comm_t *comm)
     } else if (st == RESHARD_OK) {
         if (rank == 1)
             usleep(1000 * 1000);
-        st = reshard_plan_execute(plan, &b);
+        st = reshard_plan_execute(x.plan, &x.b);
     }
-    if (st == RESHARD_OK && count_wrong(dst, rank, d))
+    if (st == RESHARD_OK && count_wrong(x.dst, rank, x.d))
         st = RESHARD_ERR_INTERNAL;
-    reshard_plan_destroy(plan);
-    free(s);
-    free(d);
-    reshard_layout_destroy(src);
-    reshard_layout_destroy(dst);
+    side_close(&x);
     return st;
 }
 
@@ -307,26 +301,15 @@ Test(comm, a_second_execute_on_a_running_plan_is_refused_and_the_first_completes
 static reshard_status_t rank3_skips_execute(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
-    reshard_layout_t *src = parse(SRC), *dst = parse(DST);
-    reshard_tensor_t t = {"w", src, dst};
-    reshard_plan_t *plan = NULL;
-    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+    struct side x;
+    reshard_status_t st = side_open(&x, comm, rank, SRC, DST);
     if (st == RESHARD_OK && rank != 3) {
-        size_t sb, db;
-        reshard_layout_shard_bytes(src, rank, &sb);
-        reshard_layout_shard_bytes(dst, rank, &db);
-        void *s = calloc(1, sb), *d = calloc(1, db);
-        reshard_buffers_t b = {s, sb, d, db, RESHARD_MEM_HOST};
-        st = reshard_plan_execute(plan, &b);
-        free(s);
-        free(d);
+        st = reshard_plan_execute(x.plan, &x.b);
     } else if (st == RESHARD_OK) {
         sleep(4); /* longer than the others' timeout (2 s) */
         st = RESHARD_ERR_INTERNAL;
     }
-    reshard_plan_destroy(plan);
-    reshard_layout_destroy(src);
-    reshard_layout_destroy(dst);
+    side_close(&x);
     return st;
 }
 

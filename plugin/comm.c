@@ -80,8 +80,14 @@ static reshard_status_t exchange(struct reshard_comm *c)
     me->addr_len = (uint32_t)len;
     RS_CHECK_GOTO(boot_allgather(c->boot, h, sizeof(*h)), st, out);
     size_t slot = 0;
-    for (int r = 0; r < c->size; r++)
+    for (int r = 0; r < c->size; r++) {
+        if (h[r].addr_len > COMM_ADDR_MAX) { /* every rank sees the same: all fail alike */
+            st = rs_error(RESHARD_ERR_INTERNAL, "rank %d announced a %u-byte address (at most %d)",
+                          r, h[r].addr_len, COMM_ADDR_MAX);
+            goto out;
+        }
         slot = h[r].addr_len > slot ? h[r].addr_len : slot;
+    }
     if (!(addrs = rs_calloc((size_t)c->size, slot, "addresses"))) {
         st = RESHARD_ERR_NO_MEMORY;
         goto out;

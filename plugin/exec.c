@@ -69,6 +69,9 @@ struct run {
         size_t head, tail, cap;
     } net_q, local_q; /* network sends wait for the window; local work never waits */
     size_t in_left, out_left;
+    /* Acknowledgements: received from send_peers, sent to recv_peers once all arrived. */
+    struct chunk_req *ack_in, *ack_out;
+    int acks_in_left, acks_out_left, acked;
     size_t *tmp_left; /* [ntensors]: chunks still to reach the whole-tensor buffer */
     int inflight, posted;
     int *peer_inflight; /* [size] */
@@ -241,6 +244,43 @@ static void on_send(struct tp_req *req, reshard_status_t st, size_t bytes)
     }
     r->out_left--;
     r->last_event_ms = now_ms();
+}
+
+static void on_ack(struct tp_req *req, reshard_status_t st, size_t bytes)
+{
+    (void)bytes;
+    struct chunk_req *c = container_of(req, struct chunk_req, req);
+    struct run *r = c->run;
+    r->posted--;
+    if (r->draining)
+        return;
+    if (st != RESHARD_OK) {
+        fail(r, rs_error(st, "rank %d: the acknowledgement %s rank %d failed", r->comm->rank,
+                         c->kind == REQ_RECV_CTRL ? "from" : "to", req->peer));
+        return;
+    }
+    if (c->kind == REQ_RECV_CTRL)
+        r->acks_in_left--;
+    else
+        r->acks_out_left--;
+    r->last_event_ms = now_ms();
+}
+
+/* Everything bound for this rank arrived: tell each sender. */
+static reshard_status_t send_acks(struct run *r)
+{
+    struct exec *x = r->x;
+    struct tp_ctx *net = x->comm->net;
+    r->acked = 1;
+    for (int i = 0; i < x->nrecv_peers; i++) {
+        struct chunk_req *c = &r->ack_out[i];
+        *c = (struct chunk_req){.req.done = on_ack, .run = r, .slot = -1, .kind = REQ_SEND_CTRL};
+        RS_CHECK(net->ops->send(net, x->recv_peers[i],
+                                make_tag(TAG_CTRL, r->seq, ACK_XFER, (uint32_t)x->comm->rank), NULL,
+                                0, NULL, 1, &c->req));
+        r->posted++;
+    }
+    return RESHARD_OK;
 }
 
 /* The scatter list of a strided destination chunk. */
@@ -576,6 +616,8 @@ static void run_free(struct run *r)
     free(r->in_arrived);
     free(r->tmp_left);
     free(r->peer_inflight);
+    free(r->ack_in);
+    free(r->ack_out);
     free(r->net_q.q);
     free(r->local_q.q);
     free(r);
@@ -628,13 +670,17 @@ static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs
     r->in_arrived = rs_calloc(x->nin + 1, sizeof(uint32_t), "arrivals");
     r->tmp_left = rs_calloc((size_t)x->plan->ntensors, sizeof(size_t), "arrivals");
     r->peer_inflight = rs_calloc((size_t)x->comm->size, sizeof(int), "sends in flight");
+    r->ack_in = rs_calloc((size_t)x->nsend_peers + 1, sizeof(*r->ack_in), "acknowledgements");
+    r->ack_out = rs_calloc((size_t)x->nrecv_peers + 1, sizeof(*r->ack_out), "acknowledgements");
     if (!r->peer_dst || !r->peer_tmp || !r->in_req || !r->out_req || !r->in_arrived ||
-        !r->tmp_left || !r->peer_inflight) {
+        !r->tmp_left || !r->peer_inflight || !r->ack_in || !r->ack_out) {
         run_free(r);
         return RESHARD_ERR_NO_MEMORY;
     }
     r->in_left = x->in_off[x->nin];
     r->out_left = x->out_off[x->nout];
+    r->acks_in_left = x->nsend_peers;
+    r->acks_out_left = x->nrecv_peers;
     memcpy(r->tmp_left, x->tmp_chunks, (size_t)x->plan->ntensors * sizeof(size_t));
     *out = r;
     return RESHARD_OK;
@@ -643,6 +689,15 @@ static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs
 static reshard_status_t start(struct run *r)
 {
     struct exec *x = r->x;
+    struct tp_ctx *net = x->comm->net;
+    for (int i = 0; i < x->nsend_peers; i++) {
+        struct chunk_req *c = &r->ack_in[i];
+        int peer = x->send_peers[i];
+        *c = (struct chunk_req){.req.done = on_ack, .run = r, .slot = -1, .kind = REQ_RECV_CTRL};
+        RS_CHECK(net->ops->recv(net, peer, make_tag(TAG_CTRL, r->seq, ACK_XFER, (uint32_t)peer),
+                                NULL, 0, NULL, &c->req));
+        r->posted++;
+    }
     for (size_t k = 0; k < x->nin; k++)
         for (size_t c = 0; c < x->in_off[k + 1] - x->in_off[k]; c++)
             RS_CHECK(post_recv(r, k, (uint32_t)c));
@@ -679,8 +734,20 @@ static void describe_wait(const struct run *r, char *buf, size_t n)
                          shown++ ? ", " : "", c->chunk, c->req.peer);
         used += w > 0 ? (size_t)w : 0;
     }
+    for (int i = 0; i < x->nsend_peers && shown < 4 && used < n; i++) {
+        if (!r->ack_in[i].req.handle)
+            continue;
+        int w = snprintf(buf + used, n - used, "%sthe acknowledgement of rank %d",
+                         shown++ ? ", " : "", x->send_peers[i]);
+        used += w > 0 ? (size_t)w : 0;
+    }
     if (!shown)
         snprintf(buf, n, "%zu send(s) to complete", r->out_left);
+}
+
+static int run_done(const struct run *r)
+{
+    return !r->in_left && !r->out_left && r->acked && !r->acks_in_left && !r->acks_out_left;
 }
 
 static reshard_status_t wait_done(struct run *r)
@@ -689,11 +756,16 @@ static reshard_status_t wait_done(struct run *r)
     struct tp_ctx *net = x->comm->net;
     int timeout = comm_timeout_ms();
     r->last_event_ms = now_ms();
-    while (r->st == RESHARD_OK && (r->in_left || r->out_left)) {
+    while (r->st == RESHARD_OK && !run_done(r)) {
         drain_ready(r);
+        if (!r->in_left && !r->acked) {
+            reshard_status_t st = send_acks(r);
+            if (st != RESHARD_OK)
+                return fail(r, st);
+        }
         if (net->ops->progress(net))
             continue;
-        if (r->st != RESHARD_OK || (!r->in_left && !r->out_left))
+        if (r->st != RESHARD_OK || run_done(r))
             break;
         if (net->failed_peer >= 0)
             return fail(r,
@@ -732,6 +804,9 @@ static void drain_failed(struct run *r)
     for (size_t i = 0; i < x->in_off[x->nin]; i++)
         if (r->in_req[i].req.handle)
             net->ops->cancel(net, &r->in_req[i].req);
+    for (int i = 0; i < x->nsend_peers; i++)
+        if (r->ack_in[i].req.handle)
+            net->ops->cancel(net, &r->ack_in[i].req);
     int64_t until = now_ms() + DRAIN_MS;
     while (r->posted > 0 && now_ms() < until)
         if (!net->ops->progress(net))
@@ -787,8 +862,6 @@ static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
     st = start(r);
     if (st == RESHARD_OK)
         st = wait_done(r);
-    if (st == RESHARD_OK) /* a completed send may still sit in the transport's buffers */
-        st = c->net->ops->flush(c->net, comm_timeout_ms());
     if (st == RESHARD_OK) {
         run_free(r);
         return RESHARD_OK;

@@ -16,6 +16,7 @@
 #define TAG_CTRL        UINT64_C(2)
 #define MAX_CHUNKS      (INT64_C(1) << 20)
 #define MAX_CHUNK_BYTES (INT64_C(1) << 30)
+#define ACK_XFER        UINT32_MAX /* the transfer field of an acknowledgement's tag */
 
 static inline uint64_t make_tag(uint64_t kind, uint32_t seq, uint32_t xfer, uint32_t chunk)
 {
@@ -33,6 +34,11 @@ struct exec {
     size_t nout, nin;
     size_t *out_off, *in_off; /* first chunk of each, then the total */
     uint32_t *child_first, *child;
+    /* Distinct peers this rank sends to (data or notices) and receives from: at the end each
+     * receiver acknowledges to its senders, so that an execution ends on a sender only when
+     * its bytes have landed (UCX may still hold a completed send in its buffers). */
+    int *send_peers, *recv_peers;
+    int nsend_peers, nrecv_peers;
     /* Per tensor: outgoing transfers that wait for the whole tensor (bcast), and how many
      * chunks must reach this rank's whole-tensor buffer first. */
     uint32_t *after_first, *after; /* [ntensors + 1], [nout] */

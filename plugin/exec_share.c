@@ -217,11 +217,33 @@ static reshard_status_t link_whole_tensors(struct exec *x)
 static reshard_status_t connect_peers(struct exec *x)
 {
     struct tp_ctx *net = x->comm->net;
-    for (size_t o = 0; o < x->nout; o++) {
-        const struct xfer *xf = &x->xs.x[x->out[o]];
-        if (xf->path != XFER_SELF)
-            RS_CHECK(net->ops->connect(net, xf->dst));
+    char *seen = rs_calloc((size_t)x->comm->size, 1, "peers");
+    x->send_peers = rs_calloc((size_t)x->comm->size, sizeof(int), "peers");
+    if (!seen || !x->send_peers) {
+        free(seen);
+        return RESHARD_ERR_NO_MEMORY;
     }
+    for (size_t o = 0; o < x->nout; o++) { /* out is in rotated order: so is the list */
+        const struct xfer *xf = &x->xs.x[x->out[o]];
+        if (xf->path != XFER_SELF && !seen[xf->dst]) {
+            seen[xf->dst] = 1;
+            x->send_peers[x->nsend_peers++] = xf->dst;
+        }
+    }
+    memset(seen, 0, (size_t)x->comm->size);
+    x->recv_peers = rs_calloc((size_t)x->comm->size, sizeof(int), "peers");
+    for (size_t k = 0; x->recv_peers && k < x->nin; k++) {
+        int src = x->xs.x[x->in[k]].src;
+        if (!seen[src]) {
+            seen[src] = 1;
+            x->recv_peers[x->nrecv_peers++] = src;
+        }
+    }
+    free(seen);
+    if (!x->recv_peers)
+        return RESHARD_ERR_NO_MEMORY;
+    for (int i = 0; i < x->nsend_peers; i++)
+        RS_CHECK(net->ops->connect(net, x->send_peers[i]));
     for (size_t k = 0; k < x->nin; k++)
         RS_CHECK(net->ops->connect(net, x->xs.x[x->in[k]].src));
     return RESHARD_OK;
@@ -328,6 +350,8 @@ void exec_destroy(struct exec *x)
     free(x->after_first);
     free(x->after);
     free(x->tmp_chunks);
+    free(x->send_peers);
+    free(x->recv_peers);
     xfer_free(&x->xs);
     free(x);
 }

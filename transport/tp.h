@@ -97,9 +97,6 @@ struct tp_ops {
     int (*progress)(struct tp_ctx *ctx);
     /* Sleeps until the context has work or timeout_ms passes (0 when something is ready). */
     reshard_status_t (*wait)(struct tp_ctx *ctx, int timeout_ms);
-    /* Pushes out everything posted so far (a completed send may still sit in the transport's
-     * buffers), so that peers can finish while this rank stops progressing. */
-    reshard_status_t (*flush)(struct tp_ctx *ctx, int timeout_ms);
     /* Closes every connection (waiting a bounded time for peers that may be gone), which
      * completes whatever is still bound to them; registrations stay valid until close. */
     void (*disconnect)(struct tp_ctx *ctx);

@@ -385,41 +385,6 @@ static reshard_status_t ucx_wait(struct tp_ctx *c, int timeout_ms)
     return RESHARD_OK;
 }
 
-static void flush_done(void *request, ucs_status_t status, void *user_data)
-{
-    (void)request;
-    *(ucs_status_t *)user_data = status;
-}
-
-static reshard_status_t ucx_flush(struct tp_ctx *c, int timeout_ms)
-{
-    struct ucx_ctx *u = to_ucx(c);
-    ucs_status_t done = UCS_INPROGRESS;
-    ucp_request_param_t p = {.op_attr_mask =
-                                 UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-                             .cb.send = flush_done,
-                             .user_data = &done};
-    ucs_status_ptr_t sp = u->f->ucp_worker_flush_nbx(u->worker, &p);
-    if (sp == NULL)
-        return RESHARD_OK;
-    if (UCS_PTR_IS_ERR(sp))
-        return ucx_fail(u, "ucp_worker_flush_nbx", UCS_PTR_STATUS(sp));
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    while (done == UCS_INPROGRESS) {
-        if (!u->f->ucp_worker_progress(u->worker))
-            (void)ucx_wait(c, 2);
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > timeout_ms)
-            break;
-    }
-    u->f->ucp_request_free(sp);
-    if (done == UCS_INPROGRESS)
-        return rs_error(RESHARD_ERR_TIMEOUT, "UCX: flushing the worker took over %d ms",
-                        timeout_ms);
-    return done == UCS_OK ? RESHARD_OK : ucx_fail(u, "ucp_worker_flush_nbx", done);
-}
-
 static reshard_status_t ucx_connect(struct tp_ctx *c, int peer)
 {
     ucp_ep_h ep = NULL;
@@ -509,7 +474,6 @@ const struct tp_ops tp_ucx_ops = {
     .cancel = ucx_cancel,
     .progress = ucx_progress,
     .wait = ucx_wait,
-    .flush = ucx_flush,
     .disconnect = ucx_disconnect,
     .close = ucx_close,
 };

@@ -24,7 +24,6 @@
     X(ucp_worker_progress)                                                                         \
     X(ucp_worker_get_efd)                                                                          \
     X(ucp_worker_arm)                                                                              \
-    X(ucp_worker_flush_nbx)                                                                        \
     X(ucp_ep_create)                                                                               \
     X(ucp_ep_close_nbx)                                                                            \
     X(ucp_tag_send_nbx)                                                                            \

@@ -3,6 +3,7 @@
  * Communicators and execution across real processes (fork): data lands where the layouts say,
  * and every bad input or fault ends with a clear error on every rank, never a hang.
  */
+#include "ranks.h"
 #include "reshard.h"
 
 #include <criterion/criterion.h>
@@ -14,73 +15,6 @@
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#define MAX_RANKS 8
-
-/* What a rank reports to the test process: its status and message. */
-struct outcome {
-    int status;
-    char msg[256];
-};
-
-static struct outcome *shared_outcomes(void)
-{
-    static struct outcome *o;
-    if (!o) {
-        o = mmap(NULL, sizeof(*o) * MAX_RANKS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                 -1, 0);
-        cr_assert_neq(o, MAP_FAILED);
-    }
-    memset(o, 0, sizeof(*o) * MAX_RANKS);
-    return o;
-}
-
-typedef reshard_status_t (*rank_fn)(int rank, int size, reshard_comm_t *comm);
-
-/* Runs fn on `size` forked ranks of one communicator; returns each rank's outcome. Rank
- * `stalls` may stop itself: it is killed once the others are done. */
-static struct outcome *run_ranks_stalling(int size, rank_fn fn, int stalls)
-{
-    struct outcome *out = shared_outcomes();
-    reshard_unique_id_t id;
-    cr_assert_eq(reshard_get_unique_id(&id), RESHARD_OK, "%s", reshard_last_error());
-    pid_t pid[MAX_RANKS];
-    for (int r = 0; r < size; r++) {
-        if ((pid[r] = fork()) == 0) {
-            reshard_comm_t *comm = NULL;
-            reshard_status_t st = reshard_comm_init_rank(&id, r, size, &comm);
-            if (st == RESHARD_OK)
-                st = fn(r, size, comm);
-            out[r].status = st;
-            snprintf(out[r].msg, sizeof(out[r].msg), "%s", reshard_last_error());
-            if (comm && st == RESHARD_OK)
-                reshard_comm_destroy(comm);
-            _exit(0);
-        }
-    }
-    int crashed = -1, sig = 0;
-    for (int r = 0; r < size; r++) {
-        int ws;
-        if (r == stalls)
-            continue;
-        waitpid(pid[r], &ws, 0);
-        if (!WIFEXITED(ws) && crashed < 0) {
-            crashed = r;
-            sig = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
-        }
-    }
-    if (stalls >= 0) { /* before any assertion: a stopped rank must not outlive the test */
-        kill(pid[stalls], SIGKILL);
-        waitpid(pid[stalls], NULL, 0);
-    }
-    cr_assert_eq(crashed, -1, "rank %d crashed (signal %d)", crashed, sig);
-    return out;
-}
-
-static struct outcome *run_ranks(int size, rank_fn fn)
-{
-    return run_ranks_stalling(size, fn, -1);
-}
 
 static reshard_layout_t *parse(const char *spec)
 {

@@ -88,7 +88,8 @@ deps:
 
 test: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BIN)
-	RESHARD_BUILD=$(BUILD) $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
+	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
+	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 
 demo: deps
 	@$(MAKE) --no-print-directory all

@@ -4,11 +4,15 @@
  * sending only what each destination lacks and each element over the network at most once
  * per NVLink domain.
  *
- * This release plans: it parses layouts, builds a plan for a topology, validates it and reports
- * its statistics. Conventions: functions return reshard_status_t; output arguments come last
- * and are written only on success; after a failure reshard_last_error() holds a one-line
- * message for the calling thread. Every function is thread-safe on distinct objects; plans,
- * layouts and topologies are immutable once created and may be read from several threads.
+ * This release parses layouts, plans, validates and reports plans, and moves host memory
+ * across processes and hosts: communicators, communicator plans and their execution (UCX
+ * between domains, cross-memory attach inside one). Conventions: functions return
+ * reshard_status_t; output arguments come last and are written only on success; after a
+ * failure reshard_last_error() holds a one-line message for the calling thread. Every function
+ * is thread-safe on distinct objects; layouts and topologies are immutable once created and may
+ * be read from several threads; a communicator runs one execution at a time (a concurrent one
+ * fails with RESHARD_ERR_BUSY). Collective calls (marked so) must be made by every rank of the
+ * communicator, in the same order.
  */
 #ifndef RESHARD_H
 #define RESHARD_H
@@ -223,11 +227,13 @@ typedef struct reshard_buffers {
 } reshard_buffers_t;
 
 /* Collective over the plan's communicator: moves every tensor; bufs[t] for tensor t. Returns
- * when this rank's destination shards are complete and its source shards may be reused. A
- * buffer smaller than its shard fails on every rank (RESHARD_ERR_BUFFER); a second call while
- * one runs on the same plan fails at once (RESHARD_ERR_BUSY); a peer silent for
- * RESHARD_TIMEOUT seconds fails with RESHARD_ERR_TIMEOUT naming it. After a failure the
- * destination buffers may be partial. */
+ * when this rank's destination shards are complete and the ranks it sent to have theirs, so its
+ * source shards may be reused. A buffer smaller than its shard fails on every rank before any
+ * byte moves (RESHARD_ERR_BUFFER; the communicator stays usable); a second call while one runs
+ * on the communicator fails at once (RESHARD_ERR_BUSY); a peer silent for RESHARD_TIMEOUT
+ * seconds fails with RESHARD_ERR_TIMEOUT naming it. A failure once bytes move leaves the
+ * destination buffers partial and the communicator unusable: later calls say it must be
+ * destroyed, and the buffers must outlive reshard_comm_destroy (it ends what is in flight). */
 RESHARD_API reshard_status_t reshard_plan_execute(reshard_plan_t *plan,
                                                   const reshard_buffers_t *bufs);
 

@@ -211,16 +211,22 @@ static void assert_all_ok(struct rank_run *r, int n)
     }
 }
 
+/* n ranks of id run the collectives together; every one must succeed with the right data. */
+static void run_job_ok(const struct boot_id *id, int n)
+{
+    struct rank_run r[8];
+    for (int i = 0; i < n; i++)
+        start(&r[i], id, i, n, 10000, WORK_COLLECTIVES);
+    finish_all(r, n);
+    assert_all_ok(r, n);
+    close_all(r, n);
+}
+
 Test(bootstrap, four_ranks_agree_on_allgather_bcast_and_barrier, .timeout = 30)
 {
     struct boot_id id;
-    struct rank_run r[4];
     cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
-    for (int i = 0; i < 4; i++)
-        start(&r[i], &id, i, 4, 10000, WORK_COLLECTIVES);
-    finish_all(r, 4);
-    assert_all_ok(r, 4);
-    close_all(r, 4);
+    run_job_ok(&id, 4);
 }
 
 Test(bootstrap, one_rank_alone_needs_nobody, .timeout = 30)
@@ -292,17 +298,12 @@ Test(bootstrap, forked_ranks_meet_at_the_id_their_parent_made, .timeout = 30)
 Test(bootstrap, id_from_an_address_and_explicit_port_joins_ranks, .timeout = 30)
 {
     struct boot_id id;
-    struct rank_run r[3];
     char addr[80], want[32];
     int port = free_port();
     loopback_id(port, SECRET, &id);
     snprintf(want, sizeof(want), "127.0.0.1:%d", port);
     cr_assert_str_eq(boot_id_addr(&id, addr, sizeof(addr)), want);
-    for (int i = 0; i < 3; i++)
-        start(&r[i], &id, i, 3, 10000, WORK_COLLECTIVES);
-    finish_all(r, 3);
-    assert_all_ok(r, 3);
-    close_all(r, 3);
+    run_job_ok(&id, 3);
 }
 
 Test(bootstrap, peers_started_before_rank_0_wait_for_it, .timeout = 30)
@@ -324,7 +325,6 @@ Test(bootstrap, ipv6_loopback_works, .timeout = 30)
     struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
     socklen_t len = sizeof(a);
     struct boot_id id;
-    struct rank_run r[3];
     char got[80], want[32];
     int fd = socket(AF_INET6, SOCK_STREAM, 0);
     if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
@@ -338,28 +338,19 @@ Test(bootstrap, ipv6_loopback_works, .timeout = 30)
                  rs_error_message());
     snprintf(want, sizeof(want), "[::1]:%d", ntohs(a.sin6_port));
     cr_assert_str_eq(boot_id_addr(&id, got, sizeof(got)), want);
-    for (int i = 0; i < 3; i++)
-        start(&r[i], &id, i, 3, 10000, WORK_COLLECTIVES);
-    finish_all(r, 3);
-    assert_all_ok(r, 3);
-    close_all(r, 3);
+    run_job_ok(&id, 3);
 }
 
 Test(bootstrap, configured_address_and_port_are_where_the_id_listens, .timeout = 30)
 {
     struct boot_id id;
-    struct rank_run r[2];
     char got[80], want[32];
     int port = free_port();
     boot_configure(&(struct boot_config){.addr = "127.0.0.1", .port = port});
     cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
     snprintf(want, sizeof(want), "127.0.0.1:%d", port);
     cr_assert_str_eq(boot_id_addr(&id, got, sizeof(got)), want);
-    for (int i = 0; i < 2; i++)
-        start(&r[i], &id, i, 2, 10000, WORK_COLLECTIVES);
-    finish_all(r, 2);
-    assert_all_ok(r, 2);
-    close_all(r, 2);
+    run_job_ok(&id, 2);
 }
 
 /* Every warning the bootstrap gives, one a line. */

@@ -247,6 +247,45 @@ static int connect_once(int s, const union sock_addr *a, int64_t deadline_ms)
     return err;
 }
 
+reshard_status_t sock_connect_start(const union sock_addr *a, int *fd)
+{
+    char as[SOCK_ADDR_STR];
+    int s = -1;
+    RS_CHECK(sock_open(a->sa.sa_family, &s));
+    reshard_status_t st = sock_setopt(s, IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY");
+    if (st != RESHARD_OK) {
+        close(s);
+        return st;
+    }
+    if (connect(s, &a->sa, sock_addr_len(a)) != 0 && errno != EINPROGRESS && errno != EINTR) {
+        st = rs_error(RESHARD_ERR_NETWORK, "connect to %s: %m", sock_addr_str(a, as, sizeof(as)));
+        close(s);
+        return st;
+    }
+    *fd = s;
+    return RESHARD_OK;
+}
+
+reshard_status_t sock_connect_check(int fd, const char *who, int *done)
+{
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int rc = poll(&p, 1, 0);
+    if (rc < 0 && errno != EINTR)
+        return rs_error(RESHARD_ERR_NETWORK, "poll on the connection to %s: %m", who);
+    if (rc <= 0) {
+        *done = 0;
+        return RESHARD_OK;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        err = errno;
+    if (err)
+        return rs_error(RESHARD_ERR_NETWORK, "connect to %s: %s", who, strerror(err));
+    *done = 1;
+    return RESHARD_OK;
+}
+
 /* Errors that mean "not listening yet" or a passing network hiccup: worth another try. */
 static int connect_retriable(int err)
 {

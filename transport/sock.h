@@ -53,6 +53,10 @@ reshard_status_t sock_accept(int lfd, int *fd, union sock_addr *peer);
  * address and timeout_ms. */
 reshard_status_t sock_connect(const union sock_addr *a, const char *who, int64_t deadline_ms,
                               int timeout_ms, int *fd);
+/* The same without waiting, for callers that must never block (the NCCL plugin): starts a
+ * connection, then sock_connect_check says whether it is up (*done), failed, or still on. */
+reshard_status_t sock_connect_start(const union sock_addr *a, int *fd);
+reshard_status_t sock_connect_check(int fd, const char *who, int *done);
 void sock_close(int *fd);
 /* poll() until an event or deadline_ms (*ready = 0 then), polling again after EINTR. */
 reshard_status_t sock_poll(struct pollfd *p, int n, int64_t deadline_ms, int *ready);

@@ -50,9 +50,10 @@ struct tp_counters {
 };
 
 struct tp_config {
-    int rank, size;
-    const char *tls; /* UCX_TLS syntax for the network context */
-    int peer_errors; /* fail a dead peer's requests at once, at a cost in bandwidth */
+    int rank, size;      /* peers 0..size-1; set_peer may add more (point-to-point users) */
+    const char *tls;     /* UCX_TLS syntax for the network context */
+    const char *devices; /* network devices to use (UCX_NET_DEVICES syntax); NULL: all */
+    int peer_errors;     /* fail a dead peer's requests at once, at a cost in bandwidth */
 };
 
 struct tp_ctx {
@@ -73,7 +74,8 @@ struct tp_ops {
     reshard_status_t (*init)(const struct tp_config *cfg, struct tp_ctx **out);
     /* This context's address: *len is the capacity of buf on entry, the length on return. */
     reshard_status_t (*address)(struct tp_ctx *ctx, void *buf, size_t *len);
-    /* Records peer's address; the connection itself may be made on first use. */
+    /* Records peer's address; the connection itself may be made on first use. A peer at or
+     * past the configured size grows the table (the NCCL plugin numbers its connections). */
     reshard_status_t (*set_peer)(struct tp_ctx *ctx, int peer, const void *addr, size_t len);
     /* Connects now, so that a receive-only rank also learns when this peer fails. */
     reshard_status_t (*connect)(struct tp_ctx *ctx, int peer);
@@ -100,6 +102,9 @@ struct tp_ops {
     /* Closes every connection (waiting a bounded time for peers that may be gone), which
      * completes whatever is still bound to them; registrations stay valid until close. */
     void (*disconnect)(struct tp_ctx *ctx);
+    /* Starts closing one peer's connection without waiting; progress() finishes it and close
+     * releases what is left. Requests bound to the peer still complete exactly once. */
+    void (*close_peer)(struct tp_ctx *ctx, int peer);
     void (*close)(struct tp_ctx *ctx);
 };
 

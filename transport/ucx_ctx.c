@@ -37,6 +37,9 @@ struct ucx_ctx {
     int rank, size;
     int peer_errors; /* UCX's peer error mode, on request (it costs bandwidth) */
     struct ucx_peer *peers;
+    size_t peers_cap;
+    void **closing; /* endpoint closes still in flight (close_peer) */
+    size_t n_closing, closing_cap;
 };
 
 static struct ucx_ctx *to_ucx(struct tp_ctx *c)
@@ -49,15 +52,21 @@ static reshard_status_t ucx_fail(const struct ucx_ctx *u, const char *call, ucs_
     return rs_error(ucx_status(st), "UCX %s: %s", call, u->f->ucs_status_string(st));
 }
 
-static reshard_status_t make_context(struct ucx_ctx *u, const char *tls)
+static reshard_status_t make_context(struct ucx_ctx *u, const struct tp_config *cfg)
 {
     ucp_config_t *config;
     ucs_status_t st = u->f->ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK)
         return ucx_fail(u, "ucp_config_read", st);
+    const char *tls = cfg->tls, *devs = cfg->devices;
     if (tls && *tls && (st = u->f->ucp_config_modify(config, "TLS", tls)) != UCS_OK) {
         u->f->ucp_config_release(config);
         return rs_error(ucx_status(st), "UCX: RESHARD_NET_TLS=%s rejected: %s", tls,
+                        u->f->ucs_status_string(st));
+    }
+    if (devs && *devs && (st = u->f->ucp_config_modify(config, "NET_DEVICES", devs)) != UCS_OK) {
+        u->f->ucp_config_release(config);
+        return rs_error(ucx_status(st), "UCX: network devices '%s' rejected: %s", devs,
                         u->f->ucs_status_string(st));
     }
     ucp_params_t params = {
@@ -104,10 +113,11 @@ static reshard_status_t ucx_init(const struct tp_config *cfg, struct tp_ctx **ou
     u->peer_errors = cfg->peer_errors;
     u->efd = -1;
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
-    u->peers = rs_calloc((size_t)cfg->size, sizeof(*u->peers), "UCX peers");
+    u->peers_cap = cfg->size > 0 ? (size_t)cfg->size : 1;
+    u->peers = rs_calloc(u->peers_cap, sizeof(*u->peers), "UCX peers");
     if (!u->peers)
         goto err;
-    RS_CHECK_GOTO(make_context(u, cfg->tls), st, err);
+    RS_CHECK_GOTO(make_context(u, cfg), st, err);
     RS_CHECK_GOTO(make_worker(u), st, err);
     *out = &u->super;
     return RESHARD_OK;
@@ -138,6 +148,19 @@ static reshard_status_t ucx_address(struct tp_ctx *c, void *buf, size_t *len)
 static reshard_status_t ucx_set_peer(struct tp_ctx *c, int peer, const void *addr, size_t len)
 {
     struct ucx_ctx *u = to_ucx(c);
+    if (peer < 0)
+        return rs_error(RESHARD_ERR_INTERNAL, "UCX: peer %d is not a peer", peer);
+    if ((size_t)peer >= u->peers_cap) {
+        size_t cap = u->peers_cap;
+        struct ucx_peer *p = rs_grow(u->peers, &cap, (size_t)peer + 1, sizeof(*p), "UCX peers");
+        if (!p)
+            return RESHARD_ERR_NO_MEMORY;
+        memset(p + u->peers_cap, 0, (cap - u->peers_cap) * sizeof(*p));
+        u->peers = p;
+        u->peers_cap = cap;
+    }
+    if (peer >= u->size)
+        u->size = peer + 1;
     void *copy = malloc(len);
     if (!copy)
         return rs_error(RESHARD_ERR_NO_MEMORY, "UCX: no memory for a peer address");
@@ -162,6 +185,8 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 
 static reshard_status_t get_ep(struct ucx_ctx *u, int peer, ucp_ep_h *ep)
 {
+    if (peer < 0 || peer >= u->size)
+        return rs_error(RESHARD_ERR_INTERNAL, "UCX: peer %d is not a peer", peer);
     struct ucx_peer *p = &u->peers[peer];
     if (p->ep) {
         *ep = p->ep;
@@ -363,10 +388,15 @@ static void ucx_cancel(struct tp_ctx *c, struct tp_req *req)
         u->f->ucp_request_cancel(u->worker, req->handle);
 }
 
+static void reap_closing(struct ucx_ctx *u, int all);
+
 static int ucx_progress(struct tp_ctx *c)
 {
     struct ucx_ctx *u = to_ucx(c);
-    return deliver_deferred(u) + (int)u->f->ucp_worker_progress(u->worker);
+    int n = deliver_deferred(u) + (int)u->f->ucp_worker_progress(u->worker);
+    if (u->n_closing)
+        reap_closing(u, 0);
+    return n;
 }
 
 static reshard_status_t ucx_wait(struct tp_ctx *c, int timeout_ms)
@@ -391,46 +421,64 @@ static reshard_status_t ucx_connect(struct tp_ctx *c, int peer)
     return get_ep(to_ucx(c), peer, &ep);
 }
 
+/* Starts closing peer's endpoint; the close request joins u->closing, reaped by progress. A
+ * forced close needs peer error mode on both sides; without it the close flushes, and the
+ * waits on it are bounded by whoever waits (close_eps). */
+static void start_close(struct ucx_ctx *u, int peer)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = u->peer_errors ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+    void *sp = u->f->ucp_ep_close_nbx(u->peers[peer].ep, &p);
+    u->peers[peer].ep = NULL;
+    if (!UCS_PTR_IS_PTR(sp))
+        return;
+    void **grown = rs_grow(u->closing, &u->closing_cap, u->n_closing + 1, sizeof(*grown),
+                           "UCX endpoint closes");
+    if (!grown) { /* UCX releases a freed request when it completes */
+        u->f->ucp_request_free(sp);
+        return;
+    }
+    u->closing = grown;
+    u->closing[u->n_closing++] = sp;
+}
+
+/* Releases the closes that finished; with `all`, the others too (they are not waited for). */
+static void reap_closing(struct ucx_ctx *u, int all)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < u->n_closing; i++) {
+        if (!all && u->f->ucp_request_check_status(u->closing[i]) == UCS_INPROGRESS)
+            u->closing[kept++] = u->closing[i];
+        else
+            u->f->ucp_request_free(u->closing[i]);
+    }
+    u->n_closing = kept;
+}
+
 /* At teardown, after the communicator's last barrier (or after a failure): closes every
  * endpoint, waiting at most 5 s for peers that may be gone, and releases what is left. */
 static void close_eps(struct ucx_ctx *u)
 {
-    void **reqs = calloc((size_t)u->size, sizeof(*reqs));
-    /* A forced close needs peer error mode on both sides; without it, a flushing close,
-     * bounded below. */
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                             .flags = u->peer_errors ? UCP_EP_CLOSE_FLAG_FORCE : 0};
-    for (int r = 0; r < u->size; r++) {
-        if (!u->peers[r].ep)
-            continue;
-        void *sp = u->f->ucp_ep_close_nbx(u->peers[r].ep, &p);
-        if (UCS_PTR_IS_PTR(sp)) {
-            if (reqs)
-                reqs[r] = sp;
-            else
-                u->f->ucp_request_free(sp);
-        }
-        u->peers[r].ep = NULL;
-    }
+    for (int r = 0; r < u->size; r++)
+        if (u->peers[r].ep)
+            start_close(u, r);
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int pending = 1; reqs && pending;) {
-        pending = 0;
+    for (;;) {
         u->f->ucp_worker_progress(u->worker);
+        reap_closing(u, 0);
         clock_gettime(CLOCK_MONOTONIC, &t);
-        int late = t.tv_sec - t0.tv_sec > 5;
-        for (int r = 0; r < u->size; r++) {
-            if (!reqs[r])
-                continue;
-            if (!late && u->f->ucp_request_check_status(reqs[r]) == UCS_INPROGRESS) {
-                pending = 1;
-                continue;
-            }
-            u->f->ucp_request_free(reqs[r]); /* a late one is released, not waited for */
-            reqs[r] = NULL;
-        }
+        if (!u->n_closing || t.tv_sec - t0.tv_sec > 5)
+            break;
     }
-    free(reqs);
+    reap_closing(u, 1);
+}
+
+static void ucx_close_peer(struct tp_ctx *c, int peer)
+{
+    struct ucx_ctx *u = to_ucx(c);
+    if (peer >= 0 && peer < u->size && u->peers[peer].ep)
+        start_close(u, peer);
 }
 
 static void ucx_disconnect(struct tp_ctx *c)
@@ -456,6 +504,7 @@ static void ucx_close(struct tp_ctx *c)
     if (u->context)
         u->f->ucp_cleanup(u->context);
     free(u->peers);
+    free(u->closing);
     free(u);
 }
 
@@ -475,5 +524,6 @@ const struct tp_ops tp_ucx_ops = {
     .progress = ucx_progress,
     .wait = ucx_wait,
     .disconnect = ucx_disconnect,
+    .close_peer = ucx_close_peer,
     .close = ucx_close,
 };

@@ -12,6 +12,12 @@
 
 static enum rs_log_level level = RS_LOG_WARN;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+static rs_log_sink_fn _Atomic sink;
+
+void rs_log_set_sink(rs_log_sink_fn fn)
+{
+    sink = fn;
+}
 
 /* Every failed RS_CHECK leaves a breadcrumb at TRACE, so a failure shows the path it took. */
 static void trace_check(const char *file, int line, const char *expr, reshard_status_t st)
@@ -19,14 +25,15 @@ static void trace_check(const char *file, int line, const char *expr, reshard_st
     rs_log(RS_LOG_TRACE, "%s:%d %s -> %s", file, line, expr, rs_status_name(st));
 }
 
-static void emit(enum rs_log_level l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void emit(enum rs_log_level l, unsigned long flags, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 static void announce(const char *env, const char *value, const char *why)
 {
     if (why)
-        emit(RS_LOG_WARN, "%s=%s %s; the default stays", env, value, why);
+        emit(RS_LOG_WARN, RS_LOGF_ENV, "%s=%s %s; the default stays", env, value, why);
     else
-        emit(RS_LOG_INFO, "%s set by environment to %s", env, value);
+        emit(RS_LOG_INFO, RS_LOGF_ENV, "%s set by environment to %s", env, value);
 }
 
 static void init(void)
@@ -41,21 +48,35 @@ static void init(void)
     else
         level = RS_LOG_WARN;
     if (level == RS_LOG_WARN && strcasecmp(v, "WARN"))
-        emit(RS_LOG_WARN, "RESHARD_DEBUG=%s is not NONE, WARN, INFO or TRACE; using WARN", v);
+        emit(RS_LOG_WARN, RS_LOGF_ENV,
+             "RESHARD_DEBUG=%s is not NONE, WARN, INFO or TRACE; using WARN", v);
     rs_error_set_trace(trace_check);
     rs_param_overrides(announce);
+}
+
+/* NCCL's logger filters by NCCL_DEBUG itself: WARN and INFO always reach it. */
+static enum rs_log_level threshold(void)
+{
+    return sink && level < RS_LOG_INFO ? RS_LOG_INFO : level;
 }
 
 int rs_log_enabled(enum rs_log_level l)
 {
     pthread_once(&once, init);
-    return l <= level;
+    return l <= threshold();
 }
 
-static void vemit(enum rs_log_level l, const char *fmt, va_list ap)
+static void vemit(enum rs_log_level l, unsigned long flags, const char *fmt, va_list ap)
 {
-    if (l > level)
+    if (l > threshold())
         return;
+    rs_log_sink_fn to = sink;
+    if (to) {
+        char msg[1024];
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        to(l, flags, msg);
+        return;
+    }
     static const char *const names[] = {
         [RS_LOG_WARN] = "WARN", [RS_LOG_INFO] = "INFO", [RS_LOG_TRACE] = "TRACE"};
     char host[64] = "?", msg[1024];
@@ -65,11 +86,11 @@ static void vemit(enum rs_log_level l, const char *fmt, va_list ap)
     fprintf(stderr, "%s:%d RESHARD %s %s\n", host, (int)getpid(), names[l] ? names[l] : "?", msg);
 }
 
-static void emit(enum rs_log_level l, const char *fmt, ...)
+static void emit(enum rs_log_level l, unsigned long flags, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vemit(l, fmt, ap);
+    vemit(l, flags, fmt, ap);
     va_end(ap);
 }
 
@@ -79,6 +100,16 @@ void rs_log(enum rs_log_level l, const char *fmt, ...)
         return;
     va_list ap;
     va_start(ap, fmt);
-    vemit(l, fmt, ap);
+    vemit(l, RS_LOGF_NET, fmt, ap);
+    va_end(ap);
+}
+
+void rs_log_sub(enum rs_log_level l, unsigned long flags, const char *fmt, ...)
+{
+    if (!rs_log_enabled(l))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vemit(l, flags, fmt, ap);
     va_end(ap);
 }

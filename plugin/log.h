@@ -1,11 +1,21 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Logging. Levels follow NCCL's numbering so the plugin can hand lines to NCCL's logger. */
+/* Logging. Levels and subsystem flags follow NCCL's numbering so that, inside NCCL, the plugin
+ * hands its lines to NCCL's logger (rs_log_set_sink) and NCCL_DEBUG / NCCL_DEBUG_SUBSYS apply. */
 #ifndef RS_LOG_H
 #define RS_LOG_H
 
 enum rs_log_level { RS_LOG_NONE = 0, RS_LOG_WARN = 2, RS_LOG_INFO = 3, RS_LOG_TRACE = 5 };
+enum rs_log_flag { RS_LOGF_INIT = 1, RS_LOGF_NET = 16, RS_LOGF_ENV = 128 };
 
 void rs_log(enum rs_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same for a subsystem other than NET. */
+void rs_log_sub(enum rs_log_level level, unsigned long flags, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 int rs_log_enabled(enum rs_log_level level);
+
+/* Where lines go instead of stderr (NULL: back to stderr). Set before the first line is logged
+ * so that the settings read from the environment are reported there, once. */
+typedef void (*rs_log_sink_fn)(enum rs_log_level level, unsigned long flags, const char *msg);
+void rs_log_set_sink(rs_log_sink_fn sink);
 
 #endif

@@ -37,7 +37,11 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
       "UCX transports of the inter-domain context (UCX_TLS syntax; never shared memory)")          \
     X(NET_PEER_ERRORS, RS_PARAM_INT, "0", 0,                                                       \
       "1: UCX peer error mode, a dead peer fails its transfers at once (costs ~30% of TCP "        \
-      "bandwidth here); 0: such waits end at RESHARD_TIMEOUT")
+      "bandwidth here); 0: such waits end at RESHARD_TIMEOUT")                                     \
+    X(NET_DEVICES, RS_PARAM_STR, "", 0,                                                            \
+      "NCCL plugin: interfaces it offers (comma-separated name prefixes; empty: all that are up)") \
+    X(NET_ALLOW_LO, RS_PARAM_INT, "0", 0,                                                          \
+      "NCCL plugin: 1 offers loopback interfaces too (tests on one host)")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

@@ -20,8 +20,9 @@ LDFLAGS_ALL := $(SAN) $(LDFLAGS)
 
 LIB_SRC := $(sort $(wildcard planner/*.c transport/*.c plugin/*.c))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-TEST_SRC := $(sort $(wildcard test/planner/*.c test/transport/*.c test/plugin/*.c test/tools/*.c \
-                              test/cluster/*.c))
+TEST_SRC := $(filter-out test/plugin/net_driver.c, \
+              $(sort $(wildcard test/planner/*.c test/transport/*.c test/plugin/*.c test/tools/*.c \
+                                test/cluster/*.c)))
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
 SO := $(BUILD)/libnccl-net-reshard.so
@@ -30,6 +31,7 @@ PLAN_BIN := $(BUILD)/reshard-plan
 UNIT_BIN := $(BUILD)/test/unit
 BENCH_BIN := $(BUILD)/test/perf/plan_bench
 PERF_BIN := $(BUILD)/test/perf/reshard_perf
+NET_DRIVER := $(BUILD)/test/net_driver
 
 # Debian packages that building and testing need (make deps installs the missing ones).
 DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev iproute2 util-linux
@@ -71,6 +73,12 @@ $(PERF_BIN): $(BUILD)/obj/test/perf/reshard_perf.o $(SO)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN/../..' -lm $(LDFLAGS_ALL)
 
+# The net plugin conformance driver loads the plugin as NCCL does (dlopen), so it does not
+# link it.
+$(NET_DRIVER): $(BUILD)/obj/test/plugin/net_driver.o
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< -ldl $(LDFLAGS_ALL)
+
 deps:
 	@missing=""; for p in $(DEPS); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' \
@@ -87,7 +95,7 @@ deps:
 	fi
 
 test: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BIN)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 
@@ -116,4 +124,5 @@ clean:
 	rm -rf build
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/tools/reshard_plan.d \
-    $(BUILD)/obj/test/perf/plan_bench.d $(BUILD)/obj/test/perf/reshard_perf.d
+    $(BUILD)/obj/test/perf/plan_bench.d $(BUILD)/obj/test/perf/reshard_perf.d \
+    $(BUILD)/obj/test/plugin/net_driver.d

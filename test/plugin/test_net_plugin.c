@@ -1,0 +1,297 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The NCCL net plugin, as NCCL sees it: net_driver (test/plugin/net_driver.c) loads
+ * libnccl-net-reshard.so with dlopen through LD_LIBRARY_PATH and drives one ncclNetPlugin_vN.
+ *
+ * net_conformance: the whole life cycle between two processes for every exported version, on
+ *                  two emulated nodes when this host can make them (root), else over loopback.
+ * net_faults:      bad input and faults (garbage and foreign handles, a request tested after
+ *                  it completed, too many outstanding requests, unsupported registrations,
+ *                  contexts), and a peer killed in the middle of a stream, on either side.
+ */
+#include "tools/run_util.h"
+
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define OUT_MAX  (1 << 20)
+#define CMD_MAX  4096
+#define LOOPBACK "RESHARD_NET_ALLOW_LO=1 RESHARD_NET_DEVICES=lo"
+
+static char out[OUT_MAX];
+static const int versions[] = {8, 9, 10, 11, 12};
+
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...)
+{
+    char cmd[CMD_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    cr_assert(n > 0 && n < (int)sizeof(cmd), "command too long");
+    return run_capture(cmd, out, sizeof(out));
+}
+
+/* A fresh path for the handle, the out-of-band channel between the two roles. */
+static void handle_path(char *path, size_t n)
+{
+    char dir[] = "/tmp/reshard-net-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, n, "%s/handle", dir);
+}
+
+static void handle_cleanup(const char *path)
+{
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s", path);
+    unlink(path);
+    *strrchr(dir, '/') = '\0';
+    rmdir(dir);
+}
+
+static int count_lines(const char *prefix)
+{
+    int n = 0;
+    size_t len = strlen(prefix);
+    for (const char *p = out; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        n += strncmp(p, prefix, len) == 0;
+    return n;
+}
+
+/* cluster.sh copies rank 0's stdout as it is and prefixes the other ranks' lines: prefix rank
+ * 0's too, so both runs read alike. */
+static void prefix_rank0(void)
+{
+    static char copy[OUT_MAX];
+    size_t n = 0;
+    for (const char *p = out; *p && n + 16 < sizeof(copy);) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p + 1) : strlen(p);
+        if (strncmp(p, "[rank ", 6))
+            n += (size_t)snprintf(copy + n, sizeof(copy) - n, "[rank 0] ");
+        if (n + len >= sizeof(copy))
+            break;
+        memcpy(copy + n, p, len);
+        n += len;
+        p += len;
+    }
+    copy[n] = '\0';
+    memcpy(out, copy, n + 1);
+}
+
+/* Both roles of version v, each printing its lines with a prefix; returns the exit status of
+ * the pair (0 when both passed). `extra` goes to both (--die ...). */
+static int two_processes(int v, const char *extra, int cluster)
+{
+    char handle[256];
+    handle_path(handle, sizeof(handle));
+    const char *b = build_dir();
+    int rc;
+    if (cluster)
+        rc = run("scripts/cluster.sh run --nodes 2 --ranks-per-node 1 --rate none --timeout 120 "
+                 "-- sh -c 'LD_LIBRARY_PATH=%s exec %s/test/net_driver --version %d --role env "
+                 "--handle %s %s 2>&1' 2>&1", /* cluster.sh prefixes "[rank N] " */
+                 b, b, v, handle, extra);
+    else
+        rc = run("export LD_LIBRARY_PATH=%s " LOOPBACK "; "
+                 "(%s/test/net_driver --version %d --role recv --handle %s %s 2>&1; "
+                 "echo \"exit $?\") | sed -u 's/^/[rank 0] /' & "
+                 "(%s/test/net_driver --version %d --role send --handle %s %s 2>&1; "
+                 "echo \"exit $?\") | sed -u 's/^/[rank 1] /'; wait",
+                 b, b, v, handle, extra, b, v, handle, extra);
+    handle_cleanup(handle);
+    if (cluster)
+        prefix_rank0();
+    return rc;
+}
+
+static int have_cluster(void)
+{
+    static int cached = -1;
+    if (cached < 0)
+        cached = run("scripts/cluster.sh check") == 0;
+    return cached;
+}
+
+/* The whole life cycle of one version; the stream is 1 GiB in 4 MiB messages. */
+static void life_cycle(int v)
+{
+    int cluster = have_cluster();
+    int rc = two_processes(v, "", cluster);
+    cr_log_info("v%d over %s:\n%s", v, cluster ? "two emulated nodes" : "loopback", out);
+    cr_assert_eq(count_lines("[rank 0] FAIL") + count_lines("[rank 1] FAIL"), 0, "%s", out);
+    const char *steps[] = {"ok init",
+                           "ok getProperties",
+                           "ok listen",
+                           "ok accept",
+                           "ok regMr",
+                           "ok 5000 bytes into 5200",
+                           "ok grouped irecv of maxRecvs by tag",
+                           "ok 32 outstanding grouped receives",
+                           "ok zero-byte message",
+                           "ok stream 1024 MiB",
+                           "ok iflush",
+                           "ok deregMr",
+                           "ok closeRecv with a receive in flight",
+                           "ok closeListen",
+                           "ok finalize"};
+    char want[128];
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        snprintf(want, sizeof(want), "[rank 0] %s", steps[i]);
+        cr_assert_eq(count_lines(want), 1, "receiver: no '%s' line:\n%s", steps[i], out);
+    }
+    const char *send_steps[] = {"ok connect",
+                                "ok isend 5000",
+                                "ok grouped isends",
+                                "ok 32 x maxRecvs outstanding sends",
+                                "ok zero-byte send",
+                                "ok stream sent",
+                                "ok closeSend with a send in flight",
+                                "ok finalize"};
+    for (size_t i = 0; i < sizeof(send_steps) / sizeof(send_steps[0]); i++) {
+        snprintf(want, sizeof(want), "[rank 1] %s", send_steps[i]);
+        cr_assert_eq(count_lines(want), 1, "sender: no '%s' line:\n%s", send_steps[i], out);
+    }
+    snprintf(want, sizeof(want), "[rank 0] ok load libnccl-net-reshard.so ncclNetPlugin_v%d", v);
+    cr_assert_eq(count_lines(want), 1, "the receiver did not load v%d:\n%s", v, out);
+    if (!cluster) /* cluster.sh's status is the pair's; here each role said its own */
+        cr_assert(strstr(out, "[rank 0] exit 0") && strstr(out, "[rank 1] exit 0"), "%s", out);
+    cr_assert_eq(rc, 0, "%s", out);
+}
+
+Test(net_conformance, v8_life_cycle, .timeout = 150)
+{
+    life_cycle(8);
+}
+
+Test(net_conformance, v9_life_cycle, .timeout = 150)
+{
+    life_cycle(9);
+}
+
+Test(net_conformance, v10_life_cycle, .timeout = 150)
+{
+    life_cycle(10);
+}
+
+Test(net_conformance, v11_life_cycle, .timeout = 150)
+{
+    life_cycle(11);
+}
+
+Test(net_conformance, v12_life_cycle, .timeout = 150)
+{
+    life_cycle(12);
+}
+
+/* Without a version, the driver takes the newest symbol, as NCCL 2.30 does: v12. */
+Test(net_conformance, newest_symbol_first, .timeout = 60)
+{
+    int rc = run("LD_LIBRARY_PATH=%s " LOOPBACK " %s/test/net_driver --version auto --case "
+                 "contexts 2>&1",
+                 build_dir(), build_dir());
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "ok load libnccl-net-reshard.so ncclNetPlugin_v12\n"), "%s", out);
+}
+
+/* NCCL_NET_PLUGIN may hold a full path instead of a name found through LD_LIBRARY_PATH. */
+Test(net_conformance, loads_from_a_full_path, .timeout = 60)
+{
+    char path[1024];
+    cr_assert_not_null(realpath(build_dir(), path));
+    int rc = run("NCCL_NET_PLUGIN=%s/libnccl-net-reshard.so " LOOPBACK
+                 " %s/test/net_driver --version 8 --case contexts 2>&1",
+                 path, build_dir());
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "ok load /"), "%s", out);
+}
+
+/* ---- bad input and faults ---- */
+
+static void each_version(const char *name, const char *expect_line)
+{
+    for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
+        int rc = run("LD_LIBRARY_PATH=%s " LOOPBACK " %s/test/net_driver --version %d --case %s "
+                     "2>&1",
+                     build_dir(), build_dir(), versions[i], name);
+        cr_assert_eq(rc, 0, "v%d %s:\n%s", versions[i], name, out);
+        cr_assert(strstr(out, expect_line), "v%d %s: no '%s':\n%s", versions[i], name, expect_line,
+                  out);
+        cr_assert_null(strstr(out, "FAIL"), "%s", out);
+    }
+}
+
+Test(net_faults, garbage_handle_is_an_internal_error, .timeout = 60)
+{
+    each_version("garbage-handle", "ok garbage handle: 3, WARN: connect failed");
+}
+
+Test(net_faults, handle_from_another_job_is_refused, .timeout = 60)
+{
+    each_version("foreign-handle", "ok handle from another job: 2, WARN: connect failed: "
+                                   "NET/Reshard: listener");
+}
+
+Test(net_faults, request_tested_after_completion_is_an_error, .timeout = 60)
+{
+    each_version("test-after-done", "ok request tested after completion: 3");
+}
+
+Test(net_faults, more_outstanding_requests_than_allowed_is_an_error, .timeout = 60)
+{
+    each_version("too-many-requests", "ok 257th outstanding send: 3");
+    cr_assert(strstr(out, "ok 33rd outstanding receive: 3"), "%s", out);
+}
+
+Test(net_faults, unsupported_registrations_are_refused, .timeout = 60)
+{
+    each_version("bad-mr", "ok regMr of CUDA memory: 3");
+    cr_assert(strstr(out, "ok regMrDmaBuf: 3"), "%s", out);
+    cr_assert(strstr(out, "ok isend outside its registration: 3"), "%s", out);
+}
+
+Test(net_faults, contexts_init_twice_finalize_null_and_garbage, .timeout = 60)
+{
+    each_version("contexts", "ok finalize\n");
+    cr_assert(strstr(out, "ok finalize(NULL)"), "%s", out); /* v12, the last one run */
+    cr_assert(strstr(out, "ok listen on a garbage context: 3"), "%s", out);
+}
+
+/* A peer killed in the middle of the stream: the survivor's test fails with ncclSystemError and
+ * a WARN naming the peer, promptly (the driver gives up on a test after 60 s, the test here
+ * after 90). */
+static void peer_dies(int v, const char *side)
+{
+    char extra[32];
+    snprintf(extra, sizeof(extra), "--stream-mib 256 --die %s", side);
+    two_processes(v, extra, 0);
+    int survivor = !strcmp(side, "send") ? 0 : 1;
+    char want[64];
+    snprintf(want, sizeof(want), "[rank %d] ok peer died: test returned ncclSystemError", survivor);
+    cr_assert_eq(count_lines(want), 1, "%s", out);
+    cr_assert(strstr(out, "closed without closing the comm"), "%s", out);
+    snprintf(want, sizeof(want), "[rank %d] ok finalize", survivor);
+    cr_assert_eq(count_lines(want), 1, "the survivor did not finalize cleanly:\n%s", out);
+    snprintf(want, sizeof(want), "[rank %d] exit 0", survivor);
+    cr_assert_eq(count_lines(want), 1, "%s", out);
+}
+
+Test(net_faults, sender_dies_mid_stream_v12, .timeout = 120)
+{
+    peer_dies(12, "send");
+}
+
+Test(net_faults, receiver_dies_mid_stream_v12, .timeout = 120)
+{
+    peer_dies(12, "recv");
+}
+
+Test(net_faults, sender_dies_mid_stream_v8, .timeout = 120)
+{
+    peer_dies(8, "send");
+}

@@ -32,6 +32,7 @@ UNIT_BIN := $(BUILD)/test/unit
 BENCH_BIN := $(BUILD)/test/perf/plan_bench
 PERF_BIN := $(BUILD)/test/perf/reshard_perf
 NET_DRIVER := $(BUILD)/test/net_driver
+NET_PERF_BIN := $(BUILD)/reshard_net_perf
 
 # Debian packages that building and testing need (make deps installs the missing ones).
 DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev iproute2 util-linux
@@ -39,7 +40,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all test demo bench deps install format format-check clean
 
-all: $(SO) $(PLAN_BIN) $(PERF_BIN)
+all: $(SO) $(PLAN_BIN) $(PERF_BIN) $(NET_PERF_BIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
@@ -72,6 +73,10 @@ $(BENCH_BIN): $(BUILD)/obj/test/perf/plan_bench.o $(SO)
 $(PERF_BIN): $(BUILD)/obj/test/perf/reshard_perf.o $(SO)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN/../..' -lm $(LDFLAGS_ALL)
+
+# reshard_net_perf: isend/irecv streaming through the exported ncclNetPlugin_v12 table.
+$(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO)
+	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN' $(LDFLAGS_ALL)
 
 # The net plugin conformance driver loads the plugin as NCCL does (dlopen), so it does not
 # link it.
@@ -125,4 +130,4 @@ clean:
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/tools/reshard_plan.d \
     $(BUILD)/obj/test/perf/plan_bench.d $(BUILD)/obj/test/perf/reshard_perf.d \
-    $(BUILD)/obj/test/plugin/net_driver.d
+    $(BUILD)/obj/test/plugin/net_driver.d $(BUILD)/obj/test/perf/reshard_net_perf.d

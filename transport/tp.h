@@ -54,6 +54,7 @@ struct tp_config {
     const char *tls;     /* UCX_TLS syntax for the network context */
     const char *devices; /* network devices to use (UCX_NET_DEVICES syntax); NULL: all */
     int peer_errors;     /* fail a dead peer's requests at once, at a cost in bandwidth */
+    int serialized;      /* calls come from several threads, one at a time (caller's lock) */
 };
 
 struct tp_ctx {
@@ -103,7 +104,8 @@ struct tp_ops {
      * completes whatever is still bound to them; registrations stay valid until close. */
     void (*disconnect)(struct tp_ctx *ctx);
     /* Starts closing one peer's connection without waiting; progress() finishes it and close
-     * releases what is left. Requests bound to the peer still complete exactly once. */
+     * releases what is left. Requests bound to the peer still complete exactly once, and the
+     * index may be given to another peer by set_peer. */
     void (*close_peer)(struct tp_ctx *ctx, int peer);
     void (*close)(struct tp_ctx *ctx);
 };

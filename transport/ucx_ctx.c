@@ -80,11 +80,11 @@ static reshard_status_t make_context(struct ucx_ctx *u, const struct tp_config *
     return RESHARD_OK;
 }
 
-static reshard_status_t make_worker(struct ucx_ctx *u)
+static reshard_status_t make_worker(struct ucx_ctx *u, int serialized)
 {
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-        .thread_mode = UCS_THREAD_MODE_SINGLE,
+        .thread_mode = serialized ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE,
     };
     ucs_status_t st = u->f->ucp_worker_create(u->context, &wp, &u->worker);
     if (st != UCS_OK)
@@ -118,7 +118,7 @@ static reshard_status_t ucx_init(const struct tp_config *cfg, struct tp_ctx **ou
     if (!u->peers)
         goto err;
     RS_CHECK_GOTO(make_context(u, cfg), st, err);
-    RS_CHECK_GOTO(make_worker(u), st, err);
+    RS_CHECK_GOTO(make_worker(u, cfg->serialized), st, err);
     *out = &u->super;
     return RESHARD_OK;
 err:
@@ -384,8 +384,15 @@ static reshard_status_t ucx_recv_iov(struct tp_ctx *c, int peer, uint64_t tag,
 static void ucx_cancel(struct tp_ctx *c, struct tp_req *req)
 {
     struct ucx_ctx *u = to_ucx(c);
-    if (req->handle) /* the callback runs from progress, with UCS_ERR_CANCELED */
-        u->f->ucp_request_cancel(u->worker, req->handle);
+    if (!req->handle)
+        return;
+    /* UCX completes a cancelled receive inside ucp_request_cancel: marked as posting, the
+     * request's completion waits for the next progress(), as the ops table promises. (UCX
+     * cancels posted receives only; a send ends when its peer or its endpoint does.) */
+    req->state = REQ_POSTING;
+    u->f->ucp_request_cancel(u->worker, req->handle);
+    if (req->state == REQ_POSTING)
+        req->state = REQ_POSTED;
 }
 
 static void reap_closing(struct ucx_ctx *u, int all);
@@ -470,6 +477,10 @@ static void close_eps(struct ucx_ctx *u)
         clock_gettime(CLOCK_MONOTONIC, &t);
         if (!u->n_closing || t.tv_sec - t0.tv_sec > 5)
             break;
+        if (u->f->ucp_worker_arm(u->worker) == UCS_OK) { /* sleep, do not spin, meanwhile */
+            struct pollfd pfd = {.fd = u->efd, .events = POLLIN};
+            poll(&pfd, 1, 10);
+        }
     }
     reap_closing(u, 1);
 }
@@ -477,8 +488,12 @@ static void close_eps(struct ucx_ctx *u)
 static void ucx_close_peer(struct tp_ctx *c, int peer)
 {
     struct ucx_ctx *u = to_ucx(c);
-    if (peer >= 0 && peer < u->size && u->peers[peer].ep)
+    if (peer < 0 || peer >= u->size)
+        return;
+    if (u->peers[peer].ep)
         start_close(u, peer);
+    free(u->peers[peer].addr); /* the index may serve another peer next */
+    u->peers[peer].addr = NULL;
 }
 
 static void ucx_disconnect(struct tp_ctx *c)

@@ -16,6 +16,7 @@
 #include "param.h"
 
 #include <errno.h>
+#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -41,6 +42,7 @@ struct net_handle {
     union sock_addr addr;
     uint32_t stage_magic;
     struct net_connecting *stage;
+    uint64_t stage_gen; /* with the pointer: a stale copy never matches a reused address */
 };
 _Static_assert(sizeof(struct net_handle) <= NET_HANDLE_BYTES, "handle fits NCCL's 128 bytes");
 
@@ -57,6 +59,7 @@ struct net_connecting {
     uint32_t id;
     int64_t deadline_ms;
     char peer[SOCK_ADDR_STR];
+    uint64_t gen;
     struct net_connecting *next; /* every connection in progress, to vet handles against */
 };
 
@@ -77,8 +80,22 @@ struct net_listen {
     int64_t deadline_ms;
 };
 
+/* The comm's socket carries nothing after the handshake, so without keepalive a host that
+ * vanishes (no FIN, no RST) would go unnoticed: probes after 10 s idle, every 5 s, 3 tries. */
+static void keepalive(int fd)
+{
+    static const int on = 1, idle = 10, intvl = 5, cnt = 3;
+    if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt)) != 0)
+        rs_log(RS_LOG_INFO, "NET/Reshard: TCP keepalive not set: %m; a vanished host would go "
+                            "unnoticed");
+}
+
 static pthread_mutex_t stages_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct net_connecting *stages;
+static uint64_t stages_made;
 
 static int64_t deadline(void)
 {
@@ -124,13 +141,24 @@ static void comm_retire(struct net_comm *c)
         for (int i = 0; i < c->nreqs; i++)
             for (int j = 0; c->reqs[i].state != REQ_FREE && j < c->reqs[i].n; j++)
                 d->tp->ops->cancel(d->tp, &c->reqs[i].sub[j].tp);
-    if (d->tp && c->peer >= 0)
+    if (d->tp && c->peer >= 0) {
         d->tp->ops->close_peer(d->tp, c->peer);
+        int *grown = rs_grow(d->free_peers, &d->free_cap, d->n_free + 1, sizeof(int),
+                             "NET/Reshard peer indices");
+        if (grown) { /* else the index is not reused, which only costs a table entry */
+            d->free_peers = grown;
+            d->free_peers[d->n_free++] = c->peer;
+        }
+    }
     c->magic = NET_MAGIC_DEAD;
-    d->comms--;
+    d->users--;
     if (d->tp)
         d->tp->ops->progress(d->tp);
     if (c->in_transport) {
+        rs_log(RS_LOG_INFO,
+               "NET/Reshard: the transport still holds %d transfer(s) of the comm "
+               "with %s; it is released when they end",
+               c->in_transport, c->peer_name);
         c->next_dead = d->dead;
         d->dead = c;
     } else {
@@ -199,7 +227,7 @@ reshard_status_t net_listen(struct net_ctx *ctx, int dev, void *handle, void **l
     h->nonce = l->nonce;
     h->addr = a;
     pthread_mutex_lock(&d->lock);
-    d->comms++;
+    d->users++;
     pthread_mutex_unlock(&d->lock);
     rs_log(RS_LOG_INFO, "NET/Reshard: listening on %s (%s)", l->name, d->name);
     *listen_comm = l;
@@ -272,7 +300,7 @@ static reshard_status_t accept_answer(struct net_listen *l)
         goto out;
     }
     l->comm->id = ++d->next_id;
-    d->comms++;
+    d->users++;
     if (!(l->reply = rs_calloc(1, NET_REPLY_BYTES + len, "NET/Reshard handshake"))) {
         st = RESHARD_ERR_NO_MEMORY;
         goto out;
@@ -281,7 +309,13 @@ static reshard_status_t accept_answer(struct net_listen *l)
     memcpy(l->reply + NET_REPLY_BYTES, addr, len);
     l->reply_len = NET_REPLY_BYTES + len;
 out:
+    if (st != RESHARD_OK && l->comm) {
+        comm_retire(l->comm);
+        l->comm = NULL;
+    }
     pthread_mutex_unlock(&d->lock);
+    if (st != RESHARD_OK)
+        accept_reset(l); /* the connector sees the socket close and fails too */
     return st;
 }
 
@@ -337,6 +371,7 @@ reshard_status_t net_accept(void *listen_comm, void **recv_comm)
     }
     struct net_comm *c = l->comm;
     c->fd = l->afd;
+    keepalive(c->fd);
     l->afd = -1;
     l->comm = NULL;
     accept_reset(l);
@@ -362,7 +397,7 @@ reshard_status_t net_close_listen(void *listen_comm)
     accept_reset(l);
     sock_close(&l->fd);
     pthread_mutex_lock(&l->dev->lock);
-    l->dev->comms--;
+    l->dev->users--;
     pthread_mutex_unlock(&l->dev->lock);
     l->magic = NET_MAGIC_DEAD;
     free(l);
@@ -386,6 +421,7 @@ static void stage_free(struct net_handle *h)
     free(s);
     h->stage = NULL;
     h->stage_magic = 0;
+    h->stage_gen = 0;
 }
 
 /* The handle's progress, if it has any and it is one of ours. */
@@ -396,7 +432,7 @@ static reshard_status_t stage_find(struct net_handle *h, int *found)
         return RESHARD_OK;
     pthread_mutex_lock(&stages_lock);
     for (struct net_connecting *s = stages; s; s = s->next)
-        *found |= s == h->stage;
+        *found |= s == h->stage && s->gen == h->stage_gen;
     pthread_mutex_unlock(&stages_lock);
     if (!*found)
         return rs_error(RESHARD_ERR_INVALID_ARG,
@@ -425,8 +461,10 @@ static reshard_status_t stage_new(struct net_dev *d, struct net_handle *h)
     pthread_mutex_lock(&stages_lock);
     s->next = stages;
     stages = s;
+    s->gen = ++stages_made;
     pthread_mutex_unlock(&stages_lock);
     h->stage = s;
+    h->stage_gen = s->gen;
     h->stage_magic = NET_STAGE_MAGIC;
     return RESHARD_OK;
 }
@@ -528,18 +566,19 @@ static reshard_status_t send_comm_make(struct net_connecting *s, struct net_comm
         goto out;
     }
     c->id = s->id;
-    c->peer = d->next_peer++;
+    c->peer = d->n_free ? d->free_peers[--d->n_free] : d->next_peer++;
     st = d->tp->ops->set_peer(d->tp, c->peer, s->addr, s->addr_len);
     if (st == RESHARD_OK)
         st = d->tp->ops->connect(d->tp, c->peer);
     if (st != RESHARD_OK) {
         c->fd = -1; /* still the stage's to close */
-        d->comms++;
+        d->users++;
         comm_retire(c);
         goto out;
     }
     s->fd = -1;
-    d->comms++;
+    keepalive(c->fd);
+    d->users++;
     *out = c;
 out:
     pthread_mutex_unlock(&d->lock);

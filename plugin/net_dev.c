@@ -183,9 +183,11 @@ static void release_devices(void)
     for (int i = 0; i < ndevs; i++) {
         struct net_dev *d = &devs[i];
         pthread_mutex_lock(&d->lock);
-        if (d->tp && !d->comms) {
+        if (d->tp && !d->users) {
             d->tp->ops->close(d->tp); /* completes, then drops, what the dead comms held */
             d->tp = NULL;
+            d->next_peer = 0;
+            d->n_free = 0;
             while (d->dead) {
                 struct net_comm *c = d->dead;
                 d->dead = c->next_dead;
@@ -271,6 +273,7 @@ reshard_status_t net_dev_tp(struct net_dev *d)
         .tls = rs_param_str(RS_PARAM_NET_TLS),
         .devices = d->name,
         .peer_errors = (int)rs_param_int(RS_PARAM_NET_PEER_ERRORS),
+        .serialized = 1, /* NCCL's service and progress threads, under d->lock */
     };
     reshard_status_t st = tp_ucx_ops.init(&cfg, &d->tp);
     if (st == RESHARD_ERR_UNAVAILABLE)

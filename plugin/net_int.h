@@ -28,11 +28,13 @@ struct net_dev {
     int speed_mbps;
     char *pci_path;
     uint64_t guid;
-    pthread_mutex_t lock;  /* everything below, and every comm of this device */
-    struct tp_ctx *tp;     /* made on first listen or connect */
-    int next_peer;         /* transport peer index of the next send comm */
+    pthread_mutex_t lock; /* everything below, and every comm of this device */
+    struct tp_ctx *tp;    /* made on first listen or connect */
+    int next_peer;        /* transport peer index of the next send comm, unless one is free */
+    int *free_peers;      /* indices of closed send comms, for the next ones */
+    size_t n_free, free_cap;
     uint32_t next_id;      /* tag prefix of the next receive comm */
-    int comms;             /* open listen, send and receive comms */
+    int users;             /* open listen, send and receive comms, and registrations */
     struct net_comm *dead; /* closed comms whose transfers the transport still holds */
 };
 
@@ -62,7 +64,8 @@ struct net_comm {
     int peer; /* send: the transport peer index */
     uint32_t id;
     char peer_name[SOCK_ADDR_STR];
-    int peer_closed;         /* the peer said goodbye: its end of the socket may close */
+    int64_t goodbye_ms;      /* when the peer said goodbye (0: not yet): it closed the comm */
+    int64_t eof_ms;          /* when its end of the socket closed (0: open) */
     reshard_status_t failed; /* the connection broke: every request fails with this */
     char why[160];
     int64_t next_check_ms;
@@ -93,7 +96,9 @@ reshard_status_t net_comm_alloc_reqs(struct net_comm *c, int nreqs, int subs_per
 /* Fails every transfer of c (the peer is gone): receives are cancelled, requests report why. */
 void net_comm_fail(struct net_comm *c, reshard_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Reads the handshake socket for a goodbye or the peer's death; dev->lock held. */
+/* Reads the handshake socket for a goodbye, its end, or an error (at most once a millisecond
+ * unless forced), and fails the comm when its peer is gone with transfers outstanding; called
+ * while a request waits, dev->lock held. */
 void net_comm_watch(struct net_comm *c, int force);
 void net_comm_free(struct net_comm *c);
 

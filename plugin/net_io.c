@@ -19,6 +19,12 @@
 #include <unistd.h>
 
 #define WATCH_PERIOD_MS 1 /* how often a test that finds nothing done reads the socket */
+/* Data the peer sent just before it died may still be in the transport's socket when the
+ * handshake socket's end arrives: outstanding transfers get this long to complete. */
+#define DEATH_GRACE_MS 200
+/* After an orderly close the peer's last sends may still be flushing; a transfer still
+ * outstanding this long after the goodbye will never complete. */
+#define CLOSE_GRACE_MS 10000
 
 reshard_status_t net_comm_alloc_reqs(struct net_comm *c, int nreqs, int subs_per_req)
 {
@@ -74,26 +80,38 @@ void net_comm_fail(struct net_comm *c, reshard_status_t st, const char *fmt, ...
             tp->ops->cancel(tp, &c->reqs[i].sub[j].tp);
 }
 
+static void watch_read(struct net_comm *c, int64_t now)
+{
+    char buf[16];
+    ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0 && memchr(buf, 'B', (size_t)n))
+        c->goodbye_ms = c->goodbye_ms ? c->goodbye_ms : now;
+    else if (n > 0)
+        net_comm_fail(c, RESHARD_ERR_NETWORK, "unexpected bytes on the connection's socket");
+    else if (n == 0)
+        c->eof_ms = now;
+    else if (errno != EAGAIN && errno != EINTR) /* reset, or keepalive gave up on the host */
+        net_comm_fail(c, RESHARD_ERR_NETWORK, "connection to the peer lost: %s", strerror(errno));
+}
+
 void net_comm_watch(struct net_comm *c, int force)
 {
-    if (c->failed != RESHARD_OK || c->peer_closed || c->fd < 0)
+    if (c->failed != RESHARD_OK || c->fd < 0)
         return;
     int64_t now = sock_now_ms();
     if (!force && now < c->next_check_ms)
         return;
     c->next_check_ms = now + WATCH_PERIOD_MS;
-    char buf[16];
-    ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n > 0 && memchr(buf, 'B', (size_t)n))
-        c->peer_closed = 1;
-    else if (n > 0)
-        net_comm_fail(c, RESHARD_ERR_NETWORK, "unexpected bytes on the connection's socket");
-    else if (n == 0)
+    if (!c->eof_ms)
+        watch_read(c, now);
+    if (c->eof_ms && !c->goodbye_ms && (force || now - c->eof_ms >= DEATH_GRACE_MS))
         net_comm_fail(c, RESHARD_ERR_NETWORK,
                       "the peer's end of the connection closed without closing the comm (its "
-                      "process died or its host went away)");
-    else if (errno != EAGAIN && errno != EINTR)
-        net_comm_fail(c, RESHARD_ERR_NETWORK, "connection to the peer lost: %s", strerror(errno));
+                      "process died)");
+    else if (c->goodbye_ms && now - c->goodbye_ms >= CLOSE_GRACE_MS)
+        net_comm_fail(c, RESHARD_ERR_NETWORK,
+                      "the peer closed the comm %d s ago with this transfer outstanding",
+                      CLOSE_GRACE_MS / 1000);
 }
 
 /* ---- registrations ---- */
@@ -131,6 +149,8 @@ reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void 
     pthread_mutex_lock(&d->lock);
     if (size) /* a transport cannot map nothing; an empty registration covers empty messages */
         st = d->tp->ops->mem_reg(d->tp, data, size, TP_MEM_HOST, &m->tp_mh);
+    if (st == RESHARD_OK)
+        d->users++; /* the transport context stays until the registration goes */
     pthread_mutex_unlock(&d->lock);
     if (st != RESHARD_OK) {
         free(m);
@@ -174,6 +194,7 @@ reshard_status_t net_dereg_mr(void *comm, void *mh)
     pthread_mutex_lock(&m->dev->lock);
     if (m->tp_mh)
         m->dev->tp->ops->mem_dereg(m->dev->tp, m->tp_mh);
+    m->dev->users--;
     pthread_mutex_unlock(&m->dev->lock);
     m->magic = NET_MAGIC_DEAD;
     free(m);
@@ -350,6 +371,8 @@ reshard_status_t net_iflush(void *recv_comm, int n, void **data, const int *size
 reshard_status_t net_test(void *request, int *done, int *sizes)
 {
     struct net_req *r = request;
+    if (done)
+        *done = 0; /* on every error path too: a failed test never reads as done */
     if (!r || r->magic != NET_MAGIC_REQ || !done)
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "NET/Reshard: test of %p, which is not a request of an open comm", request);
@@ -363,10 +386,15 @@ reshard_status_t net_test(void *request, int *done, int *sizes)
     pthread_mutex_lock(&d->lock);
     if (r->pending)
         d->tp->ops->progress(d->tp);
-    /* Still waiting, or failed by the transport: the socket says whether the peer is gone. */
+    /* Still waiting, or failed by the transport: the socket says whether the peer is gone.
+     * A transfer that completed is reported done whatever became of the comm since. */
     if (r->pending || r->st != RESHARD_OK)
         net_comm_watch(c, r->st != RESHARD_OK);
-    reshard_status_t st = c->failed != RESHARD_OK ? c->failed : r->pending ? RESHARD_OK : r->st;
+    reshard_status_t st = RESHARD_OK;
+    if (r->pending)
+        st = c->failed;
+    else if (r->st != RESHARD_OK)
+        st = c->failed != RESHARD_OK ? c->failed : r->st;
     if (st != RESHARD_OK) {
         int send = c->magic == NET_MAGIC_SEND;
         if (c->failed != RESHARD_OK)

@@ -570,9 +570,17 @@ static int recv_side(void *ctx, const struct run *run)
         ncclResult_t r = wait_req(win[m % WINDOW], got, 60);
         if (run->die == DIE_SEND) {
             int died = peer_died(r, m, nmsg);
-            if (died) /* a failed comm is left to process exit, as NCCL would abort */
-                return died > 0 ? 0 : -1;
-            continue;
+            if (died < 0)
+                return -1;
+            if (!died)
+                continue;
+            /* The failed comm closes cleanly, as NCCL's abort would close it. */
+            NCCL_OK("deregMr after failure", d_dereg(rc, mh));
+            NCCL_OK("closeRecv after failure", d_close_recv(rc));
+            NCCL_OK("closeListen", d_close_listen(lc));
+            ok("closed after failure");
+            free(buf);
+            return 0;
         }
         NCCL_OK("stream", r);
         CHECK("stream", got[0] == MSG, "message %zu: %d bytes", m, got[0]);
@@ -667,8 +675,15 @@ static int send_side(void *ctx, const struct run *run)
         ncclResult_t r = m >= WINDOW ? wait_req(win[slot], got, 60) : ncclSuccess;
         if (run->die == DIE_RECV) {
             int died = peer_died(r, m, nmsg);
-            if (died)
-                return died > 0 ? 0 : -1;
+            if (died < 0)
+                return -1;
+            if (died) {
+                NCCL_OK("deregMr after failure", d_dereg(sc, mh));
+                NCCL_OK("closeSend after failure", d_close_send(sc));
+                ok("closed after failure");
+                free(buf);
+                return 0;
+            }
         }
         NCCL_OK("stream", r);
         if (run->die == DIE_SEND && m == nmsg / 2) {
@@ -685,8 +700,9 @@ static int send_side(void *ctx, const struct run *run)
         NCCL_OK("stream", wait_req(win[m % WINDOW], got, 60));
     ok("stream sent");
 
-    /* Close with a send in flight that no one will match. */
-    NCCL_OK("close in flight", d_isend(sc, buf, MANY_BYTES, STRAY_TAG + 1, mh, &req));
+    /* Close with a send in flight that no one will match: 8 MiB, so that the transport holds
+     * it (rendezvous) and the comm must outlive closeSend until the transport lets it go. */
+    NCCL_OK("close in flight", d_isend(sc, buf, 2 * MSG, STRAY_TAG + 1, mh, &req));
     NCCL_OK("deregMr", d_dereg(sc, mh));
     NCCL_OK("closeSend", d_close_send(sc));
     ok("closeSend with a send in flight");
@@ -703,6 +719,7 @@ static int expect(const char *step, ncclResult_t got, ncclResult_t want, const c
           last_warn);
     CHECK(step, strstr(last_warn, says), "WARN '%s' does not say '%s'", last_warn, says);
     printf("ok %s: %d, WARN: %s\n", step, (int)got, last_warn);
+    last_warn[0] = '\0'; /* the next case must log its own */
     return 0;
 }
 
@@ -712,8 +729,33 @@ static int case_garbage_handle(void *ctx)
     for (size_t i = 0; i < sizeof(h); i++)
         h[i] = (unsigned char)(i * 37 + 11);
     void *sc = (void *)1;
-    return expect("garbage handle", d_connect(ctx, 0, h, &sc), ncclInternalError,
-                  "handle that listen did not fill");
+    if (expect("garbage handle", d_connect(ctx, 0, h, &sc), ncclInternalError,
+               "handle that listen did not fill"))
+        return -1;
+    /* A copy of a handle taken while its connection was in progress, used after that
+     * connection completed: the progress it points to is gone and must not be followed. */
+    void *lc, *rc = NULL;
+    unsigned char copy[NCCL_NET_HANDLE_MAXSIZE];
+    NCCL_OK("listen", d_listen(ctx, 0, h, &lc));
+    sc = NULL;
+    NCCL_OK("connect", d_connect(ctx, 0, h, &sc));
+    CHECK("connect", !sc, "connected before the listener accepted");
+    memcpy(copy, h, sizeof(copy));
+    for (double end = now_s() + 30; !sc || !rc;) {
+        if (!sc)
+            NCCL_OK("connect", d_connect(ctx, 0, h, &sc));
+        if (!rc)
+            NCCL_OK("accept", d_accept(lc, &rc));
+        CHECK("connect", now_s() < end, "no connection within 30 s");
+    }
+    void *again = NULL;
+    int r = expect("copy of a handle used after its connection", d_connect(ctx, 0, copy, &again),
+                   ncclInternalError, "progress is not ours");
+    CHECK("copy of a handle", !again, "a stale copy made a comm");
+    NCCL_OK("closeSend", d_close_send(sc));
+    NCCL_OK("closeRecv", d_close_recv(rc));
+    NCCL_OK("closeListen", d_close_listen(lc));
+    return r;
 }
 
 static int case_foreign_handle(void *ctx)
@@ -746,7 +788,7 @@ static int case_test_after_done(void *ctx)
     NCCL_OK("test", wait_req(sreq, got, 30));
     NCCL_OK("test", wait_req(rreq, got, 30));
     CHECK("test", got[0] == 16, "16 bytes sent, %d reported", got[0]);
-    int done = 0;
+    int done = 1; /* must come back 0 */
     if (expect("request tested after completion", d_test(rreq, &done, got), ncclInternalError,
                "already completed"))
         return -1;

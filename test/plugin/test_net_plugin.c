@@ -18,12 +18,47 @@
 #include <string.h>
 #include <unistd.h>
 
-#define OUT_MAX  (1 << 20)
-#define CMD_MAX  4096
-#define LOOPBACK "RESHARD_NET_ALLOW_LO=1 RESHARD_NET_DEVICES=lo"
+#define OUT_MAX (1 << 20)
+#define CMD_MAX 4096
+/* UCX_MEM_EVENTS=no: v8 to v10 never finalize, so UCX's memory hooks are still in place when
+ * the driver exits, and under ASAN=1 LeakSanitizer's exit-time scan crashes on them. The TCP
+ * path registers nothing that the hooks would keep track of. */
+#define DRIVER_ENV "UCX_MEM_EVENTS=no LSAN_OPTIONS=exitcode=0" /* leaks: no_sanitizer_reports */
+#define LOOPBACK   DRIVER_ENV " RESHARD_NET_ALLOW_LO=1 RESHARD_NET_DEVICES=lo"
 
 static char out[OUT_MAX];
 static const int versions[] = {8, 9, 10, 11, 12};
+
+/* A leak report in `out` whose stack reaches the project's code (UCX's own, in the versions that
+ * never finalize, do not count: the same rule as test/asan-run.sh). */
+static int leak_in_our_code(void)
+{
+    int in_leak = 0;
+    for (const char *p = out; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        char line[1024];
+        snprintf(line, sizeof(line), "%.*s", (int)(len < sizeof(line) ? len : sizeof(line) - 1), p);
+        if (strstr(line, "Direct leak of") || strstr(line, "Indirect leak of"))
+            in_leak = 1;
+        else if (in_leak && !strstr(line, " #"))
+            in_leak = 0;
+        else if (in_leak && (strstr(line, " plugin/") || strstr(line, " transport/") ||
+                             strstr(line, " planner/") || strstr(line, " test/") ||
+                             strstr(line, "(plugin/") || strstr(line, "(transport/")))
+            return 1;
+    }
+    return 0;
+}
+
+/* Under ASAN=1 the driver and the plugin are instrumented: their reports land in `out`. */
+static void no_sanitizer_reports(void)
+{
+    cr_assert_null(strstr(out, "ERROR: AddressSanitizer"), "%s", out);
+    cr_assert_null(strstr(out, "runtime error:"), "%s", out);
+    cr_assert_null(strstr(out, "LeakSanitizer has encountered a fatal error"), "%s", out);
+    cr_assert(!leak_in_our_code(), "a leak reaches the project's code:\n%s", out);
+}
 
 static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int run(const char *fmt, ...)
@@ -94,7 +129,8 @@ static int two_processes(int v, const char *extra, int cluster)
     int rc;
     if (cluster)
         rc = run("scripts/cluster.sh run --nodes 2 --ranks-per-node 1 --rate none --timeout 120 "
-                 "-- sh -c 'LD_LIBRARY_PATH=%s exec %s/test/net_driver --version %d --role env "
+                 "-- sh -c '" DRIVER_ENV " LD_LIBRARY_PATH=%s exec %s/test/net_driver "
+                 "--version %d --role env "
                  "--handle %s %s 2>&1' 2>&1", /* cluster.sh prefixes "[rank N] " */
                  b, b, v, handle, extra);
     else
@@ -162,6 +198,7 @@ static void life_cycle(int v)
     if (!cluster) /* cluster.sh's status is the pair's; here each role said its own */
         cr_assert(strstr(out, "[rank 0] exit 0") && strstr(out, "[rank 1] exit 0"), "%s", out);
     cr_assert_eq(rc, 0, "%s", out);
+    no_sanitizer_reports();
 }
 
 Test(net_conformance, v8_life_cycle, .timeout = 150)
@@ -213,53 +250,65 @@ Test(net_conformance, loads_from_a_full_path, .timeout = 60)
 
 /* ---- bad input and faults ---- */
 
-static void each_version(const char *name, const char *expect_line)
+/* Runs case `name` on every version; each run must print every line of `expect`. */
+static void each_version(const char *name, const char *const *expect)
 {
     for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
         int rc = run("LD_LIBRARY_PATH=%s " LOOPBACK " %s/test/net_driver --version %d --case %s "
                      "2>&1",
                      build_dir(), build_dir(), versions[i], name);
         cr_assert_eq(rc, 0, "v%d %s:\n%s", versions[i], name, out);
-        cr_assert(strstr(out, expect_line), "v%d %s: no '%s':\n%s", versions[i], name, expect_line,
-                  out);
+        for (const char *const *e = expect; *e; e++)
+            cr_assert(strstr(out, *e), "v%d %s: no '%s':\n%s", versions[i], name, *e, out);
         cr_assert_null(strstr(out, "FAIL"), "%s", out);
+        no_sanitizer_reports();
     }
 }
 
 Test(net_faults, garbage_handle_is_an_internal_error, .timeout = 60)
 {
-    each_version("garbage-handle", "ok garbage handle: 3, WARN: connect failed");
+    const char *expect[] = {"ok garbage handle: 3, WARN: connect failed",
+                            "ok copy of a handle used after its connection: 3", NULL};
+    each_version("garbage-handle", expect);
 }
 
 Test(net_faults, handle_from_another_job_is_refused, .timeout = 60)
 {
-    each_version("foreign-handle", "ok handle from another job: 2, WARN: connect failed: "
-                                   "NET/Reshard: listener");
+    const char *expect[] = {
+        "ok handle from another job: 2, WARN: connect failed: NET/Reshard: listener", NULL};
+    each_version("foreign-handle", expect);
 }
 
 Test(net_faults, request_tested_after_completion_is_an_error, .timeout = 60)
 {
-    each_version("test-after-done", "ok request tested after completion: 3");
+    const char *expect[] = {"ok request tested after completion: 3", NULL};
+    each_version("test-after-done", expect);
 }
 
 Test(net_faults, more_outstanding_requests_than_allowed_is_an_error, .timeout = 60)
 {
-    each_version("too-many-requests", "ok 257th outstanding send: 3");
-    cr_assert(strstr(out, "ok 33rd outstanding receive: 3"), "%s", out);
+    const char *expect[] = {"ok 33rd outstanding receive: 3", "ok 257th outstanding send: 3", NULL};
+    each_version("too-many-requests", expect);
 }
 
 Test(net_faults, unsupported_registrations_are_refused, .timeout = 60)
 {
-    each_version("bad-mr", "ok regMr of CUDA memory: 3");
-    cr_assert(strstr(out, "ok regMrDmaBuf: 3"), "%s", out);
-    cr_assert(strstr(out, "ok isend outside its registration: 3"), "%s", out);
+    const char *expect[] = {
+        "ok regMr of CUDA memory: 3", "ok regMr of an unknown kind: 3",       "ok regMrDmaBuf: 3",
+        "ok deregMr of garbage: 3",   "ok isend outside its registration: 3", NULL};
+    each_version("bad-mr", expect);
 }
 
+/* v11+ contexts: a second one works and finalizes apart, finalize(NULL), a garbage context;
+ * v8-v10: a repeated init is harmless. */
 Test(net_faults, contexts_init_twice_finalize_null_and_garbage, .timeout = 60)
 {
-    each_version("contexts", "ok finalize\n");
-    cr_assert(strstr(out, "ok finalize(NULL)"), "%s", out); /* v12, the last one run */
-    cr_assert(strstr(out, "ok listen on a garbage context: 3"), "%s", out);
+    const char *expect[] = {"ok finalize\n", NULL};
+    each_version("contexts", expect);
+    const char *v12[] = {"ok a second context works and finalizes apart", "ok finalize(NULL)",
+                         "ok listen on a garbage context: 3", NULL};
+    for (const char *const *e = v12; *e; e++) /* out holds the last run: v12 */
+        cr_assert(strstr(out, *e), "v12: no '%s':\n%s", *e, out);
 }
 
 /* A peer killed in the middle of the stream: the survivor's test fails with ncclSystemError and
@@ -275,10 +324,13 @@ static void peer_dies(int v, const char *side)
     snprintf(want, sizeof(want), "[rank %d] ok peer died: test returned ncclSystemError", survivor);
     cr_assert_eq(count_lines(want), 1, "%s", out);
     cr_assert(strstr(out, "closed without closing the comm"), "%s", out);
+    snprintf(want, sizeof(want), "[rank %d] ok closed after failure", survivor);
+    cr_assert_eq(count_lines(want), 1, "the survivor did not close its failed comm:\n%s", out);
     snprintf(want, sizeof(want), "[rank %d] ok finalize", survivor);
     cr_assert_eq(count_lines(want), 1, "the survivor did not finalize cleanly:\n%s", out);
     snprintf(want, sizeof(want), "[rank %d] exit 0", survivor);
     cr_assert_eq(count_lines(want), 1, "%s", out);
+    no_sanitizer_reports();
 }
 
 Test(net_faults, sender_dies_mid_stream_v12, .timeout = 120)

@@ -82,7 +82,7 @@ $(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO)
 # link it.
 $(NET_DRIVER): $(BUILD)/obj/test/plugin/net_driver.o
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< -ldl $(LDFLAGS_ALL)
+	$(CC) -o $@ $< -ldl -lpthread $(LDFLAGS_ALL)
 
 deps:
 	@missing=""; for p in $(DEPS); do \

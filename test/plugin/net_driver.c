@@ -23,6 +23,8 @@
 #include "nccl/net_v8.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -878,6 +880,82 @@ static int case_contexts(void *ctx)
                   "not a context");
 }
 
+/* NCCL's service thread makes and closes connections while its progress thread moves data on
+ * others, both on the same device: here a second thread churns through connections and
+ * properties while this one streams. */
+struct churn {
+    void *ctx;
+    int rounds, done;
+    atomic_int finished;
+};
+
+static void *churn_main(void *arg)
+{
+    struct churn *c = arg;
+    unsigned char h[NCCL_NET_HANDLE_MAXSIZE], props[512];
+    for (; c->done < c->rounds; c->done++) {
+        void *lc, *sc, *rc;
+        if ((version >= 11 ? T(11)->getProperties(0, (void *)props)
+                           : T(9)->getProperties(0, (void *)props)) != ncclSuccess ||
+            pair(c->ctx, &lc, &sc, &rc, h) || d_close_send(sc) != ncclSuccess ||
+            d_close_recv(rc) != ncclSuccess || d_close_listen(lc) != ncclSuccess)
+            break;
+    }
+    atomic_store(&c->finished, 1);
+    return NULL;
+}
+
+static int case_threads(void *ctx)
+{
+    enum { N = 2000, BYTES = 65536, W = 8 };
+    unsigned char h[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc, *sc, *rc, *smh, *rmh, *sreq[W], *rreq[W];
+    if (pair(ctx, &lc, &sc, &rc, h))
+        return -1;
+    unsigned char *sbuf = malloc((size_t)W * BYTES), *rbuf = malloc((size_t)W * BYTES);
+    CHECK("threads", sbuf && rbuf, "no memory");
+    NCCL_OK("regMr", d_reg(sc, sbuf, (size_t)W * BYTES, NCCL_PTR_HOST, &smh));
+    NCCL_OK("regMr", d_reg(rc, rbuf, (size_t)W * BYTES, NCCL_PTR_HOST, &rmh));
+    struct churn churn = {.ctx = ctx, .rounds = 30};
+    pthread_t t;
+    CHECK("threads", pthread_create(&t, NULL, churn_main, &churn) == 0, "pthread_create");
+    size_t bad = 0;
+    int end = -1; /* the first message not sent: at least N, and the churn must be over */
+    for (int m = 0; (end < 0 || m < end + W) && !bad; m++) {
+        int k = m % W, got[MAX_RECVS_WANTED];
+        if (m >= W) { /* message m - W: both ends done, contents checked */
+            NCCL_OK("threads", wait_req(sreq[k], got, 30));
+            NCCL_OK("threads", wait_req(rreq[k], got, 30));
+            CHECK("threads", got[0] == BYTES, "message %d: %d bytes", m - W, got[0]);
+            bad = mismatch(rbuf + (size_t)k * BYTES, BYTES, (uint64_t)(m - W));
+        }
+        if (end < 0 && m >= N && atomic_load(&churn.finished))
+            end = m;
+        if (end >= 0)
+            continue;
+        void *data = rbuf + (size_t)k * BYTES;
+        size_t size = BYTES;
+        int tag = k;
+        fill(sbuf + (size_t)k * BYTES, BYTES, (uint64_t)m);
+        NCCL_OK("threads", d_irecv(rc, 1, &data, &size, &tag, &rmh, &rreq[k]));
+        NCCL_OK("threads", d_isend(sc, sbuf + (size_t)k * BYTES, BYTES, tag, smh, &sreq[k]));
+    }
+    pthread_join(t, NULL);
+    CHECK("threads", !bad, "byte %zu of a message differs", bad - 1);
+    CHECK("threads", churn.done == churn.rounds, "the other thread stopped after %d of %d rounds",
+          churn.done, churn.rounds);
+    printf("ok %d messages streamed while another thread made and closed %d connections\n", end,
+           churn.done);
+    NCCL_OK("deregMr", d_dereg(sc, smh));
+    NCCL_OK("deregMr", d_dereg(rc, rmh));
+    NCCL_OK("closeSend", d_close_send(sc));
+    NCCL_OK("closeRecv", d_close_recv(rc));
+    NCCL_OK("closeListen", d_close_listen(lc));
+    free(sbuf);
+    free(rbuf);
+    return 0;
+}
+
 static const struct {
     const char *name;
     int (*fn)(void *ctx);
@@ -887,6 +965,7 @@ static const struct {
     {"test-after-done", case_test_after_done},
     {"too-many-requests", case_too_many},
     {"bad-mr", case_bad_mr},
+    {"threads", case_threads},
     {"contexts", case_contexts},
 };
 

@@ -299,6 +299,14 @@ Test(net_faults, unsupported_registrations_are_refused, .timeout = 60)
     each_version("bad-mr", expect);
 }
 
+Test(net_conformance, connections_made_and_closed_while_another_thread_streams, .timeout = 120)
+{
+    const char *expect[] = {"messages streamed while another thread made and closed 30 "
+                            "connections",
+                            NULL};
+    each_version("threads", expect);
+}
+
 /* v11+ contexts: a second one works and finalizes apart, finalize(NULL), a garbage context;
  * v8-v10: a repeated init is harmless. */
 Test(net_faults, contexts_init_twice_finalize_null_and_garbage, .timeout = 60)

@@ -29,28 +29,29 @@ static ncclResult_t legacy_init(ncclDebugLogger_t logger)
 
 static ncclResult_t v9_get_properties(int dev, ncclNetProperties_v9_t *props)
 {
-    struct net_props p;
+    ncclNetProperties_v12_t p;
     if (!props)
-        return net_result(rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: getProperties(NULL)"),
-                          "getProperties");
-    reshard_status_t st = net_properties(dev, &p);
-    if (st != RESHARD_OK)
-        return net_result(st, "getProperties");
+        return net_nccl_get_properties(dev, NULL);
+    ncclResult_t r = net_nccl_get_properties(dev, &p);
+    if (r != ncclSuccess)
+        return r;
     *props = (ncclNetProperties_v9_t){
-        .name = (char *)p.name,
-        .pciPath = (char *)p.pci_path,
+        .name = p.name,
+        .pciPath = p.pciPath,
         .guid = p.guid,
-        .ptrSupport = p.ptr_support,
-        .speed = p.speed_mbps,
+        .ptrSupport = p.ptrSupport,
+        .regIsGlobal = p.regIsGlobal,
+        .forceFlush = p.forceFlush,
+        .speed = p.speed,
         .port = p.port,
-        .latency = p.latency_us,
-        .maxComms = p.max_comms,
-        .maxRecvs = p.max_recvs,
-        .netDeviceType = NCCL_NET_DEVICE_HOST,
-        .netDeviceVersion = NCCL_NET_DEVICE_INVALID_VERSION,
+        .latency = p.latency,
+        .maxComms = p.maxComms,
+        .maxRecvs = p.maxRecvs,
+        .netDeviceType = p.netDeviceType,
+        .netDeviceVersion = p.netDeviceVersion,
         .vProps = {.ndevs = 1, .devs = {dev}},
-        .maxP2pBytes = p.max_p2p_bytes,
-        .maxCollBytes = p.max_coll_bytes,
+        .maxP2pBytes = p.maxP2pBytes,
+        .maxCollBytes = p.maxCollBytes,
     };
     return ncclSuccess;
 }

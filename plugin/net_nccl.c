@@ -149,7 +149,7 @@ static ncclResult_t v12_init(void **ctx, uint64_t comm_id, ncclNetCommConfig_v12
     return r;
 }
 
-static ncclResult_t v12_get_properties(int dev, ncclNetProperties_v12_t *props)
+ncclResult_t net_nccl_get_properties(int dev, ncclNetProperties_v12_t *props)
 {
     struct net_props p;
     if (!props)
@@ -225,7 +225,7 @@ NET_EXPORT const ncclNet_v12_t ncclNetPlugin_v12 = {
     .name = NET_PLUGIN_NAME,
     .init = v12_init,
     .devices = net_nccl_devices,
-    .getProperties = v12_get_properties,
+    .getProperties = net_nccl_get_properties,
     .listen = v12_listen,
     .connect = v12_connect,
     .accept = net_nccl_accept,
@@ -252,8 +252,8 @@ static ncclResult_t v11_get_properties(int dev, ncclNetProperties_v11_t *props)
 {
     ncclNetProperties_v12_t p;
     if (!props)
-        return v12_get_properties(dev, NULL);
-    ncclResult_t r = v12_get_properties(dev, &p);
+        return net_nccl_get_properties(dev, NULL);
+    ncclResult_t r = net_nccl_get_properties(dev, &p);
     if (r != ncclSuccess)
         return r;
     *props = (ncclNetProperties_v11_t){

@@ -4,7 +4,7 @@
 #define RS_NET_NCCL_H
 
 #include "net.h"
-#include "nccl/net_common.h"
+#include "nccl/net_v12.h"
 
 #define NET_PLUGIN_NAME "Reshard"
 #define NET_EXPORT      __attribute__((visibility("default")))
@@ -16,6 +16,8 @@ void net_use_logger(ncclDebugLogger_t logger);
 
 /* Functions every version shares, with the NCCL signatures they have in all of them. */
 ncclResult_t net_nccl_devices(int *ndev);
+/* The newest properties; each older version's are converted from them. */
+ncclResult_t net_nccl_get_properties(int dev, ncclNetProperties_v12_t *props);
 ncclResult_t net_nccl_accept(void *listen_comm, void **recv_comm, ncclNetDeviceHandle_t **dev);
 ncclResult_t net_nccl_reg_mr(void *comm, void *data, size_t size, int type, void **mh);
 ncclResult_t net_nccl_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,

@@ -13,14 +13,12 @@
 #include "tools/run_util.h"
 
 #include <criterion/criterion.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define OUT_MAX (1 << 20)
-#define CMD_MAX 4096
 #define MIB     (1024.0 * 1024.0)
 #define CLUSTER "scripts/cluster.sh"
 /* cluster.sh gives up before Criterion does, so it always tears its cluster down itself. */
@@ -30,17 +28,7 @@
 static char out[OUT_MAX];
 
 /* Runs a printf-formatted command, output into `out`; returns its exit status. */
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...)
-{
-    char cmd[CMD_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    cr_assert(n > 0 && n < (int)sizeof(cmd), "command too long");
-    return run_capture(cmd, out, sizeof(out));
-}
+#define run(...) run_capturef(out, sizeof(out), __VA_ARGS__)
 
 static double now_s(void)
 {

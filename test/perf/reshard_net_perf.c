@@ -130,16 +130,23 @@ static int slots_for(const struct opts *o, size_t bytes)
     return w;
 }
 
-static void send_side(const struct opts *o, void *sc)
+/* Room for the window's messages at the largest size (within SLOT_BUDGET), registered. */
+static unsigned char *slots_alloc(const struct opts *o, void *comm, void **mh)
 {
     size_t cap = (size_t)o->window * o->max_bytes;
     if (cap > SLOT_BUDGET)
         cap = SLOT_BUDGET > o->max_bytes ? SLOT_BUDGET : o->max_bytes;
     unsigned char *buf = malloc(cap ? cap : 1);
-    void *mh, *req[MAX_WINDOW];
     if (!buf)
         die("no memory for %zu bytes", cap);
-    NET(net->regMr(sc, buf, cap, NCCL_PTR_HOST, &mh));
+    NET(net->regMr(comm, buf, cap, NCCL_PTR_HOST, mh));
+    return buf;
+}
+
+static void send_side(const struct opts *o, void *sc)
+{
+    void *mh, *req[MAX_WINDOW];
+    unsigned char *buf = slots_alloc(o, sc, &mh);
     for (size_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes *= (size_t)o->factor) {
         int w = slots_for(o, bytes);
         for (int k = 0; k < w; k++)
@@ -165,14 +172,8 @@ static void send_side(const struct opts *o, void *sc)
 
 static void recv_side(const struct opts *o, void *rc, const char *dev_name, int speed)
 {
-    size_t cap = (size_t)o->window * o->max_bytes;
-    if (cap > SLOT_BUDGET)
-        cap = SLOT_BUDGET > o->max_bytes ? SLOT_BUDGET : o->max_bytes;
-    unsigned char *buf = malloc(cap ? cap : 1);
     void *mh, *req[MAX_WINDOW];
-    if (!buf)
-        die("no memory for %zu bytes", cap);
-    NET(net->regMr(rc, buf, cap, NCCL_PTR_HOST, &mh));
+    unsigned char *buf = slots_alloc(o, rc, &mh);
     printf("# reshard_net_perf: ncclNetPlugin_v12 \"%s\", device %d %s (%d Mbps), window %d, "
            "%d warmup messages per size\n",
            net->name, o->dev, dev_name, speed, o->window, o->warmup);

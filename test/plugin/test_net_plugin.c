@@ -12,14 +12,12 @@
 #include "tools/run_util.h"
 
 #include <criterion/criterion.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #define OUT_MAX (1 << 20)
-#define CMD_MAX 4096
 /* UCX_MEM_EVENTS=no: v8 to v10 never finalize, so UCX's memory hooks are still in place when
  * the driver exits, and under ASAN=1 LeakSanitizer's exit-time scan crashes on them. The TCP
  * path registers nothing that the hooks would keep track of. */
@@ -60,17 +58,7 @@ static void no_sanitizer_reports(void)
     cr_assert(!leak_in_our_code(), "a leak reaches the project's code:\n%s", out);
 }
 
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...)
-{
-    char cmd[CMD_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    cr_assert(n > 0 && n < (int)sizeof(cmd), "command too long");
-    return run_capture(cmd, out, sizeof(out));
-}
+#define run(...) run_capturef(out, sizeof(out), __VA_ARGS__)
 
 /* A fresh path for the handle, the out-of-band channel between the two roles. */
 static void handle_path(char *path, size_t n)

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "run_util.h"
 
+#include <criterion/criterion.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +28,17 @@ int run_capture(const char *cmd, char *out, size_t n)
         ;
     int st = pclose(f);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int run_capturef(char *out, size_t n, const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    cr_assert(len > 0 && len < (int)sizeof(cmd), "command too long: %.80s...", cmd);
+    return run_capture(cmd, out, n);
 }
 
 const char *build_dir(void)

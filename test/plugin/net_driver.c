@@ -880,6 +880,73 @@ static int case_contexts(void *ctx)
                   "not a context");
 }
 
+/* Arguments out of range: each refused with ncclInternalError and a WARN saying which. */
+static int case_bad_args(void *ctx)
+{
+    unsigned char h[NCCL_NET_HANDLE_MAXSIZE], props[512], buf[64];
+    void *lc, *sc, *rc, *req, *data[MAX_RECVS_WANTED + 1];
+    size_t sizes[MAX_RECVS_WANTED + 1];
+    int tags[MAX_RECVS_WANTED + 1] = {0}, fsize = 64;
+    for (int i = 0; i <= MAX_RECVS_WANTED; i++)
+        data[i] = buf, sizes[i] = sizeof(buf);
+    ncclResult_t r = version >= 11 ? T(11)->getProperties(99, (void *)props)
+                                   : T(9)->getProperties(99, (void *)props);
+    if (expect("getProperties of device 99", r, ncclInternalError, "does not exist"))
+        return -1;
+    if (pair(ctx, &lc, &sc, &rc, h))
+        return -1;
+    if (expect("irecv of 0 buffers", d_irecv(rc, 0, data, sizes, tags, NULL, &req),
+               ncclInternalError, "irecv of 0 buffers") ||
+        expect("irecv of maxRecvs + 1 buffers",
+               d_irecv(rc, MAX_RECVS_WANTED + 1, data, sizes, tags, NULL, &req), ncclInternalError,
+               "irecv of 9 buffers") ||
+        expect("iflush of 0 buffers", d_iflush(rc, 0, data, &fsize, NULL, &req), ncclInternalError,
+               "iflush of 0 buffers") ||
+        expect("isend on a receive comm", d_isend(rc, buf, 8, 0, NULL, &req), ncclInternalError,
+               "not an open send comm") ||
+        expect("irecv on a send comm", d_irecv(sc, 1, data, sizes, tags, NULL, &req),
+               ncclInternalError, "not an open receive comm"))
+        return -1;
+    if (version >= 9 && /* v8 sizes are int: 2 GiB cannot be said */
+        expect("isend above maxP2pBytes", d_isend(sc, buf, (size_t)2 << 30, 0, NULL, &req),
+               ncclInternalError, "exceeds maxP2pBytes"))
+        return -1;
+    NCCL_OK("closeSend", d_close_send(sc));
+    NCCL_OK("closeRecv", d_close_recv(rc));
+    NCCL_OK("closeListen", d_close_listen(lc));
+    return expect("closeSend of a closed comm", d_close_send(sc), ncclInternalError,
+                  "not an open Send comm");
+}
+
+/* A listener that never accepts (run with RESHARD_TIMEOUT=1): connect gives up, saying so. */
+static int case_connect_timeout(void *ctx)
+{
+    unsigned char h[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc, *sc = NULL;
+    NCCL_OK("listen", d_listen(ctx, 0, h, &lc));
+    ncclResult_t r = ncclSuccess;
+    double t0 = now_s();
+    while (r == ncclSuccess && !sc && now_s() < t0 + 30)
+        r = d_connect(ctx, 0, h, &sc);
+    double dt = now_s() - t0;
+    NCCL_OK("closeListen", d_close_listen(lc));
+    CHECK("connect timeout", dt < 5, "gave up after %.1f s, RESHARD_TIMEOUT is 1 s", dt);
+    return expect("listener that never accepts", r, ncclSystemError, "no handshake with");
+}
+
+/* The handle of a listen comm since closed: nobody listens at its address any more. */
+static int case_listener_gone(void *ctx)
+{
+    unsigned char h[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc, *sc = NULL;
+    NCCL_OK("listen", d_listen(ctx, 0, h, &lc));
+    NCCL_OK("closeListen", d_close_listen(lc));
+    ncclResult_t r = ncclSuccess;
+    for (double end = now_s() + 30; r == ncclSuccess && !sc && now_s() < end;)
+        r = d_connect(ctx, 0, h, &sc);
+    return expect("handle of a closed listener", r, ncclSystemError, "connect to");
+}
+
 /* NCCL's service thread makes and closes connections while its progress thread moves data on
  * others, both on the same device: here a second thread churns through connections and
  * properties while this one streams. */
@@ -966,6 +1033,9 @@ static const struct {
     {"too-many-requests", case_too_many},
     {"bad-mr", case_bad_mr},
     {"threads", case_threads},
+    {"bad-args", case_bad_args},
+    {"connect-timeout", case_connect_timeout},
+    {"listener-gone", case_listener_gone},
     {"contexts", case_contexts},
 };
 

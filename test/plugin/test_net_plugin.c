@@ -279,6 +279,31 @@ Test(net_faults, more_outstanding_requests_than_allowed_is_an_error, .timeout = 
     each_version("too-many-requests", expect);
 }
 
+Test(net_faults, arguments_out_of_range_are_refused, .timeout = 60)
+{
+    const char *expect[] = {"ok getProperties of device 99: 3",    "ok irecv of 0 buffers: 3",
+                            "ok irecv of maxRecvs + 1 buffers: 3", "ok iflush of 0 buffers: 3",
+                            "ok isend on a receive comm: 3",       "ok irecv on a send comm: 3",
+                            "ok closeSend of a closed comm: 3",    NULL};
+    each_version("bad-args", expect);
+    cr_assert(strstr(out, "ok isend above maxP2pBytes: 3"), "v12:\n%s", out);
+}
+
+Test(net_faults, connect_to_a_listener_that_never_accepts_times_out, .timeout = 90)
+{
+    setenv("RESHARD_TIMEOUT", "1", 1); /* for the drivers this test starts */
+    const char *expect[] = {"ok listener that never accepts: 2, WARN: connect failed: "
+                            "NET/Reshard: no handshake with",
+                            NULL};
+    each_version("connect-timeout", expect);
+}
+
+Test(net_faults, connect_to_a_closed_listener_fails, .timeout = 60)
+{
+    const char *expect[] = {"ok handle of a closed listener: 2", NULL};
+    each_version("listener-gone", expect);
+}
+
 Test(net_faults, unsupported_registrations_are_refused, .timeout = 60)
 {
     const char *expect[] = {

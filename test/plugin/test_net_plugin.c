@@ -281,10 +281,15 @@ Test(net_faults, more_outstanding_requests_than_allowed_is_an_error, .timeout = 
 
 Test(net_faults, arguments_out_of_range_are_refused, .timeout = 60)
 {
-    const char *expect[] = {"ok getProperties of device 99: 3",    "ok irecv of 0 buffers: 3",
-                            "ok irecv of maxRecvs + 1 buffers: 3", "ok iflush of 0 buffers: 3",
-                            "ok isend on a receive comm: 3",       "ok irecv on a send comm: 3",
-                            "ok closeSend of a closed comm: 3",    NULL};
+    const char *expect[] = {"ok getProperties of device 99: 3",
+                            "ok irecv of 0 buffers: 3",
+                            "ok irecv of maxRecvs + 1 buffers: 3",
+                            "ok iflush of 0 buffers: 3",
+                            "ok isend on a receive comm: 3",
+                            "ok irecv on a send comm: 3",
+                            "ok closeSend of something else: 3",
+                            "ok closeRecv of a send comm: 3",
+                            NULL};
     each_version("bad-args", expect);
     cr_assert(strstr(out, "ok isend above maxP2pBytes: 3"), "v12:\n%s", out);
 }

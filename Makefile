@@ -35,7 +35,8 @@ NET_DRIVER := $(BUILD)/test/net_driver
 NET_PERF_BIN := $(BUILD)/reshard_net_perf
 
 # Debian packages that building and testing need (make deps installs the missing ones).
-DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev iproute2 util-linux
+DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev libjansson-dev iproute2 \
+        util-linux python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all test demo bench deps install format format-check clean
@@ -48,7 +49,7 @@ $(BUILD)/obj/%.o: %.c
 
 $(SO): $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libnccl-net-reshard.so -Wl,--no-undefined -o $@ $^ \
-	    $(LDFLAGS_ALL) -lpthread -ldl
+	    $(LDFLAGS_ALL) -ljansson -lpthread -ldl
 
 $(AR_LIB): $(LIB_OBJ)
 	@rm -f $@
@@ -61,7 +62,7 @@ $(PLAN_BIN): $(BUILD)/obj/tools/reshard_plan.o $(SO)
 # code, and the export test checks the shared object itself.
 $(UNIT_BIN): $(TEST_OBJ) $(AR_LIB)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $(TEST_OBJ) $(AR_LIB) -lcriterion -lpthread -ldl -lm $(LDFLAGS_ALL)
+	$(CC) -o $@ $(TEST_OBJ) $(AR_LIB) -lcriterion -ljansson -lpthread -ldl -lm $(LDFLAGS_ALL)
 
 $(BUILD)/obj/test/%.o: CFLAGS_ALL += -Itest
 

@@ -169,6 +169,25 @@ RESHARD_API reshard_status_t reshard_plan_stats(const reshard_plan_t *plan,
                                                 reshard_plan_stats_t *stats,
                                                 reshard_rank_stats_t *ranks);
 
+/* ---- manifests: a whole model ---- */
+
+typedef struct reshard_manifest reshard_manifest_t;
+
+/* Reads a manifest (DESIGN.md section 4): JSON with version 1, world_size, optional domains
+ * ({"size": N} or {"of_rank": [...]}) and tensors, each {name, shape, dtype, src, dst}, a side
+ * being a spec string without shape and dtype or an object {ranks, mesh, place, buffer,
+ * offset, view, strides}. Every side is checked as a layout spec; an error names the tensor
+ * and the field's JSON path (RESHARD_ERR_SPEC_SYNTAX and the parser's statuses). */
+RESHARD_API reshard_status_t reshard_manifest_load(const char *path, reshard_manifest_t **out);
+RESHARD_API void reshard_manifest_destroy(reshard_manifest_t *manifest);
+RESHARD_API int reshard_manifest_world_size(const reshard_manifest_t *manifest);
+RESHARD_API int reshard_manifest_ntensors(const reshard_manifest_t *manifest);
+/* The tensors, ready for reshard_plan_create / reshard_comm_plan_create; valid until destroy. */
+RESHARD_API const reshard_tensor_t *reshard_manifest_tensors(const reshard_manifest_t *manifest);
+/* The manifest's domains (consecutive blocks of 8 ranks when it names none). */
+RESHARD_API reshard_status_t reshard_manifest_topo(const reshard_manifest_t *manifest,
+                                                   reshard_topo_t **topo);
+
 /* ---- communicators: moving the bytes ---- */
 
 typedef struct reshard_comm reshard_comm_t;

@@ -1,0 +1,395 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Manifests (DESIGN.md section 4): a whole model's tensors and their two placements, read from
+ * JSON with jansson. Every side becomes a layout spec that the spec parser checks, so a
+ * manifest and a command line are held to the same rules; errors name the tensor and the JSON
+ * path of the field.
+ */
+#include "handles.h"
+
+#include "error.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SPEC_MAX 4096
+
+struct reshard_manifest {
+    int world_size;
+    int domain_size; /* 0 when domain_of says */
+    int *domain_of;  /* [world_size] or NULL */
+    int ntensors;
+    reshard_tensor_t *tensors;
+    char **names;
+    reshard_layout_t **layouts; /* [2 * ntensors]: src, dst */
+};
+
+/* Where an error is: "tensors[12] (model.layers.0.q_proj.weight).src.place". */
+struct where {
+    const char *file;
+    int index;
+    const char *name;
+};
+
+static reshard_status_t bad(const struct where *w, const char *field, reshard_status_t st,
+                            const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static reshard_status_t bad(const struct where *w, const char *field, reshard_status_t st,
+                            const char *fmt, ...)
+{
+    char what[RS_ERROR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    if (w->index < 0)
+        return rs_error(st, "manifest %s: %s: %s", w->file, field, what);
+    if (w->name)
+        return rs_error(st, "manifest %s: tensors[%d] (%s).%s: %s", w->file, w->index, w->name,
+                        field, what);
+    return rs_error(st, "manifest %s: tensors[%d].%s: %s", w->file, w->index, field, what);
+}
+
+static const char *type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    default:
+        return "null";
+    }
+}
+
+/* Appends " key=value" to spec, value from a string or from an array of integers (joined by
+ * sep) or strings (joined by ","), as the spec grammar writes them. */
+static reshard_status_t put_item(const struct where *w, const char *field, const char *key,
+                                 const json_t *v, char sep, char *spec, size_t *len)
+{
+    char buf[SPEC_MAX];
+    size_t n = 0;
+    if (json_is_string(v)) {
+        n = (size_t)snprintf(buf, sizeof(buf), "%s", json_string_value(v));
+    } else if (json_is_integer(v)) {
+        n = (size_t)snprintf(buf, sizeof(buf), "%lld", (long long)json_integer_value(v));
+    } else if (json_is_array(v) && json_array_size(v)) {
+        size_t i;
+        const json_t *e;
+        json_array_foreach(v, i, e)
+        {
+            if (json_is_integer(e))
+                n += (size_t)snprintf(buf + n, sizeof(buf) - n, "%s%lld", i ? (char[]){sep, 0} : "",
+                                      (long long)json_integer_value(e));
+            else if (json_is_string(e) && !strcmp(key, "place"))
+                n += (size_t)snprintf(buf + n, sizeof(buf) - n, "%s%s", i ? "," : "",
+                                      json_string_value(e));
+            else
+                return bad(w, field, RESHARD_ERR_SPEC_SYNTAX, "%s[%zu] is %s", key, i,
+                           type_name(e));
+            if (n >= sizeof(buf))
+                break;
+        }
+    } else {
+        return bad(w, field, RESHARD_ERR_SPEC_SYNTAX, "%s is %s", key, type_name(v));
+    }
+    if (n >= sizeof(buf) || strpbrk(buf, " \t\n"))
+        return bad(w, field, RESHARD_ERR_SPEC_SYNTAX, "%s is too long or holds spaces", key);
+    int m = snprintf(spec + *len, SPEC_MAX - *len, "%s%s=%s", *len ? " " : "", key, buf);
+    if (m < 0 || (size_t)m >= SPEC_MAX - *len)
+        return bad(w, field, RESHARD_ERR_TOO_LARGE, "the placement is too long");
+    *len += (size_t)m;
+    return RESHARD_OK;
+}
+
+/* A side: a spec string without shape and dtype, or an object of its items. */
+static reshard_status_t side_spec(const struct where *w, const char *field, const json_t *side,
+                                  char *spec, size_t *len)
+{
+    *len = 0;
+    spec[0] = '\0';
+    if (!side)
+        return bad(w, field, RESHARD_ERR_SPEC_SYNTAX, "missing");
+    if (json_is_string(side)) {
+        const char *s = json_string_value(side);
+        if (strstr(s, "shape=") || strstr(s, "dtype="))
+            return bad(w, field, RESHARD_ERR_SPEC_SYNTAX,
+                       "shape and dtype belong to the tensor, not to one side");
+        int m = snprintf(spec, SPEC_MAX, "%s", s);
+        if (m < 0 || m >= SPEC_MAX)
+            return bad(w, field, RESHARD_ERR_TOO_LARGE, "the placement is too long");
+        *len = (size_t)m;
+        return RESHARD_OK;
+    }
+    if (!json_is_object(side))
+        return bad(w, field, RESHARD_ERR_SPEC_SYNTAX, "%s, not a spec string or an object",
+                   type_name(side));
+    static const struct {
+        const char *key;
+        char sep;
+    } items[] = {{"ranks", ','}, {"mesh", 'x'}, {"place", ','},  {"buffer", 0},
+                 {"offset", 0},  {"view", 'x'}, {"strides", 'x'}};
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)side, key, v)
+    {
+        size_t i = 0;
+        while (i < sizeof(items) / sizeof(items[0]) && strcmp(items[i].key, key))
+            i++;
+        if (i == sizeof(items) / sizeof(items[0]))
+            return bad(w, field, RESHARD_ERR_SPEC_SYNTAX,
+                       "unknown key '%s' (ranks, mesh, place, buffer, offset, view, strides)", key);
+        RS_CHECK(put_item(w, field, key, v, items[i].sep ? items[i].sep : ',', spec, len));
+    }
+    return RESHARD_OK;
+}
+
+static reshard_status_t layout_of(const struct where *w, const char *field, const json_t *side,
+                                  const char *shape_dtype, int world, reshard_layout_t **out)
+{
+    char spec[SPEC_MAX + 256];
+    size_t len;
+    RS_CHECK(side_spec(w, field, side, spec, &len));
+    /* The side first, so that the parser's columns are the side string's own. */
+    snprintf(spec + len, sizeof(spec) - len, "%s%s", len ? " " : "", shape_dtype);
+    reshard_status_t st = reshard_layout_parse(spec, world, out);
+    if (st != RESHARD_OK) {
+        char msg[RS_ERROR_MAX];
+        snprintf(msg, sizeof(msg), "%s", rs_error_message());
+        return bad(w, field, st, "%s", msg);
+    }
+    reshard_layout_info_t info;
+    reshard_layout_info(*out, &info);
+    if (info.max_rank >= world) {
+        reshard_layout_destroy(*out);
+        *out = NULL;
+        return bad(w, field, RESHARD_ERR_RANK_RANGE, "rank %d is outside world_size %d",
+                   info.max_rank, world);
+    }
+    return RESHARD_OK;
+}
+
+static reshard_status_t shape_dtype_of(const struct where *w, const json_t *t, char *buf, size_t n)
+{
+    const json_t *shape = json_object_get(t, "shape"), *dtype = json_object_get(t, "dtype");
+    if (!json_is_array(shape) || !json_array_size(shape) || json_array_size(shape) > 8)
+        return bad(w, "shape", RESHARD_ERR_SPEC_SYNTAX,
+                   shape ? "is %s, not an array of 1 to 8 sizes" : "missing%s",
+                   shape ? type_name(shape) : "");
+    size_t len = (size_t)snprintf(buf, n, "shape=");
+    size_t i;
+    const json_t *e;
+    json_array_foreach(shape, i, e)
+    {
+        if (!json_is_integer(e) || json_integer_value(e) < 0)
+            return bad(w, "shape", RESHARD_ERR_SPEC_SYNTAX, "shape[%zu] is %s", i,
+                       json_is_integer(e) ? "negative" : type_name(e));
+        len += (size_t)snprintf(buf + len, n - len, "%s%lld", i ? "x" : "",
+                                (long long)json_integer_value(e));
+    }
+    if (!dtype)
+        return bad(w, "dtype", RESHARD_ERR_SPEC_SYNTAX, "missing");
+    if (!json_is_string(dtype))
+        return bad(w, "dtype", RESHARD_ERR_SPEC_SYNTAX, "is %s, not a string", type_name(dtype));
+    snprintf(buf + len, n - len, " dtype=%s", json_string_value(dtype));
+    return RESHARD_OK;
+}
+
+static reshard_status_t tensor_of(struct reshard_manifest *m, const struct where *file_w, int i,
+                                  const json_t *t)
+{
+    struct where w = {.file = file_w->file, .index = i};
+    if (!json_is_object(t))
+        return bad(&w, "", RESHARD_ERR_SPEC_SYNTAX, "is %s, not an object", type_name(t));
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)t, key, v)
+    {
+        if (strcmp(key, "name") && strcmp(key, "shape") && strcmp(key, "dtype") &&
+            strcmp(key, "src") && strcmp(key, "dst"))
+            return bad(&w, key, RESHARD_ERR_SPEC_SYNTAX,
+                       "unknown key (name, shape, dtype, src, dst)");
+    }
+    const json_t *name = json_object_get(t, "name");
+    if (!json_is_string(name) || !*json_string_value(name))
+        return bad(&w, "name", RESHARD_ERR_SPEC_SYNTAX,
+                   name ? "is %s, not a non-empty string" : "missing%s",
+                   name ? type_name(name) : "");
+    w.name = json_string_value(name);
+    if (!(m->names[i] = strdup(w.name)))
+        return rs_error(RESHARD_ERR_NO_MEMORY, "manifest: no memory for names");
+    char sd[256];
+    RS_CHECK(shape_dtype_of(&w, t, sd, sizeof(sd)));
+    RS_CHECK(
+        layout_of(&w, "src", json_object_get(t, "src"), sd, m->world_size, &m->layouts[2 * i]));
+    RS_CHECK(
+        layout_of(&w, "dst", json_object_get(t, "dst"), sd, m->world_size, &m->layouts[2 * i + 1]));
+    m->tensors[i] = (reshard_tensor_t){m->names[i], m->layouts[2 * i], m->layouts[2 * i + 1]};
+    return RESHARD_OK;
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static reshard_status_t check_unique(const struct reshard_manifest *m, const char *file)
+{
+    char **sorted = rs_calloc((size_t)m->ntensors, sizeof(*sorted), "manifest names");
+    if (!sorted)
+        return RESHARD_ERR_NO_MEMORY;
+    memcpy(sorted, m->names, (size_t)m->ntensors * sizeof(*sorted));
+    qsort(sorted, (size_t)m->ntensors, sizeof(*sorted), cmp_names);
+    reshard_status_t st = RESHARD_OK;
+    for (int i = 1; i < m->ntensors && st == RESHARD_OK; i++)
+        if (!strcmp(sorted[i - 1], sorted[i]))
+            st = rs_error(RESHARD_ERR_SPEC_SYNTAX,
+                          "manifest %s: tensors: the name '%s' appears "
+                          "twice",
+                          file, sorted[i]);
+    free(sorted);
+    return st;
+}
+
+static reshard_status_t domains_of(struct reshard_manifest *m, const struct where *w,
+                                   const json_t *d)
+{
+    m->domain_size = 8;
+    if (!d)
+        return RESHARD_OK;
+    const json_t *size = json_object_get(d, "size"), *of = json_object_get(d, "of_rank");
+    if (!json_is_object(d) || (!size == !of) || json_object_size(d) != 1)
+        return bad(w, "domains", RESHARD_ERR_SPEC_SYNTAX,
+                   "must be {\"size\": N} or {\"of_rank\": [domain of every rank]}");
+    if (size) {
+        if (!json_is_integer(size) || json_integer_value(size) < 1)
+            return bad(w, "domains.size", RESHARD_ERR_SPEC_SYNTAX, "is not a positive integer");
+        m->domain_size = (int)json_integer_value(size);
+        return RESHARD_OK;
+    }
+    if (!json_is_array(of) || json_array_size(of) != (size_t)m->world_size)
+        return bad(w, "domains.of_rank", RESHARD_ERR_SPEC_SYNTAX,
+                   "must be an array of world_size (%d) domain ids", m->world_size);
+    if (!(m->domain_of = rs_calloc((size_t)m->world_size, sizeof(int), "manifest domains")))
+        return RESHARD_ERR_NO_MEMORY;
+    size_t i;
+    const json_t *e;
+    json_array_foreach(of, i, e)
+    {
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+            return bad(w, "domains.of_rank", RESHARD_ERR_SPEC_SYNTAX,
+                       "entry %zu is not a domain id", i);
+        m->domain_of[i] = (int)json_integer_value(e);
+    }
+    m->domain_size = 0;
+    return RESHARD_OK;
+}
+
+static reshard_status_t load(struct reshard_manifest *m, const char *path, const json_t *root)
+{
+    struct where w = {.file = path, .index = -1};
+    if (!json_is_object(root))
+        return bad(&w, "(top)", RESHARD_ERR_SPEC_SYNTAX, "is %s, not an object", type_name(root));
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)root, key, v)
+    {
+        if (strcmp(key, "version") && strcmp(key, "world_size") && strcmp(key, "domains") &&
+            strcmp(key, "tensors") && strcmp(key, "meta"))
+            return bad(&w, key, RESHARD_ERR_SPEC_SYNTAX,
+                       "unknown key (version, world_size, domains, tensors, meta)");
+    }
+    const json_t *ver = json_object_get(root, "version");
+    if (!json_is_integer(ver) || json_integer_value(ver) != 1)
+        return bad(&w, "version", RESHARD_ERR_SPEC_SYNTAX,
+                   ver ? "must be 1 (the only version this library reads)" : "missing");
+    const json_t *ws = json_object_get(root, "world_size");
+    if (!json_is_integer(ws) || json_integer_value(ws) < 1 || json_integer_value(ws) > 1 << 20)
+        return bad(&w, "world_size", RESHARD_ERR_SPEC_SYNTAX,
+                   ws ? "must be an integer in [1, 2^20]" : "missing");
+    m->world_size = (int)json_integer_value(ws);
+    RS_CHECK(domains_of(m, &w, json_object_get(root, "domains")));
+    const json_t *ts = json_object_get(root, "tensors");
+    if (!json_is_array(ts) || !json_array_size(ts) || json_array_size(ts) > INT32_MAX / 2)
+        return bad(&w, "tensors", RESHARD_ERR_SPEC_SYNTAX,
+                   ts ? "must be a non-empty array" : "missing");
+    size_t n = json_array_size(ts);
+    m->tensors = rs_calloc(n, sizeof(*m->tensors), "manifest tensors");
+    m->names = rs_calloc(n, sizeof(*m->names), "manifest names");
+    m->layouts = rs_calloc(2 * n, sizeof(*m->layouts), "manifest layouts");
+    if (!m->tensors || !m->names || !m->layouts)
+        return RESHARD_ERR_NO_MEMORY;
+    m->ntensors = (int)n;
+    for (size_t i = 0; i < n; i++)
+        RS_CHECK(tensor_of(m, &w, (int)i, json_array_get(ts, i)));
+    return check_unique(m, path);
+}
+
+reshard_status_t reshard_manifest_load(const char *path, reshard_manifest_t **out)
+{
+    api_enter();
+    if (!path || !out)
+        return api_null_arg("reshard_manifest_load", !path ? "path" : "out");
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return api_leave("reshard_manifest_load",
+                         rs_error(RESHARD_ERR_SPEC_SYNTAX, "manifest %s:%d:%d: %s", path, jerr.line,
+                                  jerr.column, jerr.text));
+    struct reshard_manifest *m = rs_calloc(1, sizeof(*m), "manifest");
+    reshard_status_t st = m ? load(m, path, root) : RESHARD_ERR_NO_MEMORY;
+    json_decref(root);
+    if (st != RESHARD_OK) {
+        reshard_manifest_destroy(m);
+        return api_leave("reshard_manifest_load", st);
+    }
+    *out = m;
+    return RESHARD_OK;
+}
+
+void reshard_manifest_destroy(reshard_manifest_t *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; m->layouts && i < 2 * m->ntensors; i++)
+        reshard_layout_destroy(m->layouts[i]);
+    for (int i = 0; m->names && i < m->ntensors; i++)
+        free(m->names[i]);
+    free(m->layouts);
+    free(m->names);
+    free(m->tensors);
+    free(m->domain_of);
+    free(m);
+}
+
+int reshard_manifest_world_size(const reshard_manifest_t *m)
+{
+    return m ? m->world_size : 0;
+}
+
+int reshard_manifest_ntensors(const reshard_manifest_t *m)
+{
+    return m ? m->ntensors : 0;
+}
+
+const reshard_tensor_t *reshard_manifest_tensors(const reshard_manifest_t *m)
+{
+    return m ? m->tensors : NULL;
+}
+
+reshard_status_t reshard_manifest_topo(const reshard_manifest_t *m, reshard_topo_t **topo)
+{
+    if (!m || !topo)
+        return api_null_arg("reshard_manifest_topo", !m ? "manifest" : "topo");
+    return reshard_topo_create(m->world_size, m->domain_size, m->domain_of, topo);
+}

@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Manifests: a good one loads into layouts that plan, and every kind of bad input is an error
+ * naming the tensor and the field. */
+#include "reshard.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char path[64];
+
+static void write_manifest(const char *json)
+{
+    snprintf(path, sizeof(path), "/tmp/reshard-manifest-XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    cr_assert_not_null(f);
+    fputs(json, f);
+    fclose(f);
+}
+
+static void cleanup(void)
+{
+    if (*path)
+        unlink(path);
+}
+
+/* Loads `json` and expects status `want` with every string of `says` in the message. */
+static void expect_error(const char *json, reshard_status_t want, const char *says1,
+                         const char *says2)
+{
+    write_manifest(json);
+    reshard_manifest_t *m = (void *)1;
+    reshard_status_t st = reshard_manifest_load(path, &m);
+    cr_assert_eq(st, want, "status %s, want %s: %s", reshard_strerror(st), reshard_strerror(want),
+                 reshard_last_error());
+    cr_assert_eq(m, (void *)1, "a failed load wrote its output");
+    cr_assert(strstr(reshard_last_error(), says1), "'%s' does not say '%s'", reshard_last_error(),
+              says1);
+    if (says2)
+        cr_assert(strstr(reshard_last_error(), says2), "'%s' does not say '%s'",
+                  reshard_last_error(), says2);
+}
+
+#define GOOD_TENSOR(name)                                                                          \
+    "{\"name\": \"" name "\", \"shape\": [64, 32], \"dtype\": \"bf16\", "                          \
+    "\"src\": \"ranks=0-3 mesh=4 place=S(0)\", \"dst\": \"ranks=4-5 mesh=2 place=S(1)\"}"
+
+Test(manifest, loads_tensors_with_string_and_object_sides_and_plans_them, .fini = cleanup)
+{
+    write_manifest(
+        "{\"version\": 1, \"world_size\": 8, \"domains\": {\"size\": 4},"
+        " \"meta\": {\"model\": \"toy\"}, \"tensors\": [" GOOD_TENSOR(
+            "a") ","
+                 " {\"name\": \"b\", \"shape\": [16], \"dtype\": \"f32\","
+                 "  \"src\": {\"ranks\": [0, 1], \"mesh\": [2], \"place\": [\"S(0)\"]},"
+                 "  \"dst\": {\"ranks\": \"4-7\", \"mesh\": \"2x2\", \"place\": \"R,S(0)\"}}]}");
+    reshard_manifest_t *m = NULL;
+    cr_assert_eq(reshard_manifest_load(path, &m), RESHARD_OK, "%s", reshard_last_error());
+    cr_assert_eq(reshard_manifest_world_size(m), 8);
+    cr_assert_eq(reshard_manifest_ntensors(m), 2);
+    const reshard_tensor_t *t = reshard_manifest_tensors(m);
+    cr_assert_str_eq(t[1].name, "b");
+    reshard_layout_info_t info;
+    cr_assert_eq(reshard_layout_info(t[1].dst, &info), RESHARD_OK);
+    cr_assert_eq(info.nranks, 4);
+    cr_assert_eq(info.elem_size, 4);
+    int64_t shape[8], numel;
+    cr_assert_eq(reshard_layout_shard_shape(t[1].dst, 5, shape, &numel), RESHARD_OK);
+    cr_assert_eq(numel, 8, "rank 5 holds half of 16 floats, got %lld", (long long)numel);
+    reshard_topo_t *topo;
+    cr_assert_eq(reshard_manifest_topo(m, &topo), RESHARD_OK);
+    reshard_plan_t *plan;
+    cr_assert_eq(reshard_plan_create(t, 2, topo, NULL, &plan), RESHARD_OK, "%s",
+                 reshard_last_error());
+    cr_assert_eq(reshard_plan_validate(plan), RESHARD_OK, "%s", reshard_last_error());
+    reshard_plan_stats_t s;
+    cr_assert_eq(reshard_plan_stats(plan, &s, NULL), RESHARD_OK);
+    cr_assert_eq(s.ntensors, 2);
+    cr_assert_eq(s.ndomains, 2, "domains of 4 over 8 ranks");
+    cr_assert_eq(s.net_bytes, s.min_net_bytes);
+    reshard_plan_destroy(plan);
+    reshard_topo_destroy(topo);
+    reshard_manifest_destroy(m);
+}
+
+Test(manifest, malformed_json_names_the_line, .fini = cleanup)
+{
+    expect_error("{\"version\": 1,\n \"world_size\": }", RESHARD_ERR_SPEC_SYNTAX, ":2:", NULL);
+}
+
+Test(manifest, missing_top_level_fields_are_named, .fini = cleanup)
+{
+    expect_error("{\"version\": 1, \"tensors\": [" GOOD_TENSOR("a") "]}", RESHARD_ERR_SPEC_SYNTAX,
+                 "world_size: missing", NULL);
+    expect_error("{\"world_size\": 8, \"tensors\": [" GOOD_TENSOR("a") "]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "version: missing", NULL);
+    expect_error("{\"version\": 1, \"world_size\": 8}", RESHARD_ERR_SPEC_SYNTAX, "tensors: missing",
+                 NULL);
+    expect_error("{\"version\": 2, \"world_size\": 8, \"tensors\": [" GOOD_TENSOR("a") "]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "version: must be 1", NULL);
+    expect_error("{\"version\": 1, \"world_size\": 8, \"extra\": 1, \"tensors\": []}",
+                 RESHARD_ERR_SPEC_SYNTAX, "extra: unknown key", NULL);
+}
+
+Test(manifest, a_tensor_missing_a_field_is_named_with_its_path, .fini = cleanup)
+{
+    expect_error(
+        "{\"version\": 1, \"world_size\": 8, \"tensors\": [" GOOD_TENSOR(
+            "a") ","
+                 " {\"name\": \"w\", \"shape\": [4], \"dtype\": \"bf16\", \"src\": \"ranks=0\"}]}",
+        RESHARD_ERR_SPEC_SYNTAX, "tensors[1] (w).dst: missing", NULL);
+    expect_error(
+        "{\"version\": 1, \"world_size\": 8, \"tensors\": ["
+        " {\"shape\": [4], \"dtype\": \"bf16\", \"src\": \"ranks=0\", \"dst\": \"ranks=1\"}]}",
+        RESHARD_ERR_SPEC_SYNTAX, "tensors[0].name: missing", NULL);
+}
+
+Test(manifest, a_wrong_type_is_named, .fini = cleanup)
+{
+    expect_error("{\"version\": 1, \"world_size\": 8, \"tensors\": ["
+                 " {\"name\": \"w\", \"shape\": \"4x4\", \"dtype\": \"bf16\", \"src\": \"ranks=0\","
+                 "  \"dst\": \"ranks=1\"}]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "tensors[0] (w).shape", "a string");
+    expect_error("{\"version\": 1, \"world_size\": 8, \"tensors\": ["
+                 " {\"name\": \"w\", \"shape\": [4], \"dtype\": \"bf16\", \"src\": 7,"
+                 "  \"dst\": \"ranks=1\"}]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "tensors[0] (w).src", "an integer");
+    expect_error("{\"version\": 1, \"world_size\": 8, \"tensors\": ["
+                 " {\"name\": \"w\", \"shape\": [4], \"dtype\": \"bf16\", \"src\": \"ranks=0\","
+                 "  \"dst\": {\"ranks\": [1, \"x\"]}}]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "tensors[0] (w).dst", "ranks[1] is a string");
+}
+
+Test(manifest, an_unknown_dtype_or_placement_is_the_parsers_error_with_the_path, .fini = cleanup)
+{
+    expect_error("{\"version\": 1, \"world_size\": 8, \"tensors\": ["
+                 " {\"name\": \"w\", \"shape\": [4], \"dtype\": \"bf17\", \"src\": \"ranks=0\","
+                 "  \"dst\": \"ranks=1\"}]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "tensors[0] (w).src", "bf17");
+    expect_error("{\"version\": 1, \"world_size\": 8, \"tensors\": ["
+                 " {\"name\": \"w\", \"shape\": [4], \"dtype\": \"bf16\", \"src\": \"ranks=0\","
+                 "  \"dst\": \"ranks=1-2 place=X(0)\"}]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "tensors[0] (w).dst", "place");
+    expect_error("{\"version\": 1, \"world_size\": 8, \"tensors\": ["
+                 " {\"name\": \"w\", \"shape\": [4], \"dtype\": \"bf16\","
+                 "  \"src\": \"shape=4 ranks=0\", \"dst\": \"ranks=1\"}]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "tensors[0] (w).src", "belong to the tensor");
+}
+
+Test(manifest, duplicate_names_and_ranks_outside_the_world_are_refused, .fini = cleanup)
+{
+    expect_error("{\"version\": 1, \"world_size\": 8, \"tensors\": [" GOOD_TENSOR(
+                     "a") "," GOOD_TENSOR("b") "," GOOD_TENSOR("a") "]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "'a' appears twice", NULL);
+    expect_error("{\"version\": 1, \"world_size\": 5, \"tensors\": [" GOOD_TENSOR("a") "]}",
+                 RESHARD_ERR_RANK_RANGE, "tensors[0] (a).dst", "rank 5 is outside world_size 5");
+}
+
+Test(manifest, domains_must_cover_the_world, .fini = cleanup)
+{
+    expect_error("{\"version\": 1, \"world_size\": 8, \"domains\": {\"of_rank\": [0, 0, 1]},"
+                 " \"tensors\": [" GOOD_TENSOR("a") "]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "domains.of_rank", "world_size (8)");
+    expect_error("{\"version\": 1, \"world_size\": 8, \"domains\": {\"size\": 0},"
+                 " \"tensors\": [" GOOD_TENSOR("a") "]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "domains.size", NULL);
+}
+
+Test(manifest, a_missing_file_is_an_error_naming_it)
+{
+    reshard_manifest_t *m = NULL;
+    cr_assert_eq(reshard_manifest_load("/nonexistent/m.json", &m), RESHARD_ERR_SPEC_SYNTAX);
+    cr_assert(strstr(reshard_last_error(), "/nonexistent/m.json"), "%s", reshard_last_error());
+    cr_assert_null(m);
+}

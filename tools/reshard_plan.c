@@ -6,6 +6,7 @@
 #include "reshard.h"
 
 #include <getopt.h>
+#include <sys/resource.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,8 @@
 static const char usage[] =
     "usage: reshard-plan --src SPEC --dst SPEC [--domain-size N | --domains LIST]\n"
     "                    [--world-size N] [--json] [--all-ranks]\n"
+    "       reshard-plan --manifest FILE [--domain-size N | --domains LIST] [--json]\n"
+    "                    [--all-ranks]\n"
     "       reshard-plan --dump-config\n"
     "\n"
     "  --src, --dst SPEC   layouts, e.g. 'shape=7168x2048 dtype=bf16 ranks=0-7 mesh=2x4 "
@@ -24,6 +27,8 @@ static const char usage[] =
     "  --domain-size N     NVLink domains of N consecutive ranks (default 8)\n"
     "  --domains LIST      the domain id of every rank, comma separated\n"
     "  --world-size N      ranks in the communicator (default: past the highest rank used)\n"
+    "  --manifest FILE     a whole model (JSON, DESIGN.md section 4): every tensor in one plan;\n"
+    "                      its domains unless --domain-size or --domains says otherwise\n"
     "  --json              the same report as JSON\n"
     "  --all-ranks         list every rank with traffic (the table stops at 32 otherwise)\n"
     "\n"
@@ -32,7 +37,7 @@ static const char usage[] =
     "2 bad input.\n";
 
 struct args {
-    const char *src, *dst, *domains;
+    const char *src, *dst, *domains, *manifest;
     int domain_size, world_size, json, all_ranks, dump_config;
 };
 
@@ -63,6 +68,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"json", no_argument, NULL, 'j'},
         {"all-ranks", no_argument, NULL, 'a'},
         {"dump-config", no_argument, NULL, 'c'},
+        {"manifest", required_argument, NULL, 'm'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -96,6 +102,9 @@ static int parse_args(int argc, char **argv, struct args *a)
         case 'c':
             a->dump_config = 1;
             break;
+        case 'm':
+            a->manifest = optarg;
+            break;
         case 'h':
             fputs(usage, stdout);
             exit(0);
@@ -108,6 +117,12 @@ static int parse_args(int argc, char **argv, struct args *a)
     if (optind < argc)
         return bad_input("unexpected argument", argv[optind]);
     if (a->dump_config)
+        return 0;
+    if (a->manifest && (a->src || a->dst || a->world_size))
+        return bad_input("--manifest excludes --src, --dst and --world-size", NULL);
+    if (a->domains && a->domain_size)
+        return bad_input("--domains and --domain-size exclude each other", NULL);
+    if (a->manifest)
         return 0;
     if (!a->src || !a->dst) {
         fprintf(stderr, "error: --src and --dst are required\n%s", usage);
@@ -275,6 +290,69 @@ static int max_rank(const reshard_layout_t *l)
     return reshard_layout_info(l, &info) == RESHARD_OK ? info.max_rank : -1;
 }
 
+static double peak_rss_mib(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : 0.0;
+}
+
+/* --manifest: every tensor of a model in one plan. */
+static int run_manifest(const struct args *a, const int *ids, int nids)
+{
+    reshard_manifest_t *m = NULL;
+    reshard_topo_t *topo = NULL;
+    reshard_plan_t *plan = NULL;
+    reshard_rank_stats_t *ranks = NULL;
+    int rc = 2;
+    if (reshard_manifest_load(a->manifest, &m) != RESHARD_OK) {
+        fprintf(stderr, "error: %s\n", reshard_last_error());
+        return 2;
+    }
+    int world = reshard_manifest_world_size(m), n = reshard_manifest_ntensors(m);
+    reshard_status_t st;
+    if (nids && nids != world) {
+        fprintf(stderr, "error: --domains lists %d ranks, the manifest's world has %d\n", nids,
+                world);
+        goto out;
+    }
+    st = nids || a->domain_size ? reshard_topo_create(world, a->domain_size, ids, &topo)
+                                : reshard_manifest_topo(m, &topo);
+    if (st != RESHARD_OK ||
+        reshard_plan_create(reshard_manifest_tensors(m), n, topo, NULL, &plan) != RESHARD_OK) {
+        fprintf(stderr, "error: %s\n", reshard_last_error());
+        goto out;
+    }
+    int valid = reshard_plan_validate(plan) == RESHARD_OK;
+    char why[512];
+    snprintf(why, sizeof(why), "%s", valid ? "" : reshard_last_error());
+    reshard_plan_stats_t s;
+    if (!(ranks = calloc((size_t)world, sizeof(*ranks))) ||
+        reshard_plan_stats(plan, &s, ranks) != RESHARD_OK) {
+        fprintf(stderr, "error: %s\n", ranks ? reshard_last_error() : "out of memory");
+        goto out;
+    }
+    if (a->json) {
+        print_json(&s, ranks, a->manifest, "", reshard_plan_hash(plan), valid, why);
+    } else {
+        printf("manifest: %s, %d tensors\n", a->manifest, n);
+        printf("world: %d ranks in %d domains, plan hash 0x%016" PRIx64 "\n\n", world, s.ndomains,
+               reshard_plan_hash(plan));
+        print_table(&s, ranks, a->all_ranks);
+        if (!valid)
+            fprintf(stderr, "error: %s\n", why);
+        printf("tensors %d\n", n);
+        printf("peak_rss_mib %.1f\n", peak_rss_mib());
+        print_tail(&s, valid);
+    }
+    rc = valid ? 0 : 1;
+out:
+    free(ranks);
+    reshard_plan_destroy(plan);
+    reshard_topo_destroy(topo);
+    reshard_manifest_destroy(m);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     struct args a = {0};
@@ -288,6 +366,11 @@ int main(int argc, char **argv)
     int *ids = NULL, nids = 0;
     if (a.domains && (nids = parse_domains(a.domains, &ids)) < 0)
         return bad_input("--domains: expected comma-separated non-negative domain ids", a.domains);
+    if (a.manifest) {
+        rc = run_manifest(&a, ids, nids);
+        free(ids);
+        return rc;
+    }
     int world = a.world_size ? a.world_size : nids;
     reshard_layout_t *src = NULL, *dst = NULL;
     reshard_topo_t *topo = NULL;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define OUT_MAX (1 << 16)
 
@@ -165,4 +166,65 @@ Test(reshard_plan, bad_world_size_and_long_rank_lists, .timeout = 60)
     cr_assert_eq(plan(args), 0, "%s", out);
     cr_assert(strstr(out, ",1998 mesh=1000 place=S(0)\n"), "the whole spec is printed");
     free(args);
+}
+
+/* ---- --manifest, on manifests that scripts/gen-manifest.py writes ---- */
+
+/* Writes a manifest with gen-manifest.py into path; returns its exit status. */
+static int gen(const char *args, const char *path)
+{
+    return run_capturef(out, sizeof(out), "scripts/gen-manifest.py %s -o %s", args, path);
+}
+
+Test(reshard_plan, a_whole_model_manifest_plans_every_tensor_at_the_minimum, .timeout = 120)
+{
+    char path[] = "/tmp/reshard-gen-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    int rc = gen("--model qwen3-30b-a3b --train ep=8,pp=2,dp=8 --infer tp=8,dp=2 --scale 16", path);
+    cr_assert_eq(rc, 0, "%s", out);
+    char args[256];
+    snprintf(args, sizeof(args), "--manifest %s", path);
+    rc = plan(args);
+    unlink(path);
+    cr_assert_eq(rc, 0, "%s", out);
+    /* 48 layers of (2 norms, q/k/v/o, q/k norms, router, 128 experts x 2) + embed, norm, head */
+    cr_assert_eq(value_of("tensors"), 48 * (2 + 4 + 2 + 1 + 128 * 2) + 3, "%s", out);
+    cr_assert_gt(value_of("net_bytes"), 0);
+    cr_assert_eq(value_of("net_bytes"), value_of("min_net_bytes"), "%s", out);
+    cr_assert(strstr(out, "\nvalid yes"), "%s", out);
+    cr_assert(strstr(out, "world: 32 ranks in 4 domains"), "%s", out);
+}
+
+Test(reshard_plan, a_bad_manifest_is_exit_status_2_naming_the_tensor, .timeout = 60)
+{
+    char path[] = "/tmp/reshard-bad-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    const char *json = "{\"version\": 1, \"world_size\": 4, \"tensors\": [{\"name\": \"w\", "
+                       "\"shape\": [8], \"dtype\": \"bf16\", \"src\": \"ranks=0-1 place=Q\", "
+                       "\"dst\": \"ranks=2-3\"}]}";
+    cr_assert_eq(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+    close(fd);
+    char args[256];
+    snprintf(args, sizeof(args), "--manifest %s", path);
+    int rc = plan(args);
+    unlink(path);
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "tensors[0] (w).src: place"), "%s", out);
+    cr_assert_eq(plan("--manifest /tmp/x.json --src 'shape=4'"), 2, "%s", out);
+}
+
+Test(reshard_plan, gen_manifest_refuses_configs_that_do_not_fit, .timeout = 60)
+{
+    cr_assert_eq(gen("--model qwen3-30b-a3b --train ep=7,pp=2,dp=8 --infer tp=8", "/dev/null"), 2,
+                 "%s", out);
+    cr_assert(strstr(out, "not a multiple of etp*ep"), "%s", out);
+    cr_assert_eq(gen("--model llama-3.1-70b --train tp=16 --infer tp=8", "/dev/null"), 2, "%s",
+                 out);
+    cr_assert(strstr(out, "must divide the 8 kv heads"), "%s", out);
+    cr_assert_eq(gen("--model llama-3.1-70b --train tp=8,zz=2 --infer tp=8", "/dev/null"), 2, "%s",
+                 out);
+    cr_assert(strstr(out, "unknown key 'zz'"), "%s", out);
 }

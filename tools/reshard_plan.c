@@ -290,6 +290,21 @@ static int max_rank(const reshard_layout_t *l)
     return reshard_layout_info(l, &info) == RESHARD_OK ? info.max_rank : -1;
 }
 
+/* Validates the plan (why: the reason when not valid) and gathers its statistics; 0 or -1 after
+ * reporting the failure. *ranks is the caller's to free. */
+static int evaluate(const reshard_plan_t *plan, int world, int *valid, char *why, size_t n,
+                    reshard_plan_stats_t *s, reshard_rank_stats_t **ranks)
+{
+    *valid = reshard_plan_validate(plan) == RESHARD_OK;
+    snprintf(why, n, "%s", *valid ? "" : reshard_last_error());
+    if (!(*ranks = calloc((size_t)world, sizeof(**ranks))) ||
+        reshard_plan_stats(plan, s, *ranks) != RESHARD_OK) {
+        fprintf(stderr, "error: %s\n", *ranks ? reshard_last_error() : "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
 static double peak_rss_mib(void)
 {
     struct rusage ru;
@@ -322,15 +337,11 @@ static int run_manifest(const struct args *a, const int *ids, int nids)
         fprintf(stderr, "error: %s\n", reshard_last_error());
         goto out;
     }
-    int valid = reshard_plan_validate(plan) == RESHARD_OK;
+    int valid;
     char why[512];
-    snprintf(why, sizeof(why), "%s", valid ? "" : reshard_last_error());
     reshard_plan_stats_t s;
-    if (!(ranks = calloc((size_t)world, sizeof(*ranks))) ||
-        reshard_plan_stats(plan, &s, ranks) != RESHARD_OK) {
-        fprintf(stderr, "error: %s\n", ranks ? reshard_last_error() : "out of memory");
+    if (evaluate(plan, world, &valid, why, sizeof(why), &s, &ranks))
         goto out;
-    }
     if (a->json) {
         print_json(&s, ranks, a->manifest, "", reshard_plan_hash(plan), valid, why);
     } else {
@@ -405,13 +416,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "error: %s\n", reshard_last_error());
         goto out;
     }
-    int valid = reshard_plan_validate(plan) == RESHARD_OK;
+    int valid;
     char why[512];
-    snprintf(why, sizeof(why), "%s", valid ? "" : reshard_last_error());
     reshard_plan_stats_t s;
-    reshard_rank_stats_t *ranks = calloc((size_t)world, sizeof(*ranks));
-    if (!ranks || reshard_plan_stats(plan, &s, ranks) != RESHARD_OK) {
-        fprintf(stderr, "error: %s\n", ranks ? reshard_last_error() : "out of memory");
+    reshard_rank_stats_t *ranks = NULL;
+    if (evaluate(plan, world, &valid, why, sizeof(why), &s, &ranks)) {
         free(ranks);
         goto out;
     }

@@ -194,7 +194,8 @@ reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
                                           .local_out = comm->local_out,
                                           .local_in = comm->local_in,
                                           .self = comm->self,
-                                          .ctrl_msgs = n->ctrl_out};
+                                          .ctrl_msgs = n->ctrl_out,
+                                          .net_msgs = n->msgs_out};
     return RESHARD_OK;
 }
 

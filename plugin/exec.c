@@ -36,13 +36,16 @@ enum req_kind { REQ_SEND_DATA, REQ_SEND_CTRL, REQ_RECV_DATA, REQ_RECV_CTRL };
 
 struct run;
 
+/* A ready entry naming a bundle (its index in chunk) rather than a transfer's chunk. */
+#define BUNDLE_POS UINT32_MAX
+
 /* One posted message. */
 struct chunk_req {
     struct tp_req req;
     struct run *run;
-    uint32_t pos; /* index in the rank's in[] (receives) or out[] (sends) */
-    uint32_t chunk;
-    int slot; /* staging slot, or -1 */
+    uint32_t pos;   /* index in the rank's in[] (receives) or out[] (sends), or BUNDLE_POS */
+    uint32_t chunk; /* or the bundle's index */
+    int slot;       /* staging slot, or -1 */
     uint8_t kind;
     struct iovec *iov;
 };
@@ -140,8 +143,8 @@ static reshard_status_t fail(struct run *r, reshard_status_t st)
 
 static reshard_status_t push_ready(struct run *r, uint32_t pos, uint32_t chunk)
 {
-    const struct xfer *xf = &r->x->xs.x[r->x->out[pos]];
-    struct queue *q = xf->path == XFER_NET ? &r->net_q : &r->local_q;
+    int net = pos == BUNDLE_POS || r->x->xs.x[r->x->out[pos]].path == XFER_NET;
+    struct queue *q = net ? &r->net_q : &r->local_q;
     if (q->tail == q->cap) {
         if (q->head) { /* slide down before growing */
             memmove(q->q, q->q + q->head, (q->tail - q->head) * sizeof(*q->q));
@@ -201,6 +204,23 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
     if (r->draining)
         return;
     struct exec *x = r->x;
+    if (c->pos == BUNDLE_POS) {
+        const struct bundle *b = &x->in_b[c->chunk];
+        if (st != RESHARD_OK || bytes != b->bytes) {
+            fail(r, rs_error(st != RESHARD_OK ? st : RESHARD_ERR_INTERNAL,
+                             "rank %d: packed message %u from rank %d: %s (%zu bytes, expected "
+                             "%llu)",
+                             x->comm->rank, b->id, b->peer,
+                             st != RESHARD_OK ? rs_status_string(st) : "wrong size", bytes,
+                             (unsigned long long)b->bytes));
+            return;
+        }
+        for (uint32_t i = b->first; i < b->first + b->n; i++) {
+            const struct piece *p = &x->in_p[i];
+            arrived(r, (long)p->pos, p->chunk, &x->xs.x[x->in[p->pos]]);
+        }
+        return;
+    }
     const struct xfer *xf = &x->xs.x[x->in[c->pos]];
     if (st != RESHARD_OK) {
         fail(r, rs_error(st, "rank %d: receiving chunk %u of transfer %u from rank %d failed",
@@ -237,12 +257,18 @@ static void on_send(struct tp_req *req, reshard_status_t st, size_t bytes)
     }
     if (r->draining)
         return;
+    int bundle = c->pos == BUNDLE_POS;
+    if (st != RESHARD_OK && bundle) {
+        fail(r, rs_error(st, "rank %d: sending packed message %u to rank %d failed", comm->rank,
+                         r->x->out_b[c->chunk].id, req->peer));
+        return;
+    }
     if (st != RESHARD_OK) {
         fail(r, rs_error(st, "rank %d: sending chunk %u of transfer %u to rank %d failed",
                          comm->rank, c->chunk, r->x->out[c->pos], req->peer));
         return;
     }
-    r->out_left--;
+    r->out_left -= bundle ? r->x->out_b[c->chunk].n : 1;
     r->last_event_ms = now_ms();
 }
 
@@ -346,6 +372,54 @@ static reshard_status_t post_recv(struct run *r, size_t k, uint32_t chunk)
     return st;
 }
 
+/* A packed message: one receive scattering straight into every piece's destination. */
+static reshard_status_t post_bundle_recv(struct run *r, uint32_t bi)
+{
+    struct exec *x = r->x;
+    const struct bundle *b = &x->in_b[bi];
+    const struct piece *first = &x->in_p[b->first];
+    struct chunk_req *c = &r->in_req[x->in_off[first->pos] + first->chunk];
+    *c = (struct chunk_req){.req.done = on_recv,
+                            .run = r,
+                            .pos = BUNDLE_POS,
+                            .chunk = bi,
+                            .slot = -1,
+                            .kind = REQ_RECV_DATA};
+    size_t n = 0, cap = 0;
+    for (uint32_t i = b->first; i < b->first + b->n; i++) {
+        const struct piece *p = &x->in_p[i];
+        const struct xfer *xf = &x->xs.x[x->in[p->pos]];
+        struct region rg;
+        struct iovec *v;
+        size_t m;
+        exec_chunk_region(x, xf, p->chunk, 1, &rg);
+        reshard_status_t st = chunk_iov(&rg, my_base(r, xf, 1), &v, &m);
+        struct iovec *all = st == RESHARD_OK
+                                ? rs_grow(c->iov, &cap, n + m + 1, sizeof(*all), "scatter list")
+                                : NULL;
+        if (!all) {
+            free(v);
+            free(c->iov);
+            c->iov = NULL;
+            return st == RESHARD_OK ? RESHARD_ERR_NO_MEMORY : st;
+        }
+        c->iov = all;
+        memcpy(c->iov + n, v, m * sizeof(*v));
+        n += m;
+        free(v);
+    }
+    struct tp_ctx *net = x->comm->net;
+    reshard_status_t st = net->ops->recv_iov(
+        net, b->peer, make_tag(TAG_PACK, r->seq, b->id, (uint32_t)b->peer), c->iov, n, &c->req);
+    if (st != RESHARD_OK) {
+        free(c->iov);
+        c->iov = NULL;
+        return st;
+    }
+    r->posted++;
+    return RESHARD_OK;
+}
+
 /* A local transfer: write the chunk into the peer's memory, then tell it. */
 static reshard_status_t do_local(struct run *r, uint32_t o, uint32_t chunk)
 {
@@ -396,10 +470,53 @@ static void do_self(struct run *r, uint32_t o, uint32_t chunk)
     arrived(r, -1, chunk, xf);
 }
 
+/* A packed message: every piece packed into one staging slot, one send. Returns 0 when it
+ * must wait for a slot or the window. */
+static int do_bundle(struct run *r, uint32_t bi)
+{
+    struct exec *x = r->x;
+    struct reshard_comm *comm = x->comm;
+    const struct bundle *b = &x->out_b[bi];
+    if (r->inflight >= SEND_WINDOW || r->peer_inflight[b->peer] >= PEER_WINDOW || !comm->nfree)
+        return 0;
+    const struct piece *first = &x->out_p[b->first];
+    struct chunk_req *c = &r->out_req[x->out_off[first->pos] + first->chunk];
+    *c = (struct chunk_req){.req.done = on_send,
+                            .run = r,
+                            .pos = BUNDLE_POS,
+                            .chunk = bi,
+                            .slot = comm->free_slots[--comm->nfree],
+                            .kind = REQ_SEND_DATA};
+    char *buf = comm->staging + (size_t)c->slot * (size_t)comm->slot_bytes, *at = buf;
+    for (uint32_t i = b->first; i < b->first + b->n; i++) {
+        const struct piece *p = &x->out_p[i];
+        const struct xfer *xf = &x->xs.x[x->out[p->pos]];
+        struct region a;
+        exec_chunk_region(x, xf, p->chunk, 0, &a);
+        region_pack(&a, my_base(r, xf, 0), at);
+        at += region_bytes(&a);
+    }
+    struct tp_ctx *net = comm->net;
+    reshard_status_t st =
+        net->ops->send(net, b->peer, make_tag(TAG_PACK, r->seq, b->id, (uint32_t)comm->rank), buf,
+                       b->bytes, comm->staging_mh, 0, &c->req);
+    if (st != RESHARD_OK) {
+        comm->free_slots[comm->nfree++] = c->slot;
+        fail(r, st);
+        return 1;
+    }
+    r->posted++;
+    r->inflight++;
+    r->peer_inflight[b->peer]++;
+    return 1;
+}
+
 /* A network send: straight from the source when contiguous, else packed into staging.
  * Returns 0 when it must wait for a slot or the window. */
 static int do_net(struct run *r, uint32_t o, uint32_t chunk)
 {
+    if (o == BUNDLE_POS)
+        return do_bundle(r, chunk);
     struct exec *x = r->x;
     struct reshard_comm *comm = x->comm;
     const struct xfer *xf = &x->xs.x[x->out[o]];
@@ -700,11 +817,17 @@ static reshard_status_t start(struct run *r)
     }
     for (size_t k = 0; k < x->nin; k++)
         for (size_t c = 0; c < x->in_off[k + 1] - x->in_off[k]; c++)
-            RS_CHECK(post_recv(r, k, (uint32_t)c));
+            if (!x->in_bundled[x->in_off[k] + c])
+                RS_CHECK(post_recv(r, k, (uint32_t)c));
+    for (size_t b = 0; b < x->nin_b; b++)
+        RS_CHECK(post_bundle_recv(r, (uint32_t)b));
+    for (size_t b = 0; b < x->nout_b; b++) /* small pieces first: they unblock fan-out early */
+        RS_CHECK(push_ready(r, BUNDLE_POS, (uint32_t)b));
     for (size_t o = 0; o < x->nout; o++)
         if (x->xs.x[x->out[o]].parent == XFER_NONE)
             for (size_t c = 0; c < x->out_off[o + 1] - x->out_off[o]; c++)
-                RS_CHECK(push_ready(r, (uint32_t)o, (uint32_t)c));
+                if (!x->out_bundled[x->out_off[o] + c])
+                    RS_CHECK(push_ready(r, (uint32_t)o, (uint32_t)c));
     for (int t = 0; t < x->plan->ntensors; t++)
         if (r->tmp_left[t] == 0) /* nothing to wait for: a root holding the whole tensor */
             release_whole(r, (uint32_t)t);

@@ -11,9 +11,12 @@
 
 #include <stdint.h>
 
-/* Tags: kind (2 bits) | execution (10) | transfer (32) | chunk (20). */
+/* Tags: kind (2 bits) | execution (10) | transfer (32) | chunk (20). A packed message (TAG_PACK)
+ * puts its number among the sender's bundles to that peer in the transfer field and the
+ * sender's rank in the chunk field. */
 #define TAG_DATA        UINT64_C(1)
 #define TAG_CTRL        UINT64_C(2)
+#define TAG_PACK        UINT64_C(3)
 #define MAX_CHUNKS      (INT64_C(1) << 20)
 #define MAX_CHUNK_BYTES (INT64_C(1) << 30)
 #define ACK_XFER        UINT32_MAX /* the transfer field of an acknowledgement's tag */
@@ -50,6 +53,21 @@ struct exec {
         void *mh;
     } * reg;    /* [2 * ntensors]: src, dst */
     char **tmp; /* [ntensors]: whole-tensor buffers (bcast), kept across runs */
+    /* Coalescing (RESHARD_COALESCE_BYTES): network chunks of at most coalesce_bytes that leave
+     * a source buffer at the start travel to each peer packed into messages of at most
+     * chunk_bytes (bundles), which sender and receiver group alike: per peer, by transfer
+     * index, then chunk. A bundle's pieces are (position in out[] or in[], chunk). */
+    int64_t coalesce_bytes;
+    struct bundle {
+        int32_t peer;
+        uint32_t id, first, n; /* id among this pair's bundles; pieces[first .. first + n) */
+        uint64_t bytes;
+    } * out_b, *in_b;
+    size_t nout_b, nin_b;
+    struct piece {
+        uint32_t pos, chunk;
+    } * out_p, *in_p;
+    uint8_t *out_bundled, *in_bundled; /* by chunk, via out_off / in_off */
 };
 
 /* ---- exec_share.c ---- */
@@ -61,5 +79,7 @@ void exec_chunk_region(const struct exec *x, const struct xfer *xf, uint32_t chu
                        struct region *r);
 /* Position of an incoming transfer in x->in, or -1. */
 long exec_in_pos(const struct exec *x, uint32_t xfer);
+/* Bytes of a chunk (alike on both sides). */
+uint64_t exec_chunk_bytes_of(const struct exec *x, const struct xfer *xf, uint32_t chunk);
 
 #endif

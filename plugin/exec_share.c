@@ -249,6 +249,89 @@ static reshard_status_t connect_peers(struct exec *x)
     return RESHARD_OK;
 }
 
+/* ---- coalescing ---- */
+
+uint64_t exec_chunk_bytes_of(const struct exec *x, const struct xfer *xf, uint32_t chunk)
+{
+    struct region rg;
+    exec_chunk_region(x, xf, chunk, 1, &rg);
+    return region_bytes(&rg);
+}
+
+/* A chunk both sides pack: on the network, out of a source buffer, ready at the start. */
+static int packable(const struct exec *x, const struct xfer *xf)
+{
+    return x->coalesce_bytes > 0 && xf->path == XFER_NET && xf->parent == XFER_NONE &&
+           xf->src_buf == XBUF_SRC;
+}
+
+struct cand {
+    int32_t peer;
+    uint32_t xfer, pos, chunk;
+    uint64_t bytes;
+};
+
+static int cmp_cand(const void *a, const void *b)
+{
+    const struct cand *p = a, *q = b;
+    if (p->peer != q->peer)
+        return p->peer < q->peer ? -1 : 1;
+    if (p->xfer != q->xfer)
+        return p->xfer < q->xfer ? -1 : 1;
+    return p->chunk < q->chunk ? -1 : p->chunk > q->chunk;
+}
+
+/* Bundles of one side: list[n] with chunk offsets off, the peer being the transfers' dst
+ * (send) or src (receive). */
+static reshard_status_t bundle_side(struct exec *x, const uint32_t *list, size_t n,
+                                    const size_t *off, int send, struct bundle **bundles,
+                                    size_t *nbundles, struct piece **pieces, uint8_t **bundled)
+{
+    size_t ncand = 0, cap = 0;
+    struct cand *c = NULL;
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    for (size_t pos = 0; pos < n; pos++) {
+        const struct xfer *xf = &x->xs.x[list[pos]];
+        if (!packable(x, xf))
+            continue;
+        for (uint32_t k = 0; k < off[pos + 1] - off[pos]; k++) {
+            uint64_t bytes = exec_chunk_bytes_of(x, xf, k);
+            if (bytes > (uint64_t)x->coalesce_bytes)
+                continue;
+            struct cand *g = rs_grow(c, &cap, ncand + 1, sizeof(*c), "coalescing");
+            if (!g)
+                goto out;
+            c = g;
+            c[ncand++] =
+                (struct cand){send ? xf->dst : xf->src, list[pos], (uint32_t)pos, k, bytes};
+        }
+    }
+    *bundled = rs_calloc(off[n] + 1, 1, "coalescing");
+    *pieces = rs_calloc(ncand + 1, sizeof(**pieces), "coalescing");
+    *bundles = rs_calloc(ncand + 1, sizeof(**bundles), "coalescing");
+    if (!*bundled || !*pieces || !*bundles)
+        goto out;
+    qsort(c, ncand, sizeof(*c), cmp_cand);
+    size_t nb = 0;
+    for (size_t i = 0; i < ncand; i++) {
+        struct bundle *b = nb ? &(*bundles)[nb - 1] : NULL;
+        if (!b || b->peer != c[i].peer || b->bytes + c[i].bytes > (uint64_t)x->chunk_bytes) {
+            uint32_t id = b && b->peer == c[i].peer ? b->id + 1 : 0;
+            b = &(*bundles)[nb++];
+            *b = (struct bundle){.peer = c[i].peer, .id = id, .first = (uint32_t)i};
+        }
+        b->n++;
+        b->bytes += c[i].bytes;
+        (*pieces)[i] = (struct piece){c[i].pos, c[i].chunk};
+        (*bundled)[off[c[i].pos] + c[i].chunk] = 1;
+    }
+    *nbundles = nb;
+    st = RESHARD_OK;
+out:
+    free(c);
+    return st;
+}
+
 static reshard_status_t share(struct exec *x)
 {
     int me = x->comm->rank;
@@ -272,6 +355,10 @@ static reshard_status_t share(struct exec *x)
     RS_CHECK(prefix_chunks(x, x->in, x->nin, &x->in_off));
     RS_CHECK(link_children(x));
     RS_CHECK(link_whole_tensors(x));
+    RS_CHECK(bundle_side(x, x->out, x->nout, x->out_off, 1, &x->out_b, &x->nout_b, &x->out_p,
+                         &x->out_bundled));
+    RS_CHECK(
+        bundle_side(x, x->in, x->nin, x->in_off, 0, &x->in_b, &x->nin_b, &x->in_p, &x->in_bundled));
     return connect_peers(x);
 }
 
@@ -294,6 +381,9 @@ reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *pl
     x->xs = *xs;
     memset(xs, 0, sizeof(*xs));
     x->chunk_bytes = exec_chunk_bytes();
+    x->coalesce_bytes = rs_param_int(RS_PARAM_COALESCE_BYTES);
+    if (x->coalesce_bytes > x->chunk_bytes)
+        x->coalesce_bytes = x->chunk_bytes;
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     x->reg = rs_calloc(2 * (size_t)plan->ntensors, sizeof(*x->reg), "registrations");
     if (!x->reg)
@@ -352,6 +442,12 @@ void exec_destroy(struct exec *x)
     free(x->tmp_chunks);
     free(x->send_peers);
     free(x->recv_peers);
+    free(x->out_b);
+    free(x->in_b);
+    free(x->out_p);
+    free(x->in_p);
+    free(x->out_bundled);
+    free(x->in_bundled);
     xfer_free(&x->xs);
     free(x);
 }

@@ -33,6 +33,8 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
       "pipeline unit: a slice is sent and fanned out in chunks of at most this many bytes")        \
     X(STAGING_BYTES, RS_PARAM_INT, "268435456", 1048576,                                           \
       "per-rank cap on packing memory for strided slices")                                         \
+    X(COALESCE_BYTES, RS_PARAM_INT, "65536", 0,                                                    \
+      "network chunks up to this size travel to their peer packed together (0: never)")            \
     X(NET_TLS, RS_PARAM_STR, "^sm,self", 0,                                                        \
       "UCX transports of the inter-domain context (UCX_TLS syntax; never shared memory)")          \
     X(NET_PEER_ERRORS, RS_PARAM_INT, "0", 0,                                                       \

@@ -47,6 +47,7 @@ struct tp_req {
 struct tp_counters {
     uint64_t bytes_out, bytes_in; /* completed data sends / receives */
     uint64_t ctrl_out;            /* control messages sent */
+    uint64_t msgs_out;            /* data messages sent */
 };
 
 struct tp_config {

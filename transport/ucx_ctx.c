@@ -275,7 +275,7 @@ static void send_done(void *request, ucs_status_t status, void *user_data)
         if (req->ctrl)
             c->counters.ctrl_out++;
         else
-            c->counters.bytes_out += req->len;
+            c->counters.bytes_out += req->len, c->counters.msgs_out++;
     }
     complete(to_ucx(c), req, ucx_status(status), req->len);
 }
@@ -310,7 +310,7 @@ static reshard_status_t posted(struct ucx_ctx *u, struct tp_req *req, ucs_status
          * complete; a receive's length is unknown, so it is reported as failed. */
         int send = !strcmp(what, "tag send");
         if (send && !req->ctrl)
-            req->ctx->counters.bytes_out += req->len;
+            req->ctx->counters.bytes_out += req->len, req->ctx->counters.msgs_out++;
         else if (send)
             req->ctx->counters.ctrl_out++;
         complete(u, req, send ? RESHARD_OK : RESHARD_ERR_INTERNAL, req->len);

@@ -330,3 +330,78 @@ Test(comm, a_sender_hanging_mid_transfer_times_out_its_receiver_who_then_destroy
     cr_assert_eq(o[0].status, RESHARD_ERR_TIMEOUT, "rank 0: %d %s", o[0].status, o[0].msg);
     cr_assert(strstr(o[0].msg, "from rank 1"), "rank 0: %s", o[0].msg);
 }
+
+/* ---- coalescing: many small tensors travel as a few packed messages per peer ---- */
+
+#define NSMALL 200
+
+/* Moves NSMALL small tensors from ranks 0-1 (rows) to ranks 2-3 (columns), checks every one,
+ * and reports the data messages this rank sent in the status: RESHARD_OK when they are at
+ * most `limit`, else RESHARD_ERR_TOO_LARGE (a source rank has 2 peers and NSMALL x 2 chunks). */
+static reshard_status_t small_tensors(int rank, uint64_t min_msgs, uint64_t max_msgs,
+                                      reshard_comm_t *comm)
+{
+    reshard_layout_t *src = parse("shape=8x8 dtype=i32 ranks=0-1 mesh=2 place=S(0)");
+    reshard_layout_t *dst = parse("shape=8x8 dtype=i32 ranks=2-3 mesh=2 place=S(1)");
+    reshard_tensor_t t[NSMALL];
+    reshard_buffers_t b[NSMALL];
+    static int32_t s[NSMALL][64], d[NSMALL][64];
+    for (int i = 0; i < NSMALL; i++) {
+        t[i] = (reshard_tensor_t){NULL, src, dst};
+        b[i] = (reshard_buffers_t){0};
+        reshard_layout_shard_bytes(src, rank, &b[i].src_bytes);
+        reshard_layout_shard_bytes(dst, rank, &b[i].dst_bytes);
+        fill(src, rank, s[i]);
+        memset(d[i], 0, sizeof(d[i]));
+        b[i].src = b[i].src_bytes ? s[i] : NULL;
+        b[i].dst = b[i].dst_bytes ? d[i] : NULL;
+    }
+    reshard_plan_t *plan = NULL;
+    reshard_comm_counters_t before, after;
+    reshard_status_t st = reshard_comm_plan_create(comm, t, NSMALL, NULL, &plan);
+    if (st == RESHARD_OK)
+        st = reshard_comm_counters(comm, &before);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(plan, b);
+    for (int i = 0; st == RESHARD_OK && i < NSMALL; i++)
+        if (count_wrong(dst, rank, d[i]))
+            st = RESHARD_ERR_INTERNAL;
+    if (st == RESHARD_OK)
+        st = reshard_comm_counters(comm, &after);
+    uint64_t msgs = after.net_msgs - before.net_msgs;
+    if (st == RESHARD_OK && rank < 2 && (msgs < min_msgs || msgs > max_msgs))
+        st = RESHARD_ERR_TOO_LARGE;
+    reshard_plan_destroy(plan);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+static reshard_status_t small_coalesced(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    return small_tensors(rank, 1, 2, comm); /* one packed message per peer */
+}
+
+static reshard_status_t small_one_by_one(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    return small_tensors(rank, 2 * NSMALL, 2 * NSMALL, comm);
+}
+
+Test(comm, many_small_tensors_travel_as_one_packed_message_per_peer)
+{
+    struct outcome *o = run_ranks(4, small_coalesced);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s (TOO_LARGE: more than 2 messages)", r,
+                     o[r].msg);
+}
+
+Test(comm, without_coalescing_every_chunk_is_a_message)
+{
+    setenv("RESHARD_COALESCE_BYTES", "0", 1);
+    struct outcome *o = run_ranks(4, small_one_by_one);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s (TOO_LARGE: not %d messages)", r,
+                     o[r].msg, 2 * NSMALL);
+}

@@ -39,6 +39,8 @@ Rank-order assumptions (what the placements below rest on):
     inference side views into vLLM's fused_qkv_a_proj buffer.
   * Vocabularies here divide evenly by every tp used, so a padded local buffer (Megatron pads
     to 128*tp) holds its shard at offset 0 and needs no view.
+--no-views drops the buffers and views: every tensor then lives alone and contiguous in its own
+buffer (for tools that give each tensor its own memory, such as reshard_perf --manifest).
 --scale K divides the hidden sizes (hidden, intermediate, expert intermediate, LoRA ranks,
 head dims) and the vocabulary by K, keeping the structure (layers, heads, experts), so that
 a whole model runs end to end on a small machine.
@@ -46,6 +48,7 @@ a whole model runs end to end on a small machine.
 
 import argparse
 import json
+import re
 import sys
 
 MODELS = {
@@ -348,6 +351,7 @@ def main(argv):
     ap.add_argument("--domain-size", type=int, default=8, help="ranks per NVLink domain (8)")
     ap.add_argument("--scale", type=int, default=1, help="divide hidden sizes by K (1)")
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--no-views", action="store_true", help="no shared buffers or views")
     ap.add_argument("-o", "--output", default="-", help="file (default: stdout)")
     a = ap.parse_args(argv)
     try:
@@ -366,6 +370,10 @@ def main(argv):
         if a.domain_size < 1:
             raise Error("--domain-size must be at least 1")
         tensors = build(a.model, m, train, infer, a.dtype)
+        if a.no_views:
+            for t in tensors:
+                for k in ("src", "dst"):
+                    t[k] = re.sub(r" (buffer|offset|view|strides)=\S+", "", t[k])
     except Error as e:
         print(f"gen-manifest: {e}", file=sys.stderr)
         return 2
@@ -374,6 +382,7 @@ def main(argv):
         "world_size": train.world + infer.world,
         "domains": {"size": a.domain_size},
         "meta": {"model": a.model, "train": a.train, "infer": a.infer, "scale": a.scale,
+                 "views": not a.no_views,
                  "train_ranks": train.world, "infer_ranks": infer.world},
         "tensors": tensors,
     }

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define OUT_MAX (1 << 20)
 #define MIB     (1024.0 * 1024.0)
@@ -394,4 +395,43 @@ Test(local_perf, uneven_three_dims_u8_to_2d_mesh, .timeout = 120)
 {
     local_pair("shape=5x33x17 dtype=u8 ranks=0-3 place=S(1)",
                "shape=5x33x17 dtype=u8 ranks=3,1,2,0 mesh=2x2 place=S(2),R", RD);
+}
+
+/* ---- model_perf: a whole model, every tensor in one plan ---- */
+
+/* Qwen3-30B-A3B's structure (12,723 tensors) at 1/32 of its hidden sizes: training EP2 x PP2
+ * (4 ranks) to inference TP2 x DP2 (4 ranks), domains of 2. Every element is checked, the bytes
+ * each rank moved are the plan's, and the small tensors travel packed: at most a few data
+ * messages per peer (7 peers), not one per tensor. On 4 emulated nodes x 2 ranks when this host
+ * can make them, else 8 local processes in domains of 2. */
+Test(model_perf, scaled_qwen3_30b_end_to_end_in_few_messages_per_peer, .timeout = 300)
+{
+    char path[] = "/tmp/reshard-model-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    int rc = run("scripts/gen-manifest.py --model qwen3-30b-a3b --train ep=2,pp=2,dp=2 "
+                 "--infer tp=2,dp=2 --domain-size 2 --scale 32 --no-views -o %s",
+                 path);
+    cr_assert_eq(rc, 0, "%s", out);
+    rc = run("%s/reshard-plan --manifest %s", build_dir(), path);
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *p = strstr(out, "\nmin_net_bytes ");
+    cr_assert_not_null(p, "%s", out);
+    long long min_bytes = atoll(p + strlen("\nmin_net_bytes "));
+    cr_assert(strstr(out, "tensors 12723\n"), "%s", out);
+    if (run(CLUSTER " check") == 0)
+        rc = run(CLUSTER " run --nodes 4 --ranks-per-node 2 --rate none --timeout 250 -- %s "
+                         "--manifest %s -n 2 -w 1",
+                 perf_bin(), path);
+    else
+        rc = run("RESHARD_DOMAIN_SIZE=2 timeout 250 %s -np 8 --manifest %s -n 2 -w 1", perf_bin(),
+                 path);
+    unlink(path);
+    check_perf(rc, "reshard", min_bytes);
+    const char *m = line_starting("# Data messages        : at most ");
+    cr_assert_not_null(m, "%s", out);
+    long msgs = atol(m + strlen("# Data messages        : at most "));
+    cr_assert(msgs >= 1 && msgs <= 4 * 7, "%ld data messages on one rank per iteration:\n%s", msgs,
+              out);
 }

@@ -42,7 +42,7 @@ struct opts {
     size_t min_bytes, max_bytes;
     long factor;
     int iters, warmup, check, dump_config, help;
-    const char *dtype, *src, *dst;
+    const char *dtype, *src, *dst, *manifest;
     reshard_algo_t algos[MAX_ALGOS];
     int nalgos;
     char algo_list[64];
@@ -63,6 +63,15 @@ struct tensor_run {
     void *sbuf, *dbuf;
 };
 
+/* --manifest: every tensor of a model in one plan, one row per algorithm. */
+struct model {
+    reshard_manifest_t *man;
+    int n;
+    size_t bytes;
+    int64_t count;
+    char type[16]; /* the dtype when all tensors share it, else "mixed" */
+};
+
 struct ctx {
     const struct opts *o;
     struct sweep *sw;
@@ -76,6 +85,9 @@ struct ctx {
     int differ, nrows, nnotes;
     double busbw_sum;
     char notes[MAX_NOTES][256]; /* the first ranks whose byte counts differ */
+    const struct model *model;  /* --manifest, else NULL */
+    double max_msgs;            /* most data messages a rank sent per iteration */
+    int max_msgs_rank;
 };
 
 /* ---- small helpers ---- */
@@ -242,7 +254,7 @@ static int sweep_sized(struct sweep *sw, const struct opts *o)
     int named = spec_item(o->src, "dtype", own, sizeof(own)) ||
                 spec_item(o->dst, "dtype", own, sizeof(own));
     const char *dtype = named ? own : o->dtype;
-    size_t es;
+    size_t es = 1;
     int rc = elem_size_of(dtype, &es);
     for (size_t b = o->min_bytes; !rc && sw->n < MAX_SIZES; b *= (size_t)o->factor) {
         int64_t count = (int64_t)(b / es);
@@ -350,6 +362,44 @@ static int sweep_validate(struct sweep *sw, int world, int loud)
     return rc;
 }
 
+/* --manifest: loads the model and checks what the tool refuses (views, a world that is not
+ * the run's), naming the tensor. */
+static int model_load(struct model *m, const char *path, int world, int loud)
+{
+    memset(m, 0, sizeof(*m));
+    if (reshard_manifest_load(path, &m->man) != RESHARD_OK) {
+        if (loud)
+            fprintf(stderr, "reshard_perf: %s\n", reshard_last_error());
+        return EXIT_USAGE;
+    }
+    if (reshard_manifest_world_size(m->man) != world) {
+        if (loud)
+            fprintf(stderr, "reshard_perf: %s is for %d ranks, %d are running\n", path,
+                    reshard_manifest_world_size(m->man), world);
+        return EXIT_USAGE;
+    }
+    m->n = reshard_manifest_ntensors(m->man);
+    const reshard_tensor_t *t = reshard_manifest_tensors(m->man);
+    for (int i = 0; i < m->n; i++) {
+        const char *why;
+        char type[16];
+        reshard_layout_info_t info;
+        if (check_pair(t[i].src, t[i].dst, world, type, &why)) {
+            if (loud)
+                fprintf(stderr, "reshard_perf: %s: tensor %s: %s\n", path, t[i].name, why);
+            return EXIT_USAGE;
+        }
+        reshard_layout_info(t[i].src, &info);
+        int64_t count = 1;
+        for (int k = 0; k < info.ndim; k++)
+            count *= info.shape[k];
+        m->count += count;
+        m->bytes += (size_t)count * info.elem_size;
+        snprintf(m->type, sizeof(m->type), "%s", !i || !strcmp(m->type, type) ? type : "mixed");
+    }
+    return 0;
+}
+
 /* ---- one execute ---- */
 
 /* Allgathers one double per rank and returns the largest. */
@@ -367,25 +417,27 @@ static int gather_max(struct ctx *c, double v, double *max)
 }
 
 /* Execute number `iter`; time_us, when not NULL, gets the slowest rank's time. */
-static int iterate(struct ctx *c, reshard_plan_t *plan, const struct tensor_run *t, int iter,
-                   double *time_us, uint64_t *wrong)
+static int iterate(struct ctx *c, reshard_plan_t *plan, const struct tensor_run *t, int nt,
+                   reshard_buffers_t *bufs, int iter, double *time_us, uint64_t *wrong)
 {
-    const reshard_buffers_t bufs = {t->sbuf, t->smap.bytes, t->dbuf, t->dmap.bytes,
-                                    RESHARD_MEM_HOST};
-    uint64_t key = pattern_key(0, iter);
-    if (c->o->check && t->sbuf)
-        shard_fill(&t->smap, t->sbuf, key);
-    if (c->o->check && t->dbuf)
-        memset(t->dbuf, POISON, t->dmap.bytes);
+    for (int i = 0; i < nt; i++) {
+        bufs[i] = (reshard_buffers_t){t[i].sbuf, t[i].smap.bytes, t[i].dbuf, t[i].dmap.bytes,
+                                      RESHARD_MEM_HOST};
+        if (c->o->check && t[i].sbuf)
+            shard_fill(&t[i].smap, t[i].sbuf, pattern_key(i, iter));
+        if (c->o->check && t[i].dbuf)
+            memset(t[i].dbuf, POISON, t[i].dmap.bytes);
+    }
     if (!ok(c, reshard_comm_barrier(c->comm), "reshard_comm_barrier"))
         return 1;
     double t0 = now_s();
-    reshard_status_t st = reshard_plan_execute(plan, &bufs);
+    reshard_status_t st = reshard_plan_execute(plan, bufs);
     double t1 = now_s();
     if (!ok(c, st, "reshard_plan_execute"))
         return 1;
-    if (c->o->check && t->dbuf)
-        *wrong += shard_check(&t->dmap, t->dbuf, key);
+    for (int i = 0; c->o->check && i < nt; i++)
+        if (t[i].dbuf)
+            *wrong += shard_check(&t[i].dmap, t[i].dbuf, pattern_key(i, iter));
     return time_us ? gather_max(c, (t1 - t0) * 1e6, time_us) : 0;
 }
 
@@ -476,6 +528,11 @@ static void row_finish(struct ctx *c, struct row *row, const reshard_plan_stats_
         net += d[0];
         row->wrong += c->wrong_all[r];
     }
+    for (int r = 0; r < c->size; r++) {
+        double msgs = (double)(c->after[r].net_msgs - c->before[r].net_msgs) / c->o->iters;
+        if (msgs > c->max_msgs)
+            c->max_msgs = msgs, c->max_msgs_rank = r;
+    }
     row->time_us = median(c->times, c->o->iters);
     row->net_mb = (double)net / c->o->iters / MIB;
     row->min_mb = (double)ps->min_net_bytes / MIB;
@@ -504,18 +561,22 @@ static void row_print(struct ctx *c, const struct row *row)
 }
 
 /* Warmup, then the timed iterations between two snapshots of every rank's counters. */
-static int measure(struct ctx *c, reshard_plan_t *plan, const struct tensor_run *t)
+static int measure(struct ctx *c, reshard_plan_t *plan, const struct tensor_run *t, int nt)
 {
     const struct opts *o = c->o;
     uint64_t wrong = 0;
-    for (int it = 0; it < o->warmup; it++)
-        if (iterate(c, plan, t, it, NULL, &wrong))
-            return 1;
-    if (!ok(c, reshard_comm_counters_all(c->comm, c->before, NULL), "reshard_comm_counters_all"))
-        return 1;
-    for (int i = 0; i < o->iters; i++)
-        if (iterate(c, plan, t, o->warmup + i, &c->times[i], &wrong))
-            return 1;
+    reshard_buffers_t *bufs = xcalloc((size_t)nt, sizeof(*bufs), c->rank);
+    int rc = !bufs;
+    for (int it = 0; it < o->warmup && !rc; it++)
+        rc = iterate(c, plan, t, nt, bufs, it, NULL, &wrong);
+    if (!rc &&
+        !ok(c, reshard_comm_counters_all(c->comm, c->before, NULL), "reshard_comm_counters_all"))
+        rc = 1;
+    for (int i = 0; i < o->iters && !rc; i++)
+        rc = iterate(c, plan, t, nt, bufs, o->warmup + i, &c->times[i], &wrong);
+    free(bufs);
+    if (rc)
+        return rc;
     if (!ok(c, reshard_comm_counters_all(c->comm, c->after, NULL), "reshard_comm_counters_all"))
         return 1;
     c->wrong_all[c->rank] = wrong;
@@ -525,21 +586,27 @@ static int measure(struct ctx *c, reshard_plan_t *plan, const struct tensor_run 
     return 0;
 }
 
-static int run_algo(struct ctx *c, int i, const struct tensor_run *t, reshard_algo_t algo)
+/* One row: the nt tensors of t planned together with algo. */
+static int run_algo(struct ctx *c, struct row row, const struct tensor_run *t, int nt,
+                    reshard_algo_t algo)
 {
     reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
-    reshard_tensor_t tensor = {.name = "t0", .src = t->src, .dst = t->dst};
+    reshard_tensor_t *tensors = xcalloc((size_t)nt, sizeof(*tensors), c->rank);
     reshard_plan_stats_t ps;
     reshard_plan_t *plan = NULL;
-    struct row row = {
-        .bytes = c->sw->bytes[i], .count = c->sw->count[i], .type = c->sw->type[i], .algo = algo};
-    cfg.algo = algo;
-    if (!ok(c, reshard_comm_plan_create(c->comm, &tensor, 1, &cfg, &plan),
-            "reshard_comm_plan_create"))
+    if (!tensors)
         return 1;
-    int rc = !ok(c, reshard_plan_stats(plan, &ps, c->ranks), "reshard_plan_stats");
+    for (int i = 0; i < nt; i++)
+        tensors[i] = (reshard_tensor_t){.src = t[i].src, .dst = t[i].dst};
+    row.algo = algo;
+    cfg.algo = algo;
+    int rc = !ok(c, reshard_comm_plan_create(c->comm, tensors, nt, &cfg, &plan),
+                 "reshard_comm_plan_create");
+    free(tensors);
     if (!rc)
-        rc = measure(c, plan, t);
+        rc = !ok(c, reshard_plan_stats(plan, &ps, c->ranks), "reshard_plan_stats");
+    if (!rc)
+        rc = measure(c, plan, t, nt);
     reshard_plan_destroy(plan);
     if (rc)
         return rc;
@@ -558,10 +625,11 @@ static void tensor_free(struct tensor_run *t)
     reshard_layout_destroy(t->dst);
 }
 
-static int tensor_setup(struct ctx *c, int i, struct tensor_run *t)
+/* Layouts from specs; buffers for this rank's shards. */
+static int tensor_setup(struct ctx *c, const char *src, const char *dst, struct tensor_run *t)
 {
-    if (!ok(c, reshard_layout_parse(c->sw->src[i], c->size, &t->src), "reshard_layout_parse") ||
-        !ok(c, reshard_layout_parse(c->sw->dst[i], c->size, &t->dst), "reshard_layout_parse"))
+    if (!ok(c, reshard_layout_parse(src, c->size, &t->src), "reshard_layout_parse") ||
+        !ok(c, reshard_layout_parse(dst, c->size, &t->dst), "reshard_layout_parse"))
         return 1;
     if (map_build(&t->smap, t->src, c->rank, "source") ||
         map_build(&t->dmap, t->dst, c->rank, "destination"))
@@ -580,10 +648,33 @@ static int tensor_setup(struct ctx *c, int i, struct tensor_run *t)
 static int run_size(struct ctx *c, int i)
 {
     struct tensor_run t = {0};
-    int rc = tensor_setup(c, i, &t);
+    struct row row = {.bytes = c->sw->bytes[i], .count = c->sw->count[i], .type = c->sw->type[i]};
+    int rc = tensor_setup(c, c->sw->src[i], c->sw->dst[i], &t);
     for (int a = 0; a < c->o->nalgos && !rc; a++)
-        rc = run_algo(c, i, &t, c->o->algos[a]);
+        rc = run_algo(c, row, &t, 1, c->o->algos[a]);
     tensor_free(&t);
+    return rc;
+}
+
+/* --manifest: the model's tensors, each with its own buffers, in one plan per algorithm. */
+static int run_model(struct ctx *c)
+{
+    const struct model *m = c->model;
+    const reshard_tensor_t *mt = reshard_manifest_tensors(m->man);
+    struct tensor_run *t = xcalloc((size_t)m->n, sizeof(*t), c->rank);
+    struct row row = {.bytes = m->bytes, .count = m->count, .type = m->type};
+    int rc = !t;
+    for (int i = 0; i < m->n && !rc; i++) {
+        char *s = layout_string(mt[i].src), *d = layout_string(mt[i].dst);
+        rc = !s || !d || tensor_setup(c, s, d, &t[i]);
+        free(s);
+        free(d);
+    }
+    for (int a = 0; a < c->o->nalgos && !rc; a++)
+        rc = run_algo(c, row, t, m->n, c->o->algos[a]);
+    for (int i = 0; t && i < m->n; i++)
+        tensor_free(&t[i]);
+    free(t);
     return rc;
 }
 
@@ -639,11 +730,16 @@ static int print_header(struct ctx *c)
     if (c->rank == 0) {
         printf("# reshard_perf %d.%d.%d (libnccl-net-reshard)\n", RESHARD_VERSION_MAJOR,
                RESHARD_VERSION_MINOR, RESHARD_VERSION_PATCH);
-        printf("#  src: %s\n#  dst: %s\n", o->src, o->dst);
+        if (c->model)
+            printf("#  manifest: %s (%d tensors, %zu bytes)\n", o->manifest, c->model->n,
+                   c->model->bytes);
+        else
+            printf("#  src: %s\n#  dst: %s\n", o->src, o->dst);
+        size_t lo = c->model ? c->model->bytes : sw->fixed ? sw->bytes[0] : o->min_bytes;
+        size_t hi = c->model ? c->model->bytes : sw->fixed ? sw->bytes[0] : o->max_bytes;
         printf("#  minBytes %zu maxBytes %zu step: %ld(factor) warmup iters: %d iters: %d "
                "validation: %d algos: %s\n#\n# Using devices\n",
-               sw->fixed ? sw->bytes[0] : o->min_bytes, sw->fixed ? sw->bytes[0] : o->max_bytes,
-               o->factor, o->warmup, o->iters, o->check, o->algo_list);
+               lo, hi, o->factor, o->warmup, o->iters, o->check, o->algo_list);
     }
     if (print_devices(c))
         return 1;
@@ -664,6 +760,8 @@ static int print_footer(const struct ctx *c)
         return bad;
     printf("# Out of bounds values : %" PRIu64 " %s\n", c->wrong, c->wrong ? "FAILED" : "OK");
     printf("# Byte counts vs plan : %d ranks differ %s\n", c->differ, c->differ ? "FAILED" : "OK");
+    printf("# Data messages        : at most %.0f per rank per iteration (rank %d)\n", c->max_msgs,
+           c->max_msgs_rank);
     for (int i = 0; i < c->nnotes; i++)
         printf("#   %s\n", c->notes[i]);
     printf("# Avg bus bandwidth    : %.2f\n#\n", c->nrows ? c->busbw_sum / c->nrows : 0.0);
@@ -716,13 +814,19 @@ static int run_rank(const struct opts *o, struct sweep *sw, const reshard_unique
         return lib_fail(c.rank, id ? "reshard_comm_init_rank" : "reshard_comm_init_env", st);
     c.rank = reshard_comm_rank(c.comm);
     c.size = reshard_comm_size(c.comm);
-    int rc = sweep_validate(sw, c.size, c.rank == 0); /* the same verdict on every rank */
+    struct model model = {0};
+    int rc = o->manifest ? model_load(&model, o->manifest, c.size, c.rank == 0)
+                         : sweep_validate(sw, c.size, c.rank == 0); /* the same on every rank */
+    c.model = o->manifest ? &model : NULL;
     int failed = !rc && (ctx_alloc(&c) || print_header(&c));
+    if (o->manifest && !rc && !failed)
+        failed = run_model(&c);
     for (int i = 0; i < sw->n && !rc && !failed; i++)
         failed = run_size(&c, i);
     if (!rc && !failed)
         rc = print_footer(&c);
     ctx_free(&c);
+    reshard_manifest_destroy(model.man);
     /* After a failure the peers may wait in a collective this rank never joins, and destroy
      * is collective (a barrier): leave without it, so that the peers see this rank go and -np
      * or the launcher stops them, rather than everyone waiting out RESHARD_TIMEOUT. */
@@ -834,7 +938,8 @@ static int launch_local(const struct opts *o, struct sweep *sw)
 static void usage(FILE *out, int full)
 {
     fprintf(out, "usage: reshard_perf [-np N] [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS]\n"
-                 "                    [-w WARMUP] [-c 0|1] [-d DTYPE] --src SPEC --dst SPEC\n"
+                 "                    [-w WARMUP] [-c 0|1] [-d DTYPE]\n"
+                 "                    (--src SPEC --dst SPEC | --manifest FILE)\n"
                  "                    [--algo reshard,direct,bcast] [--dump-config] [-h]\n");
     if (!full)
         return;
@@ -849,6 +954,8 @@ static void usage(FILE *out, int full)
             "  -d, --datatype DTYPE  dtype of derived shapes (default bf16)\n"
             "  --src, --dst SPEC     layouts; without shape= the shape follows each size:\n"
             "                        [count/1024, 1024], or [1, count] below 1024 elements\n"
+            "  --manifest FILE       a whole model (JSON): every tensor in one plan, one row per\n"
+            "                        algorithm; its world_size must be the number of ranks\n"
             "  --algo LIST           comma-separated reshard, direct, bcast (default reshard)\n"
             "  --dump-config         print every RESHARD_* setting and exit\n"
             "  -h, --help            this text\n");
@@ -936,6 +1043,9 @@ static int parse_opt(int ch, const char *arg, struct opts *o)
     case 'S':
         o->src = arg;
         return 0;
+    case 'M':
+        o->manifest = arg;
+        return 0;
     case 'D':
         o->dst = arg;
         return 0;
@@ -957,6 +1067,7 @@ static const struct option long_opts[] = {
     {"src",          required_argument, NULL, 'S'},
     {"dst",          required_argument, NULL, 'D'},
     {"algo",         required_argument, NULL, 'a'},
+    {"manifest",     required_argument, NULL, 'M'},
     {"dump-config",  no_argument,       NULL, 'C'},
     {"help",         no_argument,       NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -974,8 +1085,10 @@ static const char *opt_name(int ch)
 /* Rejects combinations no single option can: missing specs, an empty or endless sweep. */
 static const char *check_opts(const struct opts *o)
 {
-    if (!o->src || !o->dst)
-        return "--src and --dst are required";
+    if (o->manifest && (o->src || o->dst))
+        return "--manifest excludes --src and --dst";
+    if (!o->manifest && (!o->src || !o->dst))
+        return "--src and --dst (or --manifest) are required";
     if (o->max_bytes < o->min_bytes)
         return "-e must not be below -b";
     if (o->factor < 2 && o->max_bytes > o->min_bytes)
@@ -1033,7 +1146,8 @@ int main(int argc, char **argv)
         reshard_config_print(stdout);
         return 0;
     }
-    rc = sweep_build(&sw, &o);
+    memset(&sw, 0, sizeof(sw));
+    rc = o.manifest ? 0 : sweep_build(&sw, &o);
     if (!rc)
         rc = o.np ? launch_local(&o, &sw) : run_rank(&o, &sw, NULL, 0, 0);
     sweep_free(&sw);

@@ -169,6 +169,26 @@ RESHARD_API reshard_status_t reshard_plan_stats(const reshard_plan_t *plan,
                                                 reshard_plan_stats_t *stats,
                                                 reshard_rank_stats_t *ranks);
 
+/* A flow-level prediction of a plan's refit time on a cluster (plugin/predict.c): from the
+ * transfer lists each algorithm would run, every rank's bytes over its own NIC and NVLink
+ * (full duplex; the fan-out overlaps the network) and its messages, each costing latency_s.
+ * A model for comparing algorithms and layouts, not a measurement. */
+typedef struct reshard_cluster {
+    double nic_bytes_per_s;    /* each rank's NIC, per direction */
+    double nvlink_bytes_per_s; /* each rank's NVLink, per direction */
+    double latency_s;          /* per network message */
+} reshard_cluster_t;
+
+typedef struct reshard_prediction {
+    /* indexed by reshard_algo_t: RESHARD, DIRECT, BCAST */
+    double seconds[3];
+    uint64_t max_nic_bytes[3], max_nvlink_bytes[3], max_msgs[3];
+} reshard_prediction_t;
+
+RESHARD_API reshard_status_t reshard_plan_predict(const reshard_plan_t *plan,
+                                                  const reshard_cluster_t *cluster,
+                                                  reshard_prediction_t *out);
+
 /* ---- manifests: a whole model ---- */
 
 typedef struct reshard_manifest reshard_manifest_t;

@@ -20,6 +20,7 @@ static const char usage[] =
     "                    [--world-size N] [--json] [--all-ranks]\n"
     "       reshard-plan --manifest FILE [--domain-size N | --domains LIST] [--json]\n"
     "                    [--all-ranks]\n"
+    "       (either form) [--cluster nic=50GB/s,nvlink=450GB/s,latency=5us]\n"
     "       reshard-plan --dump-config\n"
     "\n"
     "  --src, --dst SPEC   layouts, e.g. 'shape=7168x2048 dtype=bf16 ranks=0-7 mesh=2x4 "
@@ -30,6 +31,11 @@ static const char usage[] =
     "  --manifest FILE     a whole model (JSON, DESIGN.md section 4): every tensor in one plan;\n"
     "                      its domains unless --domain-size or --domains says otherwise\n"
     "  --json              the same report as JSON\n"
+    "  --cluster SPEC      also predict the refit's time for reshard, direct and bcast on a\n"
+    "                      cluster: each rank's NIC and NVLink bandwidth (per direction; B/s\n"
+    "                      or b/s with K, M, G, T) and the latency of a message (ns, us, ms,\n"
+    "                      s). A flow model from the plans' per-rank bytes and messages, not a\n"
+    "                      measurement\n"
     "  --all-ranks         list every rank with traffic (the table stops at 32 otherwise)\n"
     "\n"
     "The report ends with net_bytes, min_net_bytes, gather_bcast_bytes, local_bytes,\n"
@@ -37,7 +43,7 @@ static const char usage[] =
     "2 bad input.\n";
 
 struct args {
-    const char *src, *dst, *domains, *manifest;
+    const char *src, *dst, *domains, *manifest, *cluster;
     int domain_size, world_size, json, all_ranks, dump_config;
 };
 
@@ -69,6 +75,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"all-ranks", no_argument, NULL, 'a'},
         {"dump-config", no_argument, NULL, 'c'},
         {"manifest", required_argument, NULL, 'm'},
+        {"cluster", required_argument, NULL, 'k'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -105,6 +112,9 @@ static int parse_args(int argc, char **argv, struct args *a)
         case 'm':
             a->manifest = optarg;
             break;
+        case 'k':
+            a->cluster = optarg;
+            break;
         case 'h':
             fputs(usage, stdout);
             exit(0);
@@ -118,6 +128,8 @@ static int parse_args(int argc, char **argv, struct args *a)
         return bad_input("unexpected argument", argv[optind]);
     if (a->dump_config)
         return 0;
+    if (a->cluster && a->json)
+        return bad_input("--cluster reports in text only: drop --json", NULL);
     if (a->manifest && (a->src || a->dst || a->world_size))
         return bad_input("--manifest excludes --src, --dst and --world-size", NULL);
     if (a->domains && a->domain_size)
@@ -305,6 +317,104 @@ static int evaluate(const reshard_plan_t *plan, int world, int *valid, char *why
     return 0;
 }
 
+/* "50GB/s", "400Gb/s": bytes per second. */
+static int parse_rate(const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    double scale = 1;
+    switch (*end) {
+    case 'K':
+        scale = 1e3, end++;
+        break;
+    case 'M':
+        scale = 1e6, end++;
+        break;
+    case 'G':
+        scale = 1e9, end++;
+        break;
+    case 'T':
+        scale = 1e12, end++;
+        break;
+    default:
+        break;
+    }
+    if (!strcmp(end, "B/s"))
+        *out = v * scale;
+    else if (!strcmp(end, "b/s"))
+        *out = v * scale / 8;
+    else
+        return -1;
+    return end == s || !(*out > 0) ? -1 : 0;
+}
+
+/* "5us": seconds. */
+static int parse_latency(const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    static const struct {
+        const char *unit;
+        double scale;
+    } units[] = {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}};
+    for (size_t i = 0; end != s && v >= 0 && i < sizeof(units) / sizeof(units[0]); i++)
+        if (!strcmp(end, units[i].unit)) {
+            *out = v * units[i].scale;
+            return 0;
+        }
+    return -1;
+}
+
+/* nic=..,nvlink=..,latency=..: every key required once. */
+static int parse_cluster(const char *spec, reshard_cluster_t *c)
+{
+    char buf[256], *save;
+    int seen = 0;
+    snprintf(buf, sizeof(buf), "%s", spec);
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        if (!eq)
+            return bad_input("--cluster: expected key=value", item);
+        *eq++ = '\0';
+        if (!strcmp(item, "nic") && !parse_rate(eq, &c->nic_bytes_per_s))
+            seen |= 1;
+        else if (!strcmp(item, "nvlink") && !parse_rate(eq, &c->nvlink_bytes_per_s))
+            seen |= 2;
+        else if (!strcmp(item, "latency") && !parse_latency(eq, &c->latency_s))
+            seen |= 4;
+        else
+            return bad_input("--cluster: expected nic=RATE, nvlink=RATE, latency=TIME (RATE like "
+                             "50GB/s or 400Gb/s, TIME like 5us)",
+                             item);
+    }
+    return seen == 7 ? 0 : bad_input("--cluster: nic, nvlink and latency are all needed", spec);
+}
+
+static int print_prediction(const reshard_plan_t *plan, const char *spec)
+{
+    reshard_cluster_t c;
+    reshard_prediction_t p;
+    if (parse_cluster(spec, &c))
+        return 2;
+    if (reshard_plan_predict(plan, &c, &p) != RESHARD_OK) {
+        fprintf(stderr, "error: %s\n", reshard_last_error());
+        return 2;
+    }
+    static const char *const names[] = {"reshard", "direct", "bcast"};
+    printf("\nPREDICTION for %s (a flow model from each rank's bytes and messages, not a "
+           "measurement)\n",
+           spec);
+    for (int a = 0; a < 3; a++) {
+        char nic[32], nvl[32];
+        human(nic, sizeof(nic), p.max_nic_bytes[a]);
+        human(nvl, sizeof(nvl), p.max_nvlink_bytes[a]);
+        printf("predicted_%s_s %.6f   (busiest NIC %s, busiest NVLink %s, at most %" PRIu64
+               " messages from one rank)\n",
+               names[a], p.seconds[a], nic, nvl, p.max_msgs[a]);
+    }
+    return 0;
+}
+
 static double peak_rss_mib(void)
 {
     struct rusage ru;
@@ -356,6 +466,8 @@ static int run_manifest(const struct args *a, const int *ids, int nids)
         print_tail(&s, valid);
     }
     rc = valid ? 0 : 1;
+    if (a->cluster && print_prediction(plan, a->cluster))
+        rc = 2;
 out:
     free(ranks);
     reshard_plan_destroy(plan);
@@ -451,6 +563,8 @@ int main(int argc, char **argv)
     free(dbuf);
     free(ranks);
     rc = valid ? 0 : 1;
+    if (a.cluster && print_prediction(plan, a.cluster))
+        rc = 2;
 out:
     reshard_plan_destroy(plan);
     reshard_topo_destroy(topo);

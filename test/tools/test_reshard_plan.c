@@ -228,3 +228,49 @@ Test(reshard_plan, gen_manifest_refuses_configs_that_do_not_fit, .timeout = 60)
                  out);
     cr_assert(strstr(out, "unknown key 'zz'"), "%s", out);
 }
+
+/* ---- --cluster: the predicted refit time of each algorithm ---- */
+
+static double predicted(const char *algo)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "\npredicted_%s_s ", algo);
+    const char *p = strstr(out, key);
+    cr_assert_not_null(p, "no %s prediction:\n%s", algo, out);
+    return atof(p + strlen(key));
+}
+
+/* 256 MiB replicated onto 8 ranks of one domain: reshard crosses the NIC once per domain and
+ * fans out over NVLink, direct sends every replica over the network. */
+Test(reshard_plan, cluster_prediction_favours_one_crossing_per_domain, .timeout = 60)
+{
+    int rc = plan("--src 'shape=16384x8192 ranks=0-7 place=S(0)' "
+                  "--dst 'shape=16384x8192 ranks=8-15 place=R' "
+                  "--cluster nic=50GB/s,nvlink=450GB/s,latency=5us");
+    cr_assert_eq(rc, 0, "%s", out);
+    double r = predicted("reshard"), d = predicted("direct"), b = predicted("bcast");
+    /* direct: each destination rank takes 256 MiB over its own NIC: 268 MB / 50 GB/s. */
+    cr_assert(d > 0.0050 && d < 0.0060, "direct %.4f s:\n%s", d, out);
+    cr_assert_lt(r, d / 4, "reshard %.4f s, direct %.4f s:\n%s", r, d, out);
+    cr_assert_gt(b, r, "%s", out);
+    cr_assert(strstr(out, "not a measurement"), "%s", out);
+}
+
+Test(reshard_plan, cluster_spec_errors_are_exit_status_2, .timeout = 60)
+{
+    const char *pair = "--src 'shape=64x64 ranks=0-1 place=S(0)' --dst 'shape=64x64 ranks=2-3' ";
+    char args[256];
+    snprintf(args, sizeof(args), "%s --cluster nic=50GB/s,nvlink=450GB/s", pair);
+    cr_assert_eq(plan(args), 2, "%s", out);
+    cr_assert(strstr(out, "all needed"), "%s", out);
+    snprintf(args, sizeof(args), "%s --cluster nic=50GiB,nvlink=450GB/s,latency=5us", pair);
+    cr_assert_eq(plan(args), 2, "%s", out);
+    cr_assert(strstr(out, "nic=RATE"), "%s", out);
+    snprintf(args, sizeof(args), "%s --cluster nic=400Gb/s,nvlink=450GB/s,latency=-1us", pair);
+    cr_assert_eq(plan(args), 2, "%s", out);
+    snprintf(args, sizeof(args), "%s --json --cluster nic=400Gb/s,nvlink=450GB/s,latency=1us",
+             pair);
+    cr_assert_eq(plan(args), 2, "%s", out);
+    snprintf(args, sizeof(args), "%s --cluster nic=400Gb/s,nvlink=450GB/s,latency=1us", pair);
+    cr_assert_eq(plan(args), 0, "%s", out);
+}

@@ -4,7 +4,8 @@
  * executor would run for each algorithm (xfer.c): per rank, the bytes over its NIC and over
  * its NVLink, and the messages it sends. Each rank has its own NIC (one rail per GPU) and its
  * own NVLink, full duplex; the fan-out is pipelined with the network, so a rank takes the
- * longer of its two paths; every network message costs a fixed latency on top of its bytes.
+ * longer of its two paths; network messages add their latency, 16 at a time (the executor
+ * keeps that many sends in flight), on top of the bytes.
  * Messages count chunks (RESHARD_CHUNK_BYTES) of the larger transfers and, for the small ones
  * that travel packed (RESHARD_COALESCE_BYTES), their bytes in chunks per peer. A model, not
  * a measurement: contention inside the fabric, stragglers and compute are not in it.
@@ -17,6 +18,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+#define IN_FLIGHT 16 /* the executor's send window (exec.c SEND_WINDOW) */
 
 struct rank_load {
     uint64_t net_out, net_in, local_out, local_in, msgs;
@@ -92,7 +95,8 @@ static void predict_one(const struct rank_load *l, int nranks, const reshard_clu
     for (int r = 0; r < nranks; r++) {
         uint64_t n = l[r].net_out > l[r].net_in ? l[r].net_out : l[r].net_in;
         uint64_t v = l[r].local_out > l[r].local_in ? l[r].local_out : l[r].local_in;
-        double t_net = (double)n / c->nic_bytes_per_s + (double)l[r].msgs * c->latency_s;
+        double t_net =
+            (double)n / c->nic_bytes_per_s + (double)div_up(l[r].msgs, IN_FLIGHT) * c->latency_s;
         double t_local = (double)v / c->nvlink_bytes_per_s;
         double t = t_net > t_local ? t_net : t_local;
         worst = t > worst ? t : worst;

@@ -311,7 +311,8 @@ static reshard_status_t bundle_side(struct exec *x, const uint32_t *list, size_t
     *bundles = rs_calloc(ncand + 1, sizeof(**bundles), "coalescing");
     if (!*bundled || !*pieces || !*bundles)
         goto out;
-    qsort(c, ncand, sizeof(*c), cmp_cand);
+    if (ncand) /* qsort wants a real array, even of nothing */
+        qsort(c, ncand, sizeof(*c), cmp_cand);
     size_t nb = 0;
     for (size_t i = 0; i < ncand; i++) {
         struct bundle *b = nb ? &(*bundles)[nb - 1] : NULL;

@@ -74,7 +74,8 @@ static reshard_status_t loads_of(const struct xfer_set *xs, int nranks, struct r
             sm[nsm++] = (struct small){x->src, x->dst, b};
         }
     }
-    qsort(sm, nsm, sizeof(*sm), cmp_small);
+    if (nsm)
+        qsort(sm, nsm, sizeof(*sm), cmp_small);
     for (size_t i = 0; i < nsm;) {
         uint64_t sum = 0;
         size_t j = i;

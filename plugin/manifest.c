@@ -8,6 +8,7 @@
 #include "handles.h"
 
 #include "error.h"
+#include "log.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -295,6 +296,148 @@ static reshard_status_t domains_of(struct reshard_manifest *m, const struct wher
     return RESHARD_OK;
 }
 
+/* ---- shared buffers: views of one buffer must not overlap ---- */
+
+/* Elements [lo, hi) of a buffer that one tensor's view covers on one rank. */
+struct span {
+    int64_t lo, hi;
+    int tensor;
+};
+
+#define MAX_SPANS_PER_VIEW (1 << 20) /* beyond, the view goes unchecked */
+
+/* Appends the runs of rank's view to *s: contiguous inner dims merged, the outer ones walked.
+ * A view of more than MAX_SPANS_PER_VIEW runs is left unchecked (*skipped). */
+static reshard_status_t view_spans(const reshard_layout_t *layout, int rank, int tensor,
+                                   struct span **s, size_t *n, size_t *cap, int *skipped)
+{
+    const struct rs_layout *l = &layout->l;
+    int64_t shape[8], numel;
+    RS_CHECK(reshard_layout_shard_shape(layout, rank, shape, &numel));
+    if (!numel)
+        return RESHARD_OK;
+    const struct rs_view *v = &l->view;
+    int nd = v->ndim ? v->ndim : l->ndim;
+    const int64_t *vs = v->ndim ? v->shape : shape;
+    int64_t st[RS_MAX_DIMS];
+    for (int d = nd - 1; d >= 0; d--)
+        st[d] = v->nstrides ? v->strides[d] : d == nd - 1 ? 1 : st[d + 1] * vs[d + 1];
+    /* inner: the dims from k on are one contiguous run */
+    int k = nd;
+    int64_t run = 1;
+    while (k > 0 && st[k - 1] == run) {
+        run *= vs[k - 1];
+        k--;
+    }
+    int64_t outer = 1;
+    for (int d = 0; d < k; d++)
+        outer *= vs[d];
+    if (outer > MAX_SPANS_PER_VIEW) {
+        *skipped = 1;
+        return RESHARD_OK;
+    }
+    int64_t idx[RS_MAX_DIMS] = {0};
+    for (int64_t i = 0; i < outer; i++) {
+        int64_t at = v->offset;
+        for (int d = 0; d < k; d++)
+            at += idx[d] * st[d];
+        struct span *g = rs_grow(*s, cap, *n + 1, sizeof(**s), "manifest buffers");
+        if (!g)
+            return RESHARD_ERR_NO_MEMORY;
+        *s = g;
+        (*s)[(*n)++] = (struct span){at, at + run, tensor};
+        for (int d = k - 1; d >= 0 && ++idx[d] == vs[d]; d--)
+            idx[d] = 0;
+    }
+    return RESHARD_OK;
+}
+
+static int cmp_span(const void *a, const void *b)
+{
+    const struct span *p = a, *q = b;
+    return p->lo < q->lo ? -1 : p->lo > q->lo;
+}
+
+static const struct rs_layout *side_layout(const struct reshard_manifest *m, int t, int side)
+{
+    return &((const struct reshard_layout *)m->layouts[2 * t + side])->l;
+}
+
+struct by_buffer {
+    const struct reshard_manifest *m;
+    int side;
+};
+
+static int cmp_buffer(const void *a, const void *b, void *arg)
+{
+    const struct by_buffer *c = arg;
+    int x = *(const int *)a, y = *(const int *)b;
+    int d = strcmp(side_layout(c->m, x, c->side)->view.buffer,
+                   side_layout(c->m, y, c->side)->view.buffer);
+    return d ? d : (x > y) - (x < y);
+}
+
+/* Tensors ids[0 .. n), which share one buffer, on one rank: no element in two views. */
+static reshard_status_t check_group(const struct reshard_manifest *m, const char *path, int side,
+                                    const int *ids, int n, int rank, struct span **s, size_t *cap,
+                                    int *skipped)
+{
+    size_t ns = 0;
+    for (int i = 0; i < n; i++)
+        RS_CHECK(view_spans(m->layouts[2 * ids[i] + side], rank, ids[i], s, &ns, cap, skipped));
+    if (ns < 2)
+        return RESHARD_OK;
+    qsort(*s, ns, sizeof(**s), cmp_span);
+    const struct span *reach = &(*s)[0]; /* the span reaching furthest so far */
+    for (size_t i = 1; i < ns; i++) {
+        const struct span *x = &(*s)[i];
+        if (x->lo < reach->hi && x->tensor != reach->tensor) {
+            const char *which = side ? "dst" : "src";
+            return rs_error(RESHARD_ERR_VIEW,
+                            "manifest %s: tensors[%d] (%s).%s and tensors[%d] (%s).%s overlap in "
+                            "buffer '%s' on rank %d (elements %lld to %lld)",
+                            path, reach->tensor, m->names[reach->tensor], which, x->tensor,
+                            m->names[x->tensor], which,
+                            side_layout(m, x->tensor, side)->view.buffer, rank, (long long)x->lo,
+                            (long long)(x->hi < reach->hi ? x->hi : reach->hi) - 1);
+        }
+        if (x->hi > reach->hi)
+            reach = x;
+    }
+    return RESHARD_OK;
+}
+
+/* Views that name one buffer must not overlap on any rank. */
+static reshard_status_t check_buffers(const struct reshard_manifest *m, const char *path)
+{
+    int *ids = rs_calloc((size_t)m->ntensors, sizeof(int), "manifest buffers");
+    struct span *s = NULL;
+    size_t cap = 0;
+    int skipped = 0;
+    reshard_status_t st = ids ? RESHARD_OK : RESHARD_ERR_NO_MEMORY;
+    for (int side = 0; side < 2 && st == RESHARD_OK; side++) {
+        int n = 0;
+        for (int t = 0; t < m->ntensors; t++)
+            if (side_layout(m, t, side)->view.buffer[0])
+                ids[n++] = t;
+        struct by_buffer ctx = {m, side};
+        qsort_r(ids, (size_t)n, sizeof(int), cmp_buffer, &ctx);
+        for (int i = 0, j; i < n && st == RESHARD_OK; i = j) {
+            const char *name = side_layout(m, ids[i], side)->view.buffer;
+            for (j = i + 1; j < n && !strcmp(side_layout(m, ids[j], side)->view.buffer, name);)
+                j++;
+            for (int r = 0; j - i > 1 && r < m->world_size && st == RESHARD_OK; r++)
+                st = check_group(m, path, side, ids + i, j - i, r, &s, &cap, &skipped);
+        }
+    }
+    if (skipped && st == RESHARD_OK)
+        rs_log(RS_LOG_INFO, "manifest %s: a view with over %d runs was not checked for overlaps",
+               path, MAX_SPANS_PER_VIEW);
+    free(s);
+    free(ids);
+    return st;
+}
+
 static reshard_status_t load(struct reshard_manifest *m, const char *path, const json_t *root)
 {
     struct where w = {.file = path, .index = -1};
@@ -332,7 +475,8 @@ static reshard_status_t load(struct reshard_manifest *m, const char *path, const
     m->ntensors = (int)n;
     for (size_t i = 0; i < n; i++)
         RS_CHECK(tensor_of(m, &w, (int)i, json_array_get(ts, i)));
-    return check_unique(m, path);
+    RS_CHECK(check_unique(m, path));
+    return check_buffers(m, path);
 }
 
 reshard_status_t reshard_manifest_load(const char *path, reshard_manifest_t **out)

@@ -211,3 +211,35 @@ Test(manifest, prediction_is_the_busiest_ranks_bytes_over_its_link_plus_latency)
     reshard_layout_destroy(s);
     reshard_layout_destroy(d);
 }
+
+/* Views into one buffer: interleaved ones that share no element load; overlapping ones are an
+ * error naming both tensors, the buffer and the rank. */
+Test(manifest, views_of_one_buffer_may_interleave_but_not_overlap, .fini = cleanup)
+{
+    /* Each rank holds 4 rows of q and 4 of k, interleaved 2 by 2: q rows at 0-1 and 4-5, k
+     * rows at 2-3 and 6-7 of the buffer (rows of 4 elements). */
+    write_manifest("{\"version\": 1, \"world_size\": 4, \"tensors\": ["
+                   " {\"name\": \"q\", \"shape\": [8, 4], \"dtype\": \"f32\","
+                   "  \"src\": \"ranks=0-1 place=S(0) buffer=qkv view=2x2x4 strides=16x4x1\","
+                   "  \"dst\": \"ranks=2-3 place=S(0)\"},"
+                   " {\"name\": \"k\", \"shape\": [8, 4], \"dtype\": \"f32\","
+                   "  \"src\": \"ranks=0-1 place=S(0) buffer=qkv offset=8 view=2x2x4 "
+                   "strides=16x4x1\","
+                   "  \"dst\": \"ranks=2-3 place=S(0)\"}]}");
+    reshard_manifest_t *m = NULL;
+    cr_assert_eq(reshard_manifest_load(path, &m), RESHARD_OK, "%s", reshard_last_error());
+    size_t bytes;
+    cr_assert_eq(reshard_layout_shard_bytes(reshard_manifest_tensors(m)[1].src, 1, &bytes),
+                 RESHARD_OK);
+    cr_assert_eq(bytes, 32 * 4, "k's view reaches element 31 of the buffer");
+    reshard_manifest_destroy(m);
+    cleanup();
+    expect_error(
+        "{\"version\": 1, \"world_size\": 4, \"tensors\": ["
+        " {\"name\": \"q\", \"shape\": [8, 4], \"dtype\": \"f32\","
+        "  \"src\": \"ranks=0-1 place=S(0) buffer=qkv\", \"dst\": \"ranks=2-3\"},"
+        " {\"name\": \"k\", \"shape\": [8, 4], \"dtype\": \"f32\","
+        "  \"src\": \"ranks=0-1 place=S(0) buffer=qkv offset=8\", \"dst\": \"ranks=2-3\"}]}",
+        RESHARD_ERR_VIEW, "tensors[0] (q).src and tensors[1] (k).src overlap in buffer 'qkv'",
+        "rank 0 (elements 8 to 15)");
+}

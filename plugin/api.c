@@ -12,6 +12,7 @@
 #include "log.h"
 #include "param.h"
 #include "plan.h"
+#include "predict.h"
 #include "spec.h"
 #include "stats.h"
 #include "validate.h"
@@ -217,6 +218,26 @@ void reshard_plan_destroy(reshard_plan_t *plan)
     free(plan);
 }
 
+/* Messages per rank: of the algorithm's transfers for a communicator plan, else of the
+ * reshard transfers the plan would run. */
+static reshard_status_t rank_msgs(const reshard_plan_t *plan, reshard_rank_stats_t *ranks)
+{
+    int n = plan->p->topo.nranks;
+    uint64_t *msgs = rs_calloc((size_t)n, sizeof(*msgs), "message counts");
+    if (!msgs)
+        return RESHARD_ERR_NO_MEMORY;
+    struct xfer_set own = {0};
+    const struct xfer_set *xs = plan->x ? exec_xfers(plan->x) : &own;
+    reshard_status_t st = plan->x ? RESHARD_OK : xfer_build(plan->p, RESHARD_ALGO_RESHARD, &own);
+    if (st == RESHARD_OK)
+        st = predict_msgs(xs, n, msgs);
+    for (int k = 0; st == RESHARD_OK && k < n; k++)
+        ranks[k].net_msgs = msgs[k];
+    xfer_free(&own);
+    free(msgs);
+    return st;
+}
+
 reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_stats_t *stats,
                                     reshard_rank_stats_t *ranks)
 {
@@ -263,7 +284,7 @@ reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_sta
         };
     free(r);
     /* A communicator plan runs its algorithm's transfers: report those. */
-    if (plan->x)
-        return api_leave(__func__, exec_stats(plan->x, stats, ranks));
-    return RESHARD_OK;
+    if (plan->x && (st = exec_stats(plan->x, stats, ranks)) != RESHARD_OK)
+        return api_leave(__func__, st);
+    return ranks ? api_leave(__func__, rank_msgs(plan, ranks)) : RESHARD_OK;
 }

@@ -28,6 +28,9 @@ void exec_destroy(struct exec *x);
 
 /* Replaces the op figures of *stats (and of ranks[], when not NULL) with what the transfer list
  * moves: the algorithm's promise, which the transports' counters must match. */
+/* The transfer list the executor runs. */
+struct xfer_set;
+const struct xfer_set *exec_xfers(const struct exec *x);
 reshard_status_t exec_stats(const struct exec *x, reshard_plan_stats_t *stats,
                             reshard_rank_stats_t *ranks);
 

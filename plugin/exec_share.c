@@ -453,6 +453,11 @@ void exec_destroy(struct exec *x)
     free(x);
 }
 
+const struct xfer_set *exec_xfers(const struct exec *x)
+{
+    return &x->xs;
+}
+
 reshard_status_t exec_stats(const struct exec *x, reshard_plan_stats_t *stats,
                             reshard_rank_stats_t *ranks)
 {

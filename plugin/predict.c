@@ -10,11 +10,11 @@
  * that travel packed (RESHARD_COALESCE_BYTES), their bytes in chunks per peer. A model, not
  * a measurement: contention inside the fabric, stragglers and compute are not in it.
  */
-#include "handles.h"
+#include "predict.h"
 
 #include "error.h"
+#include "handles.h"
 #include "param.h"
-#include "xfer.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +86,18 @@ static reshard_status_t loads_of(const struct xfer_set *xs, int nranks, struct r
     }
     free(sm);
     return RESHARD_OK;
+}
+
+reshard_status_t predict_msgs(const struct xfer_set *xs, int nranks, uint64_t *msgs)
+{
+    struct rank_load *l = rs_calloc((size_t)nranks, sizeof(*l), "message counts");
+    if (!l)
+        return RESHARD_ERR_NO_MEMORY;
+    reshard_status_t st = loads_of(xs, nranks, l);
+    for (int r = 0; st == RESHARD_OK && r < nranks; r++)
+        msgs[r] = l[r].msgs;
+    free(l);
+    return st;
 }
 
 static void predict_one(const struct rank_load *l, int nranks, const reshard_cluster_t *c,

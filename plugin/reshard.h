@@ -162,6 +162,9 @@ typedef struct reshard_plan_stats {
 typedef struct reshard_rank_stats {
     int domain, local_index; /* local_index: the rank's place in its domain (its NIC rail) */
     uint64_t net_out, net_in, local_out, local_in, self;
+    /* Network messages the rank sends per execution: chunks (RESHARD_CHUNK_BYTES) of its
+     * transfers, small ones (RESHARD_COALESCE_BYTES) packed into one stream per peer. */
+    uint64_t net_msgs;
 } reshard_rank_stats_t;
 
 /* Fills *stats and, when ranks is not NULL, ranks[0 .. world_size). */

@@ -191,8 +191,8 @@ static int has_traffic(const reshard_rank_stats_t *r)
 
 static void print_table(const reshard_plan_stats_t *s, const reshard_rank_stats_t *r, int all)
 {
-    printf("%6s %5s %5s %12s %12s %12s %12s %12s\n", "rank", "dom", "rail", "net_out", "net_in",
-           "local_out", "local_in", "self");
+    printf("%6s %5s %5s %12s %12s %12s %12s %12s %8s\n", "rank", "dom", "rail", "net_out", "net_in",
+           "local_out", "local_in", "self", "msgs");
     int shown = 0, busy = 0;
     for (int k = 0; k < s->world_size; k++) {
         if (!has_traffic(&r[k]))
@@ -206,8 +206,8 @@ static void print_table(const reshard_plan_stats_t *s, const reshard_rank_stats_
         human(b[2], sizeof(b[2]), r[k].local_out);
         human(b[3], sizeof(b[3]), r[k].local_in);
         human(b[4], sizeof(b[4]), r[k].self);
-        printf("%6d %5d %5d %12s %12s %12s %12s %12s\n", k, r[k].domain, r[k].local_index, b[0],
-               b[1], b[2], b[3], b[4]);
+        printf("%6d %5d %5d %12s %12s %12s %12s %12s %8" PRIu64 "\n", k, r[k].domain,
+               r[k].local_index, b[0], b[1], b[2], b[3], b[4], r[k].net_msgs);
         shown++;
     }
     if (busy > shown)
@@ -263,9 +263,9 @@ static void print_json(const reshard_plan_stats_t *s, const reshard_rank_stats_t
             continue;
         printf("%s\n    {\"rank\": %d, \"domain\": %d, \"rail\": %d, \"net_out\": %" PRIu64
                ", \"net_in\": %" PRIu64 ", \"local_out\": %" PRIu64 ", \"local_in\": %" PRIu64
-               ", \"self\": %" PRIu64 "}",
+               ", \"self\": %" PRIu64 ", \"net_msgs\": %" PRIu64 "}",
                first ? "" : ",", k, r[k].domain, r[k].local_index, r[k].net_out, r[k].net_in,
-               r[k].local_out, r[k].local_in, r[k].self);
+               r[k].local_out, r[k].local_in, r[k].self, r[k].net_msgs);
         first = 0;
     }
     printf("\n  ],\n  \"ops\": {\"net\": %" PRIu64 ", \"local\": %" PRIu64 ", \"fwd\": %" PRIu64

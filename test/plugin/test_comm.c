@@ -371,6 +371,12 @@ static reshard_status_t small_tensors(int rank, uint64_t min_msgs, uint64_t max_
     uint64_t msgs = after.net_msgs - before.net_msgs;
     if (st == RESHARD_OK && rank < 2 && (msgs < min_msgs || msgs > max_msgs))
         st = RESHARD_ERR_TOO_LARGE;
+    /* The plan's count is the executor's (MISMATCH otherwise). */
+    reshard_plan_stats_t ps;
+    reshard_rank_stats_t rs[4];
+    if (st == RESHARD_OK && reshard_plan_stats(plan, &ps, rs) == RESHARD_OK &&
+        rs[rank].net_msgs != msgs)
+        st = RESHARD_ERR_MISMATCH;
     reshard_plan_destroy(plan);
     reshard_layout_destroy(src);
     reshard_layout_destroy(dst);

@@ -1,0 +1,12 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* What the prediction knows of a transfer list, for the plan statistics too. */
+#ifndef RS_PREDICT_H
+#define RS_PREDICT_H
+
+#include "xfer.h"
+
+/* Network messages each of nranks ranks sends to run xs once: chunks of the transfers
+ * (RESHARD_CHUNK_BYTES), the small ones (RESHARD_COALESCE_BYTES) packed per peer. */
+reshard_status_t predict_msgs(const struct xfer_set *xs, int nranks, uint64_t *msgs);
+
+#endif

@@ -438,6 +438,48 @@ static reshard_status_t check_buffers(const struct reshard_manifest *m, const ch
     return st;
 }
 
+/* "buffers": {"name": elements}: each named buffer's size on every rank; a view reaching past
+ * it is an error. Buffers not listed are not checked. */
+static reshard_status_t check_sizes(const struct reshard_manifest *m, const char *path,
+                                    const json_t *buffers)
+{
+    struct where w = {.file = path, .index = -1};
+    if (!buffers)
+        return RESHARD_OK;
+    if (!json_is_object(buffers))
+        return bad(&w, "buffers", RESHARD_ERR_SPEC_SYNTAX,
+                   "must be an object of buffer names and sizes in elements");
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)buffers, key, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            return bad(&w, "buffers", RESHARD_ERR_SPEC_SYNTAX,
+                       "'%s' must be a size in elements (a non-negative integer)", key);
+    }
+    for (int t = 0; t < m->ntensors; t++)
+        for (int side = 0; side < 2; side++) {
+            const reshard_layout_t *l = m->layouts[2 * t + side];
+            const json_t *size = json_object_get(buffers, l->l.view.buffer);
+            if (!l->l.view.buffer[0] || !size)
+                continue;
+            int64_t have = json_integer_value(size);
+            size_t es = dtype_size(l->l.dtype);
+            for (int r = 0; r < m->world_size; r++) {
+                size_t bytes = 0;
+                RS_CHECK(reshard_layout_shard_bytes(l, r, &bytes));
+                if ((int64_t)(bytes / es) > have)
+                    return rs_error(RESHARD_ERR_VIEW,
+                                    "manifest %s: tensors[%d] (%s).%s: its view reaches element "
+                                    "%lld of buffer '%s', which holds %lld (rank %d)",
+                                    path, t, m->names[t], side ? "dst" : "src",
+                                    (long long)(bytes / es) - 1, l->l.view.buffer, (long long)have,
+                                    r);
+            }
+        }
+    return RESHARD_OK;
+}
+
 static reshard_status_t load(struct reshard_manifest *m, const char *path, const json_t *root)
 {
     struct where w = {.file = path, .index = -1};
@@ -448,9 +490,9 @@ static reshard_status_t load(struct reshard_manifest *m, const char *path, const
     json_object_foreach((json_t *)root, key, v)
     {
         if (strcmp(key, "version") && strcmp(key, "world_size") && strcmp(key, "domains") &&
-            strcmp(key, "tensors") && strcmp(key, "meta"))
+            strcmp(key, "tensors") && strcmp(key, "buffers") && strcmp(key, "meta"))
             return bad(&w, key, RESHARD_ERR_SPEC_SYNTAX,
-                       "unknown key (version, world_size, domains, tensors, meta)");
+                       "unknown key (version, world_size, domains, tensors, buffers, meta)");
     }
     const json_t *ver = json_object_get(root, "version");
     if (!json_is_integer(ver) || json_integer_value(ver) != 1)
@@ -476,7 +518,8 @@ static reshard_status_t load(struct reshard_manifest *m, const char *path, const
     for (size_t i = 0; i < n; i++)
         RS_CHECK(tensor_of(m, &w, (int)i, json_array_get(ts, i)));
     RS_CHECK(check_unique(m, path));
-    return check_buffers(m, path);
+    RS_CHECK(check_buffers(m, path));
+    return check_sizes(m, path, json_object_get(root, "buffers"));
 }
 
 reshard_status_t reshard_manifest_load(const char *path, reshard_manifest_t **out)

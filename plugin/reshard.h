@@ -198,10 +198,12 @@ RESHARD_API reshard_status_t reshard_plan_predict(const reshard_plan_t *plan,
 typedef struct reshard_manifest reshard_manifest_t;
 
 /* Reads a manifest (DESIGN.md section 4): JSON with version 1, world_size, optional domains
- * ({"size": N} or {"of_rank": [...]}) and tensors, each {name, shape, dtype, src, dst}, a side
- * being a spec string without shape and dtype or an object {ranks, mesh, place, buffer,
- * offset, view, strides}. Every side is checked as a layout spec; an error names the tensor
- * and the field's JSON path (RESHARD_ERR_SPEC_SYNTAX and the parser's statuses). */
+ * ({"size": N} or {"of_rank": [...]}), optional buffers ({"name": size in elements}) and
+ * tensors, each {name, shape, dtype, src, dst}, a side being a spec string without shape and
+ * dtype or an object {ranks, mesh, place, buffer, offset, view, strides}. Every side is
+ * checked as a layout spec, views sharing a buffer must not overlap on any rank and must fit
+ * the buffer's size when it is given; an error names the tensor and the field's JSON path
+ * (RESHARD_ERR_SPEC_SYNTAX, RESHARD_ERR_VIEW and the parser's statuses). */
 RESHARD_API reshard_status_t reshard_manifest_load(const char *path, reshard_manifest_t **out);
 RESHARD_API void reshard_manifest_destroy(reshard_manifest_t *manifest);
 RESHARD_API int reshard_manifest_world_size(const reshard_manifest_t *manifest);

@@ -243,3 +243,28 @@ Test(manifest, views_of_one_buffer_may_interleave_but_not_overlap, .fini = clean
         RESHARD_ERR_VIEW, "tensors[0] (q).src and tensors[1] (k).src overlap in buffer 'qkv'",
         "rank 0 (elements 8 to 15)");
 }
+
+/* "buffers" gives a shared buffer's size: a view reaching past it is an error; a malformed
+ * size is named. */
+Test(manifest, a_view_past_its_buffer_size_is_refused, .fini = cleanup)
+{
+#define QK_VIEWS                                                                                   \
+    " {\"name\": \"q\", \"shape\": [8, 4], \"dtype\": \"f32\","                                    \
+    "  \"src\": \"ranks=0-1 place=S(0) buffer=qkv\", \"dst\": \"ranks=2-3\"},"                     \
+    " {\"name\": \"k\", \"shape\": [8, 4], \"dtype\": \"f32\","                                    \
+    "  \"src\": \"ranks=0-1 place=S(0) buffer=qkv offset=16\", \"dst\": \"ranks=2-3\"}]}"
+    write_manifest("{\"version\": 1, \"world_size\": 4, \"buffers\": {\"qkv\": 32},"
+                   " \"tensors\": [" QK_VIEWS);
+    reshard_manifest_t *m = NULL;
+    cr_assert_eq(reshard_manifest_load(path, &m), RESHARD_OK, "%s", reshard_last_error());
+    reshard_manifest_destroy(m);
+    cleanup();
+    expect_error("{\"version\": 1, \"world_size\": 4, \"buffers\": {\"qkv\": 31},"
+                 " \"tensors\": [" QK_VIEWS,
+                 RESHARD_ERR_VIEW,
+                 "tensors[1] (k).src: its view reaches element 31 of buffer 'qkv'", "holds 31");
+    expect_error("{\"version\": 1, \"world_size\": 4, \"buffers\": {\"qkv\": \"big\"},"
+                 " \"tensors\": [" QK_VIEWS,
+                 RESHARD_ERR_SPEC_SYNTAX, "buffers: 'qkv' must be a size", NULL);
+#undef QK_VIEWS
+}

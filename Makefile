@@ -109,8 +109,13 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) scripts/demo.sh
 
+# The planning benchmark: the synthetic 1,000-tensor case, then DeepSeek-V3's whole model
+# (PP16 x EP16 -> TP32 x DP8 on 512 ranks, from scripts/gen-manifest.py).
 bench: $(BENCH_BIN)
 	$(BENCH_BIN) $(BENCH_ARGS)
+	scripts/gen-manifest.py --model deepseek-v3 --train tp=1,pp=16,ep=16,dp=16 \
+	    --infer tp=32,dp=8 -o $(BUILD)/deepseek-v3.json
+	$(BENCH_BIN) --manifest $(BUILD)/deepseek-v3.json
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \

@@ -130,6 +130,48 @@ static reshard_status_t blame(reshard_status_t st, const char *name, const char 
     return rs_error(st, "tensor '%s' %s: %s", name, side, msg);
 }
 
+static int same_layout(const struct rs_layout *a, const struct rs_layout *b)
+{
+    if (a->ndim != b->ndim || a->dtype != b->dtype || a->nranks != b->nranks ||
+        a->mesh_ndim != b->mesh_ndim ||
+        memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(a->shape[0])) ||
+        memcmp(a->mesh, b->mesh, (size_t)a->mesh_ndim * sizeof(a->mesh[0])) ||
+        memcmp(a->ranks, b->ranks, (size_t)a->nranks * sizeof(a->ranks[0])))
+        return 0;
+    for (int m = 0; m < a->mesh_ndim; m++)
+        if (a->place[m].kind != b->place[m].kind || a->place[m].dim != b->place[m].dim ||
+            a->place[m].k != b->place[m].k)
+            return 0;
+    const struct rs_view *u = &a->view, *v = &b->view;
+    return !strcmp(u->buffer, v->buffer) && u->offset == v->offset && u->ndim == v->ndim &&
+           u->nstrides == v->nstrides &&
+           !memcmp(u->shape, v->shape, (size_t)u->ndim * sizeof(u->shape[0])) &&
+           !memcmp(u->strides, v->strides, (size_t)u->nstrides * sizeof(u->strides[0]));
+}
+
+#define MAP_LOOKBACK 16 /* earlier tensors whose maps a new one may share */
+
+/* Tensor i's map of one side (dst when dst): an earlier tensor's when their layouts are
+ * equal, else built. */
+static reshard_status_t side_map(struct rs_plan *p, int i, int dst)
+{
+    struct plan_tensor *t = &p->tensors[i];
+    struct rs_layout *l = dst ? &t->dst : &t->src;
+    for (int j = i - 1; j >= 0 && j >= i - MAP_LOOKBACK; j--) {
+        const struct plan_tensor *u = &p->tensors[j];
+        for (int side = 0; side < 2; side++) {
+            const struct rs_shardmap *m = side ? &u->dst_map : &u->src_map;
+            if (m->layout && same_layout(side ? &u->dst : &u->src, l)) {
+                *(dst ? &t->dst_map : &t->src_map) = *m; /* its layout is equal to ours */
+                *(dst ? &t->dst_shared : &t->src_shared) = 1;
+                return RESHARD_OK;
+            }
+        }
+    }
+    reshard_status_t st = shardmap_build(l, dst ? &t->dst_map : &t->src_map, NULL);
+    return st == RESHARD_OK ? st : blame(st, t->name, dst ? "destination" : "source");
+}
+
 static reshard_status_t add_tensor(struct rs_plan *p, int i, const struct plan_input *in)
 {
     struct plan_tensor *t = &p->tensors[i];
@@ -145,12 +187,8 @@ static reshard_status_t add_tensor(struct rs_plan *p, int i, const struct plan_i
                         in->src ? "destination" : "source");
     RS_CHECK(layout_copy(in->src, &t->src));
     RS_CHECK(layout_copy(in->dst, &t->dst));
-    reshard_status_t st = shardmap_build(&t->src, &t->src_map, NULL);
-    if (st != RESHARD_OK)
-        return blame(st, t->name, "source");
-    st = shardmap_build(&t->dst, &t->dst_map, NULL);
-    if (st != RESHARD_OK)
-        return blame(st, t->name, "destination");
+    RS_CHECK(side_map(p, i, 0));
+    RS_CHECK(side_map(p, i, 1));
     return check_pair(t, &p->topo);
 }
 
@@ -421,8 +459,10 @@ void plan_free(struct rs_plan *p)
         return;
     for (int t = 0; p->tensors && t < p->ntensors; t++) {
         struct plan_tensor *pt = &p->tensors[t];
-        shardmap_free(&pt->src_map);
-        shardmap_free(&pt->dst_map);
+        if (!pt->src_shared)
+            shardmap_free(&pt->src_map);
+        if (!pt->dst_shared)
+            shardmap_free(&pt->dst_map);
         layout_free(&pt->src);
         layout_free(&pt->dst);
         free(pt->name);

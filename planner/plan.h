@@ -35,7 +35,10 @@ struct plan_op {   /* 32 bytes: a plan of a large model holds millions */
 struct plan_tensor {
     char *name;                /* owned */
     struct rs_layout src, dst; /* owned copies */
+    /* A map equal to an earlier tensor's is that tensor's (shared: not freed here), since
+     * whole models repeat a few layouts over thousands of tensors. */
     struct rs_shardmap src_map, dst_map;
+    uint8_t src_shared, dst_shared;
 };
 
 struct plan_opts { /* a field <= 0 takes its default */

@@ -5,6 +5,8 @@
  * Default case (issue 2): 1,000 tensors of 7168x18432 bf16 from ranks 0-255 (mesh 16x16,
  * S(0),S(1)) to ranks 256-511 (mesh 8x32, R,S(0)), 8 ranks per domain, planned together.
  * Target: <= 1 ms per tensor on one core. Also prints the busiest NIC against its bound.
+ * --manifest FILE plans a whole model instead (make bench: DeepSeek-V3 from
+ * scripts/gen-manifest.py, target <= 2 s and <= 1 GiB).
  */
 #include "reshard.h"
 
@@ -47,15 +49,13 @@ int main(int argc, char **argv)
 {
     const char *src = "shape=7168x18432 dtype=bf16 ranks=0-255 mesh=16x16 place=S(0),S(1)";
     const char *dst = "shape=7168x18432 dtype=bf16 ranks=256-511 mesh=8x32 place=R,S(0)";
+    const char *manifest = NULL;
     int ntensors = 1000, domain_size = 8, world = 512, validate = 1, c;
     static const struct option opts[] = {
-        {"tensors", required_argument, NULL, 'n'},
-        {"src", required_argument, NULL, 's'},
-        {"dst", required_argument, NULL, 'd'},
-        {"domain-size", required_argument, NULL, 'D'},
-        {"world-size", required_argument, NULL, 'w'},
-        {"no-validate", no_argument, NULL, 'V'},
-        {NULL, 0, NULL, 0},
+        {"tensors", required_argument, NULL, 'n'},    {"src", required_argument, NULL, 's'},
+        {"dst", required_argument, NULL, 'd'},        {"domain-size", required_argument, NULL, 'D'},
+        {"world-size", required_argument, NULL, 'w'}, {"no-validate", no_argument, NULL, 'V'},
+        {"manifest", required_argument, NULL, 'm'},   {NULL, 0, NULL, 0},
     };
     while ((c = getopt_long(argc, argv, "n:", opts, NULL)) != -1) {
         switch (c) {
@@ -77,9 +77,13 @@ int main(int argc, char **argv)
         case 'V':
             validate = 0;
             break;
+        case 'm':
+            manifest = optarg;
+            break;
         default:
             fprintf(stderr, "usage: plan_bench [-n TENSORS] [--src SPEC] [--dst SPEC] "
-                            "[--domain-size N] [--world-size N] [--no-validate]\n");
+                            "[--domain-size N] [--world-size N] [--no-validate] "
+                            "[--manifest FILE]\n");
             return 2;
         }
     }
@@ -87,24 +91,38 @@ int main(int argc, char **argv)
         fprintf(stderr, "plan_bench: -n, --domain-size and --world-size take positive counts\n");
         return 2;
     }
-    reshard_layout_t *s, *d;
+    reshard_layout_t *s = NULL, *d = NULL;
     reshard_topo_t *topo;
-    if (reshard_layout_parse(src, world, &s) != RESHARD_OK)
-        return fail("--src");
-    if (reshard_layout_parse(dst, world, &d) != RESHARD_OK)
-        return fail("--dst");
-    if (reshard_topo_create(world, domain_size, NULL, &topo) != RESHARD_OK)
-        return fail("topology");
-    reshard_tensor_t *t = calloc((size_t)ntensors, sizeof(*t));
-    if (!t)
-        return fail("out of memory");
-    for (int i = 0; i < ntensors; i++)
-        t[i] = (reshard_tensor_t){NULL, s, d};
+    reshard_manifest_t *m = NULL;
+    reshard_tensor_t *t = NULL;
+    const reshard_tensor_t *tensors;
+    if (manifest) {
+        if (reshard_manifest_load(manifest, &m) != RESHARD_OK)
+            return fail("--manifest");
+        if (reshard_manifest_topo(m, &topo) != RESHARD_OK)
+            return fail("topology");
+        tensors = reshard_manifest_tensors(m);
+        ntensors = reshard_manifest_ntensors(m);
+        world = reshard_manifest_world_size(m);
+        src = dst = manifest;
+    } else {
+        if (reshard_layout_parse(src, world, &s) != RESHARD_OK)
+            return fail("--src");
+        if (reshard_layout_parse(dst, world, &d) != RESHARD_OK)
+            return fail("--dst");
+        if (reshard_topo_create(world, domain_size, NULL, &topo) != RESHARD_OK)
+            return fail("topology");
+        if (!(t = calloc((size_t)ntensors, sizeof(*t))))
+            return fail("out of memory");
+        for (int i = 0; i < ntensors; i++)
+            t[i] = (reshard_tensor_t){NULL, s, d};
+        tensors = t;
+    }
 
     double rss0 = peak_mib();
     double t0 = now_ms();
     reshard_plan_t *plan;
-    if (reshard_plan_create(t, ntensors, topo, NULL, &plan) != RESHARD_OK)
+    if (reshard_plan_create(tensors, ntensors, topo, NULL, &plan) != RESHARD_OK)
         return fail("plan");
     double t1 = now_ms();
     double rss1 = peak_mib();
@@ -115,8 +133,11 @@ int main(int argc, char **argv)
     int valid = !validate || reshard_plan_validate(plan) == RESHARD_OK;
     double t3 = now_ms();
 
-    printf("# plan_bench: %d tensors\n#  src %s\n#  dst %s\n#  %d ranks, domains of %d\n", ntensors,
-           src, dst, world, domain_size);
+    if (manifest)
+        printf("# plan_bench: %d tensors of manifest %s\n#  %d ranks\n", ntensors, manifest, world);
+    else
+        printf("# plan_bench: %d tensors\n#  src %s\n#  dst %s\n#  %d ranks, domains of %d\n",
+               ntensors, src, dst, world, domain_size);
     printf("%-28s %14s\n", "metric", "value");
     printf("%-28s %14.3f\n", "plan_ms_total", t1 - t0);
     printf("%-28s %14.4f\n", "plan_ms_per_tensor", (t1 - t0) / ntensors);
@@ -136,6 +157,7 @@ int main(int argc, char **argv)
     reshard_topo_destroy(topo);
     reshard_layout_destroy(s);
     reshard_layout_destroy(d);
+    reshard_manifest_destroy(m);
     free(t);
     return valid ? 0 : 1;
 }

@@ -268,3 +268,46 @@ Test(manifest, a_view_past_its_buffer_size_is_refused, .fini = cleanup)
                  RESHARD_ERR_SPEC_SYNTAX, "buffers: 'qkv' must be a size", NULL);
 #undef QK_VIEWS
 }
+
+/* Tensors with equal layouts share one shard map in the planner: their plan together is the
+ * sum of their plans alone, and valid. */
+static uint64_t net_of(const reshard_tensor_t *t, int n, const reshard_topo_t *topo)
+{
+    reshard_plan_t *plan;
+    reshard_plan_stats_t s;
+    cr_assert_eq(reshard_plan_create(t, n, topo, NULL, &plan), RESHARD_OK, "%s",
+                 reshard_last_error());
+    cr_assert_eq(reshard_plan_validate(plan), RESHARD_OK, "%s", reshard_last_error());
+    cr_assert_eq(reshard_plan_stats(plan, &s, NULL), RESHARD_OK);
+    reshard_plan_destroy(plan);
+    return s.net_bytes;
+}
+
+Test(manifest, equal_layouts_plan_as_the_sum_of_their_plans)
+{
+    reshard_layout_t *a_src, *a_dst, *a2_src, *b_src, *b_dst;
+    cr_assert_eq(reshard_layout_parse("shape=64x48 dtype=f32 ranks=0-3 place=S(0)", 0, &a_src),
+                 RESHARD_OK);
+    cr_assert_eq(reshard_layout_parse("shape=64x48 dtype=f32 ranks=0-3 place=S(0)", 0, &a2_src),
+                 RESHARD_OK); /* equal to a_src, another object */
+    cr_assert_eq(
+        reshard_layout_parse("shape=64x48 dtype=f32 ranks=4-7 mesh=2x2 place=R,S(1)", 0, &a_dst),
+        RESHARD_OK);
+    cr_assert_eq(reshard_layout_parse("shape=30x20 dtype=bf16 ranks=1,0 place=S(1)", 0, &b_src),
+                 RESHARD_OK);
+    cr_assert_eq(reshard_layout_parse("shape=30x20 dtype=bf16 ranks=6-7 place=R", 0, &b_dst),
+                 RESHARD_OK);
+    reshard_topo_t *topo;
+    cr_assert_eq(reshard_topo_create(8, 2, NULL, &topo), RESHARD_OK);
+    reshard_tensor_t a = {"a", a_src, a_dst}, a2 = {"a2", a2_src, a_dst}, b = {"b", b_src, b_dst};
+    reshard_tensor_t all[] = {a, b, a2, a};
+    uint64_t one_a = net_of(&a, 1, topo), one_b = net_of(&b, 1, topo);
+    cr_assert_gt(one_a, 0);
+    cr_assert_eq(net_of(all, 4, topo), 3 * one_a + one_b);
+    reshard_topo_destroy(topo);
+    reshard_layout_destroy(a_src);
+    reshard_layout_destroy(a2_src);
+    reshard_layout_destroy(a_dst);
+    reshard_layout_destroy(b_src);
+    reshard_layout_destroy(b_dst);
+}

@@ -219,7 +219,8 @@ struct plan_vote {
     int32_t status;
     int32_t algo;
     uint64_t hash;
-    int64_t chunk_bytes; /* both ends of a transfer must cut it alike */
+    int64_t chunk_bytes;    /* both ends of a transfer must cut it alike */
+    int64_t coalesce_bytes; /* ... and pack its small chunks alike */
 };
 
 static reshard_status_t compare_plans(struct reshard_comm *c, struct plan_vote *mine)
@@ -241,6 +242,13 @@ static reshard_status_t compare_plans(struct reshard_comm *c, struct plan_vote *
                           "rank %d: RESHARD_CHUNK_BYTES is %lld on rank %d and %lld here: set "
                           "it alike on every rank",
                           c->rank, (long long)v[r].chunk_bytes, r, (long long)mine->chunk_bytes);
+        else if (v[r].status == RESHARD_OK && mine->status == RESHARD_OK &&
+                 v[r].coalesce_bytes != mine->coalesce_bytes)
+            st = rs_error(RESHARD_ERR_PLAN_MISMATCH,
+                          "rank %d: RESHARD_COALESCE_BYTES is %lld on rank %d and %lld here: set "
+                          "it alike on every rank",
+                          c->rank, (long long)v[r].coalesce_bytes, r,
+                          (long long)mine->coalesce_bytes);
         else if (v[r].status == RESHARD_OK && mine->status == RESHARD_OK &&
                  (v[r].hash != mine->hash || v[r].algo != mine->algo)) {
             char list[128];
@@ -281,7 +289,9 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     }
     /* Build everything locally, then vote: a rank that failed still votes, so nobody waits
      * for it, and nobody runs a plan another rank could not build. */
-    struct plan_vote mine = {.algo = (int32_t)algo, .chunk_bytes = exec_chunk_bytes()};
+    struct plan_vote mine = {.algo = (int32_t)algo,
+                             .chunk_bytes = exec_chunk_bytes(),
+                             .coalesce_bytes = exec_coalesce_bytes()};
     mine.status = api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, &h->p);
     struct xfer_set xs;
     if (mine.status == RESHARD_OK && (mine.status = xfer_build(h->p, algo, &xs)) == RESHARD_OK)

@@ -821,8 +821,13 @@ static reshard_status_t start(struct run *r)
                 RS_CHECK(post_recv(r, k, (uint32_t)c));
     for (size_t b = 0; b < x->nin_b; b++)
         RS_CHECK(post_bundle_recv(r, (uint32_t)b));
-    for (size_t b = 0; b < x->nout_b; b++) /* small pieces first: they unblock fan-out early */
-        RS_CHECK(push_ready(r, BUNDLE_POS, (uint32_t)b));
+    /* Packed messages first (their small pieces unblock fan-out early), starting at the first
+     * peer after this rank as the other sends do, so that ranks do not all open on rank 0. */
+    size_t first = 0;
+    while (first < x->nout_b && x->out_b[first].peer < x->comm->rank)
+        first++;
+    for (size_t i = 0; i < x->nout_b; i++)
+        RS_CHECK(push_ready(r, BUNDLE_POS, (uint32_t)((first + i) % x->nout_b)));
     for (size_t o = 0; o < x->nout; o++)
         if (x->xs.x[x->out[o]].parent == XFER_NONE)
             for (size_t c = 0; c < x->out_off[o + 1] - x->out_off[o]; c++)

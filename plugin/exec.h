@@ -24,6 +24,8 @@ reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *pl
 reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs);
 /* The chunk size this process cuts transfers with (RESHARD_CHUNK_BYTES, capped). */
 int64_t exec_chunk_bytes(void);
+/* RESHARD_COALESCE_BYTES, at most the chunk size: what the executor packs. */
+int64_t exec_coalesce_bytes(void);
 void exec_destroy(struct exec *x);
 
 /* Replaces the op figures of *stats (and of ranks[], when not NULL) with what the transfer list

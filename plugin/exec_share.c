@@ -369,6 +369,12 @@ int64_t exec_chunk_bytes(void)
     return b > MAX_CHUNK_BYTES ? MAX_CHUNK_BYTES : b;
 }
 
+int64_t exec_coalesce_bytes(void)
+{
+    int64_t b = rs_param_int(RS_PARAM_COALESCE_BYTES), chunk = exec_chunk_bytes();
+    return b > chunk ? chunk : b;
+}
+
 reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *plan,
                              struct xfer_set *xs, struct exec **out)
 {
@@ -382,9 +388,7 @@ reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *pl
     x->xs = *xs;
     memset(xs, 0, sizeof(*xs));
     x->chunk_bytes = exec_chunk_bytes();
-    x->coalesce_bytes = rs_param_int(RS_PARAM_COALESCE_BYTES);
-    if (x->coalesce_bytes > x->chunk_bytes)
-        x->coalesce_bytes = x->chunk_bytes;
+    x->coalesce_bytes = exec_coalesce_bytes();
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     x->reg = rs_calloc(2 * (size_t)plan->ntensors, sizeof(*x->reg), "registrations");
     if (!x->reg)

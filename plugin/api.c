@@ -230,7 +230,7 @@ static reshard_status_t rank_msgs(const reshard_plan_t *plan, reshard_rank_stats
     const struct xfer_set *xs = plan->x ? exec_xfers(plan->x) : &own;
     reshard_status_t st = plan->x ? RESHARD_OK : xfer_build(plan->p, RESHARD_ALGO_RESHARD, &own);
     if (st == RESHARD_OK)
-        st = predict_msgs(xs, n, msgs);
+        st = predict_msgs(plan->p, xs, n, msgs);
     for (int k = 0; st == RESHARD_OK && k < n; k++)
         ranks[k].net_msgs = msgs[k];
     xfer_free(&own);

@@ -4,40 +4,56 @@
  * executor would run for each algorithm (xfer.c): per rank, the bytes over its NIC and over
  * its NVLink, and the messages it sends. Each rank has its own NIC (one rail per GPU) and its
  * own NVLink, full duplex; the fan-out is pipelined with the network, so a rank takes the
- * longer of its two paths; network messages add their latency, 16 at a time (the executor
- * keeps that many sends in flight), on top of the bytes.
- * Messages count chunks (RESHARD_CHUNK_BYTES) of the larger transfers and, for the small ones
- * that travel packed (RESHARD_COALESCE_BYTES), their bytes in chunks per peer. A model, not
- * a measurement: contention inside the fabric, stragglers and compute are not in it.
+ * longer of its two paths; network messages add their latency, as many at a time as the
+ * executor keeps in flight (16, and at most 2 per peer), on top of the bytes. Messages are
+ * counted as the executor sends them: one per chunk, the packable small chunks grouped into
+ * bundles per peer, with the executor's own chunking. A model, not a measurement:
+ * contention inside the fabric, stragglers and compute are not in it.
  */
 #include "predict.h"
 
 #include "error.h"
+#include "exec_int.h"
 #include "handles.h"
 #include "param.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define IN_FLIGHT 16 /* the executor's send window (exec.c SEND_WINDOW) */
+#define IN_FLIGHT      16 /* the executor's send window (exec.c SEND_WINDOW) */
+#define PEER_IN_FLIGHT 2  /* ... and per peer (exec.c PEER_WINDOW) */
 
 struct rank_load {
-    uint64_t net_out, net_in, local_out, local_in, msgs;
+    uint64_t net_out, net_in, local_out, local_in, msgs, peers;
 };
 
-/* Small transfers to one peer, summed, for the packed-message count: a per-rank list of
- * (peer, bytes), merged by sorting once. */
-struct small {
+/* A packable chunk, or a (src, dst) pair of any network transfer (xfer, chunk unused). */
+struct cand {
     int32_t src, dst;
+    uint32_t xfer, chunk;
     uint64_t bytes;
 };
 
-static int cmp_small(const void *a, const void *b)
+static int cmp_cand(const void *a, const void *b)
 {
-    const struct small *p = a, *q = b;
+    const struct cand *p = a, *q = b;
     if (p->src != q->src)
         return p->src < q->src ? -1 : 1;
-    return p->dst < q->dst ? -1 : p->dst > q->dst;
+    if (p->dst != q->dst)
+        return p->dst < q->dst ? -1 : 1;
+    if (p->xfer != q->xfer)
+        return p->xfer < q->xfer ? -1 : 1;
+    return p->chunk < q->chunk ? -1 : p->chunk > q->chunk;
+}
+
+static reshard_status_t push(struct cand **c, size_t *n, size_t *cap, struct cand v)
+{
+    struct cand *g = rs_grow(*c, cap, *n + 1, sizeof(**c), "prediction");
+    if (!g)
+        return RESHARD_ERR_NO_MEMORY;
+    *c = g;
+    (*c)[(*n)++] = v;
+    return RESHARD_OK;
 }
 
 static uint64_t div_up(uint64_t a, uint64_t b)
@@ -45,55 +61,73 @@ static uint64_t div_up(uint64_t a, uint64_t b)
     return b ? (a + b - 1) / b : 0;
 }
 
-static reshard_status_t loads_of(const struct xfer_set *xs, int nranks, struct rank_load *l)
+/* Per rank: bytes over each path, and the messages the executor sends, counted with its own
+ * chunking (exec_share.c) on a shell executor: a chunk each, except the packable ones
+ * (exec_coalesce_bytes), which fill bundles of at most a chunk per peer in transfer order. */
+static reshard_status_t loads_of(const struct rs_plan *plan, const struct xfer_set *xs, int nranks,
+                                 struct rank_load *l)
 {
-    uint64_t chunk = (uint64_t)rs_param_int(RS_PARAM_CHUNK_BYTES);
-    uint64_t small_max = (uint64_t)rs_param_int(RS_PARAM_COALESCE_BYTES);
-    struct small *sm = NULL;
-    size_t nsm = 0, cap = 0;
+    struct exec shell = {.plan = plan,
+                         .xs = *xs,
+                         .chunk_bytes = exec_chunk_bytes(),
+                         .coalesce_bytes = exec_coalesce_bytes()};
+    struct cand *small = NULL, *pairs = NULL;
+    size_t nsmall = 0, capsmall = 0, npairs = 0, cappairs = 0;
+    reshard_status_t st = RESHARD_OK;
     memset(l, 0, (size_t)nranks * sizeof(*l));
-    for (size_t i = 0; i < xs->n; i++) {
+    for (size_t i = 0; i < xs->n && st == RESHARD_OK; i++) {
         const struct xfer *x = &xs->x[i];
         uint64_t b = (uint64_t)x->bytes;
         if (x->path == XFER_LOCAL) {
             l[x->src].local_out += b;
             l[x->dst].local_in += b;
-        } else if (x->path == XFER_NET) {
-            l[x->src].net_out += b;
-            l[x->dst].net_in += b;
-            if (b > small_max || x->parent != XFER_NONE) {
-                l[x->src].msgs += div_up(b, chunk);
-                continue;
-            }
-            struct small *g = rs_grow(sm, &cap, nsm + 1, sizeof(*g), "prediction");
-            if (!g) {
-                free(sm);
-                return RESHARD_ERR_NO_MEMORY;
-            }
-            sm = g;
-            sm[nsm++] = (struct small){x->src, x->dst, b};
+        }
+        if (x->path != XFER_NET)
+            continue;
+        l[x->src].net_out += b;
+        l[x->dst].net_in += b;
+        st = push(&pairs, &npairs, &cappairs, (struct cand){x->src, x->dst, 0, 0, 0});
+        int packable = shell.coalesce_bytes > 0 && x->parent == XFER_NONE && x->src_buf == XBUF_SRC;
+        int64_t n = exec_nchunks(&shell, x);
+        for (int64_t k = 0; k < n && st == RESHARD_OK; k++) {
+            uint64_t cb = packable ? exec_chunk_bytes_of(&shell, x, (uint32_t)k) : 0;
+            if (packable && cb <= (uint64_t)shell.coalesce_bytes)
+                st = push(&small, &nsmall, &capsmall,
+                          (struct cand){x->src, x->dst, (uint32_t)i, (uint32_t)k, cb});
+            else
+                l[x->src].msgs++;
         }
     }
-    if (nsm)
-        qsort(sm, nsm, sizeof(*sm), cmp_small);
-    for (size_t i = 0; i < nsm;) {
-        uint64_t sum = 0;
-        size_t j = i;
-        for (; j < nsm && sm[j].src == sm[i].src && sm[j].dst == sm[i].dst; j++)
-            sum += sm[j].bytes;
-        l[sm[i].src].msgs += div_up(sum, chunk) ? div_up(sum, chunk) : 1;
-        i = j;
+    if (st == RESHARD_OK && nsmall) {
+        qsort(small, nsmall, sizeof(*small), cmp_cand);
+        uint64_t fill = 0;
+        for (size_t i = 0; i < nsmall; i++) { /* bundle_side's greedy fill, per pair */
+            int fresh = !i || small[i].src != small[i - 1].src || small[i].dst != small[i - 1].dst;
+            if (fresh || fill + small[i].bytes > (uint64_t)shell.chunk_bytes) {
+                l[small[i].src].msgs++;
+                fill = 0;
+            }
+            fill += small[i].bytes;
+        }
     }
-    free(sm);
-    return RESHARD_OK;
+    if (st == RESHARD_OK && npairs) {
+        qsort(pairs, npairs, sizeof(*pairs), cmp_cand);
+        for (size_t i = 0; i < npairs; i++)
+            if (!i || pairs[i].src != pairs[i - 1].src || pairs[i].dst != pairs[i - 1].dst)
+                l[pairs[i].src].peers++;
+    }
+    free(small);
+    free(pairs);
+    return st;
 }
 
-reshard_status_t predict_msgs(const struct xfer_set *xs, int nranks, uint64_t *msgs)
+reshard_status_t predict_msgs(const struct rs_plan *plan, const struct xfer_set *xs, int nranks,
+                              uint64_t *msgs)
 {
     struct rank_load *l = rs_calloc((size_t)nranks, sizeof(*l), "message counts");
     if (!l)
         return RESHARD_ERR_NO_MEMORY;
-    reshard_status_t st = loads_of(xs, nranks, l);
+    reshard_status_t st = loads_of(plan, xs, nranks, l);
     for (int r = 0; st == RESHARD_OK && r < nranks; r++)
         msgs[r] = l[r].msgs;
     free(l);
@@ -145,7 +179,7 @@ reshard_status_t reshard_plan_predict(const reshard_plan_t *plan, const reshard_
         struct xfer_set xs;
         st = xfer_build(p, (reshard_algo_t)a, &xs);
         if (st == RESHARD_OK)
-            st = loads_of(&xs, n, l);
+            st = loads_of(p, &xs, n, l);
         if (st == RESHARD_OK)
             predict_one(l, n, cluster, &res, (reshard_algo_t)a);
         xfer_free(&xs);

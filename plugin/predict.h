@@ -5,8 +5,10 @@
 
 #include "xfer.h"
 
-/* Network messages each of nranks ranks sends to run xs once: chunks of the transfers
- * (RESHARD_CHUNK_BYTES), the small ones (RESHARD_COALESCE_BYTES) packed per peer. */
-reshard_status_t predict_msgs(const struct xfer_set *xs, int nranks, uint64_t *msgs);
+/* Network messages each of nranks ranks sends to run xs (a transfer list of plan) once, as
+ * the executor sends them: chunks of the transfers (RESHARD_CHUNK_BYTES), the small ones
+ * (RESHARD_COALESCE_BYTES) packed per peer. */
+reshard_status_t predict_msgs(const struct rs_plan *plan, const struct xfer_set *xs, int nranks,
+                              uint64_t *msgs);
 
 #endif

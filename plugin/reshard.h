@@ -175,12 +175,12 @@ RESHARD_API reshard_status_t reshard_plan_stats(const reshard_plan_t *plan,
 /* A flow-level prediction of a plan's refit time on a cluster (plugin/predict.c): from the
  * transfer lists each algorithm would run, every rank's bytes over its own NIC and NVLink
  * (full duplex; the fan-out overlaps the network) and its messages, whose latency_s is paid
- * once per 16 (the executor's send window).
+ * once per as many as the executor keeps in flight (16, at most 2 per peer).
  * A model for comparing algorithms and layouts, not a measurement. */
 typedef struct reshard_cluster {
     double nic_bytes_per_s;    /* each rank's NIC, per direction */
     double nvlink_bytes_per_s; /* each rank's NVLink, per direction */
-    double latency_s;          /* of a network message; 16 are in flight at a time */
+    double latency_s;          /* of a network message (several are in flight at a time) */
 } reshard_cluster_t;
 
 typedef struct reshard_prediction {

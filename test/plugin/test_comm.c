@@ -411,3 +411,65 @@ Test(comm, without_coalescing_every_chunk_is_a_message)
         cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s (TOO_LARGE: not %d messages)", r,
                      o[r].msg, 2 * NSMALL);
 }
+
+/* Small and larger tensors mixed, cut into chunks of 4 KiB with pieces up to 1 KiB packed: the
+ * plan's message count for every rank is the one the transport counted (MISMATCH otherwise),
+ * and every element lands. */
+#define NMIXED 120
+
+static reshard_status_t mixed_sizes(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_layout_t *l[4] = {parse("shape=8x8 dtype=i32 ranks=0-1 place=S(0)"),
+                              parse("shape=8x8 dtype=i32 ranks=2-3 place=S(1)"),
+                              parse("shape=60x52 dtype=i32 ranks=0-1 place=S(0)"),
+                              parse("shape=60x52 dtype=i32 ranks=3,2 place=S(1)")};
+    reshard_tensor_t t[NMIXED];
+    reshard_buffers_t b[NMIXED];
+    static int32_t s[NMIXED][60 * 52], d[NMIXED][60 * 52];
+    for (int i = 0; i < NMIXED; i++) {
+        int big = i % 6 == 0;
+        t[i] = (reshard_tensor_t){NULL, l[2 * big], l[2 * big + 1]};
+        b[i] = (reshard_buffers_t){0};
+        reshard_layout_shard_bytes(t[i].src, rank, &b[i].src_bytes);
+        reshard_layout_shard_bytes(t[i].dst, rank, &b[i].dst_bytes);
+        fill(t[i].src, rank, s[i]);
+        memset(d[i], 0, sizeof(d[i]));
+        b[i].src = b[i].src_bytes ? s[i] : NULL;
+        b[i].dst = b[i].dst_bytes ? d[i] : NULL;
+    }
+    reshard_plan_t *plan = NULL;
+    reshard_comm_counters_t before, after;
+    reshard_plan_stats_t ps;
+    reshard_rank_stats_t rs[4];
+    reshard_status_t st = reshard_comm_plan_create(comm, t, NMIXED, NULL, &plan);
+    if (st == RESHARD_OK)
+        st = reshard_comm_counters(comm, &before);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(plan, b);
+    for (int i = 0; st == RESHARD_OK && i < NMIXED; i++)
+        if (count_wrong(t[i].dst, rank, d[i]))
+            st = RESHARD_ERR_INTERNAL;
+    if (st == RESHARD_OK)
+        st = reshard_comm_counters(comm, &after);
+    if (st == RESHARD_OK)
+        st = reshard_plan_stats(plan, &ps, rs);
+    if (st == RESHARD_OK && rs[rank].net_msgs != after.net_msgs - before.net_msgs)
+        st = RESHARD_ERR_MISMATCH;
+    if (st == RESHARD_OK && rank < 2 && rs[rank].net_msgs < 3) /* packed and single ones */
+        st = RESHARD_ERR_TOO_LARGE;
+    reshard_plan_destroy(plan);
+    for (int i = 0; i < 4; i++)
+        reshard_layout_destroy(l[i]);
+    return st;
+}
+
+Test(comm, the_plans_message_count_is_the_executors_for_mixed_sizes)
+{
+    setenv("RESHARD_CHUNK_BYTES", "4096", 1);
+    setenv("RESHARD_COALESCE_BYTES", "1024", 1);
+    struct outcome *o = run_ranks(4, mixed_sizes);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s (MISMATCH: plan and transport differ)",
+                     r, o[r].msg);
+}

@@ -209,6 +209,7 @@ class Writer:
         self.m, self.train, self.infer, self.dtype = m, train, infer, dtype
         self.tensors = []
         self.names = set()
+        self.buffers = {}  # shared buffer -> elements on every rank that holds it
 
     def add(self, name, shape, src, dst):
         assert name not in self.names, name
@@ -247,6 +248,7 @@ def gqa_attention(w, pre, m, pt, pi):
     tr, tm = w.train.dense(pt)
     row = (qpg + 2) * hd * H
     tbuf = f"{pre}.linear_qkv"
+    w.buffers[tbuf] = g_local * row
     # Inference: vLLM's qkv_proj, the rank's q rows, then k, then v.
     ir, im = w.infer.dense(pi)
     q_rows = nh * hd // itp if nh % itp == 0 else None
@@ -255,6 +257,7 @@ def gqa_attention(w, pre, m, pt, pi):
     kv_place, kv_rep = kv_mesh(itp, nkv)
     kv_rows = hd * max(1, nkv // itp)
     ibuf = f"{pre}.qkv_proj"
+    w.buffers[ibuf] = (q_rows + 2 * kv_rows) * H
     if kv_rep:  # mesh dp x groups x replicas over the same rank order
         kv_ranks, kv_mesh_dims = ir, [w.infer.dp, nkv, kv_rep]
     else:
@@ -282,6 +285,7 @@ def mla_attention(w, pre, m, pt, pi):
     tr, tm = w.train.dense(pt)
     ir, im = w.infer.dense(pi)
     fused = f"{pre}.self_attn.fused_qkv_a_proj"
+    w.buffers[fused] = (ql + kvl + rope) * H
     w.add(f"{pre}.self_attn.q_a_proj.weight", [ql, H], side(tr, tm, ["R", "R"]),
           side(ir, im, ["R", "R"], fused, 0))
     w.add(f"{pre}.self_attn.kv_a_proj_with_mqa.weight", [kvl + rope, H],
@@ -321,6 +325,7 @@ def moe(w, pre, m, pt, pi):
 
 
 def build(model, m, train, infer, dtype):
+    """The tensors and the sizes of the buffers they share."""
     w = Writer(m, train, infer, dtype)
     H, L = m["hidden"], m["layers"]
     tst, ist = stages(L, train.pp), stages(L, infer.pp)
@@ -338,7 +343,7 @@ def build(model, m, train, infer, dtype):
             moe(w, pre, m, pt, pi)
     w.replicated("model.norm.weight", [H], train.pp - 1, infer.pp - 1)
     w.both("lm_head.weight", [m["vocab"], H], train.pp - 1, infer.pp - 1, "S(0)", "S(0)")
-    return w.tensors
+    return w.tensors, w.buffers
 
 
 def main(argv):
@@ -369,8 +374,9 @@ def main(argv):
         infer = Infer(icfg, train.world, m["experts"])
         if a.domain_size < 1:
             raise Error("--domain-size must be at least 1")
-        tensors = build(a.model, m, train, infer, a.dtype)
+        tensors, buffers = build(a.model, m, train, infer, a.dtype)
         if a.no_views:
+            buffers = {}
             for t in tensors:
                 for k in ("src", "dst"):
                     t[k] = re.sub(r" (buffer|offset|view|strides)=\S+", "", t[k])
@@ -381,6 +387,7 @@ def main(argv):
         "version": 1,
         "world_size": train.world + infer.world,
         "domains": {"size": a.domain_size},
+        "buffers": buffers,
         "meta": {"model": a.model, "train": a.train, "infer": a.infer, "scale": a.scale,
                  "views": not a.no_views,
                  "train_ranks": train.world, "infer_ranks": infer.world},

@@ -275,3 +275,29 @@ Test(reshard_plan, cluster_spec_errors_are_exit_status_2, .timeout = 60)
     snprintf(args, sizeof(args), "%s --cluster nic=400Gb/s,nvlink=450GB/s,latency=1us", pair);
     cr_assert_eq(plan(args), 0, "%s", out);
 }
+
+/* gen-manifest.py writes the sizes of the buffers its views share, and they hold exactly the
+ * views: one element less is refused, naming the tensor. */
+Test(reshard_plan, generated_buffer_sizes_are_exact, .timeout = 120)
+{
+    char path[] = "/tmp/reshard-sizes-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    int rc = gen("--model llama-3.1-70b --train tp=8,pp=4,dp=2 --infer tp=4,dp=8 --scale 64", path);
+    cr_assert_eq(rc, 0, "%s", out);
+    char args[256];
+    snprintf(args, sizeof(args), "--manifest %s", path);
+    cr_assert_eq(plan(args), 0, "%s", out);
+    rc = run_capturef(
+        out, sizeof(out),
+        "python3 -c \"import json,sys; p=sys.argv[1]; d=json.load(open(p)); "
+        "d['buffers']['model.layers.3.qkv_proj'] -= 1; json.dump(d, open(p, 'w'))\" %s",
+        path);
+    cr_assert_eq(rc, 0, "%s", out);
+    rc = plan(args);
+    unlink(path);
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert(strstr(out, "(model.layers.3.self_attn.v_proj.weight).dst: its view reaches element"),
+              "%s", out);
+}

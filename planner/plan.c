@@ -57,7 +57,7 @@ reshard_status_t plan_push_box(struct rs_plan *p, int ndim, const int64_t *start
 }
 
 reshard_status_t plan_push_op(struct rs_plan *p, enum plan_op_kind kind, uint32_t tensor, int src,
-                              int dst, uint32_t box, int64_t bytes, uint32_t parent)
+                              int dst, uint32_t box, uint32_t parent)
 {
     if (p->nops == UINT32_MAX) /* FWD ops name their parent by a 32-bit index */
         return rs_error(RESHARD_ERR_TOO_LARGE, "plan: more than 2^32 ops");
@@ -73,8 +73,7 @@ reshard_status_t plan_push_op(struct rs_plan *p, enum plan_op_kind kind, uint32_
     for (int k = 0; k < 2 * p->tensors[tensor].dst.ndim; k++)
         h = mix(h, (uint64_t)p->coords[box + k]);
     p->hash = h;
-    p->ops[p->nops++] = (struct plan_op){.bytes = bytes,
-                                         .box = box,
+    p->ops[p->nops++] = (struct plan_op){.box = box,
                                          .tensor = tensor,
                                          .parent = parent,
                                          .src = src,
@@ -215,7 +214,7 @@ static reshard_status_t serve_locally(struct build *b, uint32_t t, const struct 
         int n = w->dst_td.rank[i];
         int pos = shardmap_position(src_map, n);
         if (pos >= 0 && src_map->tuple[pos] == c->src_tuple) {
-            RS_CHECK(plan_push_op(b->plan, PLAN_OP_SELF, t, n, n, box, bytes, PLAN_NO_PARENT));
+            RS_CHECK(plan_push_op(b->plan, PLAN_OP_SELF, t, n, n, box, PLAN_NO_PARENT));
             continue;
         }
         int best = w->src_td.rank[have->begin];
@@ -225,7 +224,7 @@ static reshard_status_t serve_locally(struct build *b, uint32_t t, const struct 
                 best = h;
         }
         b->local_out[best] += bytes;
-        RS_CHECK(plan_push_op(b->plan, PLAN_OP_LOCAL, t, best, n, box, bytes, PLAN_NO_PARENT));
+        RS_CHECK(plan_push_op(b->plan, PLAN_OP_LOCAL, t, best, n, box, PLAN_NO_PARENT));
     }
     return RESHARD_OK;
 }
@@ -437,6 +436,9 @@ reshard_status_t plan_build(const struct plan_input *in, int ntensors, const str
 {
     if (!in || ntensors < 1 || !topo || !out)
         return rs_error(RESHARD_ERR_INVALID_ARG, "plan: needs at least one tensor and a topology");
+    if (ntensors > PLAN_MAX_TENSORS)
+        return rs_error(RESHARD_ERR_TOO_LARGE, "plan: %d tensors, more than the %d one plan holds",
+                        ntensors, PLAN_MAX_TENSORS);
     double t0 = now_ms();
     struct rs_plan *p = rs_calloc(1, sizeof(*p), "plan");
     if (!p)

@@ -13,6 +13,7 @@
 #ifndef RS_PLAN_H
 #define RS_PLAN_H
 
+#include "dtype.h"
 #include "layout.h"
 #include "topo.h"
 
@@ -23,14 +24,17 @@ enum plan_op_kind { PLAN_OP_SELF, PLAN_OP_LOCAL, PLAN_OP_NET, PLAN_OP_FWD };
 
 #define PLAN_NO_PARENT UINT32_MAX
 
-struct plan_op {   /* 32 bytes: a plan of a large model holds millions */
-    int64_t bytes; /* in the destination dtype */
-    uint32_t box;  /* plan->coords[box ..]: start[ndim], then len[ndim] */
-    uint32_t tensor;
+/* 20 bytes: a plan of a large model holds millions, and writing them is most of the time it
+ * takes to plan one; the byte count follows from the box (plan_op_bytes). */
+struct plan_op {
+    uint32_t box; /* plan->coords[box ..]: start[ndim], then len[ndim] */
+    uint32_t tensor : 30;
+    uint32_t kind : 2;
     uint32_t parent; /* FWD: index of the NET op that delivered the box */
     int32_t src, dst;
-    uint8_t kind;
 };
+
+#define PLAN_MAX_TENSORS (1 << 30) /* the width of plan_op.tensor */
 
 struct plan_tensor {
     char *name;                /* owned */
@@ -46,13 +50,13 @@ struct plan_opts { /* a field <= 0 takes its default */
      * keeps at least this many bytes. */
     int64_t split_min_bytes;
     /* A plan needing more ops is refused up front (RESHARD_ERR_TOO_LARGE) rather than
-     * exhausting memory: 32 bytes each. */
+     * exhausting memory: 20 bytes each, and a box. */
     int64_t max_ops;
 };
 
 #define PLAN_SPLIT_MIN_DEFAULT (INT64_C(1) << 20)
 #define PLAN_MAX_SPLIT         64                 /* senders sharing one slice, at most */
-#define PLAN_MAX_OPS_DEFAULT   (INT64_C(1) << 27) /* 4 GiB of ops */
+#define PLAN_MAX_OPS_DEFAULT   (INT64_C(1) << 27) /* 2.5 GiB of ops */
 
 struct plan_input {
     const char *name; /* may be NULL */
@@ -87,6 +91,17 @@ static inline const int64_t *plan_op_len(const struct rs_plan *p, const struct p
     return p->coords + op->box + p->tensors[op->tensor].dst.ndim;
 }
 
+/* The bytes an op moves, in the destination dtype. */
+static inline int64_t plan_op_bytes(const struct rs_plan *p, const struct plan_op *op)
+{
+    const struct rs_layout *l = &p->tensors[op->tensor].dst;
+    const int64_t *len = p->coords + op->box + l->ndim;
+    int64_t v = (int64_t)dtype_size(l->dtype);
+    for (int d = 0; d < l->ndim; d++)
+        v *= len[d];
+    return v;
+}
+
 const char *plan_op_kind_name(enum plan_op_kind k);
 
 /* ---- used by the builder's parts (plan.c, plan_net.c) ---- */
@@ -95,6 +110,6 @@ const char *plan_op_kind_name(enum plan_op_kind k);
 reshard_status_t plan_push_box(struct rs_plan *p, int ndim, const int64_t *start,
                                const int64_t *len, uint32_t *box);
 reshard_status_t plan_push_op(struct rs_plan *p, enum plan_op_kind kind, uint32_t tensor, int src,
-                              int dst, uint32_t box, int64_t bytes, uint32_t parent);
+                              int dst, uint32_t box, uint32_t parent);
 
 #endif

@@ -169,14 +169,13 @@ static reshard_status_t emit_slice(struct build *b, struct scratch *s, const str
         int sender = holders[i];
         b->net_out[sender] += sub_bytes;
         b->net_in[receiver] += sub_bytes;
-        RS_CHECK(plan_push_op(p, PLAN_OP_NET, u->tensor, sender, receiver, sub_box, sub_bytes,
-                              PLAN_NO_PARENT));
+        RS_CHECK(
+            plan_push_op(p, PLAN_OP_NET, u->tensor, sender, receiver, sub_box, PLAN_NO_PARENT));
         uint32_t parent = (uint32_t)(p->nops - 1);
         for (int r = need->begin; r < need->end; r++) {
             int peer = w->dst_td.rank[r];
             if (peer != receiver)
-                RS_CHECK(plan_push_op(p, PLAN_OP_FWD, u->tensor, receiver, peer, sub_box, sub_bytes,
-                                      parent));
+                RS_CHECK(plan_push_op(p, PLAN_OP_FWD, u->tensor, receiver, peer, sub_box, parent));
         }
     }
     return RESHARD_OK;

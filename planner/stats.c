@@ -11,22 +11,23 @@ static void op_stats(const struct rs_plan *p, struct plan_stats *s, struct plan_
 {
     for (size_t i = 0; i < p->nops; i++) {
         const struct plan_op *op = &p->ops[i];
+        int64_t bytes = plan_op_bytes(p, op);
         s->nops[op->kind]++;
         switch ((enum plan_op_kind)op->kind) {
         case PLAN_OP_SELF:
-            s->self_bytes += op->bytes;
-            r[op->dst].self += op->bytes;
+            s->self_bytes += bytes;
+            r[op->dst].self += bytes;
             break;
         case PLAN_OP_NET:
-            s->net_bytes += op->bytes;
-            r[op->src].net_out += op->bytes;
-            r[op->dst].net_in += op->bytes;
+            s->net_bytes += bytes;
+            r[op->src].net_out += bytes;
+            r[op->dst].net_in += bytes;
             break;
         case PLAN_OP_LOCAL:
         case PLAN_OP_FWD:
-            s->local_bytes += op->bytes;
-            r[op->src].local_out += op->bytes;
-            r[op->dst].local_in += op->bytes;
+            s->local_bytes += bytes;
+            r[op->src].local_out += bytes;
+            r[op->dst].local_in += bytes;
             break;
         }
     }

@@ -17,7 +17,7 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
     X(PLAN_SPLIT_MIN_BYTES, RS_PARAM_INT, "1048576", 1,                                            \
       "split a network slice among source replicas when each part keeps this many bytes")          \
     X(PLAN_MAX_OPS, RS_PARAM_INT, "134217728", 1,                                                  \
-      "refuse a plan needing more transfers than this (32 bytes each), before building it")        \
+      "refuse a plan needing more transfers than this (20 bytes each), before building it")        \
     X(TIMEOUT, RS_PARAM_INT, "300", 1,                                                             \
       "seconds any wait for a peer may last (bootstrap and execute) before failing")               \
     X(BOOT_ADDR, RS_PARAM_STR, "", 0,                                                              \

@@ -119,7 +119,7 @@ typedef struct reshard_plan_config {
      * keeps at least this many bytes; <= 0 takes RESHARD_PLAN_SPLIT_MIN_BYTES. */
     int64_t split_min_bytes;
     /* A plan needing more transfers is refused up front with RESHARD_ERR_TOO_LARGE instead of
-     * exhausting memory (32 bytes each); <= 0 takes RESHARD_PLAN_MAX_OPS. */
+     * exhausting memory (20 bytes each); <= 0 takes RESHARD_PLAN_MAX_OPS. */
     int64_t max_ops;
     /* Communicator plans only (reshard_comm_plan_create). */
     reshard_algo_t algo;

@@ -59,7 +59,7 @@ static reshard_status_t from_ops(const struct rs_plan *ops, const struct rs_topo
     for (size_t i = 0; i < ops->nops; i++) {
         const struct plan_op *o = &ops->ops[i];
         int fwd = o->kind == PLAN_OP_FWD;
-        struct xfer x = {.bytes = o->bytes,
+        struct xfer x = {.bytes = plan_op_bytes(ops, o),
                          .box = o->box,
                          .tensor = o->tensor,
                          .parent = fwd ? o->parent : XFER_NONE,
@@ -212,7 +212,7 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
         int ndim = plan->tensors[o->tensor].dst.ndim;
         RS_CHECK_GOTO(push_box(s, ndim, plan_op_start(s->aux, o), plan_op_len(s->aux, o), &box), st,
                       out);
-        struct xfer x = {.bytes = o->bytes,
+        struct xfer x = {.bytes = plan_op_bytes(s->aux, o),
                          .box = box,
                          .tensor = o->tensor,
                          .parent = XFER_NONE,

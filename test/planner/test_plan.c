@@ -186,6 +186,10 @@ Test(plan, bad_layout_structs_name_tensor_and_side)
     cr_assert_str_eq(rs_error_message(), "tensor 'w': missing destination layout");
     cr_assert_eq(plan_build(&in, 0, &topo, NULL, &p), RESHARD_ERR_INVALID_ARG);
     cr_assert_eq(plan_build(&in, 1, NULL, NULL, &p), RESHARD_ERR_INVALID_ARG);
+    /* refused before the list is read: an op names its tensor in 30 bits */
+    cr_assert_eq(plan_build(&in, PLAN_MAX_TENSORS + 1, &topo, NULL, &p), RESHARD_ERR_TOO_LARGE);
+    cr_assert_str_eq(rs_error_message(),
+                     "plan: 1073741825 tensors, more than the 1073741824 one plan holds");
     topo_free(&topo);
 }
 

@@ -76,7 +76,7 @@ static reshard_status_t exchange(struct reshard_comm *c)
     me->domain = (int32_t)rs_param_int(RS_PARAM_DOMAIN);
     char addr[COMM_ADDR_MAX];
     size_t len = sizeof(addr);
-    RS_CHECK_GOTO(c->net->ops->address(c->net, addr, &len), st, out);
+    RS_CHECK_GOTO(c->net->ops->address(c->net, -1, addr, &len), st, out);
     me->addr_len = (uint32_t)len;
     RS_CHECK_GOTO(boot_allgather(c->boot, h, sizeof(*h)), st, out);
     size_t slot = 0;
@@ -111,7 +111,6 @@ out:
 reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int local_rank,
                              struct reshard_comm **out)
 {
-    (void)local_rank;
     if (size < 1 || rank < 0 || rank >= size)
         return rs_error(RESHARD_ERR_INVALID_ARG, "rank %d of %d: expected 0 <= rank < size", rank,
                         size);
@@ -129,8 +128,12 @@ reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int l
     struct tp_config cfg = {.rank = rank,
                             .size = size,
                             .tls = rs_param_str(RS_PARAM_NET_TLS),
-                            .peer_errors = rs_param_int(RS_PARAM_NET_PEER_ERRORS) != 0};
-    st = tp_ucx_ops.init(&cfg, &c->net);
+                            .peer_errors = rs_param_int(RS_PARAM_NET_PEER_ERRORS) != 0,
+                            .local_rank = local_rank};
+    const struct tp_ops *ops;
+    st = tp_pick(&ops);
+    if (st == RESHARD_OK)
+        st = ops->init(&cfg, &c->net);
     if (st != RESHARD_OK) {
         /* The others would wait for our address until they time out: tell them now. */
         boot_abort(c->boot, st, rs_error_message());

@@ -43,7 +43,15 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
     X(NET_DEVICES, RS_PARAM_STR, "", 0,                                                            \
       "NCCL plugin: interfaces it offers (comma-separated name prefixes; empty: all that are up)") \
     X(NET_ALLOW_LO, RS_PARAM_INT, "0", 0,                                                          \
-      "NCCL plugin: 1 offers loopback interfaces too (tests on one host)")
+      "NCCL plugin: 1 offers loopback interfaces too (tests on one host)")                         \
+    X(TRANSPORT, RS_PARAM_STR, "auto", 0,                                                          \
+      "network transport: ib, ucx, or auto (ib when an RDMA port is active, else ucx)")            \
+    X(IB_HCA, RS_PARAM_STR, "", 0,                                                                 \
+      "RDMA ports to use, NCCL syntax: mlx5_0:1,mlx5_1 (prefixes), =exact, ^excluded")             \
+    X(IB_GID_INDEX, RS_PARAM_INT, "-1", -1,                                                        \
+      "RoCE GID index (-1: the port's IPv4-mapped RoCE v2 GID)")                                   \
+    X(IB_QPS_PER_PEER, RS_PARAM_INT, "2", 1,                                                       \
+      "RC queue pairs per peer; large writes are striped across them (at most 8)")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

@@ -56,6 +56,7 @@ struct tp_config {
     const char *devices; /* network devices to use (UCX_NET_DEVICES syntax); NULL: all */
     int peer_errors;     /* fail a dead peer's requests at once, at a cost in bandwidth */
     int serialized;      /* calls come from several threads, one at a time (caller's lock) */
+    int local_rank;      /* rank on this host (-1: unknown): picks the NIC of a multi-rail host */
 };
 
 struct tp_ctx {
@@ -74,8 +75,11 @@ struct tp_ops {
     const char *name;
     /* RESHARD_ERR_UNAVAILABLE when the library is missing on this host. */
     reshard_status_t (*init)(const struct tp_config *cfg, struct tp_ctx **out);
-    /* This context's address: *len is the capacity of buf on entry, the length on return. */
-    reshard_status_t (*address)(struct tp_ctx *ctx, void *buf, size_t *len);
+    /* This context's address for the peer this context numbers `peer`: *len is the capacity
+     * of buf on entry, the length on return. peer -1: both sides number peers by rank (a
+     * communicator), so one address serves everyone. Transports with a connection per pair
+     * (RC queue pairs) pair the two ends up by these numbers; UCX ignores them. */
+    reshard_status_t (*address)(struct tp_ctx *ctx, int peer, void *buf, size_t *len);
     /* Records peer's address; the connection itself may be made on first use. A peer at or
      * past the configured size grows the table (the NCCL plugin numbers its connections). */
     reshard_status_t (*set_peer)(struct tp_ctx *ctx, int peer, const void *addr, size_t len);
@@ -112,5 +116,14 @@ struct tp_ops {
 };
 
 extern const struct tp_ops tp_ucx_ops;
+extern const struct tp_ops tp_ib_ops;
+
+/* Fault injection for tests: moves this side's queue pairs to peer into the error state,
+ * as a broken link or a destroyed remote QP would, without touching the side channel. */
+void tp_ib_break_peer(struct tp_ctx *ctx, int peer);
+
+/* RESHARD_TRANSPORT: ib, ucx, or auto (ib when an RDMA port is active, else ucx). A named
+ * transport that cannot run here is an error saying why, not a silent fallback. */
+reshard_status_t tp_pick(const struct tp_ops **ops);
 
 #endif

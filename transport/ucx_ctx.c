@@ -126,8 +126,9 @@ err:
     return st;
 }
 
-static reshard_status_t ucx_address(struct tp_ctx *c, void *buf, size_t *len)
+static reshard_status_t ucx_address(struct tp_ctx *c, int peer, void *buf, size_t *len)
 {
+    (void)peer; /* one worker address serves every peer */
     struct ucx_ctx *u = to_ucx(c);
     ucp_address_t *addr;
     size_t n;

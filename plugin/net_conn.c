@@ -3,11 +3,13 @@
  * Connections of the network plugin: listen, connect and accept, none of which blocks.
  *
  * The handle carries the listener's address and a random nonce. The connector sends
- * hello {magic, version, nonce}; the listener answers {magic, status, receive comm id, length}
- * and its transport address, or a refusal when the nonce is not one of its own (a handle from
- * another job, or a stale one). Where a call must return before the exchange is over, the
- * connector keeps its progress in the handle itself (NCCL calls again with the same handle)
- * and the listener in its listen comm.
+ * hello {magic, version, nonce, length} and its transport address; the listener answers
+ * {magic, status, receive comm id, length} and its own, or a refusal when the nonce is not one
+ * of its own (a handle from another job, or a stale one). Each side makes the other a peer of
+ * its device's transport context (receiver-driven transports such as verbs send to the sender),
+ * and each address names the number its side gives the other, which pairs connections up. Where a
+ * call must return before the exchange is over, the connector keeps its progress in the handle
+ * itself (NCCL calls again with the same handle) and the listener in its listen comm.
  */
 #include "net_int.h"
 
@@ -26,8 +28,8 @@
 #define NET_STAGE_MAGIC  0x52535447u /* RSTG */
 #define NET_HELLO_MAGIC  0x52534c4fu /* RSLO */
 #define NET_REPLY_MAGIC  0x52535250u /* RSRP */
-#define NET_WIRE_VERSION 1
-#define NET_HELLO_BYTES  16
+#define NET_WIRE_VERSION 2
+#define NET_HELLO_BYTES  20
 #define NET_REPLY_BYTES  16
 #define NET_MAX_ADDR     4096 /* a transport address longer than this is refused */
 
@@ -52,7 +54,10 @@ struct net_connecting {
     struct net_dev *dev;
     int fd;
     enum connect_phase phase;
-    unsigned char hello[NET_HELLO_BYTES], reply[NET_REPLY_BYTES];
+    unsigned char *hello; /* the header, then this side's transport address */
+    size_t hello_len;
+    int peer_index; /* this side's number for the listener (-1: none taken) */
+    unsigned char reply[NET_REPLY_BYTES];
     size_t done; /* bytes of the current phase moved */
     unsigned char *addr;
     size_t addr_len;
@@ -74,6 +79,8 @@ struct net_listen {
     char apeer[SOCK_ADDR_STR];
     unsigned char hello[NET_HELLO_BYTES];
     size_t got;
+    unsigned char *caddr; /* the connector's transport address */
+    size_t caddr_len, caddr_got;
     unsigned char *reply;
     size_t reply_len, sent;
     struct net_comm *comm;
@@ -131,6 +138,22 @@ static void say_goodbye(int fd)
         rs_log(RS_LOG_TRACE, "NET/Reshard: goodbye not sent: %m");
 }
 
+/* dev->lock held. Transport peer numbers: a closed comm's number serves the next one. */
+static int peer_take(struct net_dev *d)
+{
+    return d->n_free ? d->free_peers[--d->n_free] : d->next_peer++;
+}
+
+static void peer_give(struct net_dev *d, int peer)
+{
+    int *grown = rs_grow(d->free_peers, &d->free_cap, d->n_free + 1, sizeof(int),
+                         "NET/Reshard peer indices");
+    if (grown) { /* else the index is not reused, which only costs a table entry */
+        d->free_peers = grown;
+        d->free_peers[d->n_free++] = peer;
+    }
+}
+
 /* dev->lock held. A comm whose transfers the transport still holds waits on dev->dead. */
 static void comm_retire(struct net_comm *c)
 {
@@ -143,12 +166,7 @@ static void comm_retire(struct net_comm *c)
                 d->tp->ops->cancel(d->tp, &c->reqs[i].sub[j].tp);
     if (d->tp && c->peer >= 0) {
         d->tp->ops->close_peer(d->tp, c->peer);
-        int *grown = rs_grow(d->free_peers, &d->free_cap, d->n_free + 1, sizeof(int),
-                             "NET/Reshard peer indices");
-        if (grown) { /* else the index is not reused, which only costs a table entry */
-            d->free_peers = grown;
-            d->free_peers[d->n_free++] = c->peer;
-        }
+        peer_give(d, c->peer);
     }
     c->magic = NET_MAGIC_DEAD;
     d->users--;
@@ -243,8 +261,10 @@ static void accept_reset(struct net_listen *l)
 {
     sock_close(&l->afd);
     free(l->reply);
+    free(l->caddr);
     l->reply = NULL;
-    l->got = l->sent = l->reply_len = 0;
+    l->caddr = NULL;
+    l->got = l->sent = l->reply_len = l->caddr_len = l->caddr_got = 0;
     l->comm = NULL;
 }
 
@@ -269,14 +289,25 @@ static void put_reply(unsigned char *w, enum reply_status st, uint32_t id, uint3
     wire_put(w + 12, len, 4);
 }
 
-/* The hello is in: either a refusal to send, or a receive comm and the reply that names it. */
-static reshard_status_t accept_answer(struct net_listen *l)
+/* The hello's header is in: a refusal (1: the connection is dropped), or room for the
+ * connector's address. */
+static int accept_refuse(struct net_listen *l)
 {
     enum reply_status refuse = REPLY_OK;
     if (wire_get(l->hello, 4) != NET_HELLO_MAGIC || wire_get(l->hello + 4, 4) != NET_WIRE_VERSION)
         refuse = REPLY_VERSION;
     else if (wire_get(l->hello + 8, 8) != l->nonce)
         refuse = REPLY_UNKNOWN_NONCE;
+    size_t len = wire_get(l->hello + 16, 4);
+    if (refuse == REPLY_OK && (!len || len > NET_MAX_ADDR)) {
+        accept_drop(l, "its transport address is empty or too long");
+        return 1;
+    }
+    if (refuse == REPLY_OK && !(l->caddr = rs_calloc(1, len, "NET/Reshard peer address"))) {
+        accept_drop(l, "no memory for its address");
+        return 1;
+    }
+    l->caddr_len = len;
     if (refuse != REPLY_OK) {
         unsigned char w[NET_REPLY_BYTES];
         put_reply(w, refuse, 0, 0);
@@ -286,21 +317,31 @@ static reshard_status_t accept_answer(struct net_listen *l)
                            ? "it is not a Reshard connector of this version"
                            : "its handle was not issued by this listener (another job, or a "
                              "stale handle)");
-        return RESHARD_OK;
+        return 1;
     }
+    return 0;
+}
+
+/* The hello and the connector's address are in: a receive comm, a transport peer for the
+ * connector, and the reply that names them. */
+static reshard_status_t accept_answer(struct net_listen *l)
+{
     struct net_dev *d = l->dev;
     unsigned char addr[NET_MAX_ADDR];
     size_t len = sizeof(addr);
     reshard_status_t st = RESHARD_OK;
     pthread_mutex_lock(&d->lock);
     RS_CHECK_GOTO(net_dev_tp(d), st, out);
-    RS_CHECK_GOTO(d->tp->ops->address(d->tp, addr, &len), st, out);
     if (!(l->comm = comm_new(d, NET_MAGIC_RECV, -1, l->apeer))) {
         st = RESHARD_ERR_NO_MEMORY;
         goto out;
     }
     l->comm->id = ++d->next_id;
     d->users++;
+    l->comm->peer = peer_take(d);
+    RS_CHECK_GOTO(d->tp->ops->set_peer(d->tp, l->comm->peer, l->caddr, l->caddr_len), st, out);
+    RS_CHECK_GOTO(d->tp->ops->connect(d->tp, l->comm->peer), st, out);
+    RS_CHECK_GOTO(d->tp->ops->address(d->tp, l->comm->peer, addr, &len), st, out);
     if (!(l->reply = rs_calloc(1, NET_REPLY_BYTES + len, "NET/Reshard handshake"))) {
         st = RESHARD_ERR_NO_MEMORY;
         goto out;
@@ -310,8 +351,11 @@ static reshard_status_t accept_answer(struct net_listen *l)
     l->reply_len = NET_REPLY_BYTES + len;
 out:
     if (st != RESHARD_OK && l->comm) {
+        char why[RS_ERROR_MAX]; /* retiring the comm may log and set messages of its own */
+        snprintf(why, sizeof(why), "%s", rs_error_message());
         comm_retire(l->comm);
         l->comm = NULL;
+        rs_error(st, "%s", why);
     }
     pthread_mutex_unlock(&d->lock);
     if (st != RESHARD_OK)
@@ -347,10 +391,24 @@ reshard_status_t net_accept(void *listen_comm, void **recv_comm)
         accept_drop(l, n == 0 ? "it closed before saying hello" : strerror(errno));
         return RESHARD_OK;
     }
-    if (l->got == NET_HELLO_BYTES && !l->reply) {
+    if (l->got == NET_HELLO_BYTES && !l->caddr_len && accept_refuse(l))
+        return RESHARD_OK;
+    while (l->caddr && l->caddr_got < l->caddr_len) {
+        ssize_t n =
+            recv(l->afd, l->caddr + l->caddr_got, l->caddr_len - l->caddr_got, MSG_DONTWAIT);
+        if (n > 0) {
+            l->caddr_got += (size_t)n;
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            break;
+        accept_drop(l, n == 0 ? "it closed during the handshake" : strerror(errno));
+        return RESHARD_OK;
+    }
+    if (l->caddr && l->caddr_got == l->caddr_len && !l->reply) {
         RS_CHECK(accept_answer(l));
         if (l->afd < 0)
-            return RESHARD_OK; /* refused */
+            return RESHARD_OK; /* failed */
     }
     while (l->reply && l->sent < l->reply_len) {
         ssize_t n =
@@ -417,7 +475,13 @@ static void stage_free(struct net_handle *h)
         }
     pthread_mutex_unlock(&stages_lock);
     sock_close(&s->fd);
+    if (s->peer_index >= 0) { /* never made a comm */
+        pthread_mutex_lock(&s->dev->lock);
+        peer_give(s->dev, s->peer_index);
+        pthread_mutex_unlock(&s->dev->lock);
+    }
     free(s->addr);
+    free(s->hello);
     free(s);
     h->stage = NULL;
     h->stage_magic = 0;
@@ -450,14 +514,38 @@ static reshard_status_t stage_new(struct net_dev *d, struct net_handle *h)
     s->fd = -1;
     s->deadline_ms = deadline();
     sock_addr_str(&h->addr, s->peer, sizeof(s->peer));
-    reshard_status_t st = sock_connect_start(&h->addr, &s->fd);
+    s->peer_index = -1;
+    unsigned char addr[NET_MAX_ADDR];
+    size_t len = sizeof(addr);
+    pthread_mutex_lock(&d->lock);
+    reshard_status_t st = net_dev_tp(d);
+    if (st == RESHARD_OK) {
+        s->peer_index = peer_take(d);
+        st = d->tp->ops->address(d->tp, s->peer_index, addr, &len);
+        if (st != RESHARD_OK)
+            peer_give(d, s->peer_index);
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (st == RESHARD_OK && !(s->hello = rs_calloc(1, NET_HELLO_BYTES + len, "NET/Reshard hello")))
+        st = RESHARD_ERR_NO_MEMORY;
+    if (st == RESHARD_OK)
+        st = sock_connect_start(&h->addr, &s->fd);
     if (st != RESHARD_OK) {
+        if (s->hello) {
+            pthread_mutex_lock(&d->lock);
+            peer_give(d, s->peer_index);
+            pthread_mutex_unlock(&d->lock);
+        }
+        free(s->hello);
         free(s);
         return st;
     }
+    s->hello_len = NET_HELLO_BYTES + len;
     wire_put(s->hello, NET_HELLO_MAGIC, 4);
     wire_put(s->hello + 4, NET_WIRE_VERSION, 4);
     wire_put(s->hello + 8, h->nonce, 8);
+    wire_put(s->hello + 16, len, 4);
+    memcpy(s->hello + NET_HELLO_BYTES, addr, len);
     pthread_mutex_lock(&stages_lock);
     s->next = stages;
     stages = s;
@@ -533,7 +621,7 @@ static reshard_status_t connect_step(struct net_connecting *s, int *more)
         s->phase = PHASE_HELLO;
     } /* fall through */
     case PHASE_HELLO:
-        RS_CHECK(move(s, s->hello, sizeof(s->hello), 1, more));
+        RS_CHECK(move(s, s->hello, s->hello_len, 1, more));
         if (*more)
             return RESHARD_OK;
         s->phase = PHASE_REPLY;
@@ -566,14 +654,18 @@ static reshard_status_t send_comm_make(struct net_connecting *s, struct net_comm
         goto out;
     }
     c->id = s->id;
-    c->peer = d->n_free ? d->free_peers[--d->n_free] : d->next_peer++;
+    c->peer = s->peer_index;
+    s->peer_index = -1; /* the comm's now */
     st = d->tp->ops->set_peer(d->tp, c->peer, s->addr, s->addr_len);
     if (st == RESHARD_OK)
         st = d->tp->ops->connect(d->tp, c->peer);
     if (st != RESHARD_OK) {
+        char why[RS_ERROR_MAX];
+        snprintf(why, sizeof(why), "%s", rs_error_message());
         c->fd = -1; /* still the stage's to close */
         d->users++;
         comm_retire(c);
+        rs_error(st, "%s", why);
         goto out;
     }
     s->fd = -1;

@@ -7,6 +7,8 @@
  */
 #include "net_int.h"
 
+#include "ib_dev.h"
+
 #include "error.h"
 #include "log.h"
 #include "param.h"
@@ -30,6 +32,7 @@ static pthread_mutex_t global_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct net_dev *devs;
 static int ndevs = -1; /* -1: not looked for yet */
 static int contexts;
+static const struct tp_ops *transport; /* RESHARD_TRANSPORT's choice, made with the devices */
 
 /* RESHARD_NET_DEVICES: comma-separated name prefixes; empty takes every interface. */
 static int wanted(const char *name)
@@ -96,8 +99,48 @@ static int usable(const struct ifaddrs *ifa)
     return ifa->ifa_addr->sa_family == AF_INET;
 }
 
+/* RESHARD_TRANSPORT=ib (or auto with an active port): the devices are the RDMA ports, each
+ * with its real speed; the plugin's handshake listens on the port's IPv4 (RoCE) or the
+ * host's default address. */
+static reshard_status_t discover_ib(void)
+{
+    const struct ib_port *ports;
+    int n;
+    RS_CHECK(ib_ports(&ports, &n));
+    struct net_dev *found = rs_calloc(n ? (size_t)n : 1, sizeof(*found), "network devices");
+    if (!found)
+        return RESHARD_ERR_NO_MEMORY;
+    for (int i = 0; i < n; i++) {
+        struct net_dev *d = &found[i];
+        const struct ib_port *p = &ports[i];
+        snprintf(d->name, sizeof(d->name), "%s", p->dev);
+        snprintf(d->tp_dev, sizeof(d->tp_dev), "=%s:%d", p->dev, p->port);
+        d->port = p->port;
+        d->speed_mbps = p->speed_mbps;
+        d->guid = p->guid;
+        d->pci_path = p->pci_path ? strdup(p->pci_path) : NULL;
+        if (ib_port_ipv4(p, &d->addr.in.sin_addr))
+            d->addr.in.sin_family = AF_INET;
+        else
+            RS_CHECK(sock_default_addr(&d->addr));
+        pthread_mutex_init(&d->lock, NULL);
+        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                   "NET/Reshard: device %d %s port %d (ib), %d Mbps", i, d->name, d->port,
+                   d->speed_mbps);
+    }
+    if (!n)
+        rs_log_sub(RS_LOG_WARN, RS_LOGF_INIT | RS_LOGF_NET,
+                   "NET/Reshard: no active RDMA port; the plugin offers no device");
+    devs = found;
+    ndevs = n;
+    return RESHARD_OK;
+}
+
 static reshard_status_t discover(void)
 {
+    RS_CHECK(tp_pick(&transport));
+    if (transport == &tp_ib_ops)
+        return discover_ib();
     struct ifaddrs *all;
     if (getifaddrs(&all) != 0)
         return rs_error(RESHARD_ERR_NETWORK, "NET/Reshard: getifaddrs: %m");
@@ -253,7 +296,7 @@ reshard_status_t net_properties(int dev, struct net_props *out)
         .guid = d->guid,
         .ptr_support = NET_PTR_HOST,
         .speed_mbps = d->speed_mbps,
-        .port = 0,
+        .port = d->port,
         .latency_us = 0,
         .max_comms = 65536,
         .max_recvs = NET_MAX_RECVS,
@@ -271,16 +314,21 @@ reshard_status_t net_dev_tp(struct net_dev *d)
         .rank = 0,
         .size = 0,
         .tls = rs_param_str(RS_PARAM_NET_TLS),
-        .devices = d->name,
+        .devices = transport == &tp_ib_ops ? d->tp_dev : d->name,
         .peer_errors = (int)rs_param_int(RS_PARAM_NET_PEER_ERRORS),
         .serialized = 1, /* NCCL's service and progress threads, under d->lock */
+        .local_rank = -1,
     };
-    reshard_status_t st = tp_ucx_ops.init(&cfg, &d->tp);
-    if (st == RESHARD_ERR_UNAVAILABLE)
+    reshard_status_t st = transport->init(&cfg, &d->tp);
+    if (st == RESHARD_ERR_UNAVAILABLE && transport == &tp_ucx_ops)
         return rs_error(st, "NET/Reshard: UCX (libucp.so.0) cannot be loaded: install libucx0");
     RS_CHECK(st);
-    rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET, "NET/Reshard: %s uses UCX transports '%s'",
-               d->name, cfg.tls);
+    if (transport == &tp_ib_ops)
+        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                   "NET/Reshard: %s port %d uses verbs (RC, RDMA write)", d->name, d->port);
+    else
+        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                   "NET/Reshard: %s uses UCX transports '%s'", d->name, cfg.tls);
     return RESHARD_OK;
 }
 

@@ -24,6 +24,8 @@ struct net_comm;
 
 struct net_dev {
     char name[64];
+    char tp_dev[80];      /* the transport's device selector (ib: "=mlx5_0:1") */
+    int port;             /* ib: the port number; 0 otherwise */
     union sock_addr addr; /* where listeners bind */
     int speed_mbps;
     char *pci_path;

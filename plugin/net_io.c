@@ -341,7 +341,7 @@ reshard_status_t net_irecv(void *recv_comm, int n, void **data, const size_t *si
     reshard_status_t st = req_get(c, n, &r);
     for (int i = 0; st == RESHARD_OK && i < n; i++) {
         uint64_t t = (uint64_t)c->id << 32 | (uint32_t)tags[i];
-        st = d->tp->ops->recv(d->tp, 0, t, data[i], sizes[i], tp_mh[i], &r->sub[i].tp);
+        st = d->tp->ops->recv(d->tp, c->peer, t, data[i], sizes[i], tp_mh[i], &r->sub[i].tp);
         if (st == RESHARD_OK) {
             r->pending++;
             c->in_transport++;

@@ -1,4 +1,4 @@
-# reshard: see README.md. Targets: all (default), test, demo, bench, deps, install, format,
+# reshard: see README.md. Targets: all (default), test, test-rdma, demo, bench, deps, install, format,
 # clean. Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (ASan + UBSan), PREFIX=/usr/local.
 
 PREFIX ?= /usr/local
@@ -35,11 +35,11 @@ NET_DRIVER := $(BUILD)/test/net_driver
 NET_PERF_BIN := $(BUILD)/reshard_net_perf
 
 # Debian packages that building and testing need (make deps installs the missing ones).
-DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev libjansson-dev iproute2 \
-        util-linux python3
+DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev libibverbs-dev libjansson-dev \
+        iproute2 util-linux python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all test demo bench deps install format format-check clean
+.PHONY: all test test-rdma demo bench deps install format format-check clean
 
 all: $(SO) $(PLAN_BIN) $(PERF_BIN) $(NET_PERF_BIN)
 
@@ -104,6 +104,21 @@ test: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
+ifeq ($(SAN),)
+	@if [ "$${RESHARD_SKIP_RDMA:-0}" = 1 ]; then \
+	    echo "test-rdma: skipped: RESHARD_SKIP_RDMA=1"; \
+	else \
+	    BUILD=$(BUILD) scripts/rxe-test.sh; rc=$$?; [ $$rc = 77 ] || exit $$rc; \
+	fi
+else
+	@echo "test-rdma: skipped: sanitizer builds are tested on the host only (make test-rdma runs it)"
+endif
+
+# The verbs transport for real, on soft-RoCE in a qemu VM (scripts/rxe-test.sh, ~2 minutes);
+# make test runs it too, unless qemu cannot run here (it says so) or RESHARD_SKIP_RDMA=1.
+test-rdma: deps
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER)
+	BUILD=$(BUILD) scripts/rxe-test.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory all

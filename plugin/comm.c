@@ -16,6 +16,7 @@ struct comm_hello {
     int32_t pid;
     int32_t domain; /* RESHARD_DOMAIN, or -1 */
     uint32_t addr_len;
+    char transport[8]; /* every rank must run the same one */
 };
 
 #define COMM_ADDR_MAX 4096
@@ -78,9 +79,18 @@ static reshard_status_t exchange(struct reshard_comm *c)
     size_t len = sizeof(addr);
     RS_CHECK_GOTO(c->net->ops->address(c->net, -1, addr, &len), st, out);
     me->addr_len = (uint32_t)len;
+    snprintf(me->transport, sizeof(me->transport), "%s", c->net->ops->name);
     RS_CHECK_GOTO(boot_allgather(c->boot, h, sizeof(*h)), st, out);
     size_t slot = 0;
     for (int r = 0; r < c->size; r++) {
+        if (strncmp(h[r].transport, h[0].transport, sizeof(h[r].transport))) {
+            st = rs_error(RESHARD_ERR_UNAVAILABLE,
+                          "rank %d runs the %.8s transport, rank 0 %.8s: set RESHARD_TRANSPORT "
+                          "to the same value everywhere (auto takes ib only where an RDMA port "
+                          "is active)",
+                          r, h[r].transport, h[0].transport);
+            goto out;
+        }
         if (h[r].addr_len > COMM_ADDR_MAX) { /* every rank sees the same: all fail alike */
             st = rs_error(RESHARD_ERR_INTERNAL, "rank %d announced a %u-byte address (at most %d)",
                           r, h[r].addr_len, COMM_ADDR_MAX);

@@ -522,8 +522,10 @@ static reshard_status_t stage_new(struct net_dev *d, struct net_handle *h)
     if (st == RESHARD_OK) {
         s->peer_index = peer_take(d);
         st = d->tp->ops->address(d->tp, s->peer_index, addr, &len);
-        if (st != RESHARD_OK)
+        if (st != RESHARD_OK) {
             peer_give(d, s->peer_index);
+            s->peer_index = -1;
+        }
     }
     pthread_mutex_unlock(&d->lock);
     if (st == RESHARD_OK && !(s->hello = rs_calloc(1, NET_HELLO_BYTES + len, "NET/Reshard hello")))
@@ -531,7 +533,7 @@ static reshard_status_t stage_new(struct net_dev *d, struct net_handle *h)
     if (st == RESHARD_OK)
         st = sock_connect_start(&h->addr, &s->fd);
     if (st != RESHARD_OK) {
-        if (s->hello) {
+        if (s->peer_index >= 0) {
             pthread_mutex_lock(&d->lock);
             peer_give(d, s->peer_index);
             pthread_mutex_unlock(&d->lock);

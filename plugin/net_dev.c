@@ -121,8 +121,9 @@ static reshard_status_t discover_ib(void)
         d->pci_path = p->pci_path ? strdup(p->pci_path) : NULL;
         if (ib_port_ipv4(p, &d->addr.in.sin_addr))
             d->addr.in.sin_family = AF_INET;
-        else
-            RS_CHECK(sock_default_addr(&d->addr));
+        else if (sock_default_addr(&d->addr) != RESHARD_OK)
+            d->addr.in = (struct sockaddr_in){.sin_family = AF_INET,
+                                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         pthread_mutex_init(&d->lock, NULL);
         rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
                    "NET/Reshard: device %d %s port %d (ib), %d Mbps", i, d->name, d->port,

@@ -43,6 +43,8 @@ static void load(void)
         struct param *p = &params[i];
         const char *env = getenv(p->env);
         p->value = p->def;
+        p->from_env = 0;
+        p->rejected[0] = '\0';
         if (p->type == RS_PARAM_INT)
             parse_int(p->def, &p->ival);
         if (!env)
@@ -69,6 +71,12 @@ void rs_param_overrides(void (*fn)(const char *env, const char *value, const cha
         if (params[i].from_env || params[i].rejected[0])
             fn(params[i].env, params[i].rejected[0] ? getenv(params[i].env) : params[i].value,
                params[i].rejected[0] ? params[i].rejected : NULL);
+}
+
+void rs_param_reload(void)
+{
+    pthread_once(&once, load);
+    load();
 }
 
 int64_t rs_param_int(enum rs_param p)

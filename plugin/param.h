@@ -61,6 +61,9 @@ enum rs_param {
 };
 
 int64_t rs_param_int(enum rs_param p);
+/* Reads the environment again: for tests whose forked children set their own (not
+ * thread-safe; nothing may be reading parameters meanwhile). */
+void rs_param_reload(void);
 const char *rs_param_str(enum rs_param p);
 void rs_param_print(FILE *out);
 /* Calls fn for each value the environment set, or set wrongly (why says how; the default

@@ -7,9 +7,10 @@
  * numbers (HELLO); the other brings its QPs to RTS and answers with its own (REPLY); the first
  * then does the same and says READY, after which both may send. When both connect at once, the
  * HELLO of the smaller nonce (a context meeting itself: the smaller peer number) wins; the
- * other is answered CROSSED, and its sender waits for the winner's. Each HELLO names the peer numbers on both sides, which pairs up
- * several connections between the same two contexts. The socket stays open: EOF without
- * the goodbye byte an orderly close sends means the peer died, and its requests fail at once.
+ * other is answered CROSSED, and its sender waits for the winner's. Each HELLO names the peer
+ * numbers on both sides, which pairs up several connections between the same two contexts. The
+ * socket stays open: EOF without the goodbye byte an orderly close sends means the peer died, and
+ * its requests fail at once.
  *
  * Data: receiver-driven rendezvous. A receive sends its buffer's address and key with the tag
  * to the sender (a CTS control message, RC SEND); the sender matches it against its sends with
@@ -45,18 +46,18 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#define IB_MAX_QPS     8
-#define SQ_DEPTH       128
-#define RQ_DEPTH       128
-#define CQ_INITIAL     4096
-#define STRIPE_MIN     (64 * 1024) /* a message is striped once each part keeps this much */
-#define STRIPE_MAX     (INT32_C(1) << 30)
-#define CODE_REFUSED   255
-#define MAX_RECV_ID    ((1u << 24) - 1)
-#define ADDR_MAGIC     0x49425253u /* "SRBI" */
-#define HS_MAGIC       0x48534252u
-#define SOCK_POLL_MS   10 /* sockets looked at this often while nothing is connecting */
-#define STASH_MAX_MS   60000
+#define IB_MAX_QPS   8
+#define SQ_DEPTH     128
+#define RQ_DEPTH     128
+#define CQ_INITIAL   4096
+#define STRIPE_MIN   (64 * 1024) /* a message is striped once each part keeps this much */
+#define STRIPE_MAX   (INT32_C(1) << 30)
+#define CODE_REFUSED 255
+#define MAX_RECV_ID  ((1u << 24) - 1)
+#define ADDR_MAGIC   0x49425253u /* "SRBI" */
+#define HS_MAGIC     0x48534252u
+#define SOCK_POLL_MS 10 /* sockets looked at this often while nothing is connecting */
+#define STASH_MAX_MS 60000
 
 enum ctl_type { CTL_CTS = 1, CTL_CANCEL = 2 };
 
@@ -68,7 +69,8 @@ struct ib_ctl { /* a control message (RC SEND) */
 
 struct ib_wire_addr { /* what address() returns; both ends run the same build */
     uint32_t magic;
-    int32_t index; /* the number its context gives the peer it is for (-1: ranks) */
+    int32_t index;  /* the number its context gives the peer it is for (-1: ranks) */
+    uint64_t token; /* fresh for each address of a numbered peer: a stale HELLO never matches */
     uint16_t link_layer, lid;
     uint8_t gid[16];
     uint64_t nonce;
@@ -80,8 +82,9 @@ enum hs_kind { HS_HELLO = 1, HS_REPLY, HS_READY, HS_CROSSED /* your HELLO lost a
 
 struct ib_hs { /* a handshake message (TCP) */
     uint32_t magic, kind;
-    uint64_t from, to;         /* nonces */
+    uint64_t from, to;            /* nonces */
     int32_t from_index, to_index; /* the peer's number on each side */
+    uint64_t to_token;            /* the token of the address the HELLO answers */
     uint32_t qpn[IB_MAX_QPS];
     uint32_t psn, nqp;
 };
@@ -102,7 +105,7 @@ struct ib_send {
     int pending;   /* stripes posted and not completed */
     int user_done; /* req already completed (failure) */
     reshard_status_t st;
-    struct ib_send *next;              /* peer's sends waiting for a CTS */
+    struct ib_send *next;                /* peer's sends waiting for a CTS */
     struct ib_send *all_prev, *all_next; /* every live send of the context */
 };
 
@@ -150,9 +153,9 @@ struct ib_peer {
     enum peer_state state;
     struct ib_wire_addr addr;
     int fd;
-    int initiator;      /* this side sent the HELLO */
-    int preferred;      /* this side's HELLO wins when both connect at once */
-    int connecting_tcp; /* initiator: TCP connect in flight */
+    int initiator;       /* this side sent the HELLO */
+    int preferred;       /* this side's HELLO wins when both connect at once */
+    int connecting_tcp;  /* initiator: TCP connect in flight */
     int64_t deadline_ms; /* connecting: when to give up */
     unsigned char hs_buf[sizeof(struct ib_hs)];
     size_t hs_got;
@@ -161,6 +164,7 @@ struct ib_peer {
     uint32_t psn;
     int sq_used[IB_MAX_QPS];
     int rq_posted; /* receives posted and not completed (flushed ones included) */
+    int cq_share;  /* CQ entries counted for it once set up */
     struct ib_slot *rx;
     struct ibv_mr *rx_mr;
     struct ib_ctl *tx;
@@ -186,6 +190,7 @@ struct ib_tmr { /* a registration made for a transfer that came without one */
     size_t len;
     struct ibv_mr *mr;
     int refs;
+    int writable;
     struct ib_tmr *next;
 };
 
@@ -207,6 +212,8 @@ struct ib_ctx {
     size_t npeers; /* slots in peers */
     struct ib_peer *grave;
     struct ib_stash *stash;
+    uint64_t *tokens; /* the token each numbered peer's address carries */
+    size_t tokens_cap;
     struct ib_recv **ids;
     size_t ids_cap;
     uint32_t *free_ids;
@@ -250,20 +257,24 @@ static int deliver(struct ib_ctx *x)
 
 /* ---- registrations for transfers that came without one ---- */
 
-static struct ibv_mr *tmr_get(struct ib_ctx *x, const void *addr, size_t len)
+/* writable: the range receives (RDMA writes land in it); sends register it read-only, so that
+ * read-only mappings can be sent from. */
+static struct ibv_mr *tmr_get(struct ib_ctx *x, const void *addr, size_t len, int writable)
 {
     const char *a = addr;
     for (struct ib_tmr *t = x->tmrs; t; t = t->next)
-        if (a >= t->base && a + len <= t->base + t->len) {
+        if (a >= t->base && a + len <= t->base + t->len && t->writable >= writable) {
             t->refs++;
             return t->mr;
         }
     struct ib_tmr *t = calloc(1, sizeof(*t));
     if (!t)
         return NULL;
-    uintptr_t page = 4096, b = (uintptr_t)a & ~(page - 1), e = ((uintptr_t)a + len + page - 1) & ~(page - 1);
+    uintptr_t page = 4096, b = (uintptr_t)a & ~(page - 1),
+              e = ((uintptr_t)a + len + page - 1) & ~(page - 1);
     t->mr = x->f->reg_mr(x->pd, (void *)b, e - b,
-                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+                         writable ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0);
+    t->writable = writable;
     if (!t->mr) {
         rs_error(RESHARD_ERR_NETWORK, "ib: registering %zu bytes at %p: %m", len, addr);
         free(t);
@@ -315,6 +326,7 @@ static reshard_status_t id_alloc(struct ib_ctx *x, struct ib_recv *r)
                 x->next_id--;
                 return rs_error(RESHARD_ERR_NO_MEMORY, "ib: no memory for receive ids");
             }
+            memset(ids + x->ids_cap, 0, (cap - x->ids_cap) * sizeof(*ids)); /* stray imms */
             x->ids = ids;
             x->free_ids = fr;
             x->ids_cap = cap;
@@ -344,7 +356,9 @@ static reshard_status_t qp_init(struct ib_ctx *x, struct ib_peer *p, int i)
     struct ibv_qp_init_attr ia = {
         .send_cq = x->cq,
         .recv_cq = x->cq,
-        .cap = {.max_send_wr = SQ_DEPTH, .max_recv_wr = RQ_DEPTH, .max_send_sge = 1,
+        .cap = {.max_send_wr = SQ_DEPTH,
+                .max_recv_wr = RQ_DEPTH,
+                .max_send_sge = 1,
                 .max_recv_sge = 1},
         .qp_type = IBV_QPT_RC,
     };
@@ -364,8 +378,8 @@ static reshard_status_t qp_init(struct ib_ctx *x, struct ib_peer *p, int i)
 
 static reshard_status_t post_slot(struct ib_ctx *x, struct ib_peer *p, struct ib_slot *s)
 {
-    struct ibv_sge sge = {.addr = (uintptr_t)&s->ctl, .length = sizeof(s->ctl),
-                          .lkey = p->rx_mr->lkey};
+    struct ibv_sge sge = {
+        .addr = (uintptr_t)&s->ctl, .length = sizeof(s->ctl), .lkey = p->rx_mr->lkey};
     struct ibv_recv_wr wr = {.wr_id = (uintptr_t)s | 2, .sg_list = &sge, .num_sge = 1}, *bad;
     if (ibv_post_recv(p->qp[s->qp], &wr, &bad))
         return qp_fail(x, p, "ibv_post_recv");
@@ -387,11 +401,9 @@ static reshard_status_t peer_setup(struct ib_ctx *x, struct ib_peer *p)
         if (cap > x->max_cqe)
             cap = x->max_cqe;
         if (x->f->resize_cq(x->cq, cap))
-            return rs_error(RESHARD_ERR_NETWORK, "ib: growing the completion queue to %d: %m",
-                            cap);
+            return rs_error(RESHARD_ERR_NETWORK, "ib: growing the completion queue to %d: %m", cap);
         x->cq_cap = cap;
     }
-    x->cq_need = need;
     size_t nslots = (size_t)p->nqp * RQ_DEPTH;
     p->rx = calloc(nslots, sizeof(*p->rx));
     p->tx = calloc(SQ_DEPTH, sizeof(*p->tx));
@@ -408,6 +420,8 @@ static reshard_status_t peer_setup(struct ib_ctx *x, struct ib_peer *p)
         p->rx[k] = (struct ib_slot){.peer = p, .qp = (int)(k / RQ_DEPTH)};
         RS_CHECK(post_slot(x, p, &p->rx[k]));
     }
+    x->cq_need = need;
+    p->cq_share = p->nqp * (SQ_DEPTH + RQ_DEPTH);
     return RESHARD_OK;
 }
 
@@ -430,7 +444,8 @@ static reshard_status_t qp_connect(struct ib_ctx *x, struct ib_peer *p, const st
             .min_rnr_timer = 12, /* 0.64 ms */
             .ah_attr = {.dlid = r->lid, .port_num = (uint8_t)x->port.port},
         };
-        if (x->port.link_layer == IBV_LINK_LAYER_ETHERNET || r->link_layer != IBV_LINK_LAYER_INFINIBAND) {
+        if (x->port.link_layer == IBV_LINK_LAYER_ETHERNET ||
+            r->link_layer != IBV_LINK_LAYER_INFINIBAND) {
             a.ah_attr.is_global = 1;
             memcpy(a.ah_attr.grh.dgid.raw, r->gid, 16);
             a.ah_attr.grh.sgid_index = (uint8_t)x->port.gid_index;
@@ -589,8 +604,11 @@ static reshard_status_t post_ctl(struct ib_ctx *x, struct ib_peer *p, const stru
     struct ib_ctl *slot = &p->tx[p->tx_next++ % SQ_DEPTH];
     *slot = *c;
     struct ibv_sge sge = {.addr = (uintptr_t)slot, .length = sizeof(*slot), .lkey = p->tx_mr->lkey};
-    struct ibv_send_wr wr = {.wr_id = (uintptr_t)p | 1, .sg_list = &sge, .num_sge = 1,
-                             .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED},
+    struct ibv_send_wr wr = {.wr_id = (uintptr_t)p | 1,
+                             .sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = IBV_WR_SEND,
+                             .send_flags = IBV_SEND_SIGNALED},
                        *bad;
     if (ibv_post_send(p->qp[0], &wr, &bad))
         return qp_fail(x, p, "ibv_post_send");
@@ -600,7 +618,8 @@ static reshard_status_t post_ctl(struct ib_ctx *x, struct ib_peer *p, const stru
 
 static reshard_status_t post_refuse(struct ib_ctx *x, struct ib_peer *p, uint32_t id)
 {
-    struct ibv_send_wr wr = {.wr_id = (uintptr_t)p | 1, .num_sge = 0,
+    struct ibv_send_wr wr = {.wr_id = (uintptr_t)p | 1,
+                             .num_sge = 0,
                              .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
                              .send_flags = IBV_SEND_SIGNALED,
                              .imm_data = htonl(id << 8 | CODE_REFUSED)},
@@ -617,7 +636,8 @@ static reshard_status_t post_write(struct ib_ctx *x, struct ib_peer *p, struct i
     for (int i = 0; i < k; i++) {
         size_t off = (size_t)((unsigned __int128)s->len * (unsigned)i / (unsigned)k);
         size_t end = (size_t)((unsigned __int128)s->len * (unsigned)(i + 1) / (unsigned)k);
-        struct ibv_sge sge = {.addr = (uintptr_t)(s->buf + off), .length = (uint32_t)(end - off),
+        struct ibv_sge sge = {.addr = (uintptr_t)(s->buf + off),
+                              .length = (uint32_t)(end - off),
                               .lkey = s->mr ? s->mr->lkey : 0};
         struct ibv_send_wr wr = {.wr_id = (uintptr_t)s,
                                  .sg_list = &sge,
@@ -679,11 +699,11 @@ static reshard_status_t matched(struct ib_ctx *x, struct ib_peer *p, struct ib_s
                                 const struct ib_cts *c)
 {
     if (s->len > c->len) {
-        reshard_status_t st = rs_error(RESHARD_ERR_TOO_LARGE,
-                                       "ib: a %zu-byte message to rank %d for a %llu-byte "
-                                       "receive (tag 0x%llx)",
-                                       s->len, p->index, (unsigned long long)c->len,
-                                       (unsigned long long)c->tag);
+        reshard_status_t st =
+            rs_error(RESHARD_ERR_TOO_LARGE,
+                     "ib: a %zu-byte message to rank %d for a %llu-byte "
+                     "receive (tag 0x%llx)",
+                     s->len, p->index, (unsigned long long)c->len, (unsigned long long)c->tag);
         send_fail(x, s, st);
         return queue_work(x, p, &(struct ib_work){.kind = W_REFUSE, .cts = *c});
     }
@@ -722,9 +742,15 @@ static int remote_index(const struct ib_ctx *x, const struct ib_peer *p)
 
 static reshard_status_t hs_send(struct ib_ctx *x, struct ib_peer *p, enum hs_kind kind)
 {
-    struct ib_hs h = {.magic = HS_MAGIC, .kind = kind, .from = x->nonce, .to = p->addr.nonce,
-                      .from_index = p->index, .to_index = remote_index(x, p),
-                      .psn = p->psn, .nqp = (uint32_t)p->nqp};
+    struct ib_hs h = {.magic = HS_MAGIC,
+                      .kind = kind,
+                      .from = x->nonce,
+                      .to = p->addr.nonce,
+                      .from_index = p->index,
+                      .to_index = remote_index(x, p),
+                      .to_token = p->addr.token,
+                      .psn = p->psn,
+                      .nqp = (uint32_t)p->nqp};
     for (int i = 0; i < p->nqp; i++)
         h.qpn[i] = p->qp[i]->qp_num;
     return hs_write(p, &h, sizeof(h));
@@ -734,8 +760,7 @@ static void peer_up(struct ib_ctx *x, struct ib_peer *p)
 {
     p->state = P_UP;
     x->handshakes--;
-    rs_log(RS_LOG_TRACE, "ib: rank %d connected over %d QPs on %s", p->index, p->nqp,
-           x->port.name);
+    rs_log(RS_LOG_TRACE, "ib: rank %d connected over %d QPs on %s", p->index, p->nqp, x->port.name);
 }
 
 /* Reads what the socket has into buf (*got bytes so far, want in all): 1 when complete, 0
@@ -759,15 +784,14 @@ static int read_some(int fd, unsigned char *buf, size_t *got, size_t want)
     return 1;
 }
 
-static reshard_status_t on_hello(struct ib_ctx *x, struct ib_peer *p, int fd,
-                                 const struct ib_hs *h)
+static reshard_status_t on_hello(struct ib_ctx *x, struct ib_peer *p, int fd, const struct ib_hs *h)
 {
     p->fd = fd;
     if (p->state == P_ADDR) {
-        RS_CHECK(peer_setup(x, p));
         p->state = P_CONNECTING;
         p->deadline_ms = sock_now_ms() + 1000 * rs_param_int(RS_PARAM_TIMEOUT);
         x->handshakes++;
+        RS_CHECK(peer_setup(x, p)); /* the caller fails the peer */
     }
     RS_CHECK(qp_connect(x, p, h));
     p->hs_got = 0;
@@ -782,8 +806,13 @@ static struct ib_peer *hello_peer(struct ib_ctx *x, const struct ib_hs *h, int *
     *drop = h->magic != HS_MAGIC || h->kind != HS_HELLO || h->to != x->nonce;
     if (*drop)
         return NULL;
-    struct ib_peer *p = h->to_index >= 0 && (size_t)h->to_index < x->npeers ? x->peers[h->to_index]
-                                                                         : NULL;
+    struct ib_peer *p =
+        h->to_index >= 0 && (size_t)h->to_index < x->npeers ? x->peers[h->to_index] : NULL;
+    uint64_t token = (size_t)h->to_index < x->tokens_cap ? x->tokens[h->to_index] : 0;
+    if (h->to_token != token) {
+        *drop = 1; /* answers an address this context no longer has (a closed peer's) */
+        return NULL;
+    }
     if (!p || p->addr.nonce != h->from || remote_index(x, p) != h->from_index)
         return NULL; /* not known yet (or its number serves another peer for now) */
     if (p->state == P_ADDR || (p->state == P_CONNECTING && !p->initiator && p->fd < 0))
@@ -815,6 +844,9 @@ static void serve_stash(struct ib_ctx *x)
     for (struct ib_stash **at = &x->stash; *at;) {
         struct ib_stash *s = *at;
         int r = s->got < sizeof(s->buf) ? read_some(s->fd, s->buf, &s->got, sizeof(s->buf)) : 1;
+        unsigned char b;
+        if (r == 1 && recv(s->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+            r = -1; /* its sender gave up waiting */
         if (r < 0 || now - s->since_ms > STASH_MAX_MS) {
             stash_drop(x, at, 1);
             continue;
@@ -826,8 +858,12 @@ static void serve_stash(struct ib_ctx *x)
         if (r == 1 && h.magic != HS_MAGIC)
             rs_log(RS_LOG_WARN, "ib: dropped a connection that is not a reshard handshake");
         if (drop == 2) { /* tell the loser, so that it waits rather than fails */
-            struct ib_hs c = {.magic = HS_MAGIC, .kind = HS_CROSSED, .from = x->nonce, .to = h.from,
-                              .from_index = h.to_index, .to_index = h.from_index};
+            struct ib_hs c = {.magic = HS_MAGIC,
+                              .kind = HS_CROSSED,
+                              .from = x->nonce,
+                              .to = h.from,
+                              .from_index = h.to_index,
+                              .to_index = h.from_index};
             (void)!send(s->fd, &c, sizeof(c), MSG_NOSIGNAL | MSG_DONTWAIT);
         }
         if (drop) {
@@ -866,6 +902,8 @@ static void accept_new(struct ib_ctx *x)
 }
 
 /* One peer's socket: the handshake's next step, or (once up) a goodbye or EOF. */
+static int poll_cq(struct ib_ctx *x);
+
 static void serve_peer(struct ib_ctx *x, struct ib_peer *p)
 {
     if (p->fd < 0 || p->state == P_DOWN)
@@ -874,8 +912,12 @@ static void serve_peer(struct ib_ctx *x, struct ib_peer *p)
     if (p->state == P_UP) {
         unsigned char b;
         ssize_t n = recv(p->fd, &b, 1, 0);
+        if (n >= 0 || (errno != EAGAIN && errno != EINTR))
+            poll_cq(x); /* what landed before the peer left still completes */
+        if (p->state != P_UP)
+            return;
         if (n == 1 && b == HS_BYE)
-            peer_down(x, p, RESHARD_ERR_NETWORK, "closed its connection");
+            peer_down(x, p, RESHARD_OK, "closed its connection");
         else if (n == 1 && b == HS_FAIL)
             peer_down(x, p, RESHARD_ERR_NETWORK, "failed the connection (an error on its side)");
         else if (n == 0)
@@ -951,12 +993,19 @@ static reshard_status_t ensure(struct ib_ctx *x, struct ib_peer *p)
 {
     if (p->state != P_ADDR)
         return RESHARD_OK;
-    RS_CHECK(peer_setup(x, p));
     p->state = P_CONNECTING;
     p->deadline_ms = sock_now_ms() + 1000 * rs_param_int(RS_PARAM_TIMEOUT);
     x->handshakes++;
     p->initiator = 1;
-    RS_CHECK(sock_connect_start(&p->addr.tcp, &p->fd));
+    reshard_status_t st = peer_setup(x, p);
+    if (st == RESHARD_OK)
+        st = sock_connect_start(&p->addr.tcp, &p->fd);
+    if (st != RESHARD_OK) { /* half made: the peer is failed, and later calls say so at once */
+        char why[RS_ERROR_MAX];
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        peer_down(x, p, st, why);
+        return rs_error(st, "%s", why);
+    }
     p->connecting_tcp = 1;
     return RESHARD_OK;
 }
@@ -966,8 +1015,8 @@ static reshard_status_t ensure(struct ib_ctx *x, struct ib_peer *p)
 static void on_ctl(struct ib_ctx *x, struct ib_peer *p, const struct ib_ctl *c)
 {
     if (c->type == CTL_CTS) {
-        struct ib_cts cts = {.id = c->id, .rkey = c->rkey, .tag = c->tag, .addr = c->addr,
-                             .len = c->len};
+        struct ib_cts cts = {
+            .id = c->id, .rkey = c->rkey, .tag = c->tag, .addr = c->addr, .len = c->len};
         for (struct ib_send **at = &p->sends; *at; at = &(*at)->next)
             if ((*at)->tag == c->tag) {
                 struct ib_send *s = *at;
@@ -1012,8 +1061,9 @@ static void on_imm(struct ib_ctx *x, struct ib_peer *p, uint32_t imm, uint32_t b
     }
     if (code == CODE_REFUSED) {
         recv_finish(x, r,
-                    r->cancelled ? rs_error(RESHARD_ERR_NETWORK, "ib: receive from rank %d "
-                                                                  "cancelled",
+                    r->cancelled ? rs_error(RESHARD_ERR_NETWORK,
+                                            "ib: receive from rank %d "
+                                            "cancelled",
                                             p->index)
                                  : rs_error(RESHARD_ERR_TOO_LARGE,
                                             "ib: rank %d sent more than the %zu-byte receive "
@@ -1103,15 +1153,13 @@ static reshard_status_t pick_port(const struct tp_config *cfg, struct ib_port *o
     const struct ib_port *ports;
     int n;
     RS_CHECK(ib_ports(&ports, &n));
-    const struct ib_port *chosen = NULL;
-    int seen = 0;
-    for (int i = 0; i < n; i++) {
-        if (cfg->devices && *cfg->devices && !ib_hca_selects(cfg->devices, ports[i].dev, ports[i].port))
-            continue;
-        if (!chosen || (cfg->local_rank >= 0 && seen == cfg->local_rank % n))
-            chosen = &ports[i];
-        seen++;
-    }
+    const struct ib_port *match[64];
+    int m = 0;
+    for (int i = 0; i < n && m < 64; i++)
+        if (!cfg->devices || !*cfg->devices ||
+            ib_hca_selects(cfg->devices, ports[i].dev, ports[i].port))
+            match[m++] = &ports[i];
+    const struct ib_port *chosen = m ? match[cfg->local_rank > 0 ? cfg->local_rank % m : 0] : NULL;
     if (!chosen)
         return rs_error(RESHARD_ERR_UNAVAILABLE, "ib: no active RDMA port%s%s%s",
                         cfg->devices ? " matches '" : "", cfg->devices ? cfg->devices : "",
@@ -1199,9 +1247,25 @@ err:
 static reshard_status_t ib_address(struct tp_ctx *c, int peer, void *buf, size_t *len)
 {
     struct ib_ctx *x = to_ib(c);
+    uint64_t token = 0;
+    if (peer >= 0) {
+        if ((size_t)peer >= x->tokens_cap) {
+            size_t cap = x->tokens_cap;
+            uint64_t *t = rs_grow(x->tokens, &cap, (size_t)peer + 1, sizeof(*t), "ib tokens");
+            if (!t)
+                return RESHARD_ERR_NO_MEMORY;
+            memset(t + x->tokens_cap, 0, (cap - x->tokens_cap) * sizeof(*t));
+            x->tokens = t;
+            x->tokens_cap = cap;
+        }
+        if (getrandom(&token, sizeof(token), 0) != sizeof(token))
+            token = x->nonce ^ (uint64_t)sock_now_ms() << 20 ^ (uint64_t)peer;
+        x->tokens[peer] = token;
+    }
     struct ib_wire_addr a = {
         .magic = ADDR_MAGIC,
         .index = peer < 0 ? -1 : peer,
+        .token = token,
         .link_layer = (uint16_t)x->port.link_layer,
         .lid = x->port.lid,
         .nonce = x->nonce,
@@ -1213,8 +1277,8 @@ static reshard_status_t ib_address(struct tp_ctx *c, int peer, void *buf, size_t
     size_t room = *len;
     *len = sizeof(a);
     if (room < sizeof(a))
-        return rs_error(RESHARD_ERR_TOO_LARGE, "ib address is %zu bytes, room for %zu",
-                        sizeof(a), room);
+        return rs_error(RESHARD_ERR_TOO_LARGE, "ib address is %zu bytes, room for %zu", sizeof(a),
+                        room);
     memcpy(buf, &a, sizeof(a));
     return RESHARD_OK;
 }
@@ -1289,8 +1353,10 @@ static reshard_status_t ib_mem_reg(struct tp_ctx *c, void *addr, size_t len, enu
     if (mem != TP_MEM_HOST)
         return rs_error(RESHARD_ERR_UNAVAILABLE,
                         "ib: device memory is registered through dma-buf, not wired yet");
-    struct ibv_mr *mr = x->f->reg_mr(x->pd, addr, len,
-                                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    struct ibv_mr *mr =
+        x->f->reg_mr(x->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!mr && (errno == EFAULT || errno == EACCES || errno == EPERM))
+        mr = x->f->reg_mr(x->pd, addr, len, 0); /* read-only memory: a source to send from */
     if (!mr)
         return rs_error(RESHARD_ERR_NETWORK, "ib: ibv_reg_mr of %zu bytes at %p on %s: %m", len,
                         addr, x->port.name);
@@ -1325,7 +1391,7 @@ static reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const 
         return rs_error(RESHARD_ERR_NO_MEMORY, "ib: no memory for a send");
     *s = (struct ib_send){.req = req, .peer = p, .tag = tag, .buf = buf, .len = len, .mr = mh};
     if (len && !mh) {
-        if (!(s->mr = tmr_get(x, buf, len))) {
+        if (!(s->mr = tmr_get(x, buf, len, 0))) {
             free(s);
             return RESHARD_ERR_NETWORK;
         }
@@ -1352,8 +1418,8 @@ static reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const 
     return RESHARD_OK;
 }
 
-static reshard_status_t post_recv(struct ib_ctx *x, int peer, uint64_t tag, void *buf,
-                                  size_t len, void *mh, const struct iovec *iov, size_t niov,
+static reshard_status_t post_recv(struct ib_ctx *x, int peer, uint64_t tag, void *buf, size_t len,
+                                  void *mh, const struct iovec *iov, size_t niov,
                                   struct tp_req *req)
 {
     struct ib_peer *p;
@@ -1361,16 +1427,15 @@ static reshard_status_t post_recv(struct ib_ctx *x, int peer, uint64_t tag, void
     struct ib_recv *r = calloc(1, sizeof(*r));
     if (!r)
         return rs_error(RESHARD_ERR_NO_MEMORY, "ib: no memory for a receive");
-    *r = (struct ib_recv){.req = req, .peer = p, .buf = buf, .cap = len, .mr = mh, .iov = iov,
-                          .niov = niov};
+    *r = (struct ib_recv){
+        .req = req, .peer = p, .buf = buf, .cap = len, .mr = mh, .iov = iov, .niov = niov};
     if (iov && len && !(r->buf = malloc(len))) {
         free(r);
-        return rs_error(RESHARD_ERR_NO_MEMORY, "ib: no memory for a %zu-byte bounce buffer",
-                        len);
+        return rs_error(RESHARD_ERR_NO_MEMORY, "ib: no memory for a %zu-byte bounce buffer", len);
     }
     reshard_status_t st = RESHARD_OK;
     if (len && !mh) {
-        if (!(r->mr = tmr_get(x, r->buf, len)))
+        if (!(r->mr = tmr_get(x, r->buf, len, 1)))
             st = RESHARD_ERR_NETWORK;
         r->transient = 1;
     }
@@ -1389,8 +1454,12 @@ static reshard_status_t post_recv(struct ib_ctx *x, int peer, uint64_t tag, void
     if ((r->next = p->recvs))
         r->next->prev = r;
     p->recvs = r;
-    struct ib_ctl ctl = {.type = CTL_CTS, .id = r->id, .tag = tag, .addr = (uintptr_t)r->buf,
-                         .len = len, .rkey = r->mr ? r->mr->rkey : 0};
+    struct ib_ctl ctl = {.type = CTL_CTS,
+                         .id = r->id,
+                         .tag = tag,
+                         .addr = (uintptr_t)r->buf,
+                         .len = len,
+                         .rkey = r->mr ? r->mr->rkey : 0};
     r->cts_posted = 1;
     if (queue_work(x, p, &(struct ib_work){.kind = W_CTL, .ctl = ctl}) != RESHARD_OK)
         peer_down(x, p, RESHARD_ERR_NETWORK, rs_error_message()); /* completes r */
@@ -1428,8 +1497,8 @@ static void ib_cancel(struct tp_ctx *c, struct tp_req *req)
                 struct ib_send *s = *at;
                 if (!(*at = s->next))
                     p->sends_tail = at;
-                send_fail(x, s, rs_error(RESHARD_ERR_NETWORK, "ib: send to rank %d cancelled",
-                                         p->index));
+                send_fail(x, s,
+                          rs_error(RESHARD_ERR_NETWORK, "ib: send to rank %d cancelled", p->index));
                 return;
             }
         for (struct ib_recv *r = p->recvs; r; r = r->next)
@@ -1509,6 +1578,7 @@ static reshard_status_t ib_wait(struct tp_ctx *c, int timeout_ms)
     }
     for (int i = 1; i < n; i++)
         if (fds[i].revents) {
+            poll_cq(x); /* completions first: a goodbye must not fail what already landed */
             poll_sockets(x);
             break;
         }
@@ -1537,20 +1607,40 @@ static void ib_close_peer(struct tp_ctx *c, int peer)
     x->grave = p;
 }
 
+/* Work requests still posted to peers that are down (their flushes are on the way). */
+static int in_flight(const struct ib_ctx *x)
+{
+    int n = 0;
+    for (size_t i = 0; i < x->npeers; i++) {
+        const struct ib_peer *p = x->peers[i];
+        for (int q = 0; p && q < p->nqp; q++)
+            n += p->sq_used[q];
+        n += p ? p->rq_posted : 0;
+    }
+    for (const struct ib_peer *p = x->grave; p; p = p->grave_next) {
+        for (int q = 0; q < p->nqp; q++)
+            n += p->sq_used[q];
+        n += p->rq_posted;
+    }
+    return n;
+}
+
 static void ib_disconnect(struct tp_ctx *c)
 {
     struct ib_ctx *x = to_ib(c);
     for (size_t i = 0; i < x->npeers; i++)
         if (x->peers[i])
             leave(x, x->peers[i]);
-    poll_cq(x); /* flushed work requests */
+    int64_t end = sock_now_ms() + 1000; /* flushes complete sends already on the wire */
+    while (in_flight(x) && sock_now_ms() < end)
+        if (!poll_cq(x))
+            usleep(1000);
     deliver(x);
 }
 
 static void peer_free(struct ib_ctx *x, struct ib_peer *p)
 {
-    if (p->rx) /* peer_setup ran: give its share of the CQ back */
-        x->cq_need -= p->nqp * (SQ_DEPTH + RQ_DEPTH);
+    x->cq_need -= p->cq_share;
     for (int i = 0; i < p->nqp; i++)
         if (p->qp[i])
             x->f->destroy_qp(p->qp[i]);
@@ -1580,7 +1670,13 @@ static void ib_close(struct tp_ctx *c)
     }
     while (x->stash)
         stash_drop(x, &x->stash, 1);
-    while (x->all_sends) /* stripes never flushed: their QPs are gone */
+    for (struct ib_send *s = x->all_sends; s; s = s->all_next)
+        if (!s->user_done) { /* stripes never flushed: their QPs are gone */
+            s->user_done = 1;
+            complete(x, s->req, rs_error(RESHARD_ERR_NETWORK, "ib: context closed"), 0);
+        }
+    deliver(x);
+    while (x->all_sends)
         send_free(x, x->all_sends);
     while (x->tmrs) {
         struct ib_tmr *t = x->tmrs;
@@ -1598,6 +1694,7 @@ static void ib_close(struct tp_ctx *c)
         x->f->close_device(x->dev);
     sock_close(&x->lfd);
     free(x->peers);
+    free(x->tokens);
     free(x->ids);
     free(x->free_ids);
     free(x);

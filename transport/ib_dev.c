@@ -110,8 +110,8 @@ static int read_line(const char *path, char *buf, size_t n)
 static int roce_v2(const char *dev, int port, int index)
 {
     char path[PATH_MAX], type[64];
-    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d", dev,
-             port, index);
+    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d", dev, port,
+             index);
     if (read_line(path, type, sizeof(type)) != 0)
         return 1;
     return !strcmp(type, "RoCE v2");
@@ -139,8 +139,8 @@ static reshard_status_t pick_gid(const struct ib_fns *f, struct ibv_context *ctx
     if (forced >= 0) {
         if (forced >= pa->gid_tbl_len || f->query_gid(ctx, (uint8_t)p->port, forced, &gid))
             return rs_error(RESHARD_ERR_INVALID_ARG,
-                            "ib: RESHARD_IB_GID_INDEX=%d: %s has no such GID (table of %d)",
-                            forced, p->name, pa->gid_tbl_len);
+                            "ib: RESHARD_IB_GID_INDEX=%d: %s has no such GID (table of %d)", forced,
+                            p->name, pa->gid_tbl_len);
         p->gid_index = forced;
         memcpy(p->gid, gid.raw, 16);
         return RESHARD_OK;
@@ -221,8 +221,8 @@ static void scan_device(const struct ib_fns *f, struct ibv_device *d, const char
             describe(&da, &pa, p);
             char g[64];
             rs_log(RS_LOG_INFO, "ib: %s %s, %d Mb/s, GID %d %s, LID %u", p->name,
-                   p->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
-                   p->speed_mbps, p->gid_index, ib_gid_str(p->gid, g, sizeof(g)), p->lid);
+                   p->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", p->speed_mbps,
+                   p->gid_index, ib_gid_str(p->gid, g, sizeof(g)), p->lid);
             nfound++;
         }
     }

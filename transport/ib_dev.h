@@ -14,7 +14,7 @@
 #define IB_NAME_MAX 64
 
 struct ib_port {
-    char dev[IB_NAME_MAX]; /* "mlx5_0" */
+    char dev[IB_NAME_MAX];      /* "mlx5_0" */
     char name[IB_NAME_MAX + 8]; /* "mlx5_0:1" */
     int port;
     int link_layer; /* IBV_LINK_LAYER_* */

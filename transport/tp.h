@@ -92,7 +92,8 @@ struct tp_ops {
     /* ctrl: a control message (counted apart from payload). mh may be NULL. */
     reshard_status_t (*send)(struct tp_ctx *ctx, int peer, uint64_t tag, const void *buf,
                              size_t len, void *mh, int ctrl, struct tp_req *req);
-    /* Matches the message with exactly this tag, whoever sends it. */
+    /* Matches the message from peer with exactly this tag (UCX matches the tag alone;
+     * receiver-driven transports ask peer for it, so peer must be the sender). */
     reshard_status_t (*recv)(struct tp_ctx *ctx, int peer, uint64_t tag, void *buf, size_t len,
                              void *mh, struct tp_req *req);
     /* The same into a scatter list (iov stays valid until completion): strided destinations

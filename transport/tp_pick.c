@@ -26,8 +26,8 @@ reshard_status_t tp_pick(const struct tp_ops **ops)
         return RESHARD_OK;
     }
     if (strcmp(want, "auto"))
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "RESHARD_TRANSPORT=%s: expected ib, ucx or auto", want);
+        return rs_error(RESHARD_ERR_INVALID_ARG, "RESHARD_TRANSPORT=%s: expected ib, ucx or auto",
+                        want);
     *ops = ib_ports(&ports, &n) == RESHARD_OK && n > 0 ? &tp_ib_ops : &tp_ucx_ops;
     return RESHARD_OK;
 }

@@ -21,6 +21,8 @@ static struct outcome *shared_outcomes(void)
     return o;
 }
 
+void (*rank_setup)(int rank);
+
 /* Runs fn on `size` forked ranks of one communicator; returns each rank's outcome. Rank
  * `stalls` may stop itself: it is killed once the others are done. */
 struct outcome *run_ranks_stalling(int size, rank_fn fn, int stalls)
@@ -32,6 +34,8 @@ struct outcome *run_ranks_stalling(int size, rank_fn fn, int stalls)
     pid_t pid[MAX_RANKS];
     for (int r = 0; r < size; r++) {
         if ((pid[r] = fork()) == 0) {
+            if (rank_setup)
+                rank_setup(r);
             reshard_comm_t *comm = NULL;
             reshard_status_t st = reshard_comm_init_rank(&id, r, size, &comm);
             if (st == RESHARD_OK)

@@ -19,6 +19,8 @@ typedef reshard_status_t (*rank_fn)(int rank, int size, reshard_comm_t *comm);
  * each rank's outcome. Rank `stalls` (or -1) may stop itself: it is killed once the others
  * are done. Asserts that no other rank crashed. */
 struct outcome *run_ranks_stalling(int size, rank_fn fn, int stalls);
+/* If set, each forked rank calls it before making the communicator (per-rank environment). */
+extern void (*rank_setup)(int rank);
 struct outcome *run_ranks(int size, rank_fn fn);
 
 #endif

@@ -39,7 +39,7 @@ DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev libibverbs-dev 
         iproute2 util-linux python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all test test-rdma demo bench deps install format format-check clean
+.PHONY: all test test-rdma demo bench deps install format format-check clean fuzz fuzz-build
 
 all: $(SO) $(PLAN_BIN) $(PERF_BIN) $(NET_PERF_BIN)
 
@@ -131,6 +131,41 @@ bench: $(BENCH_BIN)
 	scripts/gen-manifest.py --model deepseek-v3 --train tp=1,pp=16,ep=16,dp=16 \
 	    --infer tp=32,dp=8 -o $(BUILD)/deepseek-v3.json
 	$(BENCH_BIN) --manifest $(BUILD)/deepseek-v3.json
+
+# Fuzzing with libFuzzer (clang): the layout spec parser, the manifest loader and the
+# bootstrap's frame decoder, FUZZ_SECONDS (60) each under ASan and UBSan. Seeds live in
+# test/fuzz/corpus/<target>; what a run learns goes to build/fuzz/corpus/<target>; a crash's
+# reproducer lands in test/fuzz/crashes/ (commit it with the fix, as a seed).
+FUZZ := build/fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := spec manifest boot
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 $(FUZZ_SAN) \
+               -fsanitize=fuzzer-no-link -Iplanner -Itransport -Iplugin
+FUZZ_DEPS := clang libclang-rt-14-dev
+
+$(FUZZ)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	clang $(FUZZ_CFLAGS) -c $< -o $@
+
+$(FUZZ)/fuzz_%: $(FUZZ)/obj/test/fuzz/fuzz_%.o $(LIB_SRC:%.c=$(FUZZ)/obj/%.o)
+	clang $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $^ -ljansson -lpthread -ldl -lm
+
+fuzz-build: $(FUZZ_TARGETS:%=$(FUZZ)/fuzz_%)
+
+fuzz:
+	@$(MAKE) --no-print-directory deps DEPS="$(DEPS) $(FUZZ_DEPS)"
+	@$(MAKE) --no-print-directory fuzz-build
+	@mkdir -p test/fuzz/crashes
+	@for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(FUZZ)/corpus/$$t; \
+	    echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	    $(FUZZ)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	        -artifact_prefix=test/fuzz/crashes/$$t- $(FUZZ)/corpus/$$t test/fuzz/corpus/$$t \
+	        2>$(FUZZ)/$$t.log || { tail -40 $(FUZZ)/$$t.log; exit 1; }; \
+	    grep -E '^stat::(number_of_executed_units|new_units_added)' $(FUZZ)/$$t.log | tr '\n' ' '; \
+	    echo; \
+	done
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \

@@ -34,4 +34,9 @@ reshard_status_t api_plan_build(const char *fn, const reshard_tensor_t *tensors,
                                 const struct rs_topo *topo, const reshard_plan_config_t *config,
                                 struct rs_plan **out);
 
+/* reshard_manifest_load from memory (name stands for the file in messages): the fuzz target's
+ * entry. */
+reshard_status_t manifest_load_buffer(const char *buf, size_t len, const char *name,
+                                      reshard_manifest_t **out);
+
 #endif

@@ -522,6 +522,24 @@ static reshard_status_t load(struct reshard_manifest *m, const char *path, const
     return check_sizes(m, path, json_object_get(root, "buffers"));
 }
 
+/* The parsed document (or NULL, jerr saying why) into a manifest named `name`. */
+static reshard_status_t from_root(json_t *root, const json_error_t *jerr, const char *name,
+                                  reshard_manifest_t **out)
+{
+    if (!root)
+        return rs_error(RESHARD_ERR_SPEC_SYNTAX, "manifest %s:%d:%d: %s", name, jerr->line,
+                        jerr->column, jerr->text);
+    struct reshard_manifest *m = rs_calloc(1, sizeof(*m), "manifest");
+    reshard_status_t st = m ? load(m, name, root) : RESHARD_ERR_NO_MEMORY;
+    json_decref(root);
+    if (st != RESHARD_OK) {
+        reshard_manifest_destroy(m);
+        return st;
+    }
+    *out = m;
+    return RESHARD_OK;
+}
+
 reshard_status_t reshard_manifest_load(const char *path, reshard_manifest_t **out)
 {
     api_enter();
@@ -529,19 +547,15 @@ reshard_status_t reshard_manifest_load(const char *path, reshard_manifest_t **ou
         return api_null_arg("reshard_manifest_load", !path ? "path" : "out");
     json_error_t jerr;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return api_leave("reshard_manifest_load",
-                         rs_error(RESHARD_ERR_SPEC_SYNTAX, "manifest %s:%d:%d: %s", path, jerr.line,
-                                  jerr.column, jerr.text));
-    struct reshard_manifest *m = rs_calloc(1, sizeof(*m), "manifest");
-    reshard_status_t st = m ? load(m, path, root) : RESHARD_ERR_NO_MEMORY;
-    json_decref(root);
-    if (st != RESHARD_OK) {
-        reshard_manifest_destroy(m);
-        return api_leave("reshard_manifest_load", st);
-    }
-    *out = m;
-    return RESHARD_OK;
+    return api_leave("reshard_manifest_load", from_root(root, &jerr, path, out));
+}
+
+reshard_status_t manifest_load_buffer(const char *buf, size_t len, const char *name,
+                                      reshard_manifest_t **out)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    return from_root(root, &jerr, name, out);
 }
 
 void reshard_manifest_destroy(reshard_manifest_t *m)

@@ -1071,6 +1071,10 @@ static void on_imm(struct ib_ctx *x, struct ib_peer *p, uint32_t imm, uint32_t b
                                             p->index, r->cap));
         return;
     }
+    if (bytes > r->cap - r->got) { /* the key covers whole pages: a bad peer could overrun */
+        peer_down(x, p, RESHARD_ERR_NETWORK, "wrote more than its receive holds");
+        return;
+    }
     r->got += bytes;
     if (++r->stripes == (int)code)
         recv_finish(x, r, RESHARD_OK);

@@ -220,7 +220,7 @@ struct ib_ctx {
     size_t nfree_ids, next_id;
     struct ib_send *all_sends;
     struct ib_tmr *tmrs;
-    struct tp_req *deferred, **deferred_tail;
+    struct tp_deferred deferred;
     int64_t last_sock_poll;
     int handshakes; /* peers connecting, stashed connections */
 };
@@ -234,25 +234,12 @@ static struct ib_ctx *to_ib(struct tp_ctx *c)
 
 static void complete(struct ib_ctx *x, struct tp_req *req, reshard_status_t st, size_t got)
 {
-    req->handle = NULL;
-    req->st = st;
-    req->got = got;
-    req->next = NULL;
-    *x->deferred_tail = req;
-    x->deferred_tail = &req->next;
+    tp_defer(&x->deferred, req, st, got);
 }
 
 static int deliver(struct ib_ctx *x)
 {
-    int n = 0;
-    while (x->deferred) {
-        struct tp_req *req = x->deferred;
-        if (!(x->deferred = req->next))
-            x->deferred_tail = &x->deferred;
-        req->done(req, req->st, req->got);
-        n++;
-    }
-    return n;
+    return tp_deliver(&x->deferred);
 }
 
 /* ---- registrations for transfers that came without one ---- */
@@ -531,17 +518,20 @@ static void send_fail(struct ib_ctx *x, struct ib_send *s, reshard_status_t st)
 }
 
 /* The peer is gone (or leaving): its QPs stop, everything bound to it completes with st. */
-static void peer_down(struct ib_ctx *x, struct ib_peer *p, reshard_status_t st, const char *why)
+static void peer_down(struct ib_ctx *x, struct ib_peer *p, reshard_status_t st, const char *reason)
 {
     if (p->state == P_DOWN || p->state == P_NONE)
         return;
+    char why[RS_ERROR_MAX]; /* reason may be the thread's message, which rs_error rewrites */
+    snprintf(why, sizeof(why), "%s", reason);
     int was = p->state;
     p->state = P_DOWN;
     if (was == P_CONNECTING)
         x->handshakes--;
     if (st != RESHARD_OK && x->super.failed_peer < 0) {
         x->super.failed_peer = p->index;
-        snprintf(x->super.failed_why, sizeof(x->super.failed_why), "%s", why);
+        snprintf(x->super.failed_why, sizeof(x->super.failed_why), "%.*s",
+                 (int)sizeof(x->super.failed_why) - 1, why);
     }
     if (st != RESHARD_OK)
         rs_log(RS_LOG_WARN, "ib: rank %d: %s", p->index, why);
@@ -1193,7 +1183,7 @@ static reshard_status_t ib_init(const struct tp_config *cfg, struct tp_ctx **out
         return RESHARD_ERR_NO_MEMORY;
     x->super.ops = &tp_ib_ops;
     x->super.failed_peer = -1;
-    x->deferred_tail = &x->deferred;
+    tp_deferred_init(&x->deferred);
     x->f = f;
     x->lfd = -1;
     x->rank = cfg->size > 0 ? cfg->rank : -1;
@@ -1374,16 +1364,6 @@ static void ib_mem_dereg(struct tp_ctx *c, void *mh)
         to_ib(c)->f->dereg_mr(mh);
 }
 
-static void posting(struct tp_ctx *c, struct tp_req *req, int peer, size_t len, int ctrl)
-{
-    req->ctx = c;
-    req->peer = peer;
-    req->len = len;
-    req->ctrl = ctrl;
-    req->handle = NULL;
-    req->state = 0;
-}
-
 static reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const void *buf,
                                 size_t len, void *mh, int ctrl, struct tp_req *req)
 {
@@ -1401,7 +1381,7 @@ static reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const 
         }
         s->transient = 1;
     }
-    posting(c, req, peer, len, ctrl);
+    tp_req_start(c, req, peer, len, ctrl, 0);
     req->handle = s;
     if ((s->all_next = x->all_sends))
         s->all_next->all_prev = s;
@@ -1453,7 +1433,7 @@ static reshard_status_t post_recv(struct ib_ctx *x, int peer, uint64_t tag, void
         free(r);
         return st;
     }
-    posting(&x->super, req, peer, len, 0);
+    tp_req_start(&x->super, req, peer, len, 0, 0);
     req->handle = r;
     if ((r->next = p->recvs))
         r->next->prev = r;
@@ -1552,11 +1532,11 @@ static int ib_progress(struct tp_ctx *c)
 static reshard_status_t ib_wait(struct tp_ctx *c, int timeout_ms)
 {
     struct ib_ctx *x = to_ib(c);
-    if (x->deferred || poll_cq(x) || x->deferred)
+    if (x->deferred.head || poll_cq(x) || x->deferred.head)
         return RESHARD_OK;
     if (ibv_req_notify_cq(x->cq, 0))
         return rs_error(RESHARD_ERR_NETWORK, "ib: ibv_req_notify_cq: %m");
-    if (poll_cq(x) || x->deferred) /* completions that came before the arm */
+    if (poll_cq(x) || x->deferred.head) /* completions that came before the arm */
         return RESHARD_OK;
     struct pollfd fds[64];
     int n = 0;

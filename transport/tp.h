@@ -70,6 +70,57 @@ struct tp_ctx {
 
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
 
+/* ---- for implementations ---- */
+
+/* Fills the caller's fields of a request being posted; state is the transport's. */
+static inline void tp_req_start(struct tp_ctx *c, struct tp_req *req, int peer, size_t len,
+                                int ctrl, int state)
+{
+    req->ctx = c;
+    req->peer = peer;
+    req->len = len;
+    req->ctrl = ctrl;
+    req->handle = NULL;
+    req->state = state;
+}
+
+/* Completions waiting for the next progress(): none reaches the caller from inside the call
+ * that posted it. */
+struct tp_deferred {
+    struct tp_req *head, **tail;
+};
+
+static inline void tp_deferred_init(struct tp_deferred *d)
+{
+    d->head = NULL;
+    d->tail = &d->head;
+}
+
+static inline void tp_defer(struct tp_deferred *d, struct tp_req *req, reshard_status_t st,
+                            size_t got)
+{
+    req->handle = NULL;
+    req->st = st;
+    req->got = got;
+    req->next = NULL;
+    *d->tail = req;
+    d->tail = &req->next;
+}
+
+/* Calls done for every deferred completion; returns how many. */
+static inline int tp_deliver(struct tp_deferred *d)
+{
+    int n = 0;
+    while (d->head) {
+        struct tp_req *req = d->head;
+        if (!(d->head = req->next))
+            d->tail = &d->head;
+        req->done(req, req->st, req->got);
+        n++;
+    }
+    return n;
+}
+
 struct tp_ops {
     size_t size; /* sizeof(struct tp_ops) */
     const char *name;

@@ -29,7 +29,7 @@ enum { REQ_POSTING, REQ_POSTED, REQ_DEFERRED };
 
 struct ucx_ctx {
     struct tp_ctx super;
-    struct tp_req *deferred, **deferred_tail; /* completed inside their posting call */
+    struct tp_deferred deferred; /* completed inside their posting call */
     const struct ucx_fns *f;
     ucp_context_h context;
     ucp_worker_h worker;
@@ -106,7 +106,7 @@ static reshard_status_t ucx_init(const struct tp_config *cfg, struct tp_ctx **ou
         return RESHARD_ERR_NO_MEMORY;
     u->super.ops = &tp_ucx_ops;
     u->super.failed_peer = -1;
-    u->deferred_tail = &u->deferred;
+    tp_deferred_init(&u->deferred);
     u->f = f;
     u->rank = cfg->rank;
     u->size = cfg->size;
@@ -244,27 +244,10 @@ static void complete(struct ucx_ctx *u, struct tp_req *req, reshard_status_t st,
     req->handle = NULL;
     if (req->state == REQ_POSTING) {
         req->state = REQ_DEFERRED;
-        req->st = st;
-        req->got = got;
-        req->next = NULL;
-        *u->deferred_tail = req;
-        u->deferred_tail = &req->next;
+        tp_defer(&u->deferred, req, st, got);
         return;
     }
     req->done(req, st, got);
-}
-
-static int deliver_deferred(struct ucx_ctx *u)
-{
-    int n = 0;
-    while (u->deferred) {
-        struct tp_req *req = u->deferred;
-        if (!(u->deferred = req->next))
-            u->deferred_tail = &u->deferred;
-        req->done(req, req->st, req->got);
-        n++;
-    }
-    return n;
 }
 
 static void send_done(void *request, ucs_status_t status, void *user_data)
@@ -291,16 +274,6 @@ static void recv_done(void *request, ucs_status_t status, const ucp_tag_recv_inf
     if (status == UCS_OK && !req->ctrl)
         c->counters.bytes_in += got;
     complete(to_ucx(c), req, ucx_status(status), got);
-}
-
-static void posting(struct tp_ctx *c, struct tp_req *req, int peer, size_t len, int ctrl)
-{
-    req->ctx = c;
-    req->peer = peer;
-    req->len = len;
-    req->ctrl = ctrl;
-    req->handle = NULL;
-    req->state = REQ_POSTING;
 }
 
 static reshard_status_t posted(struct ucx_ctx *u, struct tp_req *req, ucs_status_ptr_t sp,
@@ -336,7 +309,7 @@ static reshard_status_t ucx_send(struct tp_ctx *c, int peer, uint64_t tag, const
     struct ucx_ctx *u = to_ucx(c);
     ucp_ep_h ep = NULL;
     RS_CHECK(get_ep(u, peer, &ep));
-    posting(c, req, peer, len, ctrl);
+    tp_req_start(c, req, peer, len, ctrl, REQ_POSTING);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FLAG_NO_IMM_CMPL | (mh ? UCP_OP_ATTR_FIELD_MEMH : 0),
@@ -351,7 +324,7 @@ static reshard_status_t ucx_recv(struct tp_ctx *c, int peer, uint64_t tag, void 
                                  void *mh, struct tp_req *req)
 {
     struct ucx_ctx *u = to_ucx(c);
-    posting(c, req, peer, len, 0);
+    tp_req_start(c, req, peer, len, 0, REQ_POSTING);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FLAG_NO_IMM_CMPL | (mh ? UCP_OP_ATTR_FIELD_MEMH : 0),
@@ -370,7 +343,7 @@ static reshard_status_t ucx_recv_iov(struct tp_ctx *c, int peer, uint64_t tag,
                        offsetof(ucp_dt_iov_t, length) == offsetof(struct iovec, iov_len),
                    "ucp_dt_iov_t and struct iovec differ");
     struct ucx_ctx *u = to_ucx(c);
-    posting(c, req, peer, 0, 0);
+    tp_req_start(c, req, peer, 0, 0, REQ_POSTING);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
@@ -401,7 +374,7 @@ static void reap_closing(struct ucx_ctx *u, int all);
 static int ucx_progress(struct tp_ctx *c)
 {
     struct ucx_ctx *u = to_ucx(c);
-    int n = deliver_deferred(u) + (int)u->f->ucp_worker_progress(u->worker);
+    int n = tp_deliver(&u->deferred) + (int)u->f->ucp_worker_progress(u->worker);
     if (u->n_closing)
         reap_closing(u, 0);
     return n;
@@ -410,7 +383,7 @@ static int ucx_progress(struct tp_ctx *c)
 static reshard_status_t ucx_wait(struct tp_ctx *c, int timeout_ms)
 {
     struct ucx_ctx *u = to_ucx(c);
-    if (u->deferred || u->f->ucp_worker_progress(u->worker))
+    if (u->deferred.head || u->f->ucp_worker_progress(u->worker))
         return RESHARD_OK;
     ucs_status_t st = u->f->ucp_worker_arm(u->worker);
     if (st == UCS_ERR_BUSY)
@@ -501,7 +474,7 @@ static void ucx_disconnect(struct tp_ctx *c)
 {
     struct ucx_ctx *u = to_ucx(c);
     close_eps(u);
-    deliver_deferred(u);
+    tp_deliver(&u->deferred);
 }
 
 static void ucx_close(struct tp_ctx *c)

@@ -32,7 +32,8 @@ extern "C" {
     X(ERR_BUFFER, 17, "buffer smaller than its shard")                                             \
     X(ERR_PLAN_MISMATCH, 18, "ranks passed different layouts (plan hashes differ)")                \
     X(ERR_UNAVAILABLE, 19, "transport or library not available on this host")                      \
-    X(ERR_REMOTE, 20, "another rank failed")
+    X(ERR_REMOTE, 20, "another rank failed")                                                       \
+    X(ERR_ABORTED, 21, "aborted by reshard_comm_abort")
 
 typedef enum reshard_status {
 #define RESHARD_STATUS_ENUM_(name, value, msg) RESHARD_##name = value,

@@ -158,6 +158,20 @@ const reshard_topo_t *reshard_comm_topo(const reshard_comm_t *comm)
     return comm ? &comm->topo : NULL;
 }
 
+reshard_status_t reshard_comm_abort(reshard_comm_t *comm)
+{
+    api_enter();
+    if (!comm)
+        return api_null_arg(__func__, "comm");
+    atomic_store(&comm->abort_req, 1);
+    int idle = 0;
+    if (atomic_compare_exchange_strong(&comm->busy, &idle, 1)) { /* nothing in flight */
+        comm_abort_now(comm);
+        atomic_store(&comm->busy, 0);
+    } /* else the execution in flight sees the request within a wait (milliseconds) */
+    return RESHARD_OK;
+}
+
 void reshard_comm_destroy(reshard_comm_t *comm)
 {
     comm_destroy(comm);

@@ -160,6 +160,16 @@ err:
     return st;
 }
 
+void comm_abort_now(struct reshard_comm *c)
+{
+    if (c->broken != RESHARD_OK)
+        return;
+    c->broken = RESHARD_ERR_ABORTED;
+    snprintf(c->broken_why, sizeof(c->broken_why),
+             "rank %d aborted the communicator (reshard_comm_abort)", c->rank);
+    boot_abort(c->boot, c->broken, c->broken_why);
+}
+
 reshard_status_t comm_usable(const struct reshard_comm *c)
 {
     if (c->broken == RESHARD_OK)

@@ -21,10 +21,11 @@ struct reshard_comm {
     struct boot *boot;
     struct reshard_topo topo;
     struct tp_ctx *net;
-    pid_t *pid;      /* [size] */
-    int *node;       /* [size]: hostname ids, dense in order of first appearance */
-    uint32_t seq;    /* executions so far: every rank counts the same */
-    atomic_int busy; /* one execution at a time: the network context is single-threaded */
+    pid_t *pid;           /* [size] */
+    int *node;            /* [size]: hostname ids, dense in order of first appearance */
+    uint32_t seq;         /* executions so far: every rank counts the same */
+    atomic_int busy;      /* one execution at a time: the network context is single-threaded */
+    atomic_int abort_req; /* reshard_comm_abort was called: the execution in flight stops */
     /* A failure while bytes were moving leaves messages and connections in an unknown state:
      * the communicator refuses further collectives until destroyed. */
     reshard_status_t broken;
@@ -51,6 +52,8 @@ reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int l
 void comm_destroy(struct reshard_comm *c);
 int comm_timeout_ms(void);
 /* RESHARD_OK, or why the communicator can no longer be used (message recorded). */
+/* Breaks the communicator for reshard_comm_abort (busy held) and tells the other ranks. */
+void comm_abort_now(struct reshard_comm *c);
 reshard_status_t comm_usable(const struct reshard_comm *c);
 /* Keeps p until the network context closes, then frees it with free_fn. Returns 0 when that
  * cannot be arranged (no memory): p is then the caller's. */

@@ -22,15 +22,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Network sends in flight: per rank, and per peer. More than 2 to one peer let UCX interleave
  * them, so that none ends early and the receiver's fan-out (or a ring's next hop) waits for
  * the last. Sends queued behind a busy peer are passed over, SEND_SCAN at most. */
-#define SEND_WINDOW 16
-#define PEER_WINDOW 2
-#define SEND_SCAN   64
-#define DRAIN_MS    2000 /* how long a failed run waits for its requests */
-#define WAIT_CAP_MS 2    /* longest sleep: UCX over TCP may not re-signal a half-read socket */
+#define SEND_WINDOW   16
+#define PEER_WINDOW   2
+#define SEND_SCAN     64
+#define DRAIN_MS      2000 /* how long a failed run waits for its requests */
+#define WAIT_CAP_MS   2    /* longest sleep: UCX over TCP may not re-signal a half-read socket */
+#define BOOT_CHECK_MS 20   /* how often a run looks for failures the others report */
+#define CAUSE_WAIT_MS 100  /* how long a failed run listens for another rank's report */
 
 enum req_kind { REQ_SEND_DATA, REQ_SEND_CTRL, REQ_RECV_DATA, REQ_RECV_CTRL };
 
@@ -884,7 +887,18 @@ static reshard_status_t wait_done(struct run *r)
     struct tp_ctx *net = x->comm->net;
     int timeout = comm_timeout_ms();
     r->last_event_ms = now_ms();
+    int64_t next_check = r->last_event_ms + BOOT_CHECK_MS;
     while (r->st == RESHARD_OK && !run_done(r)) {
+        if (atomic_load(&x->comm->abort_req))
+            return fail(r,
+                        rs_error(RESHARD_ERR_ABORTED,
+                                 "rank %d: execution aborted (reshard_comm_abort)", x->comm->rank));
+        if (now_ms() >= next_check) { /* a rank that failed or aborted says so here */
+            reshard_status_t st = boot_check(x->comm->boot);
+            if (st != RESHARD_OK)
+                return fail(r, st);
+            next_check = now_ms() + BOOT_CHECK_MS;
+        }
         drain_ready(r);
         if (!r->in_left && !r->acked) {
             reshard_status_t st = send_acks(r);
@@ -895,6 +909,11 @@ static reshard_status_t wait_done(struct run *r)
             continue;
         if (r->st != RESHARD_OK || run_done(r))
             break;
+        if (net->failed_peer >= 0) { /* a rank's own report names the cause better */
+            reshard_status_t st = boot_check(x->comm->boot);
+            if (st != RESHARD_OK)
+                return fail(r, st);
+        }
         if (net->failed_peer >= 0)
             return fail(r,
                         rs_error(RESHARD_ERR_NETWORK, "rank %d: connection to rank %d failed: %s",
@@ -954,6 +973,24 @@ static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs, u
     return run_create(x, bufs, seq, r);
 }
 
+/* This rank's failure may be the echo of another's (its connections closed as it stopped):
+ * that rank's own report, if it comes within CAUSE_WAIT_MS, names the cause instead. */
+static void remote_cause(struct exec *x, struct run *r)
+{
+    if (r->st == RESHARD_ERR_ABORTED || r->st == RESHARD_ERR_REMOTE)
+        return;
+    for (int64_t end = now_ms() + CAUSE_WAIT_MS;; usleep(5000)) {
+        reshard_status_t st = boot_check(x->comm->boot);
+        if (st != RESHARD_OK) {
+            r->st = st;
+            snprintf(r->why, sizeof(r->why), "%s", rs_error_message());
+            return;
+        }
+        if (now_ms() >= end)
+            return;
+    }
+}
+
 /* A failure once bytes may be moving: the transports are in an unknown state. */
 static void break_comm(struct exec *x, struct run *r)
 {
@@ -995,6 +1032,7 @@ static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
         return RESHARD_OK;
     }
     fail(r, st); /* the first failure's message, not its echoes */
+    remote_cause(x, r);
     break_comm(x, r);
     return rs_error(c->broken, "%s", c->broken_why);
 }
@@ -1007,6 +1045,8 @@ reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs)
         return rs_error(RESHARD_ERR_BUSY,
                         "the communicator is already executing (this plan or another, from "
                         "another thread)");
+    if (atomic_load(&c->abort_req))
+        comm_abort_now(c);
     reshard_status_t st = comm_usable(c);
     if (st == RESHARD_OK)
         st = run_all(x, bufs);

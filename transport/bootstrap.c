@@ -647,6 +647,38 @@ void boot_abort(struct boot *b, reshard_status_t st, const char *msg)
     snprintf(b->fail_msg, sizeof(b->fail_msg), "aborted here: %s", msg);
 }
 
+reshard_status_t boot_check(struct boot *b)
+{
+    if (!b)
+        return RESHARD_OK;
+    if (b->failed)
+        return rs_error(b->failed, "bootstrap: %s", b->fail_msg);
+    for (int r = 0; r < b->size; r++) {
+        struct conn *c = &b->conns[r];
+        unsigned char w[FRAME_HDR_BYTES];
+        struct frame_hdr h;
+        if (c->fd < 0 || recv(c->fd, w, sizeof(w), MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof(w) ||
+            frame_get_hdr(w, &h) != 0 || h.type != FRAME_ERROR)
+            continue;
+        struct xfer x;
+        struct frame_error err = {.origin = -1};
+        int failed;
+        xfer_init(&x, c->fd, c->name, 0, (struct frame_hdr){0}, NULL);
+        reshard_status_t st = xfer_run(&x, 1, sock_now_ms() + ABORT_MAX_MS, ABORT_MAX_MS,
+                                       "failure report", &failed, &err);
+        if (st == RESHARD_OK) /* (cannot be: an ERROR frame ends as a failure) */
+            continue;
+        char why[RS_ERROR_MAX];
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        if (b->rank == 0 && err.origin >= 0)
+            tell_others(b, err.origin, err.status, err.text);
+        b->failed = st;
+        snprintf(b->fail_msg, sizeof(b->fail_msg), "%s", sock_msg_body(why));
+        return rs_error(st, "%s", why);
+    }
+    return RESHARD_OK;
+}
+
 int boot_rank(const struct boot *b)
 {
     return b ? b->rank : -1;

@@ -68,8 +68,8 @@ Test(api, last_error_describes_the_last_failure_and_resets)
 
 Test(api, strerror_covers_every_status)
 {
-    const char *seen[RESHARD_ERR_REMOTE + 1];
-    for (int s = RESHARD_OK; s <= RESHARD_ERR_REMOTE; s++) {
+    const char *seen[RESHARD_ERR_ABORTED + 1];
+    for (int s = RESHARD_OK; s <= RESHARD_ERR_ABORTED; s++) {
         seen[s] = reshard_strerror((reshard_status_t)s);
         cr_assert(seen[s] && *seen[s]);
         for (int t = 0; t < s; t++)

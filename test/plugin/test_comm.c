@@ -331,6 +331,98 @@ Test(comm, a_sender_hanging_mid_transfer_times_out_its_receiver_who_then_destroy
     cr_assert(strstr(o[0].msg, "from rank 1"), "rank 0: %s", o[0].msg);
 }
 
+/* ---- abort ---- */
+
+static void *abort_soon(void *comm)
+{
+    usleep(150 * 1000);
+    reshard_comm_abort(comm);
+    return NULL;
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* 128 MiB a rank from ranks 2-3 to ranks 0-1 in 4 KiB chunks (about a second here); rank 0
+ * aborts from another thread 150 ms in. Every rank must return within 2 s, and then refuse
+ * further use. */
+static reshard_status_t rank0_aborts(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_layout_t *src = parse("shape=16384x4096 dtype=i32 ranks=2-3 mesh=2 place=S(0)");
+    reshard_layout_t *dst = parse("shape=16384x4096 dtype=i32 ranks=0-1 mesh=2 place=S(1)");
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+    size_t bytes = (size_t)16384 * 4096 * 4 / 2;
+    char *buf = calloc(1, bytes);
+    reshard_buffers_t b = {rank >= 2 ? buf : NULL, rank >= 2 ? bytes : 0, rank < 2 ? buf : NULL,
+                           rank < 2 ? bytes : 0, RESHARD_MEM_HOST};
+    pthread_t th;
+    if (st == RESHARD_OK && rank == 0)
+        pthread_create(&th, NULL, abort_soon, comm);
+    int64_t t0 = mono_ms();
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(plan, &b);
+    int64_t took = mono_ms() - t0;
+    char why[256];
+    snprintf(why, sizeof(why), "%s", reshard_last_error());
+    if (rank == 0)
+        pthread_join(th, NULL);
+    if (st != RESHARD_OK && took > 2000) {
+        fprintf(stderr, "rank %d returned after %lld ms: %s\n", rank, (long long)took, why);
+        st = RESHARD_ERR_INTERNAL;
+    }
+    if (st != RESHARD_OK && st != RESHARD_ERR_INTERNAL &&
+        (reshard_plan_execute(plan, &b) == RESHARD_OK ||
+         !strstr(reshard_last_error(), "must be destroyed"))) {
+        fprintf(stderr, "rank %d: usable after the abort: %s\n", rank, reshard_last_error());
+        st = RESHARD_ERR_INTERNAL;
+    }
+    reshard_plan_destroy(plan);
+    free(buf);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    fprintf(stderr, "rank %d: %s after %lld ms: %s\n", rank, reshard_strerror(st), (long long)took,
+            why);
+    return st;
+}
+
+Test(comm, an_abort_from_another_thread_stops_every_rank)
+{
+    setenv("RESHARD_CHUNK_BYTES", "4096", 1);
+    struct outcome *o = run_ranks(4, rank0_aborts);
+    cr_assert_eq(o[0].status, RESHARD_ERR_ABORTED, "rank 0: %d %s", o[0].status, o[0].msg);
+    for (int r = 1; r < 4; r++) /* the echoes of the abort name its cause */
+        cr_assert(o[r].status == RESHARD_ERR_REMOTE &&
+                      strstr(o[r].msg, "rank 0 failed (RESHARD_ERR_ABORTED)"),
+                  "rank %d: %d %s", r, o[r].status, o[r].msg);
+}
+
+/* Without an execution in flight, the abort breaks the communicator on every rank at once:
+ * their next call fails instead of waiting for rank 0. */
+static reshard_status_t abort_idle(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    if (rank == 0)
+        return reshard_comm_abort(comm) == RESHARD_OK ? reshard_comm_barrier(comm)
+                                                      : RESHARD_ERR_INTERNAL;
+    return reshard_comm_barrier(comm);
+}
+
+Test(comm, an_idle_abort_fails_the_next_call_everywhere)
+{
+    struct outcome *o = run_ranks(3, abort_idle);
+    cr_assert_eq(o[0].status, RESHARD_ERR_ABORTED, "rank 0: %d %s", o[0].status, o[0].msg);
+    for (int r = 1; r < 3; r++)
+        cr_assert(o[r].status == RESHARD_ERR_REMOTE && strstr(o[r].msg, "rank 0"), "rank %d: %d %s",
+                  r, o[r].status, o[r].msg);
+}
+
 /* ---- coalescing: many small tensors travel as a few packed messages per peer ---- */
 
 #define NSMALL 200

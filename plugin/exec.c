@@ -30,7 +30,7 @@
 #define SEND_WINDOW   16
 #define PEER_WINDOW   2
 #define SEND_SCAN     64
-#define DRAIN_MS      2000 /* how long a failed run waits for its requests */
+#define DRAIN_MS      1000 /* how long a failed run waits for its requests */
 #define WAIT_CAP_MS   2    /* longest sleep: UCX over TCP may not re-signal a half-read socket */
 #define BOOT_CHECK_MS 20   /* how often a run looks for failures the others report */
 #define CAUSE_WAIT_MS 100  /* how long a failed run listens for another rank's report */
@@ -973,11 +973,11 @@ static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs, u
     return run_create(x, bufs, seq, r);
 }
 
-/* This rank's failure may be the echo of another's (its connections closed as it stopped):
- * that rank's own report, if it comes within CAUSE_WAIT_MS, names the cause instead. */
+/* A network failure here may be the echo of another rank's (its connections closed as it
+ * stopped): that rank's own report, if it comes within CAUSE_WAIT_MS, names the cause. */
 static void remote_cause(struct exec *x, struct run *r)
 {
-    if (r->st == RESHARD_ERR_ABORTED || r->st == RESHARD_ERR_REMOTE)
+    if (r->st != RESHARD_ERR_NETWORK) /* a timeout names whom it waited for: more precise */
         return;
     for (int64_t end = now_ms() + CAUSE_WAIT_MS;; usleep(5000)) {
         reshard_status_t st = boot_check(x->comm->boot);

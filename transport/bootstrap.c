@@ -657,8 +657,19 @@ reshard_status_t boot_check(struct boot *b)
         struct conn *c = &b->conns[r];
         unsigned char w[FRAME_HDR_BYTES];
         struct frame_hdr h;
-        if (c->fd < 0 || recv(c->fd, w, sizeof(w), MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof(w) ||
-            frame_get_hdr(w, &h) != 0 || h.type != FRAME_ERROR)
+        ssize_t n = c->fd < 0 ? -1 : recv(c->fd, w, sizeof(w), MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0) { /* a rank leaves only through a barrier, or after a failure: it died */
+            reshard_status_t st = rs_error(
+                RESHARD_ERR_NETWORK, "bootstrap: %s closed the connection (did it die?)", c->name);
+            char why[RS_ERROR_MAX];
+            snprintf(why, sizeof(why), "%s", rs_error_message());
+            if (b->rank == 0)
+                tell_others(b, r, st, why);
+            b->failed = st;
+            snprintf(b->fail_msg, sizeof(b->fail_msg), "%s", sock_msg_body(why));
+            return rs_error(st, "%s", why);
+        }
+        if (n != (ssize_t)sizeof(w) || frame_get_hdr(w, &h) != 0 || h.type != FRAME_ERROR)
             continue;
         struct xfer x;
         struct frame_error err = {.origin = -1};

@@ -89,7 +89,8 @@ reshard_status_t boot_barrier(struct boot *b);
  * RESHARD_ERR_REMOTE instead of timing out: rank 0 sends it to all, a peer to rank 0, which
  * forwards it in its next collective. Leaves this thread's error message as it was. */
 void boot_abort(struct boot *b, reshard_status_t st, const char *msg);
-/* Between collectives (while a plan executes): whether a rank reported a failure. Looks at
+/* Between collectives (while a plan executes): whether a rank reported a failure, or closed
+ * its connection (ranks leave through a barrier, or after a failure: it died). Looks at
  * what waits on the sockets without taking anything but ERROR frames, so frames of the next
  * collective from ranks that are ahead stay for it. Rank 0 forwards what it hears to the
  * others. RESHARD_ERR_REMOTE (the message names the rank and why) once one did; never

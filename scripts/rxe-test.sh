@@ -36,7 +36,7 @@ CACHE=${RXE_CACHE:-/var/tmp/reshard-rxe}
 TIMEOUT=${TIMEOUT:-600}
 MEM=${MEM:-2048}
 SMP=${SMP:-2}
-DEFAULT_PARTS="rxe-up ib-unit net-plugin-ib perf-ib-vs-ucx"
+DEFAULT_PARTS="rxe-up ib-unit faults-ib net-plugin-ib perf-ib-vs-ucx"
 ALL_PARTS="$DEFAULT_PARTS cmd"
 PARTS=${RXE_PARTS:-$DEFAULT_PARTS}
 DEBS=$CACHE/debs STAGE=$CACHE/stage IRD=$CACHE/initramfs LOG=$CACHE/console.log
@@ -226,6 +226,8 @@ unit() {
     info "$1: $syn"
 }
 part_ib_unit() { unit 'ib/*'; }
+# Sources, destinations and forwarders killed or frozen (test/plugin/test_faults.c) on ib.
+part_faults_ib() { unit 'faults/*'; }
 # The plugin's suites (test/plugin/test_net_plugin.c) are net_conformance and net_faults.
 part_net_plugin_ib() { unit 'net_*/*'; }
 

@@ -2,7 +2,9 @@
 /*
  * Fault injection across forked ranks (4 ranks, domains of 2, RESHARD_TIMEOUT=5): a source, a
  * destination and a fan-out forwarder are each killed (SIGKILL) before the plan-hash exchange
- * or mid-transfer, or frozen (SIGSTOP) mid-transfer. Every survivor must return within
+ * or mid-transfer, or frozen (SIGSTOP) mid-transfer. The kills mid-transfer run on the ib
+ * transport only (scripts/rxe-test.sh): UCX 1.13's TCP transport asserts when a peer dies
+ * mid-stream. Every survivor must return within
  * RESHARD_TIMEOUT + 2 s; a survivor that fails must name the victim; at least one does. Each
  * rank prints a "fault:" line (case, rank, status, time, message) for the table in the notes.
  */
@@ -26,7 +28,7 @@ enum when { BEFORE_HASH, KILL_MID, STOP_MID };
  * lands mid-transfer. Rank 0 is a bystander (and the bootstrap's root, which stays up). */
 #define SRC_SPEC    "shape=16384x4096 dtype=i32 ranks=1 place=R"
 #define DST_SHARDED "shape=16384x4096 dtype=i32 ranks=2-3 mesh=2 place=S(0)"
-#define DST_FANOUT  "shape=16384x4096 dtype=i32 ranks=2-3 mesh=2 place=R" /* 2 and 3 forward */
+#define DST_FANOUT  "shape=16384x4096 dtype=i32 ranks=2-3 mesh=2 place=R"    /* 2 and 3 forward */
 #define DST_ROOT    "shape=16384x4096 dtype=i32 ranks=0,2 mesh=2 place=S(0)" /* rank 0 busy too */
 
 static struct {
@@ -92,6 +94,10 @@ static reshard_status_t victim_or_survivor(int rank, int size, reshard_comm_t *c
 
 static void inject(const char *name, const char *dst, int victim, enum when when)
 {
+    const char *tp = getenv("RESHARD_TRANSPORT");
+    if (when == KILL_MID && !(tp && !strcmp(tp, "ib")))
+        cr_skip_test("UCX 1.13's TCP transport aborts a survivor (tcp_iface.c:307 assertion) "
+                     "now and then when a peer dies mid-stream; make test-rdma runs this on ib");
     fault.name = name;
     fault.dst = dst;
     fault.victim = victim;
@@ -100,13 +106,14 @@ static void inject(const char *name, const char *dst, int victim, enum when when
     setenv("RESHARD_TIMEOUT", "5", 1);
     setenv("RESHARD_CHUNK_BYTES", "4096", 1);
     setenv("UCX_LOG_LEVEL", "fatal", 1);
+    setenv("RESHARD_NET_PEER_ERRORS", "1", 1);
     struct outcome *o = run_ranks_stalling(4, victim_or_survivor, victim);
     int named = 0;
     for (int r = 0; r < 4; r++) {
         if (r == victim)
             continue;
-        cr_assert_neq(o[r].status, RESHARD_ERR_INTERNAL, "%s: rank %d took longer than %d ms",
-                      name, r, LIMIT_MS);
+        cr_assert_neq(o[r].status, RESHARD_ERR_INTERNAL, "%s: rank %d took longer than %d ms", name,
+                      r, LIMIT_MS);
         cr_assert_neq(o[r].status, RESHARD_ERR_PLAN_MISMATCH,
                       "%s: rank %d failed without naming rank %d: %s", name, r, victim, o[r].msg);
         named += o[r].status != RESHARD_OK;

@@ -119,7 +119,6 @@ struct ib_recv {
     int transient;
     const struct iovec *iov; /* recv_iov: buf is a bounce buffer copied out at the end */
     size_t niov;
-    int cts_posted; /* the CTS left this side */
     int cancelled;
     int stripes;
     size_t got;
@@ -1444,7 +1443,6 @@ static reshard_status_t post_recv(struct ib_ctx *x, int peer, uint64_t tag, void
                          .addr = (uintptr_t)r->buf,
                          .len = len,
                          .rkey = r->mr ? r->mr->rkey : 0};
-    r->cts_posted = 1;
     if (queue_work(x, p, &(struct ib_work){.kind = W_CTL, .ctl = ctl}) != RESHARD_OK)
         peer_down(x, p, RESHARD_ERR_NETWORK, rs_error_message()); /* completes r */
     return RESHARD_OK;

@@ -172,11 +172,13 @@ reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo 
         tdom_free(td);
         return RESHARD_ERR_NO_MEMORY;
     }
+    int m = 0; /* absent ranks hold and need nothing */
     for (int p = 0; p < n; p++)
-        v[p] = (struct tdr){map->tuple[p], topo->domain[l->ranks[p]], l->ranks[p]};
-    qsort(v, (size_t)n, sizeof(*v), cmp_tdr);
+        if (!topo_absent(topo, l->ranks[p]))
+            v[m++] = (struct tdr){map->tuple[p], topo->domain[l->ranks[p]], l->ranks[p]};
+    qsort(v, (size_t)m, sizeof(*v), cmp_tdr);
     int nruns = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < m; i++) {
         td->rank[i] = v[i].rank;
         if (i == 0 || v[i].tuple != v[i - 1].tuple || v[i].domain != v[i - 1].domain) {
             td->runs[nruns++] = (struct tdom_run){v[i].domain, i, i + 1};
@@ -185,7 +187,10 @@ reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo 
             td->runs[nruns - 1].end = i + 1;
         }
     }
-    free(v); /* every tuple has ranks, so every run_first entry was set */
+    free(v);
+    for (int t = 0; t < td->ntuples; t++) /* a tuple whose ranks are all absent has no runs */
+        if (td->run_first[t + 1] < td->run_first[t])
+            td->run_first[t + 1] = td->run_first[t];
     return RESHARD_OK;
 }
 

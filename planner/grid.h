@@ -47,7 +47,8 @@ int grid_next(const struct rs_grid *g, struct grid_cursor *c); /* 0 when past th
 void grid_cell_box(const struct rs_grid *g, const struct grid_cursor *c, int64_t *start,
                    int64_t *len);
 
-/* The ranks of each tuple grouped by domain: run r of tuple t covers rank[begin .. end). */
+/* The present ranks of each tuple grouped by domain: run r of tuple t covers
+ * rank[begin .. end). A tuple whose ranks are all absent has no runs. */
 struct tdom_run {
     int domain, begin, end;
 };

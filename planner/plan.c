@@ -229,6 +229,27 @@ static reshard_status_t serve_locally(struct build *b, uint32_t t, const struct 
     return RESHARD_OK;
 }
 
+/* Tensor t needs a piece that only the (absent) ranks of source tuple `tuple` held: named in
+ * the error, the first one with its holders. */
+static void note_lost(struct build *b, uint32_t t, int tuple)
+{
+    const struct plan_tensor *pt = &b->plan->tensors[t];
+    size_t n = strlen(b->lost);
+    if (b->nlost++ == 0) {
+        const struct rs_shardmap *m = &pt->src_map;
+        n += (size_t)snprintf(b->lost + n, sizeof(b->lost) - n, "'%s' (held by rank", pt->name);
+        for (int i = m->tuple_first[tuple]; i < m->tuple_first[tuple + 1] && n < sizeof(b->lost);
+             i++)
+            n += (size_t)snprintf(b->lost + n, sizeof(b->lost) - n, "%s %d",
+                                  i > m->tuple_first[tuple] ? "," : "",
+                                  pt->src.ranks[m->tuple_pos[i]]);
+        if (n < sizeof(b->lost))
+            snprintf(b->lost + n, sizeof(b->lost) - n, " only)");
+    } else if (n < sizeof(b->lost)) {
+        snprintf(b->lost + n, sizeof(b->lost) - n, ", '%s'", pt->name);
+    }
+}
+
 /* Finds the cells of tensor t (its overlap already built): serves what is held locally,
  * queues the rest as units. */
 static reshard_status_t plan_tensor_cells(struct build *b, uint32_t t)
@@ -237,6 +258,7 @@ static reshard_status_t plan_tensor_cells(struct build *b, uint32_t t)
     const struct plan_tensor *pt = &b->plan->tensors[t];
     int ndim = pt->dst.ndim;
 
+    int lost_tuple = -1;
     struct grid_cursor c;
     grid_first(&w->grid, &c);
     do {
@@ -253,12 +275,16 @@ static reshard_status_t plan_tensor_cells(struct build *b, uint32_t t)
             int h = tdom_find(&w->src_td, c.src_tuple, need->domain);
             if (h >= 0) {
                 RS_CHECK(serve_locally(b, t, &c, need, &w->src_td.runs[h], box, bytes));
+            } else if (w->src_td.run_first[c.src_tuple] == w->src_td.run_first[c.src_tuple + 1]) {
+                lost_tuple = c.src_tuple; /* its holders are all absent */
             } else {
                 struct net_unit u = {bytes, box, t, c.src_tuple, r};
                 RS_CHECK(push_unit(b, &u));
             }
         }
     } while (grid_next(&w->grid, &c));
+    if (lost_tuple >= 0)
+        note_lost(b, t, lost_tuple);
     return RESHARD_OK;
 }
 
@@ -295,7 +321,7 @@ static reshard_status_t plan_hash(const struct rs_plan *p, uint64_t *out)
 {
     uint64_t h = mix(p->hash, (uint64_t)p->ntensors);
     for (int r = 0; r < p->topo.nranks; r++)
-        h = mix(h, (uint64_t)p->topo.domain[r]);
+        h = mix(h, (uint64_t)p->topo.domain[r] << 1 | (uint64_t)topo_absent(&p->topo, r));
     for (int t = 0; t < p->ntensors; t++) {
         const struct plan_tensor *pt = &p->tensors[t];
         h = mix_string(h, pt->name, strlen(pt->name));
@@ -389,6 +415,11 @@ static reshard_status_t plan_tensors(struct rs_plan *p)
     RS_CHECK_GOTO(largest_first(p, order), st, free_build);
     for (int i = 0; i < p->ntensors; i++)
         RS_CHECK_GOTO(plan_tensor(&b, order[i]), st, free_build);
+    if (b.nlost)
+        st = rs_error(RESHARD_ERR_DATA_LOST,
+                      "plan: %d tensor%s cannot be refit: a piece that a destination needs was "
+                      "held only by ranks that left, and no replica remains: %s",
+                      b.nlost, b.nlost == 1 ? "" : "s", b.lost);
 free_build:
     free(order);
     build_free(&b);

@@ -27,6 +27,10 @@ struct build {
     struct net_unit *units; /* ... and its network units */
     size_t nunits, units_cap;
     int64_t *net_out, *net_in, *local_out; /* bytes per rank so far */
+    /* Tensors with a piece that a destination needs and only absent ranks held: the plan
+     * goes on to find them all, then fails naming them. */
+    int nlost;
+    char lost[256];
 };
 
 /* Cuts the current tensor's units into per-rank slices, largest first, picks senders and

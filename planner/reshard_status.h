@@ -33,7 +33,8 @@ extern "C" {
     X(ERR_PLAN_MISMATCH, 18, "ranks passed different layouts (plan hashes differ)")                \
     X(ERR_UNAVAILABLE, 19, "transport or library not available on this host")                      \
     X(ERR_REMOTE, 20, "another rank failed")                                                       \
-    X(ERR_ABORTED, 21, "aborted by reshard_comm_abort")
+    X(ERR_ABORTED, 21, "aborted by reshard_comm_abort")                                            \
+    X(ERR_DATA_LOST, 22, "data was held only by ranks that left (no replica remains)")
 
 typedef enum reshard_status {
 #define RESHARD_STATUS_ENUM_(name, value, msg) RESHARD_##name = value,

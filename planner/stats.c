@@ -88,8 +88,9 @@ static reshard_status_t tensor_bounds(const struct rs_plan *p, int t, struct bou
                 bd->in[d] += bytes;
             }
         }
-        int hb = src->runs[src->run_first[c.src_tuple]].begin;
-        int he = src->runs[src->run_first[c.src_tuple + 1] - 1].end;
+        int first = src->run_first[c.src_tuple], last = src->run_first[c.src_tuple + 1] - 1;
+        int hb = first <= last ? src->runs[first].begin : 0; /* none: held by absent ranks */
+        int he = first <= last ? src->runs[last].end : 0;
         if (he - hb == 1) { /* a sole holder must feed every other domain that needs it */
             int holder = src->rank[hb];
             for (int r = rb; r < re; r++)
@@ -104,7 +105,7 @@ static reshard_status_t tensor_bounds(const struct rs_plan *p, int t, struct bou
     int other = count_other_domains(topo, &pt->dst, root_domain, bd->stamp, t + 1);
     s->gather_bcast_bytes += (total - root_has) + total * other;
     for (int i = 0; i < pt->dst.nranks; i++)
-        bd->is_dst[pt->dst.ranks[i]] = 1;
+        bd->is_dst[pt->dst.ranks[i]] = !topo_absent(topo, pt->dst.ranks[i]);
     overlap_free(&o);
     return RESHARD_OK;
 }

@@ -93,6 +93,7 @@ err_free:
 reshard_status_t topo_copy(const struct rs_topo *from, struct rs_topo *to)
 {
     struct rs_topo t = *from;
+    t.absent = NULL; /* until copied: a failure below frees only what is t's */
     t.domain = rs_calloc((size_t)from->nranks, sizeof(int), "topology");
     t.local_index = rs_calloc((size_t)from->nranks, sizeof(int), "topology");
     t.domain_size = rs_calloc((size_t)from->ndomains, sizeof(int), "topology");
@@ -103,12 +104,34 @@ reshard_status_t topo_copy(const struct rs_topo *from, struct rs_topo *to)
     memcpy(t.domain, from->domain, (size_t)from->nranks * sizeof(int));
     memcpy(t.local_index, from->local_index, (size_t)from->nranks * sizeof(int));
     memcpy(t.domain_size, from->domain_size, (size_t)from->ndomains * sizeof(int));
+    if (from->absent) {
+        if (!(t.absent = rs_calloc((size_t)from->nranks, 1, "topology"))) {
+            topo_free(&t);
+            return RESHARD_ERR_NO_MEMORY;
+        }
+        memcpy(t.absent, from->absent, (size_t)from->nranks);
+    }
     *to = t;
+    return RESHARD_OK;
+}
+
+reshard_status_t topo_set_absent(struct rs_topo *t, const int *ranks, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ranks[i] < 0 || ranks[i] >= t->nranks)
+            return rs_error(RESHARD_ERR_INVALID_ARG, "topology: rank %d is outside 0..%d", ranks[i],
+                            t->nranks - 1);
+    if (n > 0 && !t->absent && !(t->absent = rs_calloc((size_t)t->nranks, 1, "topology")))
+        return RESHARD_ERR_NO_MEMORY;
+    for (int i = 0; i < n; i++)
+        t->absent[ranks[i]] = 1;
     return RESHARD_OK;
 }
 
 void topo_free(struct rs_topo *t)
 {
+    free(t->absent);
+    t->absent = NULL;
     free(t->domain);
     free(t->local_index);
     free(t->domain_size);

@@ -15,6 +15,10 @@ struct rs_topo {
     int *domain;      /* [nranks]: dense ids, numbered in order of their lowest rank */
     int *local_index; /* [nranks] */
     int *domain_size; /* [ndomains] */
+    /* [nranks], or NULL when every rank takes part. An absent rank (one a communicator shrank
+     * away) keeps its place and domain but neither sends nor receives: plans take its source
+     * pieces from replicas and give it nothing. */
+    unsigned char *absent;
 };
 
 /* From explicit ids (domain_of[r] >= 0, any numbering) or, with domain_of NULL, consecutive
@@ -22,6 +26,12 @@ struct rs_topo {
 reshard_status_t topo_create(int nranks, int domain_size, const int *domain_of,
                              struct rs_topo *out);
 reshard_status_t topo_copy(const struct rs_topo *from, struct rs_topo *to);
+/* Marks ranks absent (each in [0, nranks)). */
+reshard_status_t topo_set_absent(struct rs_topo *t, const int *ranks, int n);
+static inline int topo_absent(const struct rs_topo *t, int rank)
+{
+    return t->absent && t->absent[rank];
+}
 void topo_free(struct rs_topo *t);
 
 #endif

@@ -6,7 +6,7 @@
  *     received from the network), and writes into a rank whose destination shard contains it;
  *   - ops cross the network exactly when sender and receiver sit in different domains;
  *   - the boxes written into each destination shard tile it exactly: no element twice, none
- *     missing;
+ *     missing (absent ranks neither send nor receive);
  *   - the boxes entering each domain over the network are disjoint (each element crosses into
  *     a domain at most once).
  */
@@ -42,6 +42,8 @@ static reshard_status_t check_op(const struct rs_plan *p, size_t i)
         return invalid(p, i, "no such tensor");
     if (op->src < 0 || op->src >= topo->nranks || op->dst < 0 || op->dst >= topo->nranks)
         return invalid(p, i, "rank outside the communicator");
+    if (topo_absent(topo, op->src) || topo_absent(topo, op->dst))
+        return invalid(p, i, "an absent rank sends or receives");
     const struct plan_tensor *t = &p->tensors[op->tensor];
     int ndim = t->dst.ndim;
     if (op->box + 2 * (uint64_t)ndim > p->ncoords)
@@ -179,7 +181,9 @@ static reshard_status_t check_cover(const struct rs_plan *p, struct key *keys, s
                 bytes += plan_op_bytes(p, &p->ops[keys[k++].op]);
             if (k > b)
                 RS_CHECK(check_disjoint(p, keys + b, k - b, spans, "write the same element"));
-            int64_t want = shardmap_local_numel(&pt->dst_map, pos) * esize;
+            int64_t want = topo_absent(&p->topo, rank)
+                               ? 0 /* and check_op proved that nothing is written there */
+                               : shardmap_local_numel(&pt->dst_map, pos) * esize;
             if (bytes != want)
                 return rs_error(RESHARD_ERR_INVALID_PLAN,
                                 "plan: tensor '%s': rank %d receives %lld of its %lld bytes",

@@ -136,6 +136,16 @@ reshard_status_t reshard_topo_create(int world_size, int domain_size, const int 
     return RESHARD_OK;
 }
 
+reshard_status_t reshard_topo_exclude(reshard_topo_t *topo, const int *ranks, int n)
+{
+    api_enter();
+    if (!topo || (!ranks && n > 0))
+        return api_null_arg(__func__, topo ? "ranks" : "topo");
+    if (n < 0)
+        return api_leave(__func__, rs_error(RESHARD_ERR_INVALID_ARG, "%s: n is %d", __func__, n));
+    return api_leave(__func__, topo_set_absent(&topo->t, ranks, n));
+}
+
 void reshard_topo_destroy(reshard_topo_t *topo)
 {
     if (!topo)

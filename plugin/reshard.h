@@ -93,6 +93,11 @@ typedef struct reshard_topo reshard_topo_t;
  * domain_of is not NULL, else consecutive blocks of domain_size ranks. */
 RESHARD_API reshard_status_t reshard_topo_create(int world_size, int domain_size,
                                                  const int *domain_of, reshard_topo_t **topo);
+/* Marks ranks as gone (each in [0, world_size)): they keep their numbers and domains, but plans
+ * on the topology neither send from them nor write to them, taking what they held from a
+ * replica; a piece held by no remaining rank fails the plan with RESHARD_ERR_DATA_LOST naming
+ * the tensors. reshard_comm_shrink does this for a communicator. */
+RESHARD_API reshard_status_t reshard_topo_exclude(reshard_topo_t *topo, const int *ranks, int n);
 RESHARD_API void reshard_topo_destroy(reshard_topo_t *topo);
 
 /* ---- plans ---- */

@@ -33,10 +33,15 @@ struct oracle_bounds {
 
 int oracle_bounds(const struct rs_plan *p, struct oracle_bounds *b);
 
-/* Replays the ops of a plan on per-rank element flags. Returns 0 when every destination
- * element is written exactly once by an op whose sender holds (or, for FWD, has received)
- * it; else -1 with a message in msg. */
+/* Replays the ops of a plan on per-rank element flags. Returns 0 when every element of a
+ * present destination rank is written exactly once by an op whose sender holds (or, for FWD, has
+ * received) it; else -1 with a message in msg. */
 int oracle_check_plan(const struct rs_plan *p, char *msg, size_t n);
+
+/* 1 when an element that a present destination rank needs is held by no present source rank
+ * (the plan must fail with RESHARD_ERR_DATA_LOST), 0 when none is, -1 when too large. */
+int oracle_data_lost(const struct rs_layout *src, const struct rs_layout *dst,
+                     const struct rs_topo *topo);
 
 /* ---- random layouts ---- */
 

@@ -3,7 +3,9 @@
  * Property suite: 10,000 seeded random layout pairs (1-4-D tensors with sizes that need not
  * divide, 1-3-D meshes, R / S / SS, nested shards, disjoint / overlapping / equal rank sets,
  * 1-8 domains). Every plan must validate, move exactly min_net_bytes over the network, and
- * agree with the brute-force oracle on every element and on every bound. A failure prints the
+ * agree with the brute-force oracle on every element and on every bound; so must the plan of
+ * each pair with one source rank absent, unless the oracle finds data that only that rank held
+ * (then the plan fails with DATA_LOST). A failure prints the
  * seed and both specs; RESHARD_TEST_SEED=N replays one seed.
  */
 #include "oracle.h"
@@ -15,6 +17,7 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CASES_PER_TEST 1000
 
@@ -28,6 +31,47 @@ static void describe(const struct random_case *c, uint64_t seed, char *buf, size
                  (unsigned long long)seed, c->world, (long long)c->split_min_bytes, s, d);
     for (int r = 0; r < c->world && used > 0 && (size_t)used < n; r++)
         used += snprintf(buf + used, n - (size_t)used, " %d", c->domain_of[r]);
+}
+
+/* The same pair with one source rank gone, as after reshard_comm_shrink: the plan takes that
+ * rank's pieces from replicas and still meets every bound, or fails with DATA_LOST naming the
+ * tensor exactly when the oracle finds an element that only the absent rank held. */
+static void run_absent(const struct random_case *c, uint64_t seed, const struct plan_input *in,
+                       const struct rs_topo *topo, const char *why)
+{
+    int gone = c->src.ranks[(seed * 2654435761u >> 7) % (uint64_t)c->src.nranks];
+    struct rs_topo t;
+    cr_assert_eq(topo_copy(topo, &t), RESHARD_OK);
+    cr_assert_eq(topo_set_absent(&t, &gone, 1), RESHARD_OK);
+    int lost = oracle_data_lost(in->src, in->dst, &t);
+    cr_assert_geq(lost, 0, "%s", why);
+    struct plan_opts opts = {.split_min_bytes = c->split_min_bytes};
+    struct rs_plan *p = NULL;
+    reshard_status_t st = plan_build(in, 1, &t, &opts, &p);
+    if (lost) {
+        cr_assert_eq(st, RESHARD_ERR_DATA_LOST, "%s\nrank %d absent: expected DATA_LOST, got %s",
+                     why, gone, rs_status_string(st));
+        cr_assert(strstr(rs_error_message(), "'t' (held by rank"), "%s\n%s", why,
+                  rs_error_message());
+        topo_free(&t);
+        return;
+    }
+    cr_assert_eq(st, RESHARD_OK, "%s\nrank %d absent: %s", why, gone, rs_error_message());
+    cr_assert_eq(plan_validate(p), RESHARD_OK, "%s\nrank %d absent: %s", why, gone,
+                 rs_error_message());
+    struct plan_stats s;
+    struct oracle_bounds ob;
+    cr_assert_eq(plan_stats_compute(p, &s, NULL), RESHARD_OK, "%s", why);
+    cr_assert_eq(oracle_bounds(p, &ob), 0, "%s", why);
+    cr_assert_eq(s.net_bytes, s.min_net_bytes, "%s\nrank %d absent: net %lld, min %lld", why, gone,
+                 (long long)s.net_bytes, (long long)s.min_net_bytes);
+    cr_assert_eq(s.min_net_bytes, ob.min_net_bytes, "%s\nrank %d absent", why, gone);
+    cr_assert_eq(s.lb_nic_bytes, ob.lb_nic_bytes, "%s\nrank %d absent", why, gone);
+    char msg[256] = "";
+    cr_assert_eq(oracle_check_plan(p, msg, sizeof(msg)), 0, "%s\nrank %d absent: %s", why, gone,
+                 msg);
+    plan_free(p);
+    topo_free(&t);
 }
 
 /* Formats both specs, parses them back and plans the parsed copies, so the spec round trip
@@ -80,6 +124,7 @@ static void run_case(uint64_t seed)
 
     char msg[256] = "";
     cr_assert_eq(oracle_check_plan(p, msg, sizeof(msg)), 0, "%s\noracle: %s", why, msg);
+    run_absent(&c, seed, &in, &topo, why);
 
     plan_free(p);
     topo_free(&topo);

@@ -327,6 +327,20 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     return RESHARD_OK;
 }
 
+reshard_status_t reshard_plan_outcome(const reshard_plan_t *plan, reshard_tensor_state_t *states)
+{
+    api_enter();
+    if (!plan || !states)
+        return api_null_arg(__func__, plan ? "states" : "plan");
+    if (!plan->x)
+        return api_leave(__func__,
+                         rs_error(RESHARD_ERR_INVALID_ARG,
+                                  "%s: the plan was made by reshard_plan_create, which never "
+                                  "executes; ask a plan made by reshard_comm_plan_create",
+                                  __func__));
+    return api_leave(__func__, exec_outcome(plan->x, states));
+}
+
 reshard_status_t reshard_plan_execute(reshard_plan_t *plan, const reshard_buffers_t *bufs)
 {
     api_enter();

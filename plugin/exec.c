@@ -79,6 +79,7 @@ struct run {
     struct chunk_req *ack_in, *ack_out;
     int acks_in_left, acks_out_left, acked;
     size_t *tmp_left; /* [ntensors]: chunks still to reach the whole-tensor buffer */
+    size_t *dst_left; /* [ntensors]: chunks still to land in this rank's destination buffer */
     int inflight, posted;
     int *peer_inflight; /* [size] */
     int64_t last_event_ms;
@@ -187,6 +188,8 @@ static void arrived(struct run *r, long k, uint32_t chunk, const struct xfer *xf
     }
     if (xf->dst_buf == XBUF_TMP && --r->tmp_left[xf->tensor] == 0)
         release_whole(r, xf->tensor);
+    if (xf->dst_buf == XBUF_DST)
+        r->dst_left[xf->tensor]--;
     r->last_event_ms = now_ms();
 }
 
@@ -735,6 +738,7 @@ static void run_free(struct run *r)
     free(r->out_req);
     free(r->in_arrived);
     free(r->tmp_left);
+    free(r->dst_left);
     free(r->peer_inflight);
     free(r->ack_in);
     free(r->ack_out);
@@ -789,11 +793,12 @@ static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs
     r->out_req = rs_calloc(x->out_off[x->nout] + 1, sizeof(*r->out_req), "sends");
     r->in_arrived = rs_calloc(x->nin + 1, sizeof(uint32_t), "arrivals");
     r->tmp_left = rs_calloc((size_t)x->plan->ntensors, sizeof(size_t), "arrivals");
+    r->dst_left = rs_calloc((size_t)x->plan->ntensors, sizeof(size_t), "arrivals");
     r->peer_inflight = rs_calloc((size_t)x->comm->size, sizeof(int), "sends in flight");
     r->ack_in = rs_calloc((size_t)x->nsend_peers + 1, sizeof(*r->ack_in), "acknowledgements");
     r->ack_out = rs_calloc((size_t)x->nrecv_peers + 1, sizeof(*r->ack_out), "acknowledgements");
     if (!r->peer_dst || !r->peer_tmp || !r->in_req || !r->out_req || !r->in_arrived ||
-        !r->tmp_left || !r->peer_inflight || !r->ack_in || !r->ack_out) {
+        !r->tmp_left || !r->dst_left || !r->peer_inflight || !r->ack_in || !r->ack_out) {
         run_free(r);
         return RESHARD_ERR_NO_MEMORY;
     }
@@ -802,6 +807,7 @@ static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs
     r->acks_in_left = x->nsend_peers;
     r->acks_out_left = x->nrecv_peers;
     memcpy(r->tmp_left, x->tmp_chunks, (size_t)x->plan->ntensors * sizeof(size_t));
+    memcpy(r->dst_left, x->dst_chunks, (size_t)x->plan->ntensors * sizeof(size_t));
     *out = r;
     return RESHARD_OK;
 }
@@ -1009,6 +1015,24 @@ static void break_comm(struct exec *x, struct run *r)
         (void)comm_keep(c, run_free_any, r);
 }
 
+/* What the execution left in this rank's destination buffers: r NULL when it failed before
+ * any byte moved. A chunk counts once its receive (or copy) completed; one still in flight
+ * may be partly written, so its tensor is torn. */
+static void record_outcome(struct exec *x, const struct run *r)
+{
+    for (int t = 0; t < x->plan->ntensors; t++) {
+        reshard_tensor_state_t s = RESHARD_TENSOR_UNTOUCHED;
+        if (!x->dst_chunks[t])
+            s = RESHARD_TENSOR_NONE;
+        else if (r && !r->dst_left[t])
+            s = RESHARD_TENSOR_COMPLETE;
+        else if (r)
+            s = RESHARD_TENSOR_TORN;
+        x->outcome[t] = (uint8_t)s;
+    }
+    x->executed = 1;
+}
+
 static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
 {
     struct reshard_comm *c = x->comm;
@@ -1021,6 +1045,7 @@ static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
     if (st == local && local != RESHARD_OK)
         rs_error(local, "%s", why);
     if (st != RESHARD_OK) { /* nothing moved: the communicator stays usable */
+        record_outcome(x, NULL);
         run_free(r);
         return st;
     }
@@ -1028,11 +1053,13 @@ static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
     if (st == RESHARD_OK)
         st = wait_done(r);
     if (st == RESHARD_OK) {
+        record_outcome(x, r);
         run_free(r);
         return RESHARD_OK;
     }
     fail(r, st); /* the first failure's message, not its echoes */
     remote_cause(x, r);
+    record_outcome(x, r);
     break_comm(x, r);
     return rs_error(c->broken, "%s", c->broken_why);
 }

@@ -27,6 +27,9 @@ int64_t exec_chunk_bytes(void);
 /* RESHARD_COALESCE_BYTES, at most the chunk size: what the executor packs. */
 int64_t exec_coalesce_bytes(void);
 void exec_destroy(struct exec *x);
+/* What the last execution left in this rank's destination buffers, per tensor
+ * (reshard_tensor_state_t); RESHARD_ERR_INVALID_ARG before the first execution. */
+reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *states);
 
 /* Replaces the op figures of *stats (and of ranks[], when not NULL) with what the transfer list
  * moves: the algorithm's promise, which the transports' counters must match. */

@@ -46,6 +46,11 @@ struct exec {
      * chunks must reach this rank's whole-tensor buffer first. */
     uint32_t *after_first, *after; /* [ntensors + 1], [nout] */
     size_t *tmp_chunks;            /* [ntensors] */
+    /* Per tensor: chunks that land in this rank's destination buffer (from peers or itself),
+     * and what the last execution left there (reshard_tensor_state_t; NULL before the first). */
+    size_t *dst_chunks;
+    uint8_t *outcome;
+    int executed;
     /* Registrations of the caller's buffers, redone when a pointer changes. */
     struct reg {
         const void *addr;

@@ -212,6 +212,26 @@ static reshard_status_t link_whole_tensors(struct exec *x)
     return RESHARD_OK;
 }
 
+static reshard_status_t count_landing(struct exec *x)
+{
+    int me = x->comm->rank;
+    x->dst_chunks = rs_calloc((size_t)x->plan->ntensors, sizeof(size_t), "tensor outcomes");
+    x->outcome = rs_calloc((size_t)x->plan->ntensors, 1, "tensor outcomes");
+    if (!x->dst_chunks || !x->outcome)
+        return RESHARD_ERR_NO_MEMORY;
+    for (size_t o = 0; o < x->nout; o++) {
+        const struct xfer *xf = &x->xs.x[x->out[o]];
+        if (xf->dst == me && xf->dst_buf == XBUF_DST)
+            x->dst_chunks[xf->tensor] += x->out_off[o + 1] - x->out_off[o];
+    }
+    for (size_t k = 0; k < x->nin; k++) {
+        const struct xfer *xf = &x->xs.x[x->in[k]];
+        if (xf->dst_buf == XBUF_DST)
+            x->dst_chunks[xf->tensor] += x->in_off[k + 1] - x->in_off[k];
+    }
+    return RESHARD_OK;
+}
+
 /* Connects to every peer this rank exchanges messages with, so that a rank that only
  * receives also hears when a sender's connection fails. */
 static reshard_status_t connect_peers(struct exec *x)
@@ -356,6 +376,7 @@ static reshard_status_t share(struct exec *x)
     RS_CHECK(prefix_chunks(x, x->in, x->nin, &x->in_off));
     RS_CHECK(link_children(x));
     RS_CHECK(link_whole_tensors(x));
+    RS_CHECK(count_landing(x));
     RS_CHECK(bundle_side(x, x->out, x->nout, x->out_off, 1, &x->out_b, &x->nout_b, &x->out_p,
                          &x->out_bundled));
     RS_CHECK(
@@ -445,6 +466,8 @@ void exec_destroy(struct exec *x)
     free(x->after_first);
     free(x->after);
     free(x->tmp_chunks);
+    free(x->dst_chunks);
+    free(x->outcome);
     free(x->send_peers);
     free(x->recv_peers);
     free(x->out_b);
@@ -455,6 +478,15 @@ void exec_destroy(struct exec *x)
     free(x->in_bundled);
     xfer_free(&x->xs);
     free(x);
+}
+
+reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *states)
+{
+    if (!x->executed)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "the plan has not been executed yet");
+    for (int t = 0; t < x->plan->ntensors; t++)
+        states[t] = (reshard_tensor_state_t)x->outcome[t];
+    return RESHARD_OK;
 }
 
 const struct xfer_set *exec_xfers(const struct exec *x)

@@ -293,6 +293,24 @@ typedef struct reshard_buffers {
 RESHARD_API reshard_status_t reshard_plan_execute(reshard_plan_t *plan,
                                                   const reshard_buffers_t *bufs);
 
+/* What an execution left in this rank's destination buffer of a tensor. */
+typedef enum reshard_tensor_state {
+    RESHARD_TENSOR_NONE = 0,      /* this rank receives nothing of the tensor */
+    RESHARD_TENSOR_COMPLETE = 1,  /* every byte this rank receives of it arrived */
+    RESHARD_TENSOR_UNTOUCHED = 2, /* the execution failed before any byte moved: as it was */
+    RESHARD_TENSOR_TORN = 3       /* partly written, and a transfer still in flight may write
+                                   * more until reshard_comm_destroy */
+} reshard_tensor_state_t;
+
+/* After reshard_plan_execute, failed or not: the state of each tensor's destination on this
+ * rank (states[t] for tensor t, in the order the plan was made; with a manifest, its names).
+ * A tensor counts as complete once every receive and copy into it completed, so after a
+ * failure the tensors that no failed peer contributed to are usually complete, and a complete
+ * one holds the new values. Local: needs no other rank, and works on a communicator that
+ * failed. RESHARD_ERR_INVALID_ARG before the plan's first execution. */
+RESHARD_API reshard_status_t reshard_plan_outcome(const reshard_plan_t *plan,
+                                                  reshard_tensor_state_t *states);
+
 /* What this rank's transports moved since the communicator was created, counted by the
  * transports themselves (payload bytes; control messages apart). */
 typedef struct reshard_comm_counters {

@@ -423,6 +423,132 @@ Test(comm, an_idle_abort_fails_the_next_call_everywhere)
                   r, o[r].status, o[r].msg);
 }
 
+/* ---- the refit outcome ---- */
+
+/* Three tensors: "big" (128 MiB from rank 1 to rank 3, in 4 KiB chunks: about a second),
+ * "small" (32x32 from rank 2 to rank 3) and "own" (rank 0 to itself). */
+#define BIG_SRC   "shape=8192x4096 dtype=i32 ranks=1 place=R"
+#define BIG_DST   "shape=8192x4096 dtype=i32 ranks=3 place=R"
+#define SMALL_SRC "shape=32x32 dtype=i32 ranks=2 place=R"
+#define SMALL_DST "shape=32x32 dtype=i32 ranks=3 place=R"
+#define OWN       "shape=32x32 dtype=i32 ranks=0 place=R"
+
+static int outcome_mode; /* 0: rank 1 aborts 150 ms in; 1: rank 3's "small" buffer is short */
+
+static int expect_states(int rank, const reshard_plan_t *plan, const reshard_tensor_state_t *want)
+{
+    reshard_tensor_state_t got[3] = {-1, -1, -1};
+    if (reshard_plan_outcome(plan, got) != RESHARD_OK) {
+        fprintf(stderr, "rank %d: outcome: %s\n", rank, reshard_last_error());
+        return 0;
+    }
+    for (int t = 0; t < 3; t++)
+        if (got[t] != want[t]) {
+            fprintf(stderr, "rank %d: tensor %d is in state %d, expected %d\n", rank, t, got[t],
+                    want[t]);
+            return 0;
+        }
+    return 1;
+}
+
+static reshard_status_t outcome_ranks(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    const char *specs[3][2] = {{BIG_SRC, BIG_DST}, {SMALL_SRC, SMALL_DST}, {OWN, OWN}};
+    const char *names[3] = {"big", "small", "own"};
+    reshard_layout_t *l[3][2];
+    reshard_tensor_t t[3];
+    reshard_buffers_t b[3];
+    for (int i = 0; i < 3; i++) {
+        l[i][0] = parse(specs[i][0]);
+        l[i][1] = parse(specs[i][1]);
+        t[i] = (reshard_tensor_t){names[i], l[i][0], l[i][1]};
+        size_t sb = 0, db = 0;
+        reshard_layout_shard_bytes(l[i][0], rank, &sb);
+        reshard_layout_shard_bytes(l[i][1], rank, &db);
+        b[i] = (reshard_buffers_t){sb ? malloc(sb) : NULL, sb, db ? calloc(1, db) : NULL, db,
+                                   RESHARD_MEM_HOST};
+        if (i > 0 && sb) /* the 32x32 tensors carry their pattern; "big" is zeros */
+            fill(l[i][0], rank, (int32_t *)b[i].src);
+        else if (sb)
+            memset((void *)b[i].src, 0, sb);
+    }
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, t, 3, NULL, &plan);
+    int ok = st == RESHARD_OK;
+    reshard_tensor_state_t none[3];
+    if (ok && (reshard_plan_outcome(plan, none) != RESHARD_ERR_INVALID_ARG ||
+               !strstr(reshard_last_error(), "not been executed"))) {
+        fprintf(stderr, "rank %d: an outcome before any execution: %s\n", rank,
+                reshard_last_error());
+        ok = 0;
+    }
+    if (outcome_mode == 1 && rank == 3)
+        b[1].dst_bytes -= 4;
+    pthread_t th;
+    if (ok && outcome_mode == 0 && rank == 1)
+        pthread_create(&th, NULL, abort_soon, comm);
+    if (ok)
+        st = reshard_plan_execute(plan, b);
+    char why[256];
+    snprintf(why, sizeof(why), "%s", reshard_last_error());
+    if (ok && outcome_mode == 0 && rank == 1)
+        pthread_join(th, NULL);
+    const reshard_tensor_state_t N = RESHARD_TENSOR_NONE, C = RESHARD_TENSOR_COMPLETE,
+                                 U = RESHARD_TENSOR_UNTOUCHED, T = RESHARD_TENSOR_TORN;
+    if (ok && outcome_mode == 0) {
+        /* rank 3 has "small" whole (rank 2 sent it at once) and "big" torn; rank 0 copied
+         * "own" before the abort reached it */
+        reshard_tensor_state_t want[4][3] = {{N, N, C}, {N, N, N}, {N, N, N}, {T, C, N}};
+        ok = expect_states(rank, plan, want[rank]);
+        if (ok && rank == 3 && count_wrong(l[1][1], 3, b[1].dst)) {
+            fprintf(stderr, "rank 3: \"small\" is complete but wrong\n");
+            ok = 0;
+        }
+    } else if (ok) {
+        /* nothing moved: every destination is as it was; then a full run completes all */
+        reshard_tensor_state_t want[4][3] = {{N, N, U}, {N, N, N}, {N, N, N}, {U, U, N}};
+        reshard_tensor_state_t done[4][3] = {{N, N, C}, {N, N, N}, {N, N, N}, {C, C, N}};
+        ok = st == RESHARD_ERR_BUFFER && expect_states(rank, plan, want[rank]);
+        if (rank == 3)
+            b[1].dst_bytes += 4;
+        st = ok ? reshard_plan_execute(plan, b) : st;
+        ok = ok && st == RESHARD_OK && expect_states(rank, plan, done[rank]);
+        if (ok && rank == 3 && count_wrong(l[1][1], 3, b[1].dst))
+            ok = 0;
+    }
+    reshard_plan_destroy(plan);
+    for (int i = 0; i < 3; i++) {
+        free((void *)b[i].src);
+        free(b[i].dst);
+        reshard_layout_destroy(l[i][0]);
+        reshard_layout_destroy(l[i][1]);
+    }
+    fprintf(stderr, "rank %d: %s: %s\n", rank, reshard_strerror(st), why);
+    return ok ? st : RESHARD_ERR_INTERNAL;
+}
+
+Test(comm, after_an_abort_the_receiver_knows_which_tensors_are_whole)
+{
+    setenv("RESHARD_CHUNK_BYTES", "4096", 1);
+    outcome_mode = 0;
+    struct outcome *o = run_ranks(4, outcome_ranks);
+    cr_assert_eq(o[1].status, RESHARD_ERR_ABORTED, "rank 1: %d %s", o[1].status, o[1].msg);
+    for (int r = 2; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_ERR_REMOTE, "rank %d: %d %s", r, o[r].status, o[r].msg);
+    /* rank 0 exchanges nothing with the others: it may finish before the abort */
+    cr_assert(o[0].status == RESHARD_OK || o[0].status == RESHARD_ERR_REMOTE, "rank 0: %d %s",
+              o[0].status, o[0].msg);
+}
+
+Test(comm, a_failure_before_bytes_move_leaves_every_destination_untouched)
+{
+    outcome_mode = 1;
+    struct outcome *o = run_ranks(4, outcome_ranks);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %d %s", r, o[r].status, o[r].msg);
+}
+
 /* ---- coalescing: many small tensors travel as a few packed messages per peer ---- */
 
 #define NSMALL 200

@@ -239,6 +239,42 @@ reshard_status_t boot_id_from_addr(const char *host, int port, const char *secre
     return RESHARD_OK;
 }
 
+/* FNV-1a lanes, as secret_hash, over a secret and then a salt. */
+static void secret_mix(const unsigned char *secret, const void *salt, size_t n, unsigned char *out)
+{
+    unsigned char mixed[SECRET_BYTES];
+    for (int lane = 0; lane < SECRET_BYTES / 8; lane++) {
+        uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)(lane + 1) * 0x9e3779b97f4a7c15ull;
+        for (int i = 0; i < SECRET_BYTES; i++)
+            h = (h ^ secret[i]) * 0x100000001b3ull;
+        for (size_t i = 0; i < n; i++)
+            h = (h ^ ((const unsigned char *)salt)[i]) * 0x100000001b3ull;
+        h = (h ^ h >> 33) * 0xff51afd7ed558ccdull;
+        h = (h ^ h >> 33) * 0xc4ceb9fe1a85ec53ull;
+        wire_put(mixed + 8 * lane, h ^ h >> 33, 8);
+    }
+    memcpy(out, mixed, SECRET_BYTES);
+}
+
+reshard_status_t boot_id_derive(const struct boot_id *id, const void *salt, size_t n,
+                                struct boot_id *out)
+{
+    union sock_addr a;
+    unsigned char secret[SECRET_BYTES];
+    if (id_decode(id, &a, secret) != 0)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: not a bootstrap id of this version");
+    secret_mix(secret, salt, n, secret);
+    struct boot_id made;
+    id_encode(&a, secret, &made);
+    pthread_mutex_lock(&registry_lock); /* a listener made here now answers to the new id */
+    for (size_t i = 0; i < registry_len; i++)
+        if (memcmp(registry[i].id.bytes, id->bytes, BOOT_ID_BYTES) == 0)
+            registry[i].id = made;
+    pthread_mutex_unlock(&registry_lock);
+    *out = made;
+    return RESHARD_OK;
+}
+
 /* ---- launcher environment ---- */
 
 struct launcher {
@@ -434,6 +470,7 @@ struct boot {
     int rank, size, timeout_ms;
     uint32_t seq;            /* collectives so far, to tell ranks out of step */
     struct conn *conns;      /* by rank: rank 0 holds 1..size-1, a peer holds [0] */
+    int *label;              /* [size]: the number each rank goes by in messages and reports */
     reshard_status_t failed; /* RESHARD_OK while usable */
     char fail_msg[RS_ERROR_MAX];
     char refusal[RS_ERROR_MAX];
@@ -497,15 +534,15 @@ static reshard_status_t exchange(struct coll *c, int only, int skip, int send, u
     return st;
 }
 
-/* Whether rank r hears of a failure of `origin` from this rank. */
+/* Whether rank r hears of a failure of `origin` (a label) from this rank. */
 static int told(const struct boot *b, int r, int origin)
 {
-    return b->conns[r].fd >= 0 && !b->conns[r].send_torn && r != origin && r != b->rank;
+    return b->conns[r].fd >= 0 && !b->conns[r].send_torn && b->label[r] != origin && r != b->rank;
 }
 
-/* Tells the ranks this one talks to that `origin` failed, so that they fail now rather than at
- * their timeout: rank 0 tells every peer but the origin, a peer tells rank 0 (which forwards
- * it). Best effort, within ABORT_MAX_MS; the thread's message is left alone. */
+/* Tells the ranks this one talks to that `origin` (by its label) failed, so that they fail now
+ * rather than at their timeout: rank 0 tells every peer but the origin, a peer tells rank 0 (which
+ * forwards it). Best effort, within ABORT_MAX_MS; the thread's message is left alone. */
 static void tell_others(struct boot *b, int origin, reshard_status_t st, const char *text)
 {
     unsigned char payload[8 + FRAME_TEXT_MAX];
@@ -548,7 +585,7 @@ static reshard_status_t boot_fail(struct boot *b, reshard_status_t st,
         if (b->rank == 0)
             tell_others(b, err->origin, err->status, err->text);
     } else {
-        tell_others(b, b->rank, st, msg);
+        tell_others(b, b->label[b->rank], st, msg);
     }
     b->failed = st;
     snprintf(b->fail_msg, sizeof(b->fail_msg), "%s", msg);
@@ -577,7 +614,8 @@ static reshard_status_t coll_begin(struct boot *b, enum frame_op op, const void 
                        .hdr = {.type = FRAME_DATA, .op = (uint16_t)op, .seq = b->seq},
                        .deadline = sock_now_ms() + b->timeout_ms,
                        .err = {.origin = -1}};
-    snprintf(c->what, sizeof(c->what), "%s #%u on rank %d", frame_op_name(op), b->seq, b->rank);
+    snprintf(c->what, sizeof(c->what), "%s #%u on rank %d", frame_op_name(op), b->seq,
+             b->label[b->rank]);
     return RESHARD_OK;
 }
 
@@ -642,7 +680,7 @@ void boot_abort(struct boot *b, reshard_status_t st, const char *msg)
         return;
     if (!msg)
         msg = rs_status_string(st);
-    tell_others(b, b->rank, st, msg);
+    tell_others(b, b->label[b->rank], st, msg);
     b->failed = st != RESHARD_OK ? st : RESHARD_ERR_INTERNAL;
     snprintf(b->fail_msg, sizeof(b->fail_msg), "aborted here: %s", msg);
 }
@@ -664,7 +702,7 @@ reshard_status_t boot_check(struct boot *b)
             char why[RS_ERROR_MAX];
             snprintf(why, sizeof(why), "%s", rs_error_message());
             if (b->rank == 0)
-                tell_others(b, r, st, why);
+                tell_others(b, b->label[r], st, why);
             b->failed = st;
             snprintf(b->fail_msg, sizeof(b->fail_msg), "%s", sock_msg_body(why));
             return rs_error(st, "%s", why);
@@ -690,6 +728,32 @@ reshard_status_t boot_check(struct boot *b)
     return RESHARD_OK;
 }
 
+reshard_status_t boot_spare_id(const struct boot *b, struct boot_id *id)
+{
+    union sock_addr a;
+    socklen_t len = sizeof(a);
+    int via = b->rank == 0 ? (b->size > 1 ? 1 : -1) : 0;
+    memset(&a, 0, sizeof(a));
+    if (via < 0 || getsockname(b->conns[via].fd, &a.sa, &len) != 0) {
+        a.in.sin_family = AF_INET; /* alone: nobody will dial it but this process */
+        a.in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    }
+    sock_addr_set_port(&a, 0);
+    unsigned char secret[SECRET_BYTES];
+    struct boot_id made;
+    int fd;
+    RS_CHECK(random_bytes(secret, sizeof(secret)));
+    RS_CHECK(sock_listen(&a, &fd));
+    id_encode(&a, secret, &made);
+    reshard_status_t st = registry_add(&made, fd);
+    if (st != RESHARD_OK) {
+        close(fd);
+        return st;
+    }
+    *id = made;
+    return RESHARD_OK;
+}
+
 int boot_rank(const struct boot *b)
 {
     return b ? b->rank : -1;
@@ -712,21 +776,27 @@ void boot_close(struct boot *b)
     for (int r = 0; r < b->size; r++)
         sock_close(&b->conns[r].fd);
     free(b->conns);
+    free(b->label);
     free(b);
 }
 
-static struct boot *boot_alloc(int rank, int size, int timeout_ms)
+static struct boot *boot_alloc(int rank, int size, const int *label, int timeout_ms)
 {
     struct boot *b = rs_calloc(1, sizeof(*b), "bootstrap");
     if (!b)
         return NULL;
     b->conns = rs_calloc((size_t)size, sizeof(*b->conns), "bootstrap connections");
-    if (!b->conns) {
+    b->label = rs_calloc((size_t)size, sizeof(*b->label), "bootstrap connections");
+    if (!b->conns || !b->label) {
+        free(b->conns);
+        free(b->label);
         free(b);
         return NULL;
     }
-    for (int r = 0; r < size; r++)
+    for (int r = 0; r < size; r++) {
         b->conns[r].fd = -1;
+        b->label[r] = label ? label[r] : r;
+    }
     b->rank = rank;
     b->size = size;
     b->timeout_ms = timeout_ms;
@@ -811,7 +881,8 @@ static void rv_hello(struct rendezvous *rv, int i)
         rv_refuse(rv, &p->fd, p->addr, claim, why);
     } else {
         b->conns[rank].fd = p->fd;
-        snprintf(b->conns[rank].name, sizeof(b->conns[rank].name), "rank %d (%s)", rank, p->addr);
+        snprintf(b->conns[rank].name, sizeof(b->conns[rank].name), "rank %d (%s)", b->label[rank],
+                 p->addr);
         rv->arrived++;
     }
     rv_remove(rv, i);
@@ -863,7 +934,7 @@ static reshard_status_t rv_timeout(struct rendezvous *rv)
     for (int r = 1; r < b->size; r++) {
         if (b->conns[r].fd >= 0 || missing++ >= MISSING_LISTED)
             continue;
-        int k = snprintf(list + used, sizeof(list) - used, "%s%d", used ? ", " : "", r);
+        int k = snprintf(list + used, sizeof(list) - used, "%s%d", used ? ", " : "", b->label[r]);
         used += k > 0 && (size_t)k < sizeof(list) - used ? (size_t)k : 0;
     }
     if (missing > MISSING_LISTED)
@@ -952,8 +1023,9 @@ static reshard_status_t peer_join(struct boot *b, const union sock_addr *a,
     char addr[SOCK_ADDR_STR];
     struct coll c = {
         .b = b, .hdr = {.type = FRAME_HELLO}, .deadline = deadline, .err = {.origin = -1}};
-    snprintf(c0->name, sizeof(c0->name), "rank 0 (%s)", sock_addr_str(a, addr, sizeof(addr)));
-    snprintf(c.what, sizeof(c.what), "rendezvous on rank %d", b->rank);
+    snprintf(c0->name, sizeof(c0->name), "rank %d (%s)", b->label[0],
+             sock_addr_str(a, addr, sizeof(addr)));
+    snprintf(c.what, sizeof(c.what), "rendezvous on rank %d", b->label[b->rank]);
     RS_CHECK(sock_connect(a, "rank 0", deadline, b->timeout_ms, &c0->fd));
     wire_put(hello, BOOT_VERSION, 4);
     memcpy(hello + 4, secret, SECRET_BYTES);
@@ -966,6 +1038,12 @@ static reshard_status_t peer_join(struct boot *b, const union sock_addr *a,
 
 reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int timeout_ms,
                            struct boot **out)
+{
+    return boot_init_labeled(id, rank, size, NULL, timeout_ms, out);
+}
+
+reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size, const int *label,
+                                   int timeout_ms, struct boot **out)
 {
     union sock_addr a;
     unsigned char secret[SECRET_BYTES];
@@ -981,7 +1059,7 @@ reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int tim
                         "bootstrap: rank %d was given something that is "
                         "not a bootstrap id of this version",
                         rank);
-    if (!(b = boot_alloc(rank, size, timeout_ms)))
+    if (!(b = boot_alloc(rank, size, label, timeout_ms)))
         return RESHARD_ERR_NO_MEMORY;
     int64_t deadline = sock_now_ms() + timeout_ms;
     if (rank == 0)

@@ -47,6 +47,10 @@ void boot_id_release(const struct boot_id *id);
  * launches. Does not listen. */
 reshard_status_t boot_id_from_addr(const char *host, int port, const char *secret,
                                    struct boot_id *id);
+/* The same address with a secret mixed from the id's and salt: a new job at the same place. A
+ * listener that boot_id_create or boot_spare_id made here for id answers to the new one. */
+reshard_status_t boot_id_derive(const struct boot_id *id, const void *salt, size_t n,
+                                struct boot_id *out);
 /* "10.0.0.1:29501": where rank 0 of this id listens, for messages and logs. */
 const char *boot_id_addr(const struct boot_id *id, char *buf, size_t n);
 
@@ -82,6 +86,14 @@ reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int tim
  * slots are filled. Each collective is bounded by the timeout given to boot_init; a failure
  * names the peer (rank and address). After a failure the bootstrap is unusable: later calls
  * fail at once, and the other ranks are told (best effort) so they fail fast too. */
+/* The same, with label[r] (copied) the number rank r goes by in messages, timeouts and failure
+ * reports (NULL: r): for a bootstrap over a subset of another job's ranks. */
+reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size, const int *label,
+                                   int timeout_ms, struct boot **out);
+/* An id for a later bootstrap that this rank will be rank 0 of: listens on the address this
+ * rank reaches the others from (any port), with a fresh secret, registered as boot_id_create
+ * does. Lets survivors of a job meet again without a new rendezvous address. */
+reshard_status_t boot_spare_id(const struct boot *b, struct boot_id *id);
 reshard_status_t boot_allgather(struct boot *b, void *buf, size_t bytes);
 reshard_status_t boot_bcast(struct boot *b, void *buf, size_t bytes, int root);
 reshard_status_t boot_barrier(struct boot *b);

@@ -153,6 +153,31 @@ int reshard_comm_size(const reshard_comm_t *comm)
     return comm ? comm->size : -1;
 }
 
+int reshard_comm_has_rank(const reshard_comm_t *comm, int rank)
+{
+    return comm && rank >= 0 && rank < comm->size && comm_has(comm, rank);
+}
+
+reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int *exclude, int nexclude,
+                                     reshard_comm_t **newcomm)
+{
+    api_enter();
+    if (!comm || !newcomm || (!exclude && nexclude > 0))
+        return api_null_arg(__func__, !comm ? "comm" : !newcomm ? "newcomm" : "exclude");
+    if (nexclude < 0)
+        return api_leave(
+            __func__, rs_error(RESHARD_ERR_INVALID_ARG, "%s: nexclude is %d", __func__, nexclude));
+    int idle = 0; /* not while this rank executes on it */
+    if (!atomic_compare_exchange_strong(&comm->busy, &idle, 1))
+        return api_leave(__func__, rs_error(RESHARD_ERR_BUSY,
+                                            "%s: the communicator is executing; abort it "
+                                            "(reshard_comm_abort) and let the execution return",
+                                            __func__));
+    reshard_status_t st = comm_shrink(comm, exclude, nexclude, newcomm);
+    atomic_store(&comm->busy, 0);
+    return api_leave(__func__, st);
+}
+
 const reshard_topo_t *reshard_comm_topo(const reshard_comm_t *comm)
 {
     return comm ? &comm->topo : NULL;
@@ -192,8 +217,7 @@ reshard_status_t reshard_comm_allgather(reshard_comm_t *comm, void *buf, size_t 
     if (!comm || !buf)
         return api_null_arg(__func__, comm ? "buf" : "comm");
     reshard_status_t st = comm_usable(comm);
-    return api_leave(__func__,
-                     st != RESHARD_OK ? st : boot_allgather(comm->boot, buf, bytes_per_rank));
+    return api_leave(__func__, st != RESHARD_OK ? st : comm_allgather(comm, buf, bytes_per_rank));
 }
 
 reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
@@ -220,7 +244,7 @@ reshard_status_t reshard_comm_counters_all(reshard_comm_t *comm, reshard_comm_co
     if (!comm || !all)
         return api_null_arg(__func__, comm ? "all" : "comm");
     RS_CHECK(reshard_comm_counters(comm, &all[comm->rank]));
-    reshard_status_t st = boot_allgather(comm->boot, all, sizeof(*all));
+    reshard_status_t st = comm_allgather(comm, all, sizeof(*all));
     if (st == RESHARD_OK && node)
         memcpy(node, comm->node, (size_t)comm->size * sizeof(int));
     return api_leave(__func__, st);
@@ -245,8 +269,10 @@ static reshard_status_t compare_plans(struct reshard_comm *c, struct plan_vote *
         return RESHARD_ERR_NO_MEMORY;
     }
     v[c->rank] = *mine;
-    reshard_status_t st = boot_allgather(c->boot, v, sizeof(*v));
+    reshard_status_t st = comm_allgather(c, v, sizeof(*v));
     for (int r = 0; st == RESHARD_OK && r < c->size; r++) {
+        if (!comm_has(c, r))
+            continue;
         if (v[r].status != RESHARD_OK && r != c->rank)
             st = rs_error(RESHARD_ERR_REMOTE, "rank %d could not plan: %s", r,
                           rs_status_string((reshard_status_t)v[r].status));
@@ -269,7 +295,7 @@ static reshard_status_t compare_plans(struct reshard_comm *c, struct plan_vote *
             size_t used = 0;
             int shown = 0;
             for (int q = 0; q < c->size && shown < 8; q++)
-                if (v[q].hash != mine->hash || v[q].algo != mine->algo)
+                if (comm_has(c, q) && (v[q].hash != mine->hash || v[q].algo != mine->algo))
                     used +=
                         (size_t)snprintf(list + used, used < sizeof(list) ? sizeof(list) - used : 0,
                                          "%s%d", shown++ ? ", " : "", q);
@@ -307,6 +333,11 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
                              .chunk_bytes = exec_chunk_bytes(),
                              .coalesce_bytes = exec_coalesce_bytes()};
     mine.status = api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, &h->p);
+    if (mine.status == RESHARD_OK && algo != RESHARD_ALGO_RESHARD && comm->nmembers < comm->size)
+        mine.status = rs_error(RESHARD_ERR_INVALID_ARG,
+                               "%s: the direct and broadcast baselines need every rank; a shrunk "
+                               "communicator runs RESHARD_ALGO_RESHARD",
+                               __func__);
     struct xfer_set xs;
     if (mine.status == RESHARD_OK && (mine.status = xfer_build(h->p, algo, &xs)) == RESHARD_OK)
         mine.status = exec_create(comm, h->p, &xs, &h->x);

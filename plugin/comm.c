@@ -16,7 +16,8 @@ struct comm_hello {
     int32_t pid;
     int32_t domain; /* RESHARD_DOMAIN, or -1 */
     uint32_t addr_len;
-    char transport[8]; /* every rank must run the same one */
+    char transport[8];    /* every rank must run the same one */
+    struct boot_id spare; /* where it would meet the others again (comm_shrink) */
 };
 
 #define COMM_ADDR_MAX 4096
@@ -27,18 +28,41 @@ int comm_timeout_ms(void)
     return s > INT32_MAX / 1000 ? INT32_MAX : (int)(s * 1000);
 }
 
-/* Dense ids, in order of first appearance, for the hostnames. */
-static void number_hosts(const struct comm_hello *h, int n, int *node)
+/* Dense ids, in order of first appearance, for the hostnames of the members (-1: absent). */
+static void number_hosts(const struct reshard_comm *c, const struct comm_hello *h, int *node)
 {
     int next = 0;
-    for (int r = 0; r < n; r++) {
+    for (int r = 0; r < c->size; r++) {
         node[r] = -1;
+        if (!comm_has(c, r))
+            continue;
         for (int q = 0; q < r && node[r] < 0; q++)
-            if (!strncmp(h[q].host, h[r].host, COMM_HOST_MAX))
+            if (node[q] >= 0 && !strncmp(h[q].host, h[r].host, COMM_HOST_MAX))
                 node[r] = node[q];
         if (node[r] < 0)
             node[r] = next++;
     }
+}
+
+reshard_status_t comm_allgather(struct reshard_comm *c, void *buf, size_t bytes)
+{
+    if (c->nmembers == c->size)
+        return boot_allgather(c->boot, buf, bytes);
+    char *dense = rs_calloc((size_t)c->nmembers, bytes, "allgather");
+    if (!dense) { /* cannot take part: tell the others rather than let them time out */
+        boot_abort(c->boot, RESHARD_ERR_NO_MEMORY, "out of memory in an allgather");
+        return RESHARD_ERR_NO_MEMORY;
+    }
+    memcpy(dense + (size_t)c->boot_of[c->rank] * bytes, (char *)buf + (size_t)c->rank * bytes,
+           bytes);
+    reshard_status_t st = boot_allgather(c->boot, dense, bytes);
+    if (st == RESHARD_OK) {
+        memset(buf, 0, (size_t)c->size * bytes);
+        for (int k = 0; k < c->nmembers; k++)
+            memcpy((char *)buf + (size_t)c->member[k] * bytes, dense + (size_t)k * bytes, bytes);
+    }
+    free(dense);
+    return st;
 }
 
 static reshard_status_t make_topo(struct reshard_comm *c, const struct comm_hello *h)
@@ -63,8 +87,18 @@ static reshard_status_t make_topo(struct reshard_comm *c, const struct comm_hell
     return st;
 }
 
-/* Everyone's hostname, pid and domain, then everyone's network address. */
-static reshard_status_t exchange(struct reshard_comm *c)
+/* A shrunk communicator keeps its parent's domains, with the ranks it left out absent. */
+static reshard_status_t inherit_topo(struct reshard_comm *c, const struct rs_topo *parent)
+{
+    RS_CHECK(topo_copy(parent, &c->topo.t));
+    for (int r = 0; r < c->size; r++)
+        if (!comm_has(c, r))
+            RS_CHECK(topo_set_absent(&c->topo.t, &r, 1));
+    return RESHARD_OK;
+}
+
+/* Everyone's hostname, pid, domain and spare id, then everyone's network address. */
+static reshard_status_t exchange(struct reshard_comm *c, const struct rs_topo *parent)
 {
     struct comm_hello *h = rs_calloc((size_t)c->size, sizeof(*h), "hello");
     char *addrs = NULL;
@@ -80,15 +114,19 @@ static reshard_status_t exchange(struct reshard_comm *c)
     RS_CHECK_GOTO(c->net->ops->address(c->net, -1, addr, &len), st, out);
     me->addr_len = (uint32_t)len;
     snprintf(me->transport, sizeof(me->transport), "%s", c->net->ops->name);
-    RS_CHECK_GOTO(boot_allgather(c->boot, h, sizeof(*h)), st, out);
+    me->spare = c->spare;
+    RS_CHECK_GOTO(comm_allgather(c, h, sizeof(*h)), st, out);
     size_t slot = 0;
+    int first = c->member[0];
     for (int r = 0; r < c->size; r++) {
-        if (strncmp(h[r].transport, h[0].transport, sizeof(h[r].transport))) {
+        if (!comm_has(c, r))
+            continue;
+        if (strncmp(h[r].transport, h[first].transport, sizeof(h[r].transport))) {
             st = rs_error(RESHARD_ERR_UNAVAILABLE,
-                          "rank %d runs the %.8s transport, rank 0 %.8s: set RESHARD_TRANSPORT "
+                          "rank %d runs the %.8s transport, rank %d %.8s: set RESHARD_TRANSPORT "
                           "to the same value everywhere (auto takes ib only where an RDMA port "
                           "is active)",
-                          r, h[r].transport, h[0].transport);
+                          r, h[r].transport, first, h[first].transport);
             goto out;
         }
         if (h[r].addr_len > COMM_ADDR_MAX) { /* every rank sees the same: all fail alike */
@@ -103,19 +141,69 @@ static reshard_status_t exchange(struct reshard_comm *c)
         goto out;
     }
     memcpy(addrs + (size_t)c->rank * slot, addr, len);
-    RS_CHECK_GOTO(boot_allgather(c->boot, addrs, slot), st, out);
+    RS_CHECK_GOTO(comm_allgather(c, addrs, slot), st, out);
     for (int r = 0; r < c->size; r++) {
         c->pid[r] = h[r].pid;
-        if (r != c->rank)
+        c->spares[r] = h[r].spare;
+        if (r != c->rank && comm_has(c, r))
             RS_CHECK_GOTO(c->net->ops->set_peer(c->net, r, addrs + (size_t)r * slot, h[r].addr_len),
                           st, out);
     }
-    number_hosts(h, c->size, c->node);
-    st = make_topo(c, h);
+    number_hosts(c, h, c->node);
+    st = parent ? inherit_topo(c, parent) : make_topo(c, h);
 out:
     free(addrs);
     free(h);
     return st;
+}
+
+/* A communicator of `size` ranks, every one a member until the caller says otherwise. */
+static struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
+{
+    struct reshard_comm *c = rs_calloc(1, sizeof(*c), "communicator");
+    if (!c)
+        return NULL;
+    c->rank = rank;
+    c->size = c->nmembers = size;
+    c->local_rank = local_rank;
+    c->pid = rs_calloc((size_t)size, sizeof(*c->pid), "pids");
+    c->node = rs_calloc((size_t)size, sizeof(*c->node), "nodes");
+    c->member = rs_calloc((size_t)size, sizeof(*c->member), "members");
+    c->boot_of = rs_calloc((size_t)size, sizeof(*c->boot_of), "members");
+    c->spares = rs_calloc((size_t)size, sizeof(*c->spares), "spare ids");
+    if (!c->pid || !c->node || !c->member || !c->boot_of || !c->spares) {
+        comm_destroy(c);
+        return NULL;
+    }
+    for (int r = 0; r < size; r++)
+        c->member[r] = c->boot_of[r] = r;
+    return c;
+}
+
+/* With the bootstrap up: the network context, then the exchange that forms the communicator. */
+static reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent)
+{
+    struct tp_config cfg = {.rank = c->rank,
+                            .size = c->size,
+                            .tls = rs_param_str(RS_PARAM_NET_TLS),
+                            .peer_errors = rs_param_int(RS_PARAM_NET_PEER_ERRORS) != 0,
+                            .local_rank = c->local_rank};
+    const struct tp_ops *ops;
+    reshard_status_t st = tp_pick(&ops);
+    if (st == RESHARD_OK)
+        st = ops->init(&cfg, &c->net);
+    if (st == RESHARD_OK)
+        st = boot_spare_id(c->boot, &c->spare);
+    if (st != RESHARD_OK) {
+        /* The others would wait for our address until they time out: tell them now. */
+        boot_abort(c->boot, st, rs_error_message());
+        return st;
+    }
+    RS_CHECK(exchange(c, parent));
+    cma_allow_peers();
+    rs_log(RS_LOG_INFO, "comm: rank %d of %d (%d present), %d domains, network transport %s",
+           c->rank, c->size, c->nmembers, c->topo.t.ndomains, c->net->ops->name);
+    return RESHARD_OK;
 }
 
 reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int local_rank,
@@ -124,35 +212,64 @@ reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int l
     if (size < 1 || rank < 0 || rank >= size)
         return rs_error(RESHARD_ERR_INVALID_ARG, "rank %d of %d: expected 0 <= rank < size", rank,
                         size);
-    struct reshard_comm *c = rs_calloc(1, sizeof(*c), "communicator");
+    struct reshard_comm *c = comm_alloc(rank, size, local_rank);
     if (!c)
         return RESHARD_ERR_NO_MEMORY;
-    c->rank = rank;
-    c->size = size;
-    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
-    c->pid = rs_calloc((size_t)size, sizeof(*c->pid), "pids");
-    c->node = rs_calloc((size_t)size, sizeof(*c->node), "nodes");
-    if (!c->pid || !c->node)
-        goto err;
+    reshard_status_t st;
     RS_CHECK_GOTO(boot_init(id, rank, size, comm_timeout_ms(), &c->boot), st, err);
-    struct tp_config cfg = {.rank = rank,
-                            .size = size,
-                            .tls = rs_param_str(RS_PARAM_NET_TLS),
-                            .peer_errors = rs_param_int(RS_PARAM_NET_PEER_ERRORS) != 0,
-                            .local_rank = local_rank};
-    const struct tp_ops *ops;
-    st = tp_pick(&ops);
-    if (st == RESHARD_OK)
-        st = ops->init(&cfg, &c->net);
-    if (st != RESHARD_OK) {
-        /* The others would wait for our address until they time out: tell them now. */
-        boot_abort(c->boot, st, rs_error_message());
-        goto err;
+    RS_CHECK_GOTO(comm_join(c, NULL), st, err);
+    *out = c;
+    return RESHARD_OK;
+err:
+    comm_destroy(c);
+    return st;
+}
+
+reshard_status_t comm_shrink(struct reshard_comm *old, const int *exclude, int n,
+                             struct reshard_comm **out)
+{
+    for (int i = 0; i < n; i++) {
+        if (exclude[i] < 0 || exclude[i] >= old->size)
+            return rs_error(RESHARD_ERR_INVALID_ARG,
+                            "shrink: excluded rank %d is outside the communicator (0..%d)",
+                            exclude[i], old->size - 1);
+        if (exclude[i] == old->rank)
+            return rs_error(RESHARD_ERR_INVALID_ARG,
+                            "shrink: rank %d excludes itself: only the ranks that stay call "
+                            "reshard_comm_shrink",
+                            old->rank);
     }
-    RS_CHECK_GOTO(exchange(c), st, err);
-    cma_allow_peers();
-    rs_log(RS_LOG_INFO, "comm: rank %d of %d, %d domains, network transport %s", rank, size,
-           c->topo.t.ndomains, c->net->ops->name);
+    struct reshard_comm *c = comm_alloc(old->rank, old->size, old->local_rank);
+    if (!c)
+        return RESHARD_ERR_NO_MEMORY;
+    c->shrinks = old->shrinks + 1;
+    c->nmembers = 0;
+    for (int r = 0; r < old->size; r++) {
+        int stays = comm_has(old, r);
+        for (int i = 0; i < n && stays; i++)
+            stays = exclude[i] != r;
+        c->boot_of[r] = stays ? c->nmembers : -1;
+        if (stays)
+            c->member[c->nmembers++] = r;
+    }
+    /* Ranks with another view of who stays, or of how often the job shrank, derive another
+     * secret: the lowest member refuses them by name instead of forming a wrong group. */
+    size_t salt_len = sizeof(uint32_t) + (size_t)c->nmembers * sizeof(int);
+    char *salt = rs_calloc(1, salt_len, "shrink");
+    struct boot_id id;
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (!salt)
+        goto err;
+    memcpy(salt, &c->shrinks, sizeof(uint32_t));
+    memcpy(salt + sizeof(uint32_t), c->member, (size_t)c->nmembers * sizeof(int));
+    st = boot_id_derive(&old->spares[c->member[0]], salt, salt_len, &id);
+    free(salt);
+    if (st != RESHARD_OK)
+        goto err;
+    RS_CHECK_GOTO(boot_init_labeled(&id, c->boot_of[c->rank], c->nmembers, c->member,
+                                    comm_timeout_ms(), &c->boot),
+                  st, err);
+    RS_CHECK_GOTO(comm_join(c, &old->topo.t), st, err);
     *out = c;
     return RESHARD_OK;
 err:
@@ -251,8 +368,12 @@ void comm_destroy(struct reshard_comm *c)
     free(c->staging);
     free(c->free_slots);
     boot_close(c->boot);
+    boot_id_release(&c->spare);
     topo_free(&c->topo.t);
     free(c->pid);
     free(c->node);
+    free(c->member);
+    free(c->boot_of);
+    free(c->spares);
     free(c);
 }

@@ -17,7 +17,15 @@
 #define COMM_HOST_MAX 64
 
 struct reshard_comm {
-    int rank, size;
+    int rank, size; /* ranks keep their numbers when the communicator shrinks */
+    /* Members: all ranks, unless a shrink left some out (absent, marked in the topology).
+     * The bootstrap numbers the members densely: boot_of[rank] (-1: absent), member[k]. */
+    int nmembers;
+    int *member, *boot_of;
+    int local_rank;
+    uint32_t shrinks;       /* generations since the first communicator: salts the next id */
+    struct boot_id spare;   /* where this rank would meet the others as the next root */
+    struct boot_id *spares; /* [size]: everyone's */
     struct boot *boot;
     struct reshard_topo topo;
     struct tp_ctx *net;
@@ -49,6 +57,18 @@ struct reshard_comm {
 
 reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int local_rank,
                              struct reshard_comm **out);
+/* Collective over the ranks of c not in exclude[n]: a communicator of those ranks, with their
+ * numbers, c's topology (the others absent) and a new bootstrap and network context, met at
+ * the lowest remaining rank's spare listener. c may have failed; it stays as it is. */
+reshard_status_t comm_shrink(struct reshard_comm *c, const int *exclude, int n,
+                             struct reshard_comm **out);
+static inline int comm_has(const struct reshard_comm *c, int rank)
+{
+    return c->boot_of[rank] >= 0;
+}
+/* boot_allgather over the members: buf holds size slots of `bytes`, this rank's filled; on
+ * return every member's is, and an absent rank's is zeros. */
+reshard_status_t comm_allgather(struct reshard_comm *c, void *buf, size_t bytes);
 void comm_destroy(struct reshard_comm *c);
 int comm_timeout_ms(void);
 /* RESHARD_OK, or why the communicator can no longer be used (message recorded). */

@@ -693,13 +693,15 @@ static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, 
         addr[2 * t] = (uint64_t)(uintptr_t)bufs[t].dst;
         addr[2 * t + 1] = (uint64_t)(uintptr_t)(x->tmp ? x->tmp[t] : NULL);
     }
-    reshard_status_t st = boot_allgather(c->boot, all, hb);
+    reshard_status_t st = comm_allgather(c, all, hb);
     if (st != RESHARD_OK) { /* the bootstrap is unusable now: so is the communicator */
         c->broken = st;
         snprintf(c->broken_why, sizeof(c->broken_why), "%s", rs_error_message());
     }
     for (int q = 0; st == RESHARD_OK && q < c->size; q++) { /* every rank: the same verdict */
         const struct hello *h = (const struct hello *)(all + (size_t)q * hb);
+        if (!comm_has(c, q))
+            continue;
         if (h->status != RESHARD_OK && q == c->rank && local != RESHARD_OK)
             st = local; /* our own failure: its message is already recorded */
         else if (h->status != RESHARD_OK)

@@ -261,6 +261,21 @@ RESHARD_API void reshard_comm_destroy(reshard_comm_t *comm);
  * it once the execution returned, and make a new one. Returns at once; may be called again. */
 RESHARD_API reshard_status_t reshard_comm_abort(reshard_comm_t *comm);
 
+/* Collective over the ranks that stay (those of comm not in exclude[nexclude]; the excluded
+ * ones do not call it): a new communicator of them, with no new unique id. Ranks keep their
+ * numbers and size stays the same, so the layouts, manifests and buffers that named them
+ * still do; the excluded ranks are absent (reshard_comm_has_rank): plans on the new
+ * communicator take their source pieces from replicas (RESHARD_ERR_DATA_LOST names the tensors
+ * none holds) and give them nothing. comm may have failed (the usual case, after an execute
+ * named the dead peers) and is left as it is: destroy it after. The survivors meet at the
+ * lowest remaining rank, which listened for this since comm was made; ranks that pass different
+ * exclude lists do not join (the lowest one times out naming them). Bounded by
+ * RESHARD_TIMEOUT. */
+RESHARD_API reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int *exclude,
+                                                 int nexclude, reshard_comm_t **newcomm);
+/* 1 when rank belongs to the communicator (0 after a shrink left it out, or out of range). */
+RESHARD_API int reshard_comm_has_rank(const reshard_comm_t *comm, int rank);
+
 /* Collective: every rank passes the same tensors. Plans on the communicator's topology and
  * compares the plan hash across ranks before any byte moves (RESHARD_ERR_PLAN_MISMATCH on every
  * rank, naming the ranks that differ). config may be NULL. */

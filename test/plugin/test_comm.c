@@ -549,6 +549,111 @@ Test(comm, a_failure_before_bytes_move_leaves_every_destination_untouched)
         cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %d %s", r, o[r].status, o[r].msg);
 }
 
+/* ---- shrinking ---- */
+
+#define REP_SRC "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=R"
+#define REP_DST "shape=48x40 dtype=i32 ranks=0-1 mesh=2 place=S(0)"
+
+/* One refit of a replicated tensor on c, checked. */
+static reshard_status_t refit_on(reshard_comm_t *c, int rank)
+{
+    struct side x;
+    reshard_status_t st = side_open(&x, c, rank, REP_SRC, REP_DST);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x.plan, &x.b);
+    if (st == RESHARD_OK && count_wrong(x.dst, rank, x.d))
+        st = RESHARD_ERR_INTERNAL;
+    side_close(&x);
+    return st;
+}
+
+/* Four healthy ranks: 0-2 shrink rank 3 away and refit, then 0-1 shrink rank 2 away (meeting
+ * at the first shrink's spare listeners) and refit again. Every communicator is destroyed by
+ * its members (a barrier), so rank 3 and then rank 2 wait there for the others. */
+static reshard_status_t shrink_twice(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    if (rank == 3)
+        return RESHARD_OK;
+    reshard_comm_t *c1 = NULL, *c2 = NULL;
+    int three = 3, two = 2;
+    reshard_status_t st = reshard_comm_shrink(comm, &three, 1, &c1);
+    if (st == RESHARD_OK)
+        st = refit_on(c1, rank);
+    if (st == RESHARD_OK && reshard_comm_has_rank(c1, 3))
+        st = RESHARD_ERR_INTERNAL;
+    if (st == RESHARD_OK && rank < 2) {
+        st = reshard_comm_shrink(c1, &two, 1, &c2);
+        if (st == RESHARD_OK)
+            st = refit_on(c2, rank);
+        if (st == RESHARD_OK && (reshard_comm_has_rank(c2, 2) || reshard_comm_size(c2) != 4))
+            st = RESHARD_ERR_INTERNAL;
+    }
+    if (st == RESHARD_OK) {
+        reshard_comm_destroy(c2);
+        reshard_comm_destroy(c1);
+    }
+    return st;
+}
+
+Test(comm, healthy_ranks_shrink_twice_and_refit_each_time)
+{
+    struct outcome *o = run_ranks(4, shrink_twice);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+static reshard_status_t shrink_bad_args(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_comm_t *nc = NULL;
+    int self = rank, out = 7;
+    if (reshard_comm_shrink(comm, &self, 1, &nc) != RESHARD_ERR_INVALID_ARG ||
+        !strstr(reshard_last_error(), "excludes itself"))
+        return RESHARD_ERR_INTERNAL;
+    if (reshard_comm_shrink(comm, &out, 1, &nc) != RESHARD_ERR_INVALID_ARG ||
+        !strstr(reshard_last_error(), "outside the communicator"))
+        return RESHARD_ERR_INTERNAL;
+    if (reshard_comm_shrink(comm, NULL, 1, &nc) != RESHARD_ERR_INVALID_ARG ||
+        reshard_comm_shrink(comm, &out, -1, &nc) != RESHARD_ERR_INVALID_ARG ||
+        reshard_comm_shrink(NULL, &out, 0, &nc) != RESHARD_ERR_INVALID_ARG || nc)
+        return RESHARD_ERR_INTERNAL;
+    return reshard_comm_barrier(comm); /* still usable */
+}
+
+Test(comm, shrink_refuses_bad_exclude_lists_at_once)
+{
+    struct outcome *o = run_ranks(2, shrink_bad_args);
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %d %s", r, o[r].status, o[r].msg);
+}
+
+/* Rank 0 thinks rank 2 left; ranks 1 and 2 think nobody did: they derive another secret, so
+ * rank 0 refuses them and times out naming rank 1, instead of forming a wrong group. */
+static reshard_status_t shrink_disagree(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_comm_t *nc = NULL;
+    int two = 2;
+    reshard_status_t st = reshard_comm_shrink(comm, &two, rank == 0, &nc);
+    fprintf(stderr, "rank %d: %s: %s\n", rank, reshard_strerror(st), reshard_last_error());
+    if (st == RESHARD_OK)
+        reshard_comm_destroy(nc);
+    return st;
+}
+
+Test(comm, ranks_that_disagree_on_who_left_do_not_form_a_group)
+{
+    setenv("RESHARD_TIMEOUT", "2", 1);
+    struct outcome *o = run_ranks(3, shrink_disagree);
+    cr_assert_eq(o[0].status, RESHARD_ERR_TIMEOUT, "rank 0: %d %s", o[0].status, o[0].msg);
+    cr_assert(strstr(o[0].msg, "rank 1 of 2 did not arrive"), "rank 0: %s", o[0].msg);
+    for (int r = 1; r < 3; r++)
+        cr_assert(o[r].status == RESHARD_ERR_REFUSED || o[r].status == RESHARD_ERR_REMOTE ||
+                      o[r].status == RESHARD_ERR_TIMEOUT,
+                  "rank %d: %d %s", r, o[r].status, o[r].msg);
+}
+
 /* ---- coalescing: many small tensors travel as a few packed messages per peer ---- */
 
 #define NSMALL 200

@@ -183,6 +183,7 @@ static struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
 /* With the bootstrap up: the network context, then the exchange that forms the communicator. */
 static reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent)
 {
+    boot_set_cancel(c->boot, &c->abort_req);
     struct tp_config cfg = {.rank = c->rank,
                             .size = c->size,
                             .tls = rs_param_str(RS_PARAM_NET_TLS),

@@ -254,9 +254,9 @@ RESHARD_API int reshard_comm_size(const reshard_comm_t *comm);
 RESHARD_API const reshard_topo_t *reshard_comm_topo(const reshard_comm_t *comm);
 /* Collective. Closes connections; plans made on the communicator must be destroyed first. */
 RESHARD_API void reshard_comm_destroy(reshard_comm_t *comm);
-/* Stops the communicator, from any thread: an execution in flight here ends with
- * RESHARD_ERR_ABORTED within milliseconds (once past its plan-hash exchange, which is bounded
- * by RESHARD_TIMEOUT), executions in flight on the other ranks end with RESHARD_ERR_REMOTE
+/* Stops the communicator, from any thread: an execution (or any collective) in flight here
+ * ends with RESHARD_ERR_ABORTED within milliseconds, even while it waits for the others in the
+ * plan-hash exchange; executions in flight on the other ranks end with RESHARD_ERR_REMOTE
  * naming this rank, and every later call on the communicator fails, here and there: destroy
  * it once the execution returned, and make a new one. Returns at once; may be called again. */
 RESHARD_API reshard_status_t reshard_comm_abort(reshard_comm_t *comm);

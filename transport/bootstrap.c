@@ -468,10 +468,11 @@ struct conn {
 
 struct boot {
     int rank, size, timeout_ms;
-    uint32_t seq;            /* collectives so far, to tell ranks out of step */
-    struct conn *conns;      /* by rank: rank 0 holds 1..size-1, a peer holds [0] */
-    int *label;              /* [size]: the number each rank goes by in messages and reports */
-    reshard_status_t failed; /* RESHARD_OK while usable */
+    uint32_t seq;             /* collectives so far, to tell ranks out of step */
+    struct conn *conns;       /* by rank: rank 0 holds 1..size-1, a peer holds [0] */
+    int *label;               /* [size]: the number each rank goes by in messages and reports */
+    const atomic_int *cancel; /* collectives end when it turns non-zero (NULL: never) */
+    reshard_status_t failed;  /* RESHARD_OK while usable */
     char fail_msg[RS_ERROR_MAX];
     char refusal[RS_ERROR_MAX];
 };
@@ -525,7 +526,8 @@ static reshard_status_t exchange(struct coll *c, int only, int skip, int send, u
         if (r != skip)
             xfer_init(&x[n++], b->conns[r].fd, b->conns[r].name, send, hdr,
                       base + (size_t)r * stride);
-    reshard_status_t st = xfer_run(x, n, deadline, b->timeout_ms, c->what, &failed, &c->err);
+    reshard_status_t st =
+        xfer_run_cancel(x, n, deadline, b->timeout_ms, c->what, b->cancel, &failed, &c->err);
     /* The same walk as above, to find each transfer's connection again. */
     for (int r = first, i = 0; r <= last; r++)
         if (r != skip && xfer_torn(&x[i++]) && send)
@@ -752,6 +754,11 @@ reshard_status_t boot_spare_id(const struct boot *b, struct boot_id *id)
     }
     *id = made;
     return RESHARD_OK;
+}
+
+void boot_set_cancel(struct boot *b, const atomic_int *flag)
+{
+    b->cancel = flag;
 }
 
 int boot_rank(const struct boot *b)

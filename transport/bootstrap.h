@@ -11,6 +11,7 @@
 
 #include "reshard_status.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -94,6 +95,9 @@ reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size,
  * rank reaches the others from (any port), with a fresh secret, registered as boot_id_create
  * does. Lets survivors of a job meet again without a new rendezvous address. */
 reshard_status_t boot_spare_id(const struct boot *b, struct boot_id *id);
+/* Collectives end with RESHARD_ERR_ABORTED (and tell the others) within milliseconds of *flag
+ * turning non-zero, set from any thread: reshard_comm_abort during an exchange. */
+void boot_set_cancel(struct boot *b, const atomic_int *flag);
 reshard_status_t boot_allgather(struct boot *b, void *buf, size_t bytes);
 reshard_status_t boot_bcast(struct boot *b, void *buf, size_t bytes, int root);
 reshard_status_t boot_barrier(struct boot *b);

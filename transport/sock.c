@@ -589,6 +589,13 @@ static reshard_status_t hear_out(const struct xfer *t, int64_t deadline_ms, int 
 reshard_status_t xfer_run(struct xfer *x, int n, int64_t deadline_ms, int timeout_ms,
                           const char *what, int *failed, struct frame_error *err)
 {
+    return xfer_run_cancel(x, n, deadline_ms, timeout_ms, what, NULL, failed, err);
+}
+
+reshard_status_t xfer_run_cancel(struct xfer *x, int n, int64_t deadline_ms, int timeout_ms,
+                                 const char *what, const atomic_int *cancel, int *failed,
+                                 struct frame_error *err)
+{
     struct pollfd *p = rs_calloc((size_t)n, sizeof(*p), "bootstrap poll set");
     int *idx = rs_calloc((size_t)n, sizeof(*idx), "bootstrap poll set");
     reshard_status_t st = RESHARD_OK;
@@ -611,10 +618,20 @@ reshard_status_t xfer_run(struct xfer *x, int n, int64_t deadline_ms, int timeou
         if (active == 0)
             break;
         int rc = 0;
-        if ((st = sock_poll(p, active, deadline_ms, &rc)) != RESHARD_OK) {
+        int64_t until = deadline_ms; /* with a cancel flag, look at it every CANCEL_POLL_MS */
+        if (cancel && until > sock_now_ms() + CANCEL_POLL_MS)
+            until = sock_now_ms() + CANCEL_POLL_MS;
+        if ((st = sock_poll(p, active, until, &rc)) != RESHARD_OK) {
             *failed = idx[0];
             break;
         }
+        if (cancel && atomic_load(cancel)) {
+            st = rs_error(RESHARD_ERR_ABORTED, "bootstrap: %s: aborted (reshard_comm_abort)", what);
+            *failed = idx[0];
+            break;
+        }
+        if (rc == 0 && until < deadline_ms)
+            continue;
         if (rc == 0) {
             char who[RS_ERROR_MAX], ms[32];
             list_unfinished(x, n, who, sizeof(who));

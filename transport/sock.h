@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
@@ -125,6 +126,11 @@ reshard_status_t xfer_step(struct xfer *x, struct frame_error *err);
  * says timeout_ms). what ("allgather") goes into messages. */
 reshard_status_t xfer_run(struct xfer *x, int n, int64_t deadline_ms, int timeout_ms,
                           const char *what, int *failed, struct frame_error *err);
+/* The same, ending with RESHARD_ERR_ABORTED within CANCEL_POLL_MS once *cancel is non-zero. */
+#define CANCEL_POLL_MS 20
+reshard_status_t xfer_run_cancel(struct xfer *x, int n, int64_t deadline_ms, int timeout_ms,
+                                 const char *what, const atomic_int *cancel, int *failed,
+                                 struct frame_error *err);
 
 /* Big-endian integers of 1 to 8 bytes, for everything that goes on the wire or in an id. */
 void wire_put(unsigned char *w, uint64_t v, int bytes);

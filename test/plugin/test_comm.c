@@ -403,6 +403,50 @@ Test(comm, an_abort_from_another_thread_stops_every_rank)
                   "rank %d: %d %s", r, o[r].status, o[r].msg);
 }
 
+/* Rank 0 enters an execution the others join only a second later, so it waits in the
+ * plan-hash exchange; its abort 150 ms in ends that wait at once, and the latecomers hear of
+ * it in their next collective. */
+static reshard_status_t abort_in_exchange(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_layout_t *src = parse("shape=64x64 dtype=i32 ranks=1 place=R");
+    reshard_layout_t *dst = parse("shape=64x64 dtype=i32 ranks=2 place=R");
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+    int32_t buf[64 * 64] = {0};
+    reshard_buffers_t b = {rank == 1 ? buf : NULL, rank == 1 ? sizeof(buf) : 0,
+                           rank == 2 ? buf : NULL, rank == 2 ? sizeof(buf) : 0, RESHARD_MEM_HOST};
+    int64_t t0 = mono_ms();
+    if (st == RESHARD_OK && rank == 0) {
+        pthread_t th;
+        pthread_create(&th, NULL, abort_soon, comm);
+        st = reshard_plan_execute(plan, &b);
+        pthread_join(th, NULL);
+    } else if (st == RESHARD_OK) {
+        usleep(1000 * 1000);
+        st = reshard_plan_execute(plan, &b);
+    }
+    int64_t took = mono_ms() - t0;
+    fprintf(stderr, "rank %d: %s after %lld ms: %s\n", rank, reshard_strerror(st), (long long)took,
+            reshard_last_error());
+    if (rank == 0 && took > 1000)
+        st = RESHARD_ERR_INTERNAL;
+    reshard_plan_destroy(plan);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+Test(comm, an_abort_ends_a_wait_in_the_plan_hash_exchange)
+{
+    struct outcome *o = run_ranks(3, abort_in_exchange);
+    cr_assert_eq(o[0].status, RESHARD_ERR_ABORTED, "rank 0: %d %s", o[0].status, o[0].msg);
+    for (int r = 1; r < 3; r++)
+        cr_assert(o[r].status == RESHARD_ERR_REMOTE && strstr(o[r].msg, "rank 0 failed"),
+                  "rank %d: %d %s", r, o[r].status, o[r].msg);
+}
+
 /* Without an execution in flight, the abort breaks the communicator on every rank at once:
  * their next call fails instead of waiting for rank 0. */
 static reshard_status_t abort_idle(int rank, int size, reshard_comm_t *comm)

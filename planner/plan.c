@@ -237,7 +237,9 @@ static void note_lost(struct build *b, uint32_t t, int tuple)
     size_t n = strlen(b->lost);
     if (b->nlost++ == 0) {
         const struct rs_shardmap *m = &pt->src_map;
-        n += (size_t)snprintf(b->lost + n, sizeof(b->lost) - n, "'%s' (held by rank", pt->name);
+        int many = m->tuple_first[tuple + 1] - m->tuple_first[tuple] > 1;
+        n += (size_t)snprintf(b->lost + n, sizeof(b->lost) - n, "'%s' (held by rank%s", pt->name,
+                              many ? "s" : "");
         for (int i = m->tuple_first[tuple]; i < m->tuple_first[tuple + 1] && n < sizeof(b->lost);
              i++)
             n += (size_t)snprintf(b->lost + n, sizeof(b->lost) - n, "%s %d",

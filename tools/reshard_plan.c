@@ -21,6 +21,7 @@ static const char usage[] =
     "       reshard-plan --manifest FILE [--domain-size N | --domains LIST] [--json]\n"
     "                    [--all-ranks]\n"
     "       (either form) [--cluster nic=50GB/s,nvlink=450GB/s,latency=5us]\n"
+    "                     [--exclude RANKS]\n"
     "       reshard-plan --dump-config\n"
     "\n"
     "  --src, --dst SPEC   layouts, e.g. 'shape=7168x2048 dtype=bf16 ranks=0-7 mesh=2x4 "
@@ -37,13 +38,15 @@ static const char usage[] =
     "                      s). A flow model from the plans' per-rank bytes and messages, not a\n"
     "                      measurement\n"
     "  --all-ranks         list every rank with traffic (the table stops at 32 otherwise)\n"
+    "  --exclude RANKS     plan as after reshard_comm_shrink: these ranks (comma separated)\n"
+    "                      are gone, their pieces come from replicas\n"
     "\n"
     "The report ends with net_bytes, min_net_bytes, gather_bcast_bytes, local_bytes,\n"
     "max_nic_bytes, lb_nic_bytes, plan_ms and valid. Exit status: 0 valid, 1 invalid,\n"
-    "2 bad input.\n";
+    "2 bad input, 3 data lost (only excluded ranks held a piece that is needed).\n";
 
 struct args {
-    const char *src, *dst, *domains, *manifest, *cluster;
+    const char *src, *dst, *domains, *manifest, *cluster, *exclude;
     int domain_size, world_size, json, all_ranks, dump_config;
 };
 
@@ -76,6 +79,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"dump-config", no_argument, NULL, 'c'},
         {"manifest", required_argument, NULL, 'm'},
         {"cluster", required_argument, NULL, 'k'},
+        {"exclude", required_argument, NULL, 'x'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -114,6 +118,9 @@ static int parse_args(int argc, char **argv, struct args *a)
             break;
         case 'k':
             a->cluster = optarg;
+            break;
+        case 'x':
+            a->exclude = optarg;
             break;
         case 'h':
             fputs(usage, stdout);
@@ -422,6 +429,28 @@ static double peak_rss_mib(void)
 }
 
 /* --manifest: every tensor of a model in one plan. */
+/* --exclude: marks the ranks gone. 0, or the exit status. */
+static int exclude_ranks(const struct args *a, reshard_topo_t *topo)
+{
+    int *gone = NULL, n;
+    if (!a->exclude)
+        return 0;
+    if ((n = parse_domains(a->exclude, &gone)) < 0)
+        return bad_input("--exclude: expected comma-separated ranks", a->exclude);
+    reshard_status_t st = reshard_topo_exclude(topo, gone, n);
+    free(gone);
+    if (st != RESHARD_OK)
+        return bad_input("--exclude", reshard_last_error());
+    return 0;
+}
+
+/* A plan that could not be made: exit 3 when only excluded ranks held what is needed. */
+static int plan_failed(reshard_status_t st)
+{
+    fprintf(stderr, "error: %s\n", reshard_last_error());
+    return st == RESHARD_ERR_DATA_LOST ? 3 : 2;
+}
+
 static int run_manifest(const struct args *a, const int *ids, int nids)
 {
     reshard_manifest_t *m = NULL;
@@ -442,9 +471,16 @@ static int run_manifest(const struct args *a, const int *ids, int nids)
     }
     st = nids || a->domain_size ? reshard_topo_create(world, a->domain_size, ids, &topo)
                                 : reshard_manifest_topo(m, &topo);
-    if (st != RESHARD_OK ||
-        reshard_plan_create(reshard_manifest_tensors(m), n, topo, NULL, &plan) != RESHARD_OK) {
+    if (st != RESHARD_OK) {
         fprintf(stderr, "error: %s\n", reshard_last_error());
+        goto out;
+    }
+    if ((rc = exclude_ranks(a, topo)) != 0)
+        goto out;
+    rc = 2;
+    if ((st = reshard_plan_create(reshard_manifest_tensors(m), n, topo, NULL, &plan)) !=
+        RESHARD_OK) {
+        rc = plan_failed(st);
         goto out;
     }
     int valid;
@@ -458,6 +494,8 @@ static int run_manifest(const struct args *a, const int *ids, int nids)
         printf("manifest: %s, %d tensors\n", a->manifest, n);
         printf("world: %d ranks in %d domains, plan hash 0x%016" PRIx64 "\n\n", world, s.ndomains,
                reshard_plan_hash(plan));
+        if (a->exclude)
+            printf("excluded (gone, as after a shrink): %s\n\n", a->exclude);
         print_table(&s, ranks, a->all_ranks);
         if (!valid)
             fprintf(stderr, "error: %s\n", why);
@@ -523,9 +561,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "error: %s\n", reshard_last_error());
         goto out;
     }
+    if ((rc = exclude_ranks(&a, topo)) != 0)
+        goto out;
+    rc = 2;
     reshard_tensor_t t = {"tensor", src, dst};
-    if (reshard_plan_create(&t, 1, topo, NULL, &plan) != RESHARD_OK) {
-        fprintf(stderr, "error: %s\n", reshard_last_error());
+    reshard_status_t st = reshard_plan_create(&t, 1, topo, NULL, &plan);
+    if (st != RESHARD_OK) {
+        rc = plan_failed(st);
         goto out;
     }
     int valid;
@@ -554,6 +596,8 @@ int main(int argc, char **argv)
         else
             printf("world: %d ranks in %d domains of %d%s, plan hash 0x%016" PRIx64 "\n\n", world,
                    s.ndomains, dsize, a.domain_size ? "" : " (default)", reshard_plan_hash(plan));
+        if (a.exclude)
+            printf("excluded (gone, as after a shrink): %s\n\n", a.exclude);
         print_table(&s, ranks, a.all_ranks);
         if (!valid)
             fprintf(stderr, "error: %s\n", why);

@@ -301,3 +301,30 @@ Test(reshard_plan, generated_buffer_sizes_are_exact, .timeout = 120)
     cr_assert(strstr(out, "(model.layers.3.self_attn.v_proj.weight).dst: its view reaches element"),
               "%s", out);
 }
+
+/* As after a shrink: a gone replica's pieces come from the other one, for the same bytes; with
+ * both gone the data is lost (exit 3, naming the tensor and its holders). */
+Test(reshard_plan, excluded_ranks_are_replaced_by_replicas_or_reported_lost, .timeout = 60)
+{
+    const char *pair = "--src 'shape=64x64 ranks=0-3 mesh=2x2 place=R,S(0)' "
+                       "--dst 'shape=64x64 ranks=4-5 mesh=2 place=S(1)' --domain-size 2";
+    char args[512];
+    cr_assert_eq(plan(pair), 0, "%s", out);
+    long long net = value_of("net_bytes");
+    snprintf(args, sizeof(args), "%s --exclude 1 --all-ranks", pair);
+    cr_assert_eq(plan(args), 0, "%s", out);
+    cr_assert_eq(value_of("net_bytes"), net, "the same bytes cross, from the replica");
+    cr_assert(strstr(out, "\nvalid yes\n"), "%s", out);
+    cr_assert(strstr(out, "excluded (gone, as after a shrink): 1\n"), "%s", out);
+    cr_assert_null(strstr(out, "\n     1 "), "rank 1 has no traffic:\n%s", out);
+    snprintf(args, sizeof(args), "%s --exclude 1,3", pair);
+    cr_assert_eq(plan(args), 3, "%s", out);
+    cr_assert(strstr(out, "1 tensor cannot be refit") && strstr(out, "'tensor' (held by ranks 1, 3 "
+                                                                     "only)"),
+              "%s", out);
+    snprintf(args, sizeof(args), "%s --exclude 6", pair);
+    cr_assert_eq(plan(args), 2, "%s", out);
+    cr_assert(strstr(out, "--exclude: topology: rank 6 is outside 0..5"), "%s", out);
+    snprintf(args, sizeof(args), "%s --exclude one", pair);
+    cr_assert_eq(plan(args), 2, "%s", out);
+}

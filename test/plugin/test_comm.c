@@ -597,12 +597,14 @@ Test(comm, a_failure_before_bytes_move_leaves_every_destination_untouched)
 
 #define REP_SRC "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=R"
 #define REP_DST "shape=48x40 dtype=i32 ranks=0-1 mesh=2 place=S(0)"
+#define XSRC    "shape=48x40 dtype=i32 ranks=0-1 mesh=2 place=S(0)" /* domain 0 */
+#define XDST    "shape=48x40 dtype=i32 ranks=2-3 mesh=2 place=S(1)" /* to domain 1 */
 
 /* One refit of a replicated tensor on c, checked. */
-static reshard_status_t refit_on(reshard_comm_t *c, int rank)
+static reshard_status_t refit_on(reshard_comm_t *c, int rank, const char *src, const char *dst)
 {
     struct side x;
-    reshard_status_t st = side_open(&x, c, rank, REP_SRC, REP_DST);
+    reshard_status_t st = side_open(&x, c, rank, src, dst);
     if (st == RESHARD_OK)
         st = reshard_plan_execute(x.plan, &x.b);
     if (st == RESHARD_OK && count_wrong(x.dst, rank, x.d))
@@ -623,13 +625,13 @@ static reshard_status_t shrink_twice(int rank, int size, reshard_comm_t *comm)
     int three = 3, two = 2;
     reshard_status_t st = reshard_comm_shrink(comm, &three, 1, &c1);
     if (st == RESHARD_OK)
-        st = refit_on(c1, rank);
+        st = refit_on(c1, rank, REP_SRC, REP_DST);
     if (st == RESHARD_OK && reshard_comm_has_rank(c1, 3))
         st = RESHARD_ERR_INTERNAL;
     if (st == RESHARD_OK && rank < 2) {
         st = reshard_comm_shrink(c1, &two, 1, &c2);
         if (st == RESHARD_OK)
-            st = refit_on(c2, rank);
+            st = refit_on(c2, rank, REP_SRC, REP_DST);
         if (st == RESHARD_OK && (reshard_comm_has_rank(c2, 2) || reshard_comm_size(c2) != 4))
             st = RESHARD_ERR_INTERNAL;
     }
@@ -643,6 +645,31 @@ static reshard_status_t shrink_twice(int rank, int size, reshard_comm_t *comm)
 Test(comm, healthy_ranks_shrink_twice_and_refit_each_time)
 {
     struct outcome *o = run_ranks(4, shrink_twice);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+/* A shrink that excludes nobody: a second communicator (and network context) in the same
+ * processes, next to the first, both moving data across domains. */
+static reshard_status_t shrink_nobody(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_comm_t *c1 = NULL;
+    reshard_status_t st = refit_on(comm, rank, XSRC, XDST);
+    if (st == RESHARD_OK)
+        st = reshard_comm_shrink(comm, NULL, 0, &c1);
+    if (st == RESHARD_OK)
+        st = refit_on(c1, rank, XSRC, XDST);
+    if (st == RESHARD_OK)
+        st = refit_on(comm, rank, XSRC, XDST);
+    if (st == RESHARD_OK)
+        reshard_comm_destroy(c1);
+    return st;
+}
+
+Test(comm, a_shrink_of_nobody_is_a_second_working_communicator)
+{
+    struct outcome *o = run_ranks(4, shrink_nobody);
     for (int r = 0; r < 4; r++)
         cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
 }

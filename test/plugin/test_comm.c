@@ -348,7 +348,8 @@ static int64_t mono_ms(void)
 }
 
 /* 128 MiB a rank from ranks 2-3 to ranks 0-1 in 4 KiB chunks (about a second here); rank 0
- * aborts from another thread 150 ms in. Every rank must return within 2 s, and then refuse
+ * aborts from another thread 150 ms in. Every rank must return within 3 s (the abort, then up to
+ * 1 s draining requests in flight; more under ASan on a loaded host), and then refuse
  * further use. */
 static reshard_status_t rank0_aborts(int rank, int size, reshard_comm_t *comm)
 {
@@ -373,7 +374,7 @@ static reshard_status_t rank0_aborts(int rank, int size, reshard_comm_t *comm)
     snprintf(why, sizeof(why), "%s", reshard_last_error());
     if (rank == 0)
         pthread_join(th, NULL);
-    if (st != RESHARD_OK && took > 2000) {
+    if (st != RESHARD_OK && took > 3000) {
         fprintf(stderr, "rank %d returned after %lld ms: %s\n", rank, (long long)took, why);
         st = RESHARD_ERR_INTERNAL;
     }

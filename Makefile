@@ -36,8 +36,10 @@ NET_PERF_BIN := $(BUILD)/reshard_net_perf
 
 # Debian packages that building and testing need (make deps installs the missing ones).
 DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev libibverbs-dev libjansson-dev \
-        iproute2 util-linux python3
+        iproute2 util-linux python3 python3-numpy python3-venv python3-setuptools python3-wheel
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian's interpreter (python3-numpy is installed for it), whatever python3 a PATH prefers.
+PYTHON ?= /usr/bin/python3
 
 .PHONY: all test test-rdma demo bench deps install format format-check clean fuzz fuzz-build
 
@@ -104,6 +106,11 @@ test: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
+ifeq ($(SAN),)
+	RESHARD_LIB=$(abspath $(SO)) $(PYTHON) -m unittest discover -s python/tests -v
+else
+	@echo "python: skipped: an ASan library cannot be loaded into an uninstrumented python3"
+endif
 ifeq ($(SAN),)
 	@if [ "$${RESHARD_SKIP_RDMA:-0}" = 1 ]; then \
 	    echo "test-rdma: skipped: RESHARD_SKIP_RDMA=1"; \

@@ -1,0 +1,323 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Python binding as a user meets it: layouts, errors, refits across forked processes and
+across the emulated cluster, and the package installed with pip.
+
+Run from the repository root (make test does): python3 -m unittest discover -s python/tests
+with RESHARD_LIB naming the built library (else the source tree's build/ is used).
+"""
+import math
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import reshard  # noqa: E402
+
+try:
+    import numpy as np
+except ImportError:  # the numpy tests say so
+    np = None
+
+
+def chunk(n, k, i):
+    """torch.chunk's piece i of range(n) cut in k: the planner's S(d), computed here apart."""
+    size = math.ceil(n / k)
+    return list(range(min(i * size, n), min((i + 1) * size, n)))
+
+
+class Statuses(unittest.TestCase):
+    def test_the_table_matches_reshard_status_h(self):
+        with open(os.path.join(ROOT, "planner", "reshard_status.h")) as f:
+            header = dict(
+                (int(v), n) for n, v in re.findall(r"X\((\w+), (\d+), \"", f.read())
+            )
+        self.assertEqual(header, reshard.STATUS_NAMES)
+
+
+class Layouts(unittest.TestCase):
+    def test_a_spec_gives_shape_dtype_and_torch_chunk_shards(self):
+        l = reshard.Layout("shape=10x7 dtype=i32 ranks=0-3 mesh=2x2 place=S(0),S(1)")
+        self.assertEqual((l.shape, l.dtype, l.elem_size, l.ndim), ((10, 7), "i32", 4, 2))
+        for r in range(4):
+            rows, cols = chunk(10, 2, r // 2), chunk(7, 2, r % 2)
+            self.assertEqual(l.shard_index(r, 0), rows)
+            self.assertEqual(l.shard_index(r, 1), cols)
+            self.assertEqual(l.shard_shape(r), (len(rows), len(cols)))
+            self.assertEqual(l.shard_bytes(r), 4 * len(rows) * len(cols))
+        self.assertEqual(l.shard_shape(9), (0, 0), "a rank outside holds nothing")
+
+    def test_dtensor_placements_become_the_same_spec(self):
+        class Replicate:
+            pass
+
+        class Shard:
+            def __init__(self, dim):
+                self.dim = dim
+
+        class _StridedShard(Shard):
+            def __init__(self, dim, split_factor):
+                super().__init__(dim)
+                self.split_factor = split_factor
+
+        l = reshard.Layout.from_placements(
+            (16, 8), "bf16", [4, 5, 6, 7], [_StridedShard(0, 2), Shard(-2)], (2, 2)
+        )
+        want = reshard.Layout("shape=16x8 dtype=bf16 ranks=4-7 mesh=2x2 place=SS(0,2),S(0)")
+        self.assertEqual(l.spec, want.spec)
+        l = reshard.Layout.from_placements((6,), "f32", [0, 1], [Replicate()])
+        self.assertEqual(l.spec, "shape=6 dtype=f32 ranks=0-1 mesh=2 place=R")
+        # FSDP x TP: _StridedShard over dp then Shard over tp gives each rank one block
+        l = reshard.Layout.from_placements((16, 2), "f32", range(4), [_StridedShard(0, 2),
+                                                                     Shard(0)], (2, 2))
+        for dp in range(2):
+            for tp in range(2):
+                start = tp * 8 + dp * 4
+                self.assertEqual(l.shard_index(dp * 2 + tp, 0), list(range(start, start + 4)))
+
+    def test_bad_input_raises_reshard_error_with_status_and_message(self):
+        with self.assertRaises(reshard.ReshardError) as e:
+            reshard.Layout("shape=10x6 dtype=i32 place=Q")
+        self.assertEqual(e.exception.name, "ERR_SPEC_SYNTAX")
+        self.assertEqual(e.exception.status, reshard.STATUS["ERR_SPEC_SYNTAX"])
+        self.assertIn("column 28", e.exception.message)
+
+        class Partial:
+            pass
+
+        with self.assertRaises(reshard.ReshardError) as e:
+            reshard.Layout.from_placements((4,), "f32", [0], [Partial()])
+        self.assertEqual(e.exception.name, "ERR_INVALID_ARG")
+        self.assertIn("partial sums", e.exception.message)
+        with self.assertRaises(reshard.ReshardError) as e:
+            reshard.Layout.from_placements((4,), "complex64", [0], ["R"])
+        self.assertIn("no reshard equivalent", e.exception.message)
+        with self.assertRaises(reshard.ReshardError):
+            reshard.Comm(b"short", 0, 1)
+
+
+# ---- refits across forked processes ----
+
+W_SRC = "shape=48x40 dtype=f32 ranks=0-3 mesh=2x2 place=R,S(0)"
+W_DST = "shape=48x40 dtype=f32 ranks=0-3 place=S(1)"
+B_SRC = "shape=30 dtype=i64 ranks=0 place=R"
+B_DST = "shape=30 dtype=i64 ranks=2-3 mesh=2 place=R"
+
+
+def whole(layout, seed):
+    """The tensor every rank agrees on: distinct values, in the layout's dtype."""
+    dt = {"f32": np.float32, "i64": np.int64}[layout.dtype]
+    return (np.arange(math.prod(layout.shape)) * 3 + seed).astype(dt).reshape(layout.shape)
+
+
+def refit_rank(uid, rank, size, out):
+    """One rank: two refits (by position, then by name), a short buffer, the outcome."""
+    try:
+        os.environ["RESHARD_DOMAIN_SIZE"] = "2"
+        comm = reshard.Comm(uid, rank, size)
+        ws, wd, bs, bd = (reshard.Layout(s) for s in (W_SRC, W_DST, B_SRC, B_DST))
+        plan = reshard.Plan(comm, [("w", ws, wd), ("b", bs, bd)])
+        src = [ws.shard_of(whole(ws, 1), rank) if rank in range(4) else None,
+               bs.shard_of(whole(bs, 7), rank) if rank == 0 else None]
+        dst = [np.zeros(wd.shard_shape(rank), np.float32),
+               np.zeros(bd.shard_shape(rank), np.int64) if rank >= 2 else None]
+        plan.execute(src, dst)
+        wrong = int((dst[0] != wd.shard_of(whole(wd, 1), rank)).sum())
+        if dst[1] is not None:
+            wrong += int((dst[1] != bd.shard_of(whole(bd, 7), rank)).sum())
+        outcome = plan.outcome()
+        dst[0][:] = 0
+        plan.refit({"w": src[0], "b": src[1]}, {"w": dst[0], "b": dst[1]})
+        wrong += int((dst[0] != wd.shard_of(whole(wd, 1), rank)).sum())
+        short = None
+        try:  # rank 3's destination of "b" is one element short: every rank is told
+            plan.execute(src, [dst[0], dst[1][:-1] if rank == 3 else dst[1]])
+        except reshard.ReshardError as e:
+            short = (e.name, e.message)
+        plan.close()
+        comm.close()
+        out.put((rank, wrong, outcome, short, None))
+    except Exception:
+        out.put((rank, -1, None, None, traceback.format_exc()))
+
+
+@unittest.skipIf(np is None, "numpy is not installed (apt-get install python3-numpy)")
+class Refits(unittest.TestCase):
+    def test_numpy_refit_across_four_local_processes(self):
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        uid = reshard.unique_id()
+        procs = [ctx.Process(target=refit_rank, args=(uid, r, 4, out)) for r in range(4)]
+        for p in procs:
+            p.start()
+        results = sorted(out.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join(30)
+        for rank, wrong, outcome, short, err in results:
+            self.assertIsNone(err, "rank %d:\n%s" % (rank, err))
+            self.assertEqual(wrong, 0, "rank %d: %d elements wrong" % (rank, wrong))
+            want = {"w": "complete", "b": "complete" if rank >= 2 else "none"}
+            self.assertEqual(outcome, want, "rank %d" % rank)
+            self.assertEqual(short[0], "ERR_BUFFER", "rank %d: %s" % (rank, short))
+            self.assertIn("rank 3: destination buffer of tensor b holds 232 bytes", short[1])
+
+    def test_bad_buffers_are_refused_before_the_library_sees_them(self):
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        uid = reshard.unique_id()
+        p = ctx.Process(target=bad_buffers_rank, args=(uid, out))
+        p.start()
+        got = out.get(timeout=60)
+        p.join(30)
+        self.assertEqual(got[0], None, got)
+        self.assertEqual(got[1], ["ERR_INVALID_ARG"] * 4, got)
+        self.assertIn("not C-contiguous", got[2][0])
+        self.assertIn("8-byte elements (float64), the layout 4-byte ones", got[2][1])
+        self.assertIn("read-only", got[2][2])
+        self.assertIn("3 buffers for 1 tensors", got[2][3])
+
+
+def bad_buffers_rank(uid, out):
+    try:
+        comm = reshard.Comm(uid, 0, 1)
+        plan = reshard.Plan(comm, {"t": ("shape=4x4 dtype=f32 ranks=0 place=R",
+                                         "shape=4x4 dtype=f32 ranks=0 place=R")})
+        ok = np.zeros((4, 4), np.float32)
+        ro = np.zeros((4, 4), np.float32)
+        ro.setflags(write=False)
+        cases = [([np.zeros((4, 8), np.float32)[:, ::2]], [ok]),
+                 ([np.zeros((4, 4), np.float64)], [ok]),
+                 ([ok], [ro]),
+                 ([ok, ok, ok], [ok])]
+        names, messages = [], []
+        for s, d in cases:
+            try:
+                plan.execute(s, d)
+                names.append("OK")
+            except reshard.ReshardError as e:
+                names.append(e.name)
+                messages.append(e.message)
+        plan.close()
+        comm.close()
+        out.put((None, names, messages))
+    except Exception:
+        out.put((traceback.format_exc(), None, None))
+
+
+@unittest.skipIf(np is None, "numpy is not installed (apt-get install python3-numpy)")
+class Example(unittest.TestCase):
+    def test_the_refit_loop_example_runs_and_checks_every_step(self):
+        script = os.path.join(ROOT, "python", "examples", "refit_loop.py")
+        r = subprocess.run([sys.executable, script, "--nproc", "4", "--train", "2", "--steps",
+                            "2"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(len(re.findall(r"step \d: refit of 64.0 MiB in [0-9.]+ ms .* all ranks "
+                                        r"checked", r.stdout)), 2, r.stdout)
+        net = re.search(r"([0-9.]+) MiB over the network \(the minimum: ([0-9.]+) MiB\)",
+                        r.stdout)
+        self.assertIsNotNone(net, r.stdout)
+        self.assertEqual(net.group(1), net.group(2))
+        self.assertGreater(float(net.group(1)), 0)
+
+
+# ---- the emulated cluster ----
+
+def cluster_reason():
+    script = os.path.join(ROOT, "scripts", "cluster.sh")
+    r = subprocess.run([script, "check"], capture_output=True, text=True)
+    return None if r.returncode == 0 else (r.stdout + r.stderr).strip() or "cluster.sh check failed"
+
+
+@unittest.skipIf(np is None, "numpy is not installed (apt-get install python3-numpy)")
+class Cluster(unittest.TestCase):
+    def test_numpy_refit_across_two_emulated_nodes(self):
+        why = cluster_reason()
+        if why:
+            self.skipTest("no emulated cluster here: " + why)
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        cmd = [os.path.join(ROOT, "scripts", "cluster.sh"), "run", "--nodes", "2",
+               "--ranks-per-node", "2", "--timeout", "120", "--", sys.executable,
+               os.path.join(HERE, "cluster_rank.py")]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        lines = re.findall(r"rank (\d) on (\S+): #wrong (\d+), net_in (\d+)",
+                           r.stdout + r.stderr)
+        self.assertEqual(len(lines), 4, r.stdout + r.stderr)
+        self.assertEqual({int(w) for _, _, w, _ in lines}, {0})
+        hosts = {int(rank): host for rank, host, _, _ in lines}
+        self.assertNotEqual(hosts[0], hosts[2], "ranks 0 and 2 sit on different nodes")
+        self.assertGreater(sum(int(n) for _, _, _, n in lines), 0, "bytes crossed the network")
+
+
+# ---- torch ----
+
+try:
+    import torch  # noqa: F401
+except ImportError:
+    torch = None
+
+
+@unittest.skipIf(torch is None, "torch is not installed: the torch paths are untested here")
+class Torch(unittest.TestCase):
+    def test_cpu_tensors_refit_by_pointer(self):
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        uid = reshard.unique_id()
+        p = ctx.Process(target=torch_rank, args=(uid, out))
+        p.start()
+        got = out.get(timeout=60)
+        p.join(30)
+        self.assertEqual(got, (None, 0))
+
+
+def torch_rank(uid, out):
+    try:
+        comm = reshard.Comm(uid, 0, 1)
+        src = torch.arange(48, dtype=torch.float32).reshape(6, 8)
+        dst = torch.zeros(8, 6, dtype=torch.float32)
+        plan = reshard.Plan(comm, [("t", "shape=6x8 dtype=f32 ranks=0 place=R",
+                                    "shape=6x8 dtype=f32 ranks=0 place=R")])
+        plan.execute([src], [dst.view(6, 8)])
+        out.put((None, int((dst.view(6, 8) != src).sum())))
+    except Exception:
+        out.put((traceback.format_exc(), -1))
+
+
+# ---- packaging ----
+
+class Package(unittest.TestCase):
+    def test_pip_installs_the_package_without_a_build_step(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            source = os.path.join(tmp, "src")  # pip writes build files next to the sources
+            shutil.copytree(os.path.join(ROOT, "python"), source,
+                            ignore=shutil.ignore_patterns("__pycache__", "tests", "examples"))
+            # Debian's setuptools and wheel build it: no index, no download
+            r = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages",
+                                os.path.join(tmp, "venv")], capture_output=True, text=True)
+            if r.returncode != 0:
+                self.skipTest("python3 -m venv does not work here: " + r.stderr.strip()[-200:])
+            venv_python = os.path.join(tmp, "venv", "bin", "python")
+            r = subprocess.run([venv_python, "-m", "pip", "install", "--no-index",
+                                "--no-build-isolation", "--quiet", source],
+                               capture_output=True, text=True, cwd=tmp)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            check = ("import reshard, os; l = reshard.Layout('shape=8 ranks=0-1 place=S(0)');"
+                     "print(os.path.dirname(reshard.__file__), l.shard_index(1, 0))")
+            r = subprocess.run([venv_python, "-c", check], capture_output=True, text=True,
+                               cwd=tmp, env=dict(os.environ, PYTHONPATH=""))
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            where, index = r.stdout.split(" ", 1)
+            self.assertTrue(where.startswith(os.path.join(tmp, "venv")), where)
+            self.assertEqual(index.strip(), "[4, 5, 6, 7]")
+
+
+if __name__ == "__main__":
+    unittest.main()

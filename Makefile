@@ -15,14 +15,14 @@ endif
 OPT := $(if $(filter 1,$(DEBUG)),-O0 -g3,-O2 -g)
 
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fvisibility=hidden -fPIC \
-              -MMD -MP $(OPT) $(SAN) -Iplanner -Itransport -Iplugin $(CFLAGS)
+              -MMD -MP $(OPT) $(SAN) -Iplanner -Itransport -Iplugin -Icuda $(CFLAGS)
 LDFLAGS_ALL := $(SAN) $(LDFLAGS)
 
-LIB_SRC := $(sort $(wildcard planner/*.c transport/*.c plugin/*.c))
+LIB_SRC := $(sort $(wildcard planner/*.c transport/*.c plugin/*.c cuda/*.c))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(filter-out test/plugin/net_driver.c, \
               $(sort $(wildcard test/planner/*.c test/transport/*.c test/plugin/*.c test/tools/*.c \
-                                test/cluster/*.c)))
+                                test/cluster/*.c test/cuda/*.c)))
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
 SO := $(BUILD)/libnccl-net-reshard.so
@@ -148,7 +148,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := spec manifest boot
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 $(FUZZ_SAN) \
-               -fsanitize=fuzzer-no-link -Iplanner -Itransport -Iplugin
+               -fsanitize=fuzzer-no-link -Iplanner -Itransport -Iplugin -Icuda
 FUZZ_DEPS := clang libclang-rt-14-dev
 
 $(FUZZ)/obj/%.o: %.c

@@ -14,6 +14,7 @@
 #include "exec_int.h"
 
 #include "cma.h"
+#include "cuda_lib.h"
 #include "error.h"
 #include "log.h"
 #include "param.h"
@@ -640,10 +641,12 @@ static void check_buffers(const struct exec *x, const reshard_buffers_t *bufs, s
                 h->have = p ? have : 0;
                 return;
             }
-            if (bufs[t].mem != RESHARD_MEM_HOST) {
+            enum cuda_mem_kind kind = cuda_mem_kind(p);
+            if (bufs[t].mem != RESHARD_MEM_HOST || kind == CUDA_MEM_DEVICE) {
                 h->status = RESHARD_ERR_UNAVAILABLE;
                 h->tensor = t;
                 h->side = side;
+                h->need = bufs[t].mem != RESHARD_MEM_HOST; /* declared, or found by the driver */
                 return;
             }
         }
@@ -660,9 +663,12 @@ static reshard_status_t refuse(const struct exec *x, int rank, const struct hell
                         rank, side, name, (unsigned long long)h->have, (unsigned long long)h->need);
     if (h->status == RESHARD_ERR_UNAVAILABLE)
         return rs_error(RESHARD_ERR_UNAVAILABLE,
-                        "rank %d: %s buffer of tensor %s is device memory: this build moves host "
-                        "memory only",
-                        rank, side, name);
+                        "rank %d: %s buffer of tensor %s is device memory (%s): the executor moves "
+                        "host memory only so far",
+                        rank, side, name,
+                        h->need ? "declared RESHARD_MEM_CUDA"
+                                : "declared host, but the CUDA "
+                                  "driver says device");
     return rs_error(RESHARD_ERR_REMOTE, "rank %d could not start the execution: %s", rank,
                     rs_status_string((reshard_status_t)h->status));
 }

@@ -3,6 +3,7 @@
  * Communicators and execution across real processes (fork): data lands where the layouts say,
  * and every bad input or fault ends with a clear error on every rank, never a hang.
  */
+#include "error.h"
 #include "ranks.h"
 #include "reshard.h"
 
@@ -174,6 +175,38 @@ Test(comm, a_short_destination_buffer_fails_every_rank_before_bytes_move)
         cr_assert_eq(o[r].status, RESHARD_ERR_BUFFER, "rank %d: %s", r, o[r].msg);
         cr_assert(strstr(o[r].msg, "rank 1: destination buffer of tensor w holds 1916 bytes, "
                                    "its shard needs 1920"),
+                  "rank %d: %s", r, o[r].msg);
+    }
+}
+
+/* Rank 2 declares its destination device memory: every rank is told before bytes move, and
+ * the communicator stays usable (the same plan then runs on host memory). */
+static reshard_status_t device_memory_on_rank2(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side x;
+    reshard_status_t st = side_open(&x, comm, rank, SRC, DST);
+    if (st == RESHARD_OK && rank == 2)
+        x.b.mem = RESHARD_MEM_CUDA;
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x.plan, &x.b);
+    char why[256];
+    snprintf(why, sizeof(why), "%s", reshard_last_error());
+    x.b.mem = RESHARD_MEM_HOST;
+    if (st == RESHARD_ERR_UNAVAILABLE &&
+        (reshard_plan_execute(x.plan, &x.b) != RESHARD_OK || count_wrong(x.dst, rank, x.d)))
+        st = RESHARD_ERR_INTERNAL;
+    side_close(&x);
+    return st == RESHARD_ERR_UNAVAILABLE ? rs_error(st, "%s", why) : st; /* the first message */
+}
+
+Test(comm, device_memory_is_refused_on_every_rank_before_bytes_move)
+{
+    struct outcome *o = run_ranks(4, device_memory_on_rank2);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(o[r].status, RESHARD_ERR_UNAVAILABLE, "rank %d: %s", r, o[r].msg);
+        cr_assert(strstr(o[r].msg, "rank 2: source buffer of tensor w is device memory "
+                                   "(declared RESHARD_MEM_CUDA)"),
                   "rank %d: %s", r, o[r].msg);
     }
 }

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "cuda_lib.h"
+
+#include "error.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static struct cuda_fns fns;
+static reshard_status_t load_status = RESHARD_ERR_UNAVAILABLE;
+static char load_error[256];
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+
+static void load(void)
+{
+    const char *file = getenv("RESHARD_CUDA_LIB");
+    if (!file || !*file)
+        file = "libcuda.so.1";
+    void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(load_error, sizeof(load_error), "cuda: no driver: %s", dlerror());
+        return;
+    }
+#define CUDA_FN_LOAD_(field, symbol, ret, params)                                                  \
+    if (!(*(void **)&fns.field = dlsym(h, symbol))) {                                              \
+        snprintf(load_error, sizeof(load_error), "cuda: %s lacks %s", file, symbol);               \
+        return;                                                                                    \
+    }
+    CUDA_FN_MAP(CUDA_FN_LOAD_)
+#undef CUDA_FN_LOAD_
+    int n = 0;
+    cu_result r = fns.init(0);
+    if (r == CU_SUCCESS)
+        r = fns.device_get_count(&n);
+    if (r == CU_ERROR_NO_DEVICE || (r == CU_SUCCESS && n == 0)) {
+        snprintf(load_error, sizeof(load_error), "cuda: no CUDA device");
+        return;
+    }
+    if (r != CU_SUCCESS) {
+        const char *s = NULL;
+        fns.get_error_string(r, &s);
+        snprintf(load_error, sizeof(load_error), "cuda: cuInit: %s (%d)", s ? s : "?", r);
+        return;
+    }
+    load_status = RESHARD_OK;
+}
+
+const struct cuda_fns *cuda_lib(void)
+{
+    pthread_once(&load_once, load);
+    if (load_status != RESHARD_OK) {
+        rs_error(load_status, "%s", load_error);
+        return NULL;
+    }
+    return &fns;
+}
+
+reshard_status_t cuda_error(const char *what, cu_result r)
+{
+    const char *s = NULL;
+    if (fns.get_error_string)
+        fns.get_error_string(r, &s);
+    return rs_error(r == 2 ? RESHARD_ERR_NO_MEMORY : RESHARD_ERR_NETWORK, "cuda: %s: %s (%d)",
+                    what, s ? s : "unknown error", r);
+}
+
+enum cuda_mem_kind cuda_mem_kind(const void *p)
+{
+    char saved[RS_ERROR_MAX];
+    snprintf(saved, sizeof(saved), "%s", rs_error_message());
+    const struct cuda_fns *f = cuda_lib();
+    rs_error(RESHARD_OK, "%s", saved); /* asking is not failing */
+    unsigned type = 0, managed = 0;
+    if (!f || !p ||
+        f->pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                 (cu_deviceptr)(uintptr_t)p) != CU_SUCCESS)
+        return CUDA_MEM_HOST; /* unknown to the driver: ordinary host memory */
+    (void)f->pointer_get_attribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                   (cu_deviceptr)(uintptr_t)p);
+    if (managed)
+        return CUDA_MEM_MANAGED;
+    return type == CU_MEMORYTYPE_DEVICE ? CUDA_MEM_DEVICE : CUDA_MEM_PINNED;
+}
+
+const char *cuda_mem_kind_name(enum cuda_mem_kind k)
+{
+    static const char *const names[] = {"host", "pinned host", "device", "managed"};
+    return (unsigned)k < 4 ? names[k] : "?";
+}

@@ -62,8 +62,8 @@ reshard_status_t cuda_error(const char *what, cu_result r)
     const char *s = NULL;
     if (fns.get_error_string)
         fns.get_error_string(r, &s);
-    return rs_error(r == 2 ? RESHARD_ERR_NO_MEMORY : RESHARD_ERR_NETWORK, "cuda: %s: %s (%d)",
-                    what, s ? s : "unknown error", r);
+    return rs_error(r == 2 ? RESHARD_ERR_NO_MEMORY : RESHARD_ERR_NETWORK, "cuda: %s: %s (%d)", what,
+                    s ? s : "unknown error", r);
 }
 
 enum cuda_mem_kind cuda_mem_kind(const void *p)

@@ -13,18 +13,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef int cu_result;          /* CUresult: 0 is CUDA_SUCCESS */
-typedef uint64_t cu_deviceptr;  /* CUdeviceptr */
-typedef int cu_device;          /* CUdevice */
-typedef struct cu_ctx *cu_ctx;  /* CUcontext */
+typedef int cu_result;         /* CUresult: 0 is CUDA_SUCCESS */
+typedef uint64_t cu_deviceptr; /* CUdeviceptr */
+typedef int cu_device;         /* CUdevice */
+typedef struct cu_ctx *cu_ctx; /* CUcontext */
 typedef struct cu_stream *cu_stream;
 
-#define CU_SUCCESS                    0
-#define CU_ERROR_NO_DEVICE            100
-#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2 /* CUmemorytype: 1 host, 2 device, 3 array, 4 unified */
-#define CU_POINTER_ATTRIBUTE_IS_MANAGED  8
-#define CU_MEMORYTYPE_HOST   1
-#define CU_MEMORYTYPE_DEVICE 2
+#define CU_SUCCESS         0
+#define CU_ERROR_NO_DEVICE 100
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE                                                           \
+    2 /* CUmemorytype: 1 host, 2 device, 3 array, 4 unified                                        \
+       */
+#define CU_POINTER_ATTRIBUTE_IS_MANAGED 8
+#define CU_MEMORYTYPE_HOST              1
+#define CU_MEMORYTYPE_DEVICE            2
 
 /* X(field, symbol, return, parameters) */
 #define CUDA_FN_MAP(X)                                                                             \

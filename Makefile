@@ -33,6 +33,8 @@ BENCH_BIN := $(BUILD)/test/perf/plan_bench
 PERF_BIN := $(BUILD)/test/perf/reshard_perf
 NET_DRIVER := $(BUILD)/test/net_driver
 NET_PERF_BIN := $(BUILD)/reshard_net_perf
+# Stand-ins for libcuda and libnccl (test/fake/), so the NCCL paths run on hosts without a GPU.
+FAKE_LIBS := $(BUILD)/test/fake/libcuda.so.1 $(BUILD)/test/fake/libnccl.so.2
 
 # Debian packages that building and testing need (make deps installs the missing ones).
 DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev libibverbs-dev libjansson-dev \
@@ -87,6 +89,14 @@ $(NET_DRIVER): $(BUILD)/obj/test/plugin/net_driver.o
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< -ldl -lpthread $(LDFLAGS_ALL)
 
+$(BUILD)/test/fake/libcuda.so.1: test/fake/fake_cuda.c
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g -fPIC -shared -fvisibility=hidden $(SAN) -o $@ $<
+
+$(BUILD)/test/fake/libnccl.so.2: test/fake/fake_nccl.c test/fake/fake_nccl.h
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g -fPIC -shared -fvisibility=hidden $(SAN) -o $@ $<
+
 deps:
 	@missing=""; for p in $(DEPS); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' \
@@ -103,7 +113,7 @@ deps:
 	fi
 
 test: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 ifeq ($(SAN),)
@@ -124,7 +134,7 @@ endif
 # The verbs transport for real, on soft-RoCE in a qemu VM (scripts/rxe-test.sh, ~2 minutes);
 # make test runs it too, unless qemu cannot run here (it says so) or RESHARD_SKIP_RDMA=1.
 test-rdma: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS)
 	BUILD=$(BUILD) scripts/rxe-test.sh
 
 demo: deps

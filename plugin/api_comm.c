@@ -143,6 +143,14 @@ reshard_status_t reshard_comm_init_env(reshard_comm_t **comm)
     return api_leave(__func__, st);
 }
 
+reshard_status_t reshard_comm_init_nccl(void *nccl_comm, reshard_comm_t **comm)
+{
+    api_enter();
+    if (!nccl_comm || !comm)
+        return api_null_arg(__func__, comm ? "nccl_comm" : "comm");
+    return api_leave(__func__, comm_create_nccl(nccl_comm, comm));
+}
+
 int reshard_comm_rank(const reshard_comm_t *comm)
 {
     return comm ? comm->rank : -1;
@@ -383,5 +391,20 @@ reshard_status_t reshard_plan_execute(reshard_plan_t *plan, const reshard_buffer
                                   "%s: the plan was made by reshard_plan_create; execute one made "
                                   "by reshard_comm_plan_create",
                                   __func__));
-    return api_leave(__func__, exec_run(plan->x, bufs));
+    return api_leave(__func__, exec_run(plan->x, bufs, 0, NULL));
+}
+
+reshard_status_t reshard_plan_execute_stream(reshard_plan_t *plan, const reshard_buffers_t *bufs,
+                                             void *stream)
+{
+    api_enter();
+    if (!plan || !bufs)
+        return api_null_arg(__func__, plan ? "bufs" : "plan");
+    if (!plan->x)
+        return api_leave(__func__,
+                         rs_error(RESHARD_ERR_INVALID_ARG,
+                                  "%s: the plan was made by reshard_plan_create; execute one made "
+                                  "by reshard_comm_plan_create",
+                                  __func__));
+    return api_leave(__func__, exec_run(plan->x, bufs, 1, stream));
 }

@@ -2,8 +2,10 @@
 #include "comm.h"
 
 #include "cma.h"
+#include "cuda_lib.h"
 #include "error.h"
 #include "log.h"
+#include "nccl_lib.h"
 #include "param.h"
 
 #include <stdlib.h>
@@ -223,6 +225,88 @@ reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int l
     return RESHARD_OK;
 err:
     comm_destroy(c);
+    return st;
+}
+
+/* A current CUDA context for the all-gather's buffer: the thread's, else device 0's primary. */
+static reshard_status_t cuda_context(const struct cuda_fns *cu)
+{
+    cu_ctx ctx = NULL;
+    cu_device dev;
+    cu_result r = cu->ctx_get_current(&ctx);
+    if (r == CU_SUCCESS && ctx)
+        return RESHARD_OK;
+    if (r == CU_SUCCESS)
+        r = cu->device_get(&dev, 0);
+    if (r == CU_SUCCESS)
+        r = cu->primary_ctx_retain(&ctx, dev);
+    if (r == CU_SUCCESS)
+        r = cu->ctx_set_current(ctx);
+    return r == CU_SUCCESS ? RESHARD_OK : cuda_error("a CUDA context for the all-gather", r);
+}
+
+/* Every rank's slot of one ncclAllGather of BOOT_ID_BYTES: rank 0's id reaches everyone. */
+static reshard_status_t gather_id(const struct nccl_fns *f, const struct cuda_fns *cu, void *nc,
+                                  int rank, int size, struct boot_id *id)
+{
+    cu_deviceptr d = 0;
+    cu_result r = cu->mem_alloc(&d, (size_t)size * BOOT_ID_BYTES);
+    if (r != CU_SUCCESS)
+        return cuda_error("cuMemAlloc for the all-gather", r);
+    reshard_status_t st = RESHARD_OK;
+    cu_deviceptr mine = d + (cu_deviceptr)rank * BOOT_ID_BYTES;
+    if ((r = cu->memcpy_htod(mine, id->bytes, BOOT_ID_BYTES)) != CU_SUCCESS)
+        st = cuda_error("cuMemcpyHtoD", r);
+    nccl_result nr = 0;
+    if (st == RESHARD_OK && (nr = f->all_gather((void *)(uintptr_t)mine, (void *)(uintptr_t)d,
+                                                BOOT_ID_BYTES, NCCL_UINT8, nc, NULL)) != 0)
+        st = nccl_error(f, nr, "ncclAllGather of the rendezvous id");
+    if (st == RESHARD_OK && (r = cu->stream_synchronize(NULL)) != CU_SUCCESS)
+        st = cuda_error("cuStreamSynchronize", r);
+    if (st == RESHARD_OK && (r = cu->memcpy_dtoh(id->bytes, d, BOOT_ID_BYTES)) != CU_SUCCESS)
+        st = cuda_error("cuMemcpyDtoH", r);
+    cu->mem_free(d);
+    return st;
+}
+
+reshard_status_t comm_create_nccl(void *nc, struct reshard_comm **out)
+{
+    char why[RS_ERROR_MAX] = "";
+    const struct nccl_fns *f = nccl_lib();
+    if (!f) {
+        snprintf(why, sizeof(why), "%s", rs_error_message()); /* not passed as its own source */
+        return rs_error(RESHARD_ERR_UNAVAILABLE, "reshard_comm_init_nccl: %s", why);
+    }
+    int rank = -1, size = 0;
+    nccl_result nr = f->comm_user_rank(nc, &rank);
+    if (nr || (nr = f->comm_count(nc, &size)))
+        return nccl_error(f, nr, "the rank and size of the NCCL communicator");
+    const struct cuda_fns *cu = cuda_lib();
+    if (!cu) {
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        return rs_error(RESHARD_ERR_UNAVAILABLE,
+                        "reshard_comm_init_nccl: the all-gather needs a CUDA device: %s", why);
+    }
+    RS_CHECK(cuda_context(cu));
+    /* Rank 0 listens; a rank 0 that cannot still joins the all-gather (with zeros), so that
+     * nobody waits in NCCL for it, and every rank fails alike below. */
+    struct boot_id id, mine;
+    memset(&id, 0, sizeof(id));
+    why[0] = 0;
+    if (rank == 0 && boot_id_create(&id) != RESHARD_OK)
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+    mine = id;
+    RS_CHECK(gather_id(f, cu, nc, rank, size, &id));
+    static const struct boot_id zero;
+    if (!memcmp(&id, &zero, sizeof(id)))
+        return rs_error(RESHARD_ERR_NETWORK, "reshard_comm_init_nccl: rank 0 could not listen%s%s",
+                        why[0] ? ": " : "", why);
+    const char *lr = getenv("LOCAL_RANK");
+    reshard_status_t st = comm_create(&id, rank, size, lr && *lr ? atoi(lr) : -1, out);
+    if (rank == 0)
+        boot_id_release(&mine); /* taken by rank 0's rendezvous, unless it failed first */
+    if (st == RESHARD_OK)
+        (*out)->nccl = nc;
     return st;
 }
 

@@ -27,6 +27,7 @@ struct reshard_comm {
     struct boot_id spare;   /* where this rank would meet the others as the next root */
     struct boot_id *spares; /* [size]: everyone's */
     struct boot *boot;
+    void *nccl; /* the NCCL communicator it was made from (reshard_comm_init_nccl), or NULL */
     struct reshard_topo topo;
     struct tp_ctx *net;
     pid_t *pid;           /* [size] */
@@ -57,6 +58,8 @@ struct reshard_comm {
 
 reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int local_rank,
                              struct reshard_comm **out);
+/* On the ranks of an NCCL communicator: rank 0's id through one ncclAllGather. */
+reshard_status_t comm_create_nccl(void *nccl_comm, struct reshard_comm **out);
 /* Collective over the ranks of c not in exclude[n]: a communicator of those ranks, with their
  * numbers, c's topology (the others absent) and a new bootstrap and network context, met at
  * the lowest remaining rank's spare listener. c may have failed; it stays as it is. */

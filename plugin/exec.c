@@ -16,6 +16,7 @@
 #include "cma.h"
 #include "cuda_lib.h"
 #include "error.h"
+#include "exec_nccl.h"
 #include "log.h"
 #include "param.h"
 
@@ -617,7 +618,8 @@ static size_t hello_bytes(const struct exec *x)
 }
 
 /* This rank's buffers against its shards. */
-static void check_buffers(const struct exec *x, const reshard_buffers_t *bufs, struct hello *h)
+static void check_buffers(const struct exec *x, const reshard_buffers_t *bufs, int on_nccl,
+                          struct hello *h)
 {
     int me = x->comm->rank;
     for (int t = 0; t < x->plan->ntensors; t++) {
@@ -641,6 +643,14 @@ static void check_buffers(const struct exec *x, const reshard_buffers_t *bufs, s
                 h->have = p ? have : 0;
                 return;
             }
+            if (on_nccl && bufs[t].mem != RESHARD_MEM_CUDA) {
+                h->status = RESHARD_ERR_INVALID_ARG;
+                h->tensor = t;
+                h->side = side;
+                return;
+            }
+            if (on_nccl)
+                continue;
             enum cuda_mem_kind kind = cuda_mem_kind(p);
             if (bufs[t].mem != RESHARD_MEM_HOST || kind == CUDA_MEM_DEVICE) {
                 h->status = RESHARD_ERR_UNAVAILABLE;
@@ -669,6 +679,11 @@ static reshard_status_t refuse(const struct exec *x, int rank, const struct hell
                         h->need ? "declared RESHARD_MEM_CUDA"
                                 : "declared host, but the CUDA "
                                   "driver says device");
+    if (h->status == RESHARD_ERR_INVALID_ARG)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "rank %d: %s buffer of tensor %s is host memory: the NCCL executor moves "
+                        "device memory (RESHARD_MEM_CUDA)",
+                        rank, side, name);
     return rs_error(RESHARD_ERR_REMOTE, "rank %d could not start the execution: %s", rank,
                     rs_status_string((reshard_status_t)h->status));
 }
@@ -676,7 +691,7 @@ static reshard_status_t refuse(const struct exec *x, int rank, const struct hell
 /* Every rank joins, even one that already failed locally (local != OK), so that all reach the
  * same verdict instead of waiting for it. On success peer_dst / peer_tmp are filled. */
 static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, uint32_t seq,
-                                 reshard_status_t local, struct run *r)
+                                 reshard_status_t local, struct run *r, int on_nccl)
 {
     struct reshard_comm *c = x->comm;
     size_t hb = hello_bytes(x);
@@ -687,7 +702,7 @@ static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, 
     struct hello *me = all ? (struct hello *)(all + (size_t)c->rank * hb) : (struct hello *)mine;
     *me = (struct hello){.hash = x->plan->hash, .seq = seq, .status = local};
     if (local == RESHARD_OK)
-        check_buffers(x, bufs, me);
+        check_buffers(x, bufs, on_nccl, me);
     if (!all) { /* cannot take part: tell the others rather than let them time out */
         boot_abort(c->boot, local, "out of memory starting an execution");
         c->broken = local;
@@ -720,7 +735,7 @@ static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, 
                           q, (unsigned long long)h->hash, h->seq, (unsigned long long)x->plan->hash,
                           seq);
     }
-    for (int q = 0; st == RESHARD_OK && q < c->size; q++) {
+    for (int q = 0; r && st == RESHARD_OK && q < c->size; q++) {
         const uint64_t *a = (const uint64_t *)((const struct hello *)(all + (size_t)q * hb) + 1);
         for (int t = 0; t < x->plan->ntensors; t++) {
             size_t slot = (size_t)q * (size_t)x->plan->ntensors + (size_t)t;
@@ -1049,7 +1064,7 @@ static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
     reshard_status_t local = prepare(x, bufs, seq, &r);
     char why[RS_ERROR_MAX];
     snprintf(why, sizeof(why), "%s", rs_error_message());
-    reshard_status_t st = exchange(x, bufs, seq, local, r);
+    reshard_status_t st = exchange(x, bufs, seq, local, r, 0);
     if (st == local && local != RESHARD_OK)
         rs_error(local, "%s", why);
     if (st != RESHARD_OK) { /* nothing moved: the communicator stays usable */
@@ -1072,9 +1087,65 @@ static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
     return rs_error(c->broken, "%s", c->broken_why);
 }
 
-reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs)
+/* RESHARD_EXECUTOR=nccl: the same vote and buffer checks, then the plan enqueued on NCCL. */
+static reshard_status_t nccl_run(struct exec *x, const reshard_buffers_t *bufs, void *stream)
 {
     struct reshard_comm *c = x->comm;
+    if (!c->nccl) /* the same on every rank: nobody waits */
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "RESHARD_EXECUTOR=nccl runs on a communicator made by "
+                        "reshard_comm_init_nccl");
+    uint32_t seq = c->seq++, rounds;
+    const struct nccl_fns *f = nccl_lib();
+    reshard_status_t local = f ? nccl_rounds(&x->xs, &rounds) : RESHARD_ERR_UNAVAILABLE;
+    char why[RS_ERROR_MAX];
+    snprintf(why, sizeof(why), "%s", rs_error_message());
+    reshard_status_t st = exchange(x, bufs, seq, local, NULL, 1);
+    if (st == local && local != RESHARD_OK)
+        rs_error(local, "%s", why);
+    if (st != RESHARD_OK)
+        return st;
+    x->executed = 0; /* no outcome: the stream owns completion */
+    x->on_nccl = 1;
+    st = nccl_lower(x->plan, &x->xs, c->rank, bufs, f, c->nccl, stream);
+    if (st != RESHARD_OK) { /* what NCCL holds now is unknown: as after any failure in flight */
+        c->broken = st;
+        snprintf(c->broken_why, sizeof(c->broken_why), "%s", rs_error_message());
+        boot_abort(c->boot, st, c->broken_why);
+    }
+    return st;
+}
+
+/* The native executor on a stream: what is queued there first finishes. Without a driver
+ * the default stream (NULL) can hold no work; another stream is a mistake. */
+static reshard_status_t wait_stream(int on_stream, void *stream)
+{
+    if (!on_stream)
+        return RESHARD_OK;
+    char why[RS_ERROR_MAX];
+    snprintf(why, sizeof(why), "%s", rs_error_message());
+    const struct cuda_fns *f = cuda_lib();
+    if (!f && !stream) {
+        rs_error(RESHARD_OK, "%s", why); /* the caller's message, as it was */
+        return RESHARD_OK;
+    }
+    if (!f) {
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        return rs_error(RESHARD_ERR_INVALID_ARG, "a CUDA stream, but %s", why);
+    }
+    cu_result r = f->stream_synchronize(stream);
+    return r == CU_SUCCESS ? RESHARD_OK : cuda_error("cuStreamSynchronize", r);
+}
+
+reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs, int on_stream,
+                          void *stream)
+{
+    struct reshard_comm *c = x->comm;
+    const char *executor = rs_param_str(RS_PARAM_EXECUTOR);
+    int on_nccl = !strcmp(executor, "nccl");
+    if (!on_nccl && strcmp(executor, "native"))
+        return rs_error(RESHARD_ERR_INVALID_ARG, "RESHARD_EXECUTOR=%s: expected native or nccl",
+                        executor);
     int idle = 0;
     if (!atomic_compare_exchange_strong(&c->busy, &idle, 1))
         return rs_error(RESHARD_ERR_BUSY,
@@ -1083,8 +1154,14 @@ reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs)
     if (atomic_load(&c->abort_req))
         comm_abort_now(c);
     reshard_status_t st = comm_usable(c);
-    if (st == RESHARD_OK)
-        st = run_all(x, bufs);
+    if (st == RESHARD_OK && on_nccl) {
+        st = nccl_run(x, bufs, stream);
+    } else if (st == RESHARD_OK) {
+        x->on_nccl = 0;
+        st = wait_stream(on_stream, stream);
+        if (st == RESHARD_OK)
+            st = run_all(x, bufs);
+    }
     atomic_store(&c->busy, 0);
     return st;
 }

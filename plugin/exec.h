@@ -21,7 +21,9 @@ reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *pl
 /* One execution at a time per communicator (RESHARD_ERR_BUSY otherwise). A failure found
  * before any byte moves (buffers, plan mismatch) leaves the communicator usable; one after
  * breaks it (comm_usable). */
-reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs);
+/* on_stream: ordered on stream (NULL: the default stream), as reshard_plan_execute_stream. */
+reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs, int on_stream,
+                          void *stream);
 /* The chunk size this process cuts transfers with (RESHARD_CHUNK_BYTES, capped). */
 int64_t exec_chunk_bytes(void);
 /* RESHARD_COALESCE_BYTES, at most the chunk size: what the executor packs. */

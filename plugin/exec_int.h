@@ -51,6 +51,7 @@ struct exec {
     size_t *dst_chunks;
     uint8_t *outcome;
     int executed;
+    int on_nccl; /* the last execution was enqueued on NCCL (RESHARD_EXECUTOR=nccl) */
     /* Registrations of the caller's buffers, redone when a pointer changes. */
     struct reg {
         const void *addr;

@@ -12,14 +12,12 @@ static reshard_status_t assign_rounds(const struct xfer_set *xs, uint32_t *round
     *n = xs->n ? 1 : 0;
     for (size_t i = 0; i < xs->n; i++) {
         uint32_t p = xs->x[i].parent;
-        if (p == XFER_AFTER_INPUTS || xs->x[i].src_buf == XBUF_TMP ||
-            xs->x[i].dst_buf == XBUF_TMP)
+        if (p == XFER_AFTER_INPUTS || xs->x[i].src_buf == XBUF_TMP || xs->x[i].dst_buf == XBUF_TMP)
             return rs_error(RESHARD_ERR_INVALID_ARG,
                             "the NCCL executor runs the reshard and direct algorithms; the bcast "
                             "baseline needs reshard's own executor");
         if (p != XFER_NONE && p >= i)
-            return rs_error(RESHARD_ERR_INTERNAL, "transfer %zu depends on a later one (%u)", i,
-                            p);
+            return rs_error(RESHARD_ERR_INTERNAL, "transfer %zu depends on a later one (%u)", i, p);
         round[i] = p == XFER_NONE ? 0 : round[p] + 1;
         if (round[i] + 1 > *n)
             *n = round[i] + 1;
@@ -38,8 +36,8 @@ reshard_status_t nccl_rounds(const struct xfer_set *xs, uint32_t *rounds)
 }
 
 /* The transfer's box in the buffer `side` (0 source, 1 destination) of its rank there. */
-static void box_region(const struct rs_plan *plan, const struct xfer_set *xs,
-                       const struct xfer *xf, int side, struct region *r)
+static void box_region(const struct rs_plan *plan, const struct xfer_set *xs, const struct xfer *xf,
+                       int side, struct region *r)
 {
     const struct plan_tensor *pt = &plan->tensors[xf->tensor];
     int ndim = pt->dst.ndim, buf = side ? xf->dst_buf : xf->src_buf;

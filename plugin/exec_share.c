@@ -482,6 +482,10 @@ void exec_destroy(struct exec *x)
 
 reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *states)
 {
+    if (x->on_nccl)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "the last execution was enqueued on NCCL: it completes on the stream, "
+                        "which knows its outcome");
     if (!x->executed)
         return rs_error(RESHARD_ERR_INVALID_ARG, "the plan has not been executed yet");
     for (int t = 0; t < x->plan->ntensors; t++)

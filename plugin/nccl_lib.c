@@ -41,7 +41,8 @@ static void load(void)
         file = "libnccl.so.2";
     }
     if (!h && !(h = dlopen(file, RTLD_NOW | RTLD_LOCAL))) {
-        snprintf(load_error, sizeof(load_error), "nccl: not in the process, and %s", dlerror());
+        snprintf(load_error, sizeof(load_error), "nccl: %s%s",
+                 getenv("RESHARD_NCCL_LIB") ? "" : "none loaded in this process, and ", dlerror());
         return;
     }
     for (size_t i = 0; i < sizeof(symbols) / sizeof(symbols[0]); i++) {

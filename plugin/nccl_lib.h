@@ -21,8 +21,7 @@ struct nccl_fns {
     nccl_result (*group_end)(void);
     nccl_result (*send)(const void *buf, size_t count, int datatype, int peer, void *comm,
                         void *stream);
-    nccl_result (*recv)(void *buf, size_t count, int datatype, int peer, void *comm,
-                        void *stream);
+    nccl_result (*recv)(void *buf, size_t count, int datatype, int peer, void *comm, void *stream);
     nccl_result (*comm_user_rank)(void *comm, int *rank);
     nccl_result (*comm_count)(void *comm, int *count);
     nccl_result (*all_gather)(const void *sendbuf, void *recvbuf, size_t count, int datatype,

@@ -51,7 +51,10 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
     X(IB_GID_INDEX, RS_PARAM_INT, "-1", -1,                                                        \
       "RoCE GID index (-1: the port's IPv4-mapped RoCE v2 GID)")                                   \
     X(IB_QPS_PER_PEER, RS_PARAM_INT, "2", 1,                                                       \
-      "RC queue pairs per peer; large writes are striped across them (at most 8)")
+      "RC queue pairs per peer; large writes are striped across them (at most 8)")                 \
+    X(EXECUTOR, RS_PARAM_STR, "native", 0,                                                         \
+      "native (reshard's transports), or nccl: grouped ncclSend/ncclRecv on the communicator "     \
+      "given to reshard_comm_init_nccl")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

@@ -248,6 +248,13 @@ RESHARD_API reshard_status_t reshard_comm_init_rank(const reshard_unique_id_t *i
  * unless RESHARD_BOOT_PORT is set; the secret is RESHARD_SECRET, else derived from the job's
  * identity. */
 RESHARD_API reshard_status_t reshard_comm_init_env(reshard_comm_t **comm);
+/* The same, on the ranks of an NCCL communicator (ncclComm_t, passed as a pointer: vLLM's
+ * PyNcclCommunicator.comm, or PyTorch's): rank and size come from it, and rank 0's rendezvous
+ * id reaches the others through one ncclAllGather, so nothing else needs configuring. NCCL is
+ * the one already in the process, else libnccl.so.2; the all-gather needs the CUDA driver and
+ * a device (the calling thread's current context, else device 0's primary context). The NCCL
+ * communicator stays the caller's and must outlive this one. Collective over its ranks. */
+RESHARD_API reshard_status_t reshard_comm_init_nccl(void *nccl_comm, reshard_comm_t **comm);
 RESHARD_API int reshard_comm_rank(const reshard_comm_t *comm);
 RESHARD_API int reshard_comm_size(const reshard_comm_t *comm);
 /* The communicator's topology (owned by the communicator). */
@@ -307,6 +314,17 @@ typedef struct reshard_buffers {
  * destroyed, and the buffers must outlive reshard_comm_destroy (it ends what is in flight). */
 RESHARD_API reshard_status_t reshard_plan_execute(reshard_plan_t *plan,
                                                   const reshard_buffers_t *bufs);
+/* The same, ordered on a CUDA stream (cudaStream_t; NULL is the default stream). The native
+ * executor waits for the work already on the stream before it reads or writes anything, and
+ * returns when the refit is done, so later work on the stream sees it. With
+ * RESHARD_EXECUTOR=nccl (a communicator from reshard_comm_init_nccl, device buffers) the refit
+ * is enqueued on the stream as grouped ncclSend/ncclRecv, one group per round, and this returns
+ * once it is enqueued, as NCCL calls do: the refit is complete when the stream reaches that
+ * point. Buffer checks and the plan hash vote happen before anything is enqueued, as above;
+ * reshard_plan_outcome does not apply (the stream owns completion). */
+RESHARD_API reshard_status_t reshard_plan_execute_stream(reshard_plan_t *plan,
+                                                         const reshard_buffers_t *bufs,
+                                                         void *stream);
 
 /* What an execution left in this rank's destination buffer of a tensor. */
 typedef enum reshard_tensor_state {

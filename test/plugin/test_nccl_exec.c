@@ -190,12 +190,12 @@ static long lower_and_play(const struct pair *pairs, int n, int world, int dsize
                 if (!q->send && !q->matched && q->rank == s->peer && q->peer == s->rank)
                     m = q; /* the first one still open, in any group: its group must be g */
             }
-            cr_assert_not_null(m, "send %d (rank %d -> %d, %zu bytes) has no receive", i,
-                               s->rank, s->peer, s->bytes);
+            cr_assert_not_null(m, "send %d (rank %d -> %d, %zu bytes) has no receive", i, s->rank,
+                               s->peer, s->bytes);
             cr_assert_eq(m->group, (int)g, "rank %d -> %d: send in group %u, receive in %d",
                          s->rank, s->peer, g, m->group);
-            cr_assert_eq(m->bytes, s->bytes, "rank %d -> %d: %zu bytes sent, %zu received",
-                         s->rank, s->peer, s->bytes, m->bytes);
+            cr_assert_eq(m->bytes, s->bytes, "rank %d -> %d: %zu bytes sent, %zu received", s->rank,
+                         s->peer, s->bytes, m->bytes);
             m->matched = s->matched = 1;
             memcpy(m->ptr, s->ptr, s->bytes);
         }
@@ -241,7 +241,8 @@ Test(nccl_exec, strided_self_and_mixed_dtypes_land_whole)
 {
     struct pair p[] = {
         /* columns to rows on overlapping ranks: strided runs and self copies */
-        {"shape=12x10 dtype=i32 ranks=0-3 place=S(1)", "shape=12x10 dtype=i32 ranks=0-3 place=S(0)"},
+        {"shape=12x10 dtype=i32 ranks=0-3 place=S(1)",
+         "shape=12x10 dtype=i32 ranks=0-3 place=S(0)"},
         /* a 2-D mesh with a strided shard to a replicated 3-D tensor */
         {"shape=8x6x4 dtype=i64 ranks=0-3 mesh=2x2 place=SS(0,2),S(2)",
          "shape=8x6x4 dtype=i64 ranks=4-7 mesh=2x2 place=R,S(1)"},
@@ -307,3 +308,233 @@ Test(nccl_exec, the_bcast_baseline_and_nccl_failures_are_clear_errors)
     reshard_layout_destroy(d);
 }
 
+/* ---- end to end, on stand-ins for libnccl and libcuda (test/fake/) ---- */
+
+#include "../fake/fake_nccl.h"
+
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define FAN_SRC "shape=48x40 dtype=i32 ranks=0-1 mesh=2 place=S(0)"
+#define FAN_DST "shape=48x40 dtype=i32 ranks=2-3 mesh=2 place=R"
+
+struct e2e {
+    int status;
+    long wrong;
+    char msg[256];
+};
+
+static const char *build_dir(void)
+{
+    const char *b = getenv("RESHARD_BUILD");
+    return b && *b ? b : "build";
+}
+
+static void e2e_rank(int r, struct fake_shared *sh, struct e2e *out)
+{
+    struct fake_nccl_comm fc = {r, 4, sh};
+    reshard_comm_t *comm = NULL;
+    reshard_status_t st = reshard_comm_init_nccl(&fc, &comm);
+    if (st == RESHARD_OK && (reshard_comm_rank(comm) != r || reshard_comm_size(comm) != 4))
+        st = RESHARD_ERR_INTERNAL;
+    reshard_layout_t *s = parse(FAN_SRC), *d = parse(FAN_DST);
+    reshard_tensor_t t = {"w", s, d};
+    reshard_plan_t *plan = NULL;
+    if (st == RESHARD_OK)
+        st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+    size_t sb = 0, db = 0;
+    reshard_layout_shard_bytes(s, r, &sb);
+    reshard_layout_shard_bytes(d, r, &db);
+    char *src = sb ? malloc(sb) : NULL, *dst = db ? calloc(1, db) : NULL;
+    if (src)
+        pattern(s, r, src, 0);
+    reshard_buffers_t b = {src, sb, dst, db, RESHARD_MEM_CUDA};
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute_stream(plan, &b, NULL);
+    out->wrong = dst ? pattern(d, r, dst, 1) : 0;
+    reshard_tensor_state_t state;
+    if (st == RESHARD_OK && (reshard_plan_outcome(plan, &state) != RESHARD_ERR_INVALID_ARG ||
+                             !strstr(reshard_last_error(), "enqueued on NCCL")))
+        st = RESHARD_ERR_INTERNAL;
+    /* rank 1 passes host memory: every rank is told before anything is enqueued */
+    if (st == RESHARD_OK) {
+        b.mem = r == 1 ? RESHARD_MEM_HOST : RESHARD_MEM_CUDA;
+        st = reshard_plan_execute_stream(plan, &b, NULL);
+        st = st == RESHARD_ERR_INVALID_ARG ? RESHARD_OK : RESHARD_ERR_INTERNAL;
+    }
+    out->status = st;
+    snprintf(out->msg, sizeof(out->msg), "%s", reshard_last_error());
+    reshard_plan_destroy(plan);
+    if (st == RESHARD_OK)
+        reshard_comm_destroy(comm);
+    reshard_layout_destroy(s);
+    reshard_layout_destroy(d);
+    free(src);
+    free(dst);
+}
+
+Test(nccl_exec, a_communicator_from_nccl_refits_through_nccl_across_forked_ranks, .timeout = 60)
+{
+    char cuda[512], nccl[512];
+    snprintf(cuda, sizeof(cuda), "%s/test/fake/libcuda.so.1", build_dir());
+    snprintf(nccl, sizeof(nccl), "%s/test/fake/libnccl.so.2", build_dir());
+    cr_assert_eq(access(cuda, R_OK) | access(nccl, R_OK), 0, "build %s and %s first", cuda, nccl);
+    setenv("RESHARD_CUDA_LIB", cuda, 1);
+    setenv("RESHARD_NCCL_LIB", nccl, 1);
+    setenv("RESHARD_EXECUTOR", "nccl", 1);
+    setenv("RESHARD_DOMAIN_SIZE", "2", 1);
+    setenv("RESHARD_TIMEOUT", "20", 1);
+    struct fake_shared *sh =
+        mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    struct e2e *out =
+        mmap(NULL, 4 * sizeof(*out), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(sh != MAP_FAILED && out != MAP_FAILED);
+    sh->size = 4;
+    pid_t pid[4];
+    for (int r = 0; r < 4; r++)
+        if ((pid[r] = fork()) == 0) {
+            e2e_rank(r, sh, &out[r]);
+            _exit(0);
+        }
+    for (int r = 0; r < 4; r++) {
+        int ws;
+        waitpid(pid[r], &ws, 0);
+        cr_assert(WIFEXITED(ws), "rank %d crashed", r);
+    }
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(out[r].status, RESHARD_OK, "rank %d: %d %s", r, out[r].status, out[r].msg);
+        cr_assert_eq(out[r].wrong, 0, "rank %d: %ld elements wrong", r, out[r].wrong);
+        cr_assert(strstr(out[r].msg, "rank 1: source buffer of tensor w is host memory: the NCCL "
+                                     "executor moves device memory"),
+                  "rank %d: %s", r, out[r].msg);
+    }
+    /* the data went through NCCL: the network slices, then the fan-out, in two groups */
+    cr_assert_eq(sh->groups[0], 1, "rank 0 only sends, in round 0");
+    cr_assert_eq(sh->groups[2], 2, "rank 2 receives, then forwards");
+    cr_assert_gt(sh->ops[2], 0);
+}
+
+Test(nccl_exec, missing_nccl_or_cuda_and_a_wrong_executor_are_clear_errors)
+{
+    char nccl[512];
+    snprintf(nccl, sizeof(nccl), "%s/test/fake/libnccl.so.2", build_dir());
+    struct fake_shared *sh = calloc(1, sizeof(*sh));
+    sh->size = 1;
+    struct fake_nccl_comm fc = {0, 1, sh};
+    reshard_comm_t *comm = NULL;
+    setenv("RESHARD_NCCL_LIB", "libnccl-not-here.so.2", 1);
+    cr_assert_eq(reshard_comm_init_nccl(&fc, &comm), RESHARD_ERR_UNAVAILABLE);
+    cr_assert(strstr(reshard_last_error(), "reshard_comm_init_nccl: nccl: libnccl-not-here.so.2: "
+                                           "cannot open"),
+              "%s", reshard_last_error());
+    free(sh);
+    cr_assert_null(comm);
+    cr_assert_eq(reshard_comm_init_nccl(NULL, &comm), RESHARD_ERR_INVALID_ARG);
+}
+
+Test(nccl_exec, without_a_cuda_driver_init_nccl_says_why)
+{
+    char nccl[512];
+    snprintf(nccl, sizeof(nccl), "%s/test/fake/libnccl.so.2", build_dir());
+    setenv("RESHARD_NCCL_LIB", nccl, 1);
+    setenv("RESHARD_CUDA_LIB", "libcuda-not-here.so.1", 1);
+    struct fake_shared *sh = calloc(1, sizeof(*sh));
+    sh->size = 1;
+    struct fake_nccl_comm fc = {0, 1, sh};
+    reshard_comm_t *comm = NULL;
+    cr_assert_eq(reshard_comm_init_nccl(&fc, &comm), RESHARD_ERR_UNAVAILABLE);
+    cr_assert(strstr(reshard_last_error(), "the all-gather needs a CUDA device: cuda: no driver"),
+              "%s", reshard_last_error());
+    free(sh);
+}
+
+static void one_rank_plan(reshard_comm_t **comm, reshard_plan_t **plan, reshard_layout_t **l)
+{
+    reshard_unique_id_t id;
+    cr_assert_eq(reshard_get_unique_id(&id), RESHARD_OK);
+    cr_assert_eq(reshard_comm_init_rank(&id, 0, 1, comm), RESHARD_OK, "%s", reshard_last_error());
+    *l = parse("shape=4x4 dtype=i32 ranks=0 place=R");
+    reshard_tensor_t t = {"w", *l, *l};
+    cr_assert_eq(reshard_comm_plan_create(*comm, &t, 1, NULL, plan), RESHARD_OK);
+}
+
+Test(nccl_exec, the_nccl_executor_needs_a_communicator_from_nccl)
+{
+    setenv("RESHARD_EXECUTOR", "nccl", 1);
+    reshard_comm_t *comm;
+    reshard_plan_t *plan;
+    reshard_layout_t *l;
+    one_rank_plan(&comm, &plan, &l);
+    int32_t a[16] = {0}, b[16];
+    reshard_buffers_t bufs = {a, sizeof(a), b, sizeof(b), RESHARD_MEM_CUDA};
+    cr_assert_eq(reshard_plan_execute(plan, &bufs), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(reshard_last_error(), "RESHARD_EXECUTOR=nccl runs on a communicator made by "
+                                           "reshard_comm_init_nccl"),
+              "%s", reshard_last_error());
+    reshard_plan_destroy(plan);
+    reshard_comm_destroy(comm);
+    reshard_layout_destroy(l);
+}
+
+Test(nccl_exec, an_unknown_executor_is_refused)
+{
+    setenv("RESHARD_EXECUTOR", "mpi", 1);
+    reshard_comm_t *comm;
+    reshard_plan_t *plan;
+    reshard_layout_t *l;
+    one_rank_plan(&comm, &plan, &l);
+    int32_t a[16] = {0}, b[16];
+    reshard_buffers_t bufs = {a, sizeof(a), b, sizeof(b), RESHARD_MEM_HOST};
+    cr_assert_eq(reshard_plan_execute(plan, &bufs), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(reshard_last_error(), "RESHARD_EXECUTOR=mpi: expected native or nccl"), "%s",
+              reshard_last_error());
+    reshard_plan_destroy(plan);
+    reshard_comm_destroy(comm);
+    reshard_layout_destroy(l);
+}
+
+/* The native executor on a stream waits for it first: with no driver a stream is an error,
+ * with one (the stand-in) the refit runs. */
+Test(nccl_exec, the_native_executor_orders_itself_after_a_stream)
+{
+    reshard_comm_t *comm;
+    reshard_plan_t *plan;
+    reshard_layout_t *l;
+    setenv("RESHARD_CUDA_LIB", "libcuda-not-here.so.1", 1);
+    one_rank_plan(&comm, &plan, &l);
+    int32_t a[16], b[16] = {0};
+    for (int i = 0; i < 16; i++)
+        a[i] = i * 5;
+    reshard_buffers_t bufs = {a, sizeof(a), b, sizeof(b), RESHARD_MEM_HOST};
+    cr_assert_eq(reshard_plan_execute_stream(plan, &bufs, (void *)0x1), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(reshard_last_error(), "a CUDA stream, but cuda: no driver"), "%s",
+              reshard_last_error());
+    cr_assert_eq(reshard_plan_execute_stream(plan, &bufs, NULL), RESHARD_OK,
+                 "without a driver the default stream holds no work: %s", reshard_last_error());
+    cr_assert_arr_eq(a, b, sizeof(a));
+    reshard_plan_destroy(plan);
+    reshard_comm_destroy(comm);
+    reshard_layout_destroy(l);
+}
+
+Test(nccl_exec, with_a_driver_the_native_executor_waits_for_the_stream)
+{
+    char cuda[512];
+    snprintf(cuda, sizeof(cuda), "%s/test/fake/libcuda.so.1", build_dir());
+    setenv("RESHARD_CUDA_LIB", cuda, 1);
+    reshard_comm_t *comm;
+    reshard_plan_t *plan;
+    reshard_layout_t *l;
+    one_rank_plan(&comm, &plan, &l);
+    int32_t a[16], b[16] = {0};
+    for (int i = 0; i < 16; i++)
+        a[i] = 100 - i;
+    reshard_buffers_t bufs = {a, sizeof(a), b, sizeof(b), RESHARD_MEM_HOST};
+    cr_assert_eq(reshard_plan_execute_stream(plan, &bufs, (void *)0x1), RESHARD_OK, "%s",
+                 reshard_last_error());
+    cr_assert_arr_eq(a, b, sizeof(a));
+    reshard_plan_destroy(plan);
+    reshard_comm_destroy(comm);
+    reshard_layout_destroy(l);
+}

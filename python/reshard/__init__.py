@@ -238,6 +238,18 @@ class Comm:
         _check(_native.lib().reshard_comm_init_env(ctypes.byref(handle)))
         return cls._wrap(handle)
 
+    @classmethod
+    def from_nccl(cls, nccl_comm):
+        """On the ranks of an existing NCCL communicator: an ncclComm_t as an integer address or
+        a ctypes pointer (vLLM: PyNcclCommunicator(...).comm). Collective over its ranks; the
+        NCCL communicator must outlive this one."""
+        ptr = nccl_comm if isinstance(nccl_comm, int) else ctypes.cast(nccl_comm, ctypes.c_void_p).value
+        if not ptr:
+            _fail("ERR_INVALID_ARG", "from_nccl needs an ncclComm_t, got %r" % (nccl_comm,))
+        handle = ctypes.c_void_p()
+        _check(_native.lib().reshard_comm_init_nccl(ctypes.c_void_p(ptr), ctypes.byref(handle)))
+        return cls._wrap(handle)
+
     @property
     def rank(self):
         return _native.lib().reshard_comm_rank(self._h)
@@ -308,7 +320,8 @@ class Manifest:
 
 
 def _buffer(obj, elem_size, writable, what):
-    """(pointer, bytes, memory kind) of a numpy array, torch tensor, bytearray or None."""
+    """(pointer, bytes, memory kind) of a numpy array, torch tensor, an object with
+    __cuda_array_interface__ (device memory), a bytearray or None."""
     if obj is None:
         return None, 0, _native.MEM_HOST
     if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):  # torch
@@ -319,6 +332,26 @@ def _buffer(obj, elem_size, writable, what):
                   % (what, obj.element_size(), elem_size))
         mem = _native.MEM_CUDA if obj.is_cuda else _native.MEM_HOST
         return obj.data_ptr(), obj.numel() * obj.element_size(), mem
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:  # CuPy, Numba and others: device memory
+        itemsize = int(cai["typestr"][2:])
+        shape = tuple(cai["shape"])
+        strides = cai.get("strides")
+        contiguous = [itemsize]
+        for n in reversed(shape[1:]):
+            contiguous.insert(0, contiguous[0] * n)
+        if strides is not None and tuple(strides) != tuple(contiguous[: len(shape)]):
+            _fail("ERR_INVALID_ARG", "%s is not C-contiguous" % what)
+        ptr, readonly = cai["data"]
+        if writable and readonly:
+            _fail("ERR_INVALID_ARG", "%s is read-only" % what)
+        if itemsize != elem_size:
+            _fail("ERR_INVALID_ARG", "%s has %d-byte elements, the layout %d-byte ones"
+                  % (what, itemsize, elem_size))
+        nbytes = itemsize
+        for n in shape:
+            nbytes *= n
+        return ptr, nbytes, _native.MEM_CUDA
     iface = getattr(obj, "__array_interface__", None)
     if iface is not None:  # numpy and friends
         flags = getattr(obj, "flags", None)
@@ -344,6 +377,18 @@ def _buffer(obj, elem_size, writable, what):
         return ctypes.addressof(holder), view.nbytes, _native.MEM_HOST
     _fail("ERR_INVALID_ARG", "%s is a %s: pass a numpy array, a torch tensor, a bytearray or None"
           % (what, type(obj).__name__))
+
+
+def _stream_handle(stream, torch_cuda):
+    """The cudaStream_t to pass, or None for a plain execute: an explicit stream (an int, or
+    an object with .cuda_stream as torch's), else torch's current stream for CUDA tensors."""
+    if stream is not None:
+        return int(getattr(stream, "cuda_stream", stream))
+    if torch_cuda:
+        import torch
+
+        return int(torch.cuda.current_stream().cuda_stream)
+    return None
 
 
 class Plan:
@@ -412,9 +457,12 @@ class Plan:
             return bufs.get(self.names[i])
         return bufs[i]
 
-    def execute(self, src, dst):
+    def execute(self, src, dst, stream=None):
         """Moves every tensor. src and dst: sequences in the plan's tensor order, or mappings
-        by name; None (or a missing name) where this rank holds or receives nothing."""
+        by name; None (or a missing name) where this rank holds or receives nothing. stream:
+        a CUDA stream (torch.cuda.Stream, or its handle as an int) to order the refit on; with
+        torch CUDA tensors the current stream is used. With RESHARD_EXECUTOR=nccl the refit is
+        enqueued there and completes with the stream."""
         n = len(self.names)
         for side, bufs in (("src", src), ("dst", dst)):
             if bufs is not None and hasattr(bufs, "get"):
@@ -425,6 +473,7 @@ class Plan:
             elif bufs is not None and len(bufs) != n:
                 _fail("ERR_INVALID_ARG", "%s has %d buffers for %d tensors" % (side, len(bufs), n))
         arr = (_native.BuffersT * max(n, 1))()
+        torch_cuda = False
         for i, name in enumerate(self.names):
             s, sb, smem = _buffer(self._side(src, i), self._elem[i], False,
                                   "source of '%s'" % name)
@@ -432,12 +481,19 @@ class Plan:
                                   "destination of '%s'" % name)
             mem = _native.MEM_CUDA if _native.MEM_CUDA in (smem, dmem) else _native.MEM_HOST
             arr[i] = _native.BuffersT(s, sb, d, db, mem)
-        _check(_native.lib().reshard_plan_execute(self._h, arr))
+            for obj in (self._side(src, i), self._side(dst, i)):
+                torch_cuda = torch_cuda or bool(getattr(obj, "is_cuda", False))
+        handle = _stream_handle(stream, torch_cuda)
+        lib = _native.lib()
+        if handle is None:
+            _check(lib.reshard_plan_execute(self._h, arr))
+        else:
+            _check(lib.reshard_plan_execute_stream(self._h, arr, ctypes.c_void_p(handle)))
 
-    def refit(self, named_src, named_dst):
+    def refit(self, named_src, named_dst, stream=None):
         """execute() by tensor name: a whole model's {name: source shard} and
         {name: destination shard}."""
-        self.execute(dict(named_src), dict(named_dst))
+        self.execute(dict(named_src), dict(named_dst), stream)
 
     def outcome(self):
         """After an execute (failed or not): {name: "complete" | "torn" | "untouched" |
@@ -459,6 +515,6 @@ class Plan:
         self.close()
 
 
-def refit(plan, named_src, named_dst):
+def refit(plan, named_src, named_dst, stream=None):
     """plan.refit: moves a whole model by tensor name."""
-    plan.refit(named_src, named_dst)
+    plan.refit(named_src, named_dst, stream)

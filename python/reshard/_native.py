@@ -139,6 +139,8 @@ _SIGNATURES = {
     "reshard_get_unique_id": (_S, [ctypes.POINTER(UniqueId)]),
     "reshard_comm_init_rank": (_S, [ctypes.POINTER(UniqueId), _I, _I, ctypes.POINTER(_P)]),
     "reshard_comm_init_env": (_S, [ctypes.POINTER(_P)]),
+    "reshard_comm_init_nccl": (_S, [_P, ctypes.POINTER(_P)]),
+    "reshard_plan_execute_stream": (_S, [_P, ctypes.POINTER(BuffersT), _P]),
     "reshard_comm_rank": (_I, [_P]),
     "reshard_comm_size": (_I, [_P]),
     "reshard_comm_has_rank": (_I, [_P, _I]),

@@ -257,6 +257,43 @@ class Cluster(unittest.TestCase):
         self.assertGreater(sum(int(n) for _, _, _, n in lines), 0, "bytes crossed the network")
 
 
+# ---- NCCL, through the stand-ins of test/fake ----
+
+def fake_dir():
+    lib = os.environ.get("RESHARD_LIB") or os.path.join(ROOT, "build", "libnccl-net-reshard.so")
+    return os.path.join(os.path.dirname(os.path.abspath(lib)), "test", "fake")
+
+
+@unittest.skipIf(np is None, "numpy is not installed (apt-get install python3-numpy)")
+class Nccl(unittest.TestCase):
+    def test_a_comm_from_nccl_refits_through_nccl(self):
+        fake = fake_dir()
+        nccl, cuda = os.path.join(fake, "libnccl.so.2"), os.path.join(fake, "libcuda.so.1")
+        if not (os.path.exists(nccl) and os.path.exists(cuda)):
+            self.skipTest("the stand-in libnccl and libcuda are not built (make test builds "
+                          "them in %s)" % fake)
+        import ctypes
+
+        nbytes = ctypes.CDLL(nccl).fake_nccl_shared_bytes
+        nbytes.restype = ctypes.c_size_t
+        with tempfile.NamedTemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as f:
+            f.truncate(nbytes())
+            f.seek(8)
+            f.write((4).to_bytes(4, sys.byteorder))  # fake_shared.size, after two atomic ints
+            f.flush()
+            env = dict(os.environ, RESHARD_NCCL_LIB=nccl, RESHARD_CUDA_LIB=cuda,
+                       RESHARD_EXECUTOR="nccl", RESHARD_DOMAIN_SIZE="2", RESHARD_TIMEOUT="20",
+                       PYTHONPATH=os.path.join(ROOT, "python"))
+            script = os.path.join(HERE, "nccl_rank.py")
+            procs = [subprocess.Popen([sys.executable, script, f.name, str(r), "4"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                     for r in range(4)]
+            outs = [p.communicate(timeout=120)[0] for p in procs]
+        for r, (p, out) in enumerate(zip(procs, outs)):
+            self.assertEqual(p.returncode, 0, "rank %d:\n%s" % (r, out))
+            self.assertIn("rank %d: #wrong 0, rank %d of 4, outcome ERR_INVALID_ARG" % (r, r), out)
+
+
 # ---- torch ----
 
 try:

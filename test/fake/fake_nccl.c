@@ -142,3 +142,9 @@ API const char *ncclGetErrorString(int r)
 {
     return r == INVALID_USAGE ? "invalid usage" : "unknown";
 }
+
+/* For tests that make the shared mapping from another language (Python's mmap). */
+API size_t fake_nccl_shared_bytes(void)
+{
+    return sizeof(struct fake_shared);
+}

@@ -33,6 +33,7 @@ BENCH_BIN := $(BUILD)/test/perf/plan_bench
 PERF_BIN := $(BUILD)/test/perf/reshard_perf
 NET_DRIVER := $(BUILD)/test/net_driver
 NET_PERF_BIN := $(BUILD)/reshard_net_perf
+NCCL_CHECK := $(BUILD)/test/perf/nccl_check
 # Stand-ins for libcuda and libnccl (test/fake/), so the NCCL paths run on hosts without a GPU.
 FAKE_LIBS := $(BUILD)/test/fake/libcuda.so.1 $(BUILD)/test/fake/libnccl.so.2
 
@@ -79,6 +80,11 @@ $(PERF_BIN): $(BUILD)/obj/test/perf/reshard_perf.o $(SO)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN/../..' -lm $(LDFLAGS_ALL)
 
+# nccl_check: a refit through real NCCL on one GPU (scripts/gpu-check.sh; public API only).
+$(NCCL_CHECK): $(BUILD)/obj/test/perf/nccl_check.o $(SO)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -ldl -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS_ALL)
+
 # reshard_net_perf: isend/irecv streaming through the exported ncclNetPlugin_v12 table.
 $(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO)
 	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN' $(LDFLAGS_ALL)
@@ -113,7 +119,7 @@ deps:
 	fi
 
 test: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 ifeq ($(SAN),)
@@ -134,7 +140,7 @@ endif
 # The verbs transport for real, on soft-RoCE in a qemu VM (scripts/rxe-test.sh, ~2 minutes);
 # make test runs it too, unless qemu cannot run here (it says so) or RESHARD_SKIP_RDMA=1.
 test-rdma: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK)
 	BUILD=$(BUILD) scripts/rxe-test.sh
 
 demo: deps

@@ -78,8 +78,8 @@ API int ncclGroupEnd(void)
             sched_yield();
         if (__atomic_load_n(&sh->tail[p->peer][c->rank], __ATOMIC_ACQUIRE) <= *h ||
             sh->q[p->peer][c->rank][*h].len != p->len) {
-            fprintf(stderr, "fake nccl: rank %d: receive of %zu bytes from %d unmatched\n",
-                    c->rank, p->len, p->peer);
+            fprintf(stderr, "fake nccl: rank %d: receive of %zu bytes from %d unmatched\n", c->rank,
+                    p->len, p->peer);
             rc = INVALID_USAGE;
             break;
         }
@@ -88,6 +88,8 @@ API int ncclGroupEnd(void)
     sh->groups[c->rank]++;
     sh->ops[c->rank] += npending;
     npending = 0;
+    if (c->size == 1) /* alone, everything sent was taken: the arena is free again */
+        atomic_store(&sh->used, 0);
     return rc;
 }
 
@@ -147,4 +149,38 @@ API const char *ncclGetErrorString(int r)
 API size_t fake_nccl_shared_bytes(void)
 {
     return sizeof(struct fake_shared);
+}
+
+/* A communicator of one rank for tools that make their own (nccl_check). */
+API int ncclGetUniqueId(void *id)
+{
+    memset(id, 0, 128);
+    return OK;
+}
+
+struct unique_id {
+    char internal[128]; /* ncclUniqueId, passed by value */
+};
+
+API int ncclCommInitRank(void **comm, int n, struct unique_id id, int rank)
+{
+    (void)id;
+    if (n != 1 || rank != 0)
+        return INVALID_USAGE; /* more ranks need the test's shared mapping */
+    struct fake_nccl_comm *c = calloc(1, sizeof(*c));
+    struct fake_shared *sh = calloc(1, sizeof(*sh));
+    if (!c || !sh)
+        return 1;
+    sh->size = 1;
+    *c = (struct fake_nccl_comm){0, 1, sh};
+    *comm = c;
+    return OK;
+}
+
+API int ncclCommDestroy(void *comm)
+{
+    struct fake_nccl_comm *c = comm;
+    free(c->sh);
+    free(c);
+    return OK;
 }

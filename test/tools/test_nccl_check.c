@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* nccl_check, the GPU script's NCCL step, run here on the stand-ins of test/fake. */
+#include "run_util.h"
+
+#include <criterion/criterion.h>
+#include <string.h>
+
+Test(nccl_check, moves_device_memory_through_nccl_on_the_stand_ins, .timeout = 60)
+{
+    char out[4096];
+    const char *b = build_dir();
+    int rc = run_capturef(out, sizeof(out),
+                          "RESHARD_CUDA_LIB=%s/test/fake/libcuda.so.1 "
+                          "RESHARD_NCCL_LIB=%s/test/fake/libnccl.so.2 %s/test/perf/nccl_check 8",
+                          b, b, b);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "nccl_check: 8 MiB through NCCL (RESHARD_EXECUTOR=nccl) in "), "%s", out);
+    cr_assert(strstr(out, "#wrong 0\n"), "%s", out);
+}
+
+Test(nccl_check, without_a_gpu_stack_it_skips_with_77, .timeout = 60)
+{
+    char out[4096];
+    int rc = run_capturef(out, sizeof(out),
+                          "RESHARD_CUDA_LIB=libcuda-not-here.so.1 %s/test/perf/nccl_check 8",
+                          build_dir());
+    cr_assert_eq(rc, 77, "%s", out);
+    cr_assert(strstr(out, "libcuda-not-here.so.1"), "%s", out);
+}

@@ -380,31 +380,28 @@ reshard_status_t reshard_plan_outcome(const reshard_plan_t *plan, reshard_tensor
     return api_leave(__func__, exec_outcome(plan->x, states));
 }
 
-reshard_status_t reshard_plan_execute(reshard_plan_t *plan, const reshard_buffers_t *bufs)
+/* Both execute entry points: fn names the one the user called. */
+static reshard_status_t execute(const char *fn, reshard_plan_t *plan, const reshard_buffers_t *bufs,
+                                int on_stream, void *stream)
 {
     api_enter();
     if (!plan || !bufs)
-        return api_null_arg(__func__, plan ? "bufs" : "plan");
+        return api_null_arg(fn, plan ? "bufs" : "plan");
     if (!plan->x)
-        return api_leave(__func__,
-                         rs_error(RESHARD_ERR_INVALID_ARG,
-                                  "%s: the plan was made by reshard_plan_create; execute one made "
-                                  "by reshard_comm_plan_create",
-                                  __func__));
-    return api_leave(__func__, exec_run(plan->x, bufs, 0, NULL));
+        return api_leave(fn, rs_error(RESHARD_ERR_INVALID_ARG,
+                                      "%s: the plan was made by reshard_plan_create; execute one "
+                                      "made by reshard_comm_plan_create",
+                                      fn));
+    return api_leave(fn, exec_run(plan->x, bufs, on_stream, stream));
+}
+
+reshard_status_t reshard_plan_execute(reshard_plan_t *plan, const reshard_buffers_t *bufs)
+{
+    return execute(__func__, plan, bufs, 0, NULL);
 }
 
 reshard_status_t reshard_plan_execute_stream(reshard_plan_t *plan, const reshard_buffers_t *bufs,
                                              void *stream)
 {
-    api_enter();
-    if (!plan || !bufs)
-        return api_null_arg(__func__, plan ? "bufs" : "plan");
-    if (!plan->x)
-        return api_leave(__func__,
-                         rs_error(RESHARD_ERR_INVALID_ARG,
-                                  "%s: the plan was made by reshard_plan_create; execute one made "
-                                  "by reshard_comm_plan_create",
-                                  __func__));
-    return api_leave(__func__, exec_run(plan->x, bufs, 1, stream));
+    return execute(__func__, plan, bufs, 1, stream);
 }

@@ -92,6 +92,16 @@ static reshard_status_t victim_or_survivor(int rank, int size, reshard_comm_t *c
     return st;
 }
 
+/* Domains of 2, RESHARD_TIMEOUT=5, UCX quiet and failing a dead peer's requests at once. */
+static void fault_env(const char *chunk_bytes)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "2", 1);
+    setenv("RESHARD_TIMEOUT", "5", 1);
+    setenv("RESHARD_CHUNK_BYTES", chunk_bytes, 1);
+    setenv("UCX_LOG_LEVEL", "fatal", 1);
+    setenv("RESHARD_NET_PEER_ERRORS", "1", 1);
+}
+
 static void inject(const char *name, const char *dst, int victim, enum when when)
 {
     const char *tp = getenv("RESHARD_TRANSPORT");
@@ -102,11 +112,7 @@ static void inject(const char *name, const char *dst, int victim, enum when when
     fault.dst = dst;
     fault.victim = victim;
     fault.when = when;
-    setenv("RESHARD_DOMAIN_SIZE", "2", 1);
-    setenv("RESHARD_TIMEOUT", "5", 1);
-    setenv("RESHARD_CHUNK_BYTES", "4096", 1);
-    setenv("UCX_LOG_LEVEL", "fatal", 1);
-    setenv("RESHARD_NET_PEER_ERRORS", "1", 1);
+    fault_env("4096");
     struct outcome *o = run_ranks_stalling(4, victim_or_survivor, victim);
     int named = 0;
     for (int r = 0; r < 4; r++) {
@@ -340,13 +346,9 @@ static void shrink_after(const char *name, int victim, enum when when)
     fault.name = name;
     fault.victim = victim;
     fault.when = when;
-    setenv("RESHARD_DOMAIN_SIZE", "2", 1);
-    setenv("RESHARD_TIMEOUT", "5", 1);
     /* 256 chunks: on ib each strided receive registers a bounce buffer of its own, and
      * thousands of them keep a TCG-emulated rank from answering within the timeout */
-    setenv("RESHARD_CHUNK_BYTES", "65536", 1);
-    setenv("UCX_LOG_LEVEL", "fatal", 1);
-    setenv("RESHARD_NET_PEER_ERRORS", "1", 1);
+    fault_env("65536");
     struct outcome *o = run_ranks_stalling(6, shrink_survivor, victim);
     for (int r = 0; r < 6; r++) {
         if (r == victim)

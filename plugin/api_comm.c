@@ -215,8 +215,10 @@ reshard_status_t reshard_comm_barrier(reshard_comm_t *comm)
     api_enter();
     if (!comm)
         return api_null_arg(__func__, "comm");
-    reshard_status_t st = comm_usable(comm);
-    return api_leave(__func__, st != RESHARD_OK ? st : boot_barrier(comm->boot));
+    reshard_status_t st = comm_enter(comm);
+    if (st == RESHARD_OK)
+        st = comm_leave(comm, boot_barrier(comm->boot));
+    return api_leave(__func__, st);
 }
 
 reshard_status_t reshard_comm_allgather(reshard_comm_t *comm, void *buf, size_t bytes_per_rank)
@@ -224,8 +226,10 @@ reshard_status_t reshard_comm_allgather(reshard_comm_t *comm, void *buf, size_t 
     api_enter();
     if (!comm || !buf)
         return api_null_arg(__func__, comm ? "buf" : "comm");
-    reshard_status_t st = comm_usable(comm);
-    return api_leave(__func__, st != RESHARD_OK ? st : comm_allgather(comm, buf, bytes_per_rank));
+    reshard_status_t st = comm_enter(comm);
+    if (st == RESHARD_OK)
+        st = comm_leave(comm, comm_allgather(comm, buf, bytes_per_rank));
+    return api_leave(__func__, st);
 }
 
 reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
@@ -252,7 +256,9 @@ reshard_status_t reshard_comm_counters_all(reshard_comm_t *comm, reshard_comm_co
     if (!comm || !all)
         return api_null_arg(__func__, comm ? "all" : "comm");
     RS_CHECK(reshard_comm_counters(comm, &all[comm->rank]));
-    reshard_status_t st = comm_allgather(comm, all, sizeof(*all));
+    reshard_status_t st = comm_enter(comm);
+    if (st == RESHARD_OK)
+        st = comm_leave(comm, comm_allgather(comm, all, sizeof(*all)));
     if (st == RESHARD_OK && node)
         memcpy(node, comm->node, (size_t)comm->size * sizeof(int));
     return api_leave(__func__, st);
@@ -346,14 +352,20 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
                                "%s: the direct and broadcast baselines need every rank; a shrunk "
                                "communicator runs RESHARD_ALGO_RESHARD",
                                __func__);
-    struct xfer_set xs;
-    if (mine.status == RESHARD_OK && (mine.status = xfer_build(h->p, algo, &xs)) == RESHARD_OK)
-        mine.status = exec_create(comm, h->p, &xs, &h->x);
+    /* The executor connects to its peers through the network context, which serves one
+     * caller at a time: from here to the vote the communicator is held. */
     char why[RS_ERROR_MAX];
-    snprintf(why, sizeof(why), "%s", rs_error_message());
-    if (mine.status == RESHARD_OK)
-        mine.hash = h->p->hash;
-    st = compare_plans(comm, &mine);
+    if ((st = comm_enter(comm)) == RESHARD_OK) {
+        struct xfer_set xs;
+        if (mine.status == RESHARD_OK && (mine.status = xfer_build(h->p, algo, &xs)) == RESHARD_OK)
+            mine.status = exec_create(comm, h->p, &xs, &h->x);
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        if (mine.status == RESHARD_OK)
+            mine.hash = h->p->hash;
+        st = comm_leave(comm, compare_plans(comm, &mine));
+    } else {
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+    }
     if (mine.status != RESHARD_OK) /* our own failure says more than the vote */
         st = rs_error((reshard_status_t)mine.status, "%s", why);
     if (st != RESHARD_OK) {

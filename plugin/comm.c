@@ -296,13 +296,17 @@ reshard_status_t comm_create_nccl(void *nc, struct reshard_comm **out)
     if (rank == 0 && boot_id_create(&id) != RESHARD_OK)
         snprintf(why, sizeof(why), "%s", rs_error_message());
     mine = id;
-    RS_CHECK(gather_id(f, cu, nc, rank, size, &id));
+    reshard_status_t st = gather_id(f, cu, nc, rank, size, &id);
+    if (st != RESHARD_OK) {
+        boot_id_release(&mine); /* rank 0's listener (a no-op elsewhere) */
+        return st;
+    }
     static const struct boot_id zero;
     if (!memcmp(&id, &zero, sizeof(id)))
         return rs_error(RESHARD_ERR_NETWORK, "reshard_comm_init_nccl: rank 0 could not listen%s%s",
                         why[0] ? ": " : "", why);
     const char *lr = getenv("LOCAL_RANK");
-    reshard_status_t st = comm_create(&id, rank, size, lr && *lr ? atoi(lr) : -1, out);
+    st = comm_create(&id, rank, size, lr && *lr ? atoi(lr) : -1, out);
     if (rank == 0)
         boot_id_release(&mine); /* taken by rank 0's rendezvous, unless it failed first */
     if (st == RESHARD_OK)
@@ -370,6 +374,31 @@ void comm_abort_now(struct reshard_comm *c)
     snprintf(c->broken_why, sizeof(c->broken_why),
              "rank %d aborted the communicator (reshard_comm_abort)", c->rank);
     boot_abort(c->boot, c->broken, c->broken_why);
+}
+
+reshard_status_t comm_enter(struct reshard_comm *c)
+{
+    int idle = 0;
+    if (!atomic_compare_exchange_strong(&c->busy, &idle, 1))
+        return rs_error(RESHARD_ERR_BUSY, "the communicator is in use (an execution or a "
+                                          "collective, from another thread)");
+    if (atomic_load(&c->abort_req))
+        comm_abort_now(c);
+    reshard_status_t st = comm_usable(c);
+    if (st != RESHARD_OK)
+        atomic_store(&c->busy, 0);
+    return st;
+}
+
+reshard_status_t comm_leave(struct reshard_comm *c, reshard_status_t st)
+{
+    if (st == RESHARD_ERR_ABORTED && c->broken == RESHARD_OK) { /* an abort ended it */
+        c->broken = st;
+        snprintf(c->broken_why, sizeof(c->broken_why),
+                 "rank %d aborted the communicator (reshard_comm_abort)", c->rank);
+    }
+    atomic_store(&c->busy, 0);
+    return st;
 }
 
 reshard_status_t comm_usable(const struct reshard_comm *c)

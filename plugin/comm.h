@@ -78,6 +78,11 @@ int comm_timeout_ms(void);
 /* Breaks the communicator for reshard_comm_abort (busy held) and tells the other ranks. */
 void comm_abort_now(struct reshard_comm *c);
 reshard_status_t comm_usable(const struct reshard_comm *c);
+/* Around every collective on the bootstrap: one at a time (RESHARD_ERR_BUSY otherwise), so that
+ * an abort from another thread only raises the flag the collective watches; comm_leave then
+ * marks the communicator aborted when that ended it. comm_enter fails when it is unusable. */
+reshard_status_t comm_enter(struct reshard_comm *c);
+reshard_status_t comm_leave(struct reshard_comm *c, reshard_status_t st);
 /* Keeps p until the network context closes, then frees it with free_fn. Returns 0 when that
  * cannot be arranged (no memory): p is then the caller's. */
 int comm_keep(struct reshard_comm *c, void (*free_fn)(void *), void *p);

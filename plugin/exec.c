@@ -1056,6 +1056,15 @@ static void record_outcome(struct exec *x, const struct run *r)
     x->executed = 1;
 }
 
+/* Everything bound for this rank is known to have landed (a synchronized NCCL execution). */
+static void record_completed(struct exec *x)
+{
+    for (int t = 0; t < x->plan->ntensors; t++)
+        x->outcome[t] = (uint8_t)(x->dst_chunks[t] ? RESHARD_TENSOR_COMPLETE : RESHARD_TENSOR_NONE);
+    x->executed = 1;
+    x->on_nccl = 0;
+}
+
 static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
 {
     struct reshard_comm *c = x->comm;
@@ -1088,10 +1097,12 @@ static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
 }
 
 /* RESHARD_EXECUTOR=nccl: the same vote and buffer checks, then the plan enqueued on NCCL. */
-static reshard_status_t nccl_run(struct exec *x, const reshard_buffers_t *bufs, void *stream)
+static reshard_status_t nccl_run(struct exec *x, const reshard_buffers_t *bufs, int on_stream,
+                                 void *stream)
 {
     struct reshard_comm *c = x->comm;
-    if (!c->nccl) /* the same on every rank: nobody waits */
+    record_outcome(x, NULL); /* until something is enqueued */
+    if (!c->nccl)            /* the same on every rank: nobody waits */
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "RESHARD_EXECUTOR=nccl runs on a communicator made by "
                         "reshard_comm_init_nccl");
@@ -1105,9 +1116,16 @@ static reshard_status_t nccl_run(struct exec *x, const reshard_buffers_t *bufs, 
         rs_error(local, "%s", why);
     if (st != RESHARD_OK)
         return st;
-    x->executed = 0; /* no outcome: the stream owns completion */
-    x->on_nccl = 1;
+    x->on_nccl = 1; /* no outcome: the stream owns completion */
     st = nccl_lower(x->plan, &x->xs, c->rank, bufs, f, c->nccl, stream);
+    if (st == RESHARD_OK && !on_stream) { /* reshard_plan_execute returns when it is done */
+        const struct cuda_fns *cu = cuda_lib();
+        cu_result r = cu ? cu->stream_synchronize(NULL) : CU_SUCCESS;
+        if (r != CU_SUCCESS)
+            st = cuda_error("cuStreamSynchronize after the NCCL rounds", r);
+        else
+            record_completed(x);
+    }
     if (st != RESHARD_OK) { /* what NCCL holds now is unknown: as after any failure in flight */
         c->broken = st;
         snprintf(c->broken_why, sizeof(c->broken_why), "%s", rs_error_message());
@@ -1153,15 +1171,14 @@ reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs, int on_
                         "another thread)");
     if (atomic_load(&c->abort_req))
         comm_abort_now(c);
+    x->on_nccl = 0;
     reshard_status_t st = comm_usable(c);
-    if (st == RESHARD_OK && on_nccl) {
-        st = nccl_run(x, bufs, stream);
-    } else if (st == RESHARD_OK) {
-        x->on_nccl = 0;
-        st = wait_stream(on_stream, stream);
-        if (st == RESHARD_OK)
-            st = run_all(x, bufs);
-    }
+    if (st == RESHARD_OK && on_nccl)
+        st = nccl_run(x, bufs, on_stream, stream);
+    else if (st == RESHARD_OK && (st = wait_stream(on_stream, stream)) == RESHARD_OK)
+        st = run_all(x, bufs); /* records its own outcome */
+    else
+        record_outcome(x, NULL); /* nothing moved this time */
     atomic_store(&c->busy, 0);
     return st;
 }

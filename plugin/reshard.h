@@ -253,7 +253,9 @@ RESHARD_API reshard_status_t reshard_comm_init_env(reshard_comm_t **comm);
  * id reaches the others through one ncclAllGather, so nothing else needs configuring. NCCL is
  * the one already in the process, else libnccl.so.2; the all-gather needs the CUDA driver and
  * a device (the calling thread's current context, else device 0's primary context). The NCCL
- * communicator stays the caller's and must outlive this one. Collective over its ranks. */
+ * communicator stays the caller's and must outlive this one. Collective over its ranks. A
+ * rank whose CUDA setup fails before the all-gather cannot take part in it, and the others then
+ * wait in NCCL, as with any NCCL collective a rank misses. */
 RESHARD_API reshard_status_t reshard_comm_init_nccl(void *nccl_comm, reshard_comm_t **comm);
 RESHARD_API int reshard_comm_rank(const reshard_comm_t *comm);
 RESHARD_API int reshard_comm_size(const reshard_comm_t *comm);
@@ -321,7 +323,8 @@ RESHARD_API reshard_status_t reshard_plan_execute(reshard_plan_t *plan,
  * is enqueued on the stream as grouped ncclSend/ncclRecv, one group per round, and this returns
  * once it is enqueued, as NCCL calls do: the refit is complete when the stream reaches that
  * point. Buffer checks and the plan hash vote happen before anything is enqueued, as above;
- * reshard_plan_outcome does not apply (the stream owns completion). */
+ * reshard_plan_outcome does not apply (the stream owns completion). reshard_plan_execute with
+ * RESHARD_EXECUTOR=nccl enqueues on the default stream and waits for it, keeping its promise. */
 RESHARD_API reshard_status_t reshard_plan_execute_stream(reshard_plan_t *plan,
                                                          const reshard_buffers_t *bufs,
                                                          void *stream);
@@ -362,7 +365,9 @@ RESHARD_API reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
 RESHARD_API reshard_status_t reshard_comm_counters_all(reshard_comm_t *comm,
                                                        reshard_comm_counters_t *all, int *node);
 
-/* Collective helpers for tools and tests, over the communicator's bootstrap. */
+/* Collective helpers for tools and tests, over the communicator's bootstrap. Like executions,
+ * collectives on one communicator run one at a time (RESHARD_ERR_BUSY while another thread
+ * is in one), and reshard_comm_abort ends them. */
 RESHARD_API reshard_status_t reshard_comm_barrier(reshard_comm_t *comm);
 RESHARD_API reshard_status_t reshard_comm_allgather(reshard_comm_t *comm, void *buf,
                                                     size_t bytes_per_rank);

@@ -38,12 +38,14 @@ with reshard.Comm.from_nccl(ctypes.addressof(fc)) as comm:
     mine = Device(src.shard_of(full, rank)) if rank < 2 else None
     got = Device(np.zeros(dst.shard_shape(rank), np.float32)) if rank >= 2 else None
     with reshard.Plan(comm, [("w", src, dst)]) as plan:
-        plan.execute([mine], [got])
+        plan.execute([mine], [got], stream=0)  # enqueued on the (pretend) default stream
         try:
             plan.outcome()
             outcome = "tracked"
         except reshard.ReshardError as e:
-            outcome = e.name
+            outcome = e.name  # the stream owns completion
+        plan.execute([mine], [got])  # without a stream: returns once done, outcome known
+        outcome += " then " + plan.outcome()["w"]
     wrong = int((got.array != dst.shard_of(full, rank)).sum()) if got else 0
     print("rank %d: #wrong %d, rank %d of %d, outcome %s"
           % (rank, wrong, comm.rank, comm.size, outcome), flush=True)

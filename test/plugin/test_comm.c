@@ -503,7 +503,7 @@ Test(comm, an_idle_abort_fails_the_next_call_everywhere)
 
 /* ---- the refit outcome ---- */
 
-/* Three tensors: "big" (128 MiB from rank 1 to rank 3, in 4 KiB chunks: about a second),
+/* Three tensors: "big" (128 MiB from rank 1 to rank 3, in 4 KiB chunks: a second or more),
  * "small" (32x32 from rank 2 to rank 3) and "own" (rank 0 to itself). */
 #define BIG_SRC   "shape=8192x4096 dtype=i32 ranks=1 place=R"
 #define BIG_DST   "shape=8192x4096 dtype=i32 ranks=3 place=R"
@@ -511,7 +511,19 @@ Test(comm, an_idle_abort_fails_the_next_call_everywhere)
 #define SMALL_DST "shape=32x32 dtype=i32 ranks=3 place=R"
 #define OWN       "shape=32x32 dtype=i32 ranks=0 place=R"
 
-static int outcome_mode; /* 0: rank 1 aborts 150 ms in; 1: rank 3's "small" buffer is short */
+static int outcome_mode; /* 0: rank 1 aborts mid-transfer; 1: rank 3's "small" buffer is short */
+/* Rank 3's destination of "small", shared with rank 1 (made before the fork): rank 1 aborts
+ * 100 ms after it sees "small" land there, while "big" is still on its way. */
+static int32_t *small_at_rank3;
+
+static void *abort_after_small(void *comm)
+{
+    for (int i = 0; i < 5000 && small_at_rank3[32 * 32 - 1] != 32 * 32 - 1; i++)
+        usleep(1000);
+    usleep(100 * 1000);
+    reshard_comm_abort(comm);
+    return NULL;
+}
 
 static int expect_states(int rank, const reshard_plan_t *plan, const reshard_tensor_state_t *want)
 {
@@ -544,8 +556,8 @@ static reshard_status_t outcome_ranks(int rank, int size, reshard_comm_t *comm)
         size_t sb = 0, db = 0;
         reshard_layout_shard_bytes(l[i][0], rank, &sb);
         reshard_layout_shard_bytes(l[i][1], rank, &db);
-        b[i] = (reshard_buffers_t){sb ? malloc(sb) : NULL, sb, db ? calloc(1, db) : NULL, db,
-                                   RESHARD_MEM_HOST};
+        void *dst = i == 1 && rank == 3 ? small_at_rank3 : db ? calloc(1, db) : NULL;
+        b[i] = (reshard_buffers_t){sb ? malloc(sb) : NULL, sb, dst, db, RESHARD_MEM_HOST};
         if (i > 0 && sb) /* the 32x32 tensors carry their pattern; "big" is zeros */
             fill(l[i][0], rank, (int32_t *)b[i].src);
         else if (sb)
@@ -565,7 +577,7 @@ static reshard_status_t outcome_ranks(int rank, int size, reshard_comm_t *comm)
         b[1].dst_bytes -= 4;
     pthread_t th;
     if (ok && outcome_mode == 0 && rank == 1)
-        pthread_create(&th, NULL, abort_soon, comm);
+        pthread_create(&th, NULL, abort_after_small, comm);
     if (ok)
         st = reshard_plan_execute(plan, b);
     char why[256];
@@ -598,7 +610,8 @@ static reshard_status_t outcome_ranks(int rank, int size, reshard_comm_t *comm)
     reshard_plan_destroy(plan);
     for (int i = 0; i < 3; i++) {
         free((void *)b[i].src);
-        free(b[i].dst);
+        if (b[i].dst != small_at_rank3)
+            free(b[i].dst);
         reshard_layout_destroy(l[i][0]);
         reshard_layout_destroy(l[i][1]);
     }
@@ -610,6 +623,9 @@ Test(comm, after_an_abort_the_receiver_knows_which_tensors_are_whole)
 {
     setenv("RESHARD_CHUNK_BYTES", "4096", 1);
     outcome_mode = 0;
+    small_at_rank3 =
+        mmap(NULL, 32 * 32 * 4, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(small_at_rank3 != MAP_FAILED);
     struct outcome *o = run_ranks(4, outcome_ranks);
     cr_assert_eq(o[1].status, RESHARD_ERR_ABORTED, "rank 1: %d %s", o[1].status, o[1].msg);
     for (int r = 2; r < 4; r++)
@@ -622,6 +638,9 @@ Test(comm, after_an_abort_the_receiver_knows_which_tensors_are_whole)
 Test(comm, a_failure_before_bytes_move_leaves_every_destination_untouched)
 {
     outcome_mode = 1;
+    small_at_rank3 =
+        mmap(NULL, 32 * 32 * 4, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(small_at_rank3 != MAP_FAILED);
     struct outcome *o = run_ranks(4, outcome_ranks);
     for (int r = 0; r < 4; r++)
         cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %d %s", r, o[r].status, o[r].msg);

@@ -357,6 +357,11 @@ static void e2e_rank(int r, struct fake_shared *sh, struct e2e *out)
     if (st == RESHARD_OK && (reshard_plan_outcome(plan, &state) != RESHARD_ERR_INVALID_ARG ||
                              !strstr(reshard_last_error(), "enqueued on NCCL")))
         st = RESHARD_ERR_INTERNAL;
+    /* without a stream, execute returns once done: the outcome is known */
+    if (st == RESHARD_OK && (reshard_plan_execute(plan, &b) != RESHARD_OK ||
+                             reshard_plan_outcome(plan, &state) != RESHARD_OK ||
+                             state != (r >= 2 ? RESHARD_TENSOR_COMPLETE : RESHARD_TENSOR_NONE)))
+        st = RESHARD_ERR_INTERNAL;
     /* rank 1 passes host memory: every rank is told before anything is enqueued */
     if (st == RESHARD_OK) {
         b.mem = r == 1 ? RESHARD_MEM_HOST : RESHARD_MEM_CUDA;
@@ -410,8 +415,8 @@ Test(nccl_exec, a_communicator_from_nccl_refits_through_nccl_across_forked_ranks
                   "rank %d: %s", r, out[r].msg);
     }
     /* the data went through NCCL: the network slices, then the fan-out, in two groups */
-    cr_assert_eq(sh->groups[0], 1, "rank 0 only sends, in round 0");
-    cr_assert_eq(sh->groups[2], 2, "rank 2 receives, then forwards");
+    cr_assert_eq(sh->groups[0], 2, "rank 0 only sends, in round 0 (of two executions)");
+    cr_assert_eq(sh->groups[2], 4, "rank 2 receives, then forwards (twice)");
     cr_assert_gt(sh->ops[2], 0);
 }
 

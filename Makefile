@@ -34,6 +34,7 @@ PERF_BIN := $(BUILD)/test/perf/reshard_perf
 NET_DRIVER := $(BUILD)/test/net_driver
 NET_PERF_BIN := $(BUILD)/reshard_net_perf
 NCCL_CHECK := $(BUILD)/test/perf/nccl_check
+PACK_BENCH := $(BUILD)/test/perf/pack_bench
 # Stand-ins for libcuda and libnccl (test/fake/), so the NCCL paths run on hosts without a GPU.
 FAKE_LIBS := $(BUILD)/test/fake/libcuda.so.1 $(BUILD)/test/fake/libnccl.so.2
 
@@ -52,7 +53,24 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-$(SO): $(LIB_OBJ)
+# The pack kernels (cuda/pack.cu): a fatbin for sm_80, sm_90 and sm_100 plus PTX, embedded
+# in the library as a C array. Without nvcc the library is built without them and says so
+# when asked for device packing.
+NVCC ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+CUDA_ARCHS := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+              -gencode arch=compute_100,code=[sm_100,compute_100]
+ifneq ($(NVCC),)
+FATBIN_OBJ := $(BUILD)/obj/cuda/pack_fatbin.o
+$(BUILD)/obj/cuda/pack.fatbin: cuda/pack.cu cuda/pack_desc.h
+	@mkdir -p $(@D)
+	$(NVCC) -fatbin $(CUDA_ARCHS) -O3 -Icuda -o $@ $<
+$(BUILD)/obj/cuda/pack_fatbin.c: $(BUILD)/obj/cuda/pack.fatbin scripts/embed.py
+	$(PYTHON) scripts/embed.py rs_pack_fatbin $< $@
+$(FATBIN_OBJ): $(BUILD)/obj/cuda/pack_fatbin.c
+	$(CC) -std=c11 -fPIC -c $< -o $@
+endif
+
+$(SO): $(LIB_OBJ) $(FATBIN_OBJ)
 	$(CC) -shared -Wl,-soname,libnccl-net-reshard.so -Wl,--no-undefined -o $@ $^ \
 	    $(LDFLAGS_ALL) -ljansson -lpthread -ldl
 
@@ -65,9 +83,12 @@ $(PLAN_BIN): $(BUILD)/obj/tools/reshard_plan.o $(SO)
 
 # Unit tests see the internals through the static archive; the public API tests reach the same
 # code, and the export test checks the shared object itself.
-$(UNIT_BIN): $(TEST_OBJ) $(AR_LIB)
+# The fatbin object goes in by name: its symbols are weak references, which do not pull a
+# member out of an archive.
+$(UNIT_BIN): $(TEST_OBJ) $(AR_LIB) $(FATBIN_OBJ)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $(TEST_OBJ) $(AR_LIB) -lcriterion -ljansson -lpthread -ldl -lm $(LDFLAGS_ALL)
+	$(CC) -o $@ $(TEST_OBJ) $(FATBIN_OBJ) $(AR_LIB) -lcriterion -ljansson -lpthread -ldl -lm \
+	    $(LDFLAGS_ALL)
 
 $(BUILD)/obj/test/%.o: CFLAGS_ALL += -Itest
 
@@ -79,6 +100,11 @@ $(BENCH_BIN): $(BUILD)/obj/test/perf/plan_bench.o $(SO)
 $(PERF_BIN): $(BUILD)/obj/test/perf/reshard_perf.o $(SO)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN/../..' -lm $(LDFLAGS_ALL)
+
+# pack_bench: the pack kernels against cuMemcpyDtoD (scripts/gpu-check.sh; internals).
+$(PACK_BENCH): $(BUILD)/obj/test/perf/pack_bench.o $(AR_LIB) $(FATBIN_OBJ)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(FATBIN_OBJ) $(AR_LIB) -ljansson -lpthread -ldl $(LDFLAGS_ALL)
 
 # nccl_check: a refit through real NCCL on one GPU (scripts/gpu-check.sh; public API only).
 $(NCCL_CHECK): $(BUILD)/obj/test/perf/nccl_check.o $(SO)
@@ -119,7 +145,7 @@ deps:
 	fi
 
 test: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 ifeq ($(SAN),)
@@ -140,7 +166,7 @@ endif
 # The verbs transport for real, on soft-RoCE in a qemu VM (scripts/rxe-test.sh, ~2 minutes);
 # make test runs it too, unless qemu cannot run here (it says so) or RESHARD_SKIP_RDMA=1.
 test-rdma: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH)
 	BUILD=$(BUILD) scripts/rxe-test.sh
 
 demo: deps

@@ -18,6 +18,8 @@ typedef uint64_t cu_deviceptr; /* CUdeviceptr */
 typedef int cu_device;         /* CUdevice */
 typedef struct cu_ctx *cu_ctx; /* CUcontext */
 typedef struct cu_stream *cu_stream;
+typedef struct cu_module *cu_module;
+typedef struct cu_function *cu_function;
 
 #define CU_SUCCESS         0
 #define CU_ERROR_NO_DEVICE 100
@@ -43,7 +45,15 @@ typedef struct cu_stream *cu_stream;
     X(mem_free, "cuMemFree_v2", cu_result, (cu_deviceptr ptr))                                     \
     X(memcpy_htod, "cuMemcpyHtoD_v2", cu_result, (cu_deviceptr dst, const void *src, size_t n))    \
     X(memcpy_dtoh, "cuMemcpyDtoH_v2", cu_result, (void *dst, cu_deviceptr src, size_t n))          \
-    X(stream_synchronize, "cuStreamSynchronize", cu_result, (cu_stream stream))
+    X(stream_synchronize, "cuStreamSynchronize", cu_result, (cu_stream stream))                    \
+    X(ctx_synchronize, "cuCtxSynchronize", cu_result, (void))                                      \
+    X(memcpy_dtod, "cuMemcpyDtoD_v2", cu_result, (cu_deviceptr dst, cu_deviceptr src, size_t n))   \
+    X(module_load_data, "cuModuleLoadData", cu_result, (cu_module * mod, const void *image))       \
+    X(module_get_function, "cuModuleGetFunction", cu_result,                                       \
+      (cu_function * f, cu_module mod, const char *name))                                          \
+    X(launch_kernel, "cuLaunchKernel", cu_result,                                                  \
+      (cu_function f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,             \
+       unsigned bz, unsigned shared, cu_stream stream, void **params, void **extra))
 
 struct cuda_fns {
 #define CUDA_FN_FIELD_(field, symbol, ret, params) ret(*field) params;
@@ -58,6 +68,21 @@ const struct cuda_fns *cuda_lib(void);
 
 /* A driver call's failure as a status and message: "cuMemAlloc: out of memory (2)". */
 reshard_status_t cuda_error(const char *what, cu_result r);
+
+/* ---- the pack and unpack kernels (pack.cu, embedded as a fatbin) ---- */
+
+struct rs_pack_desc;
+/* The fatbin built into this library: NULL (and *size 0) when it was built without nvcc. */
+const unsigned char *cuda_fatbin(size_t *size);
+/* Loads the kernels into the current context (once); RESHARD_ERR_UNAVAILABLE and why when
+ * there is no driver, no device, or no fatbin. */
+reshard_status_t cuda_kernels(void);
+/* Gathers the box d describes from buf into packed (contiguous, box order), or the reverse;
+ * both device pointers, enqueued on stream. */
+reshard_status_t cuda_pack(const struct rs_pack_desc *d, const void *buf, void *packed,
+                           cu_stream stream);
+reshard_status_t cuda_unpack(const struct rs_pack_desc *d, void *buf, const void *packed,
+                             cu_stream stream);
 
 enum cuda_mem_kind { CUDA_MEM_HOST, CUDA_MEM_PINNED, CUDA_MEM_DEVICE, CUDA_MEM_MANAGED };
 /* What p points to: plain host memory when the driver is absent or does not know it. */

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "region.h"
 
+#include "pack_desc.h"
+
 #include <string.h>
 
 /* Local index of global index g along dim j of the rank's group: the box lies in one segment. */
@@ -221,4 +223,27 @@ void region_copy(const struct region *a, const char *abase, const struct region 
     region_pair_init(&p, a, b);
     while (region_pair_next(&p, &ao, &bo, &n))
         memmove(bbase + bo, abase + ao, n);
+}
+
+void region_desc(const struct region *r, struct rs_pack_desc *d)
+{
+    memset(d, 0, sizeof(*d));
+    d->ndim = r->ndim;
+    d->esize = (int32_t)r->esize;
+    d->numel = 1;
+    int64_t stride = 1;
+    for (int j = r->ndim - 1; j >= 0; j--) {
+        d->len[j] = r->len[j];
+        d->lstride[j] = stride;
+        d->base += r->start[j] * stride;
+        d->numel *= r->len[j];
+        stride *= r->shape[j];
+    }
+    if (r->view) {
+        const int64_t *vshape;
+        d->vdim = view_dims(r->view, r->shape, r->ndim, &vshape, d->vstride);
+        for (int k = 0; k < d->vdim; k++)
+            d->vshape[k] = vshape[k];
+        d->voffset = r->view->offset;
+    }
 }

@@ -60,6 +60,10 @@ struct region_pair {
 void region_pair_init(struct region_pair *p, const struct region *a, const struct region *b);
 int region_pair_next(struct region_pair *p, uint64_t *aoff, uint64_t *boff, uint64_t *len);
 
+/* The region as the pack kernels address it (pack_desc.h). */
+struct rs_pack_desc;
+void region_desc(const struct region *r, struct rs_pack_desc *d);
+
 /* Copies between a region of a buffer and a packed (contiguous, box-ordered) buffer. */
 void region_pack(const struct region *r, const char *base, char *packed);
 void region_unpack(const struct region *r, char *base, const char *packed);

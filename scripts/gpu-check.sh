@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 #
 # gpu-check.sh: everything that needs a GPU, in one command (a few minutes on one GPU):
-# builds, runs the GPU unit tests, a refit through real NCCL (RESHARD_EXECUTOR=nccl), the
-# DTensor mapping check and the torch tests, and prints a table. Steps whose prerequisites
+# builds, runs the GPU unit tests (driver, pack/unpack kernels against the host), the kernels'
+# bandwidth against cuMemcpyDtoD on 256 MiB boxes (pack_bench), a refit through real NCCL
+# (RESHARD_EXECUTOR=nccl), the DTensor mapping check and the torch tests, and prints a table. Steps whose prerequisites
 # are missing (no torch, no libnccl) say SKIP and why; any FAIL makes the exit status 1.
 #
 #   scripts/gpu-check.sh            BUILD=build, NCCL_MIB=256
@@ -46,6 +47,7 @@ device() {
 
 build() {
     make -j"$(nproc)" all "$BUILD/test/unit" "$BUILD/test/perf/nccl_check" \
+        "$BUILD/test/perf/pack_bench" \
         "$BUILD/test/fake/libcuda.so.1" "$BUILD/test/fake/libnccl.so.2" && echo "built $BUILD"
 }
 
@@ -61,6 +63,10 @@ gpu_unit() {
     fi
     grep 'Synthesis' <<<"$out"
     return $rc
+}
+
+pack() {
+    "$BUILD/test/perf/pack_bench"
 }
 
 nccl() {
@@ -81,6 +87,7 @@ python_tests() {
 step device device
 step build build
 step gpu-unit gpu_unit
+step pack pack
 step nccl nccl
 step dtensor dtensor
 step python python_tests

@@ -87,3 +87,35 @@ API int cuStreamSynchronize(void *stream)
     (void)stream;
     return 0;
 }
+
+API int cuCtxSynchronize(void)
+{
+    return 0;
+}
+
+API int cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, size_t n)
+{
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return 0;
+}
+
+/* No kernels run on the pretend device. */
+API int cuModuleLoadData(void **mod, const void *image)
+{
+    (void)mod, (void)image;
+    return 200; /* CUDA_ERROR_INVALID_IMAGE */
+}
+
+API int cuModuleGetFunction(void **f, void *mod, const char *name)
+{
+    (void)f, (void)mod, (void)name;
+    return 500; /* CUDA_ERROR_NOT_FOUND */
+}
+
+API int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                       unsigned bz, unsigned shared, void *stream, void **params, void **extra)
+{
+    (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared;
+    (void)stream, (void)params, (void)extra;
+    return 98; /* CUDA_ERROR_INVALID_HANDLE */
+}

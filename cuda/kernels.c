@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "cuda_lib.h"
+#include "error.h"
+#include "pack_desc.h"
+
+#include <pthread.h>
+#include <stdio.h>
+
+/* Generated from pack.cu by the build (build/obj/cuda/pack_fatbin.c); absent when nvcc was. */
+extern const unsigned char rs_pack_fatbin[] __attribute__((weak));
+extern const size_t rs_pack_fatbin_size __attribute__((weak));
+
+#define BLOCK     256
+#define MAX_GRID  4096
+
+static cu_function pack_fn, unpack_fn;
+static reshard_status_t load_status = RESHARD_ERR_UNAVAILABLE;
+static char load_error[256];
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+
+const unsigned char *cuda_fatbin(size_t *size)
+{
+    *size = &rs_pack_fatbin_size ? rs_pack_fatbin_size : 0;
+    return *size ? rs_pack_fatbin : NULL;
+}
+
+static void load(void)
+{
+    size_t size;
+    const unsigned char *image = cuda_fatbin(&size);
+    const struct cuda_fns *f = cuda_lib();
+    cu_module mod;
+    cu_result r;
+    if (!image) {
+        snprintf(load_error, sizeof(load_error),
+                 "cuda: this library was built without nvcc: no pack kernels");
+    } else if (!f) {
+        snprintf(load_error, sizeof(load_error), "%s", rs_error_message());
+    } else if ((r = f->module_load_data(&mod, image)) != CU_SUCCESS ||
+               (r = f->module_get_function(&pack_fn, mod, "rs_pack")) != CU_SUCCESS ||
+               (r = f->module_get_function(&unpack_fn, mod, "rs_unpack")) != CU_SUCCESS) {
+        const char *s = NULL;
+        f->get_error_string(r, &s);
+        snprintf(load_error, sizeof(load_error), "cuda: loading the pack kernels: %s (%d)",
+                 s ? s : "?", r);
+    } else {
+        load_status = RESHARD_OK;
+    }
+}
+
+reshard_status_t cuda_kernels(void)
+{
+    pthread_once(&load_once, load);
+    return load_status == RESHARD_OK ? RESHARD_OK : rs_error(load_status, "%s", load_error);
+}
+
+static reshard_status_t launch(cu_function fn, const struct rs_pack_desc *d, const void *a,
+                               const void *b, cu_stream stream)
+{
+    RS_CHECK(cuda_kernels());
+    if (d->numel == 0)
+        return RESHARD_OK;
+    int rows = d->vdim == 0; /* rows of a row-major buffer are contiguous: vector copies */
+    int64_t units = rows ? d->numel / d->len[d->ndim - 1] : (d->numel + BLOCK - 1) / BLOCK;
+    unsigned grid = (unsigned)(units < MAX_GRID ? (units > 0 ? units : 1) : MAX_GRID);
+    struct rs_pack_desc desc = *d;
+    void *params[] = {&desc, (void *)&a, (void *)&b, &rows};
+    cu_result r = cuda_lib()->launch_kernel(fn, grid, 1, 1, BLOCK, 1, 1, 0, stream, params, NULL);
+    return r == CU_SUCCESS ? RESHARD_OK : cuda_error("cuLaunchKernel", r);
+}
+
+reshard_status_t cuda_pack(const struct rs_pack_desc *d, const void *buf, void *packed,
+                           cu_stream stream)
+{
+    return launch(pack_fn, d, buf, packed, stream);
+}
+
+reshard_status_t cuda_unpack(const struct rs_pack_desc *d, void *buf, const void *packed,
+                             cu_stream stream)
+{
+    return launch(unpack_fn, d, buf, packed, stream);
+}

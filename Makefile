@@ -35,6 +35,7 @@ NET_DRIVER := $(BUILD)/test/net_driver
 NET_PERF_BIN := $(BUILD)/reshard_net_perf
 NCCL_CHECK := $(BUILD)/test/perf/nccl_check
 PACK_BENCH := $(BUILD)/test/perf/pack_bench
+DEVICE_REFIT := $(BUILD)/test/perf/device_refit
 # Stand-ins for libcuda and libnccl (test/fake/), so the NCCL paths run on hosts without a GPU.
 FAKE_LIBS := $(BUILD)/test/fake/libcuda.so.1 $(BUILD)/test/fake/libnccl.so.2
 
@@ -106,6 +107,11 @@ $(PACK_BENCH): $(BUILD)/obj/test/perf/pack_bench.o $(AR_LIB) $(FATBIN_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(FATBIN_OBJ) $(AR_LIB) -ljansson -lpthread -ldl $(LDFLAGS_ALL)
 
+# device_refit: 4 processes refit device buffers on one GPU (scripts/gpu-check.sh).
+$(DEVICE_REFIT): $(BUILD)/obj/test/perf/device_refit.o $(SO)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -ldl -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS_ALL)
+
 # nccl_check: a refit through real NCCL on one GPU (scripts/gpu-check.sh; public API only).
 $(NCCL_CHECK): $(BUILD)/obj/test/perf/nccl_check.o $(SO)
 	@mkdir -p $(@D)
@@ -145,7 +151,7 @@ deps:
 	fi
 
 test: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH) $(DEVICE_REFIT)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 ifeq ($(SAN),)
@@ -166,7 +172,7 @@ endif
 # The verbs transport for real, on soft-RoCE in a qemu VM (scripts/rxe-test.sh, ~2 minutes);
 # make test runs it too, unless qemu cannot run here (it says so) or RESHARD_SKIP_RDMA=1.
 test-rdma: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH) $(DEVICE_REFIT)
 	BUILD=$(BUILD) scripts/rxe-test.sh
 
 demo: deps

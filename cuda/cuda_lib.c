@@ -57,6 +57,25 @@ const struct cuda_fns *cuda_lib(void)
     return &fns;
 }
 
+reshard_status_t cuda_current_context(void)
+{
+    const struct cuda_fns *f = cuda_lib();
+    if (!f)
+        return RESHARD_ERR_UNAVAILABLE;
+    cu_ctx ctx = NULL;
+    cu_device dev;
+    cu_result r = f->ctx_get_current(&ctx);
+    if (r == CU_SUCCESS && ctx)
+        return RESHARD_OK;
+    if (r == CU_SUCCESS)
+        r = f->device_get(&dev, 0);
+    if (r == CU_SUCCESS)
+        r = f->primary_ctx_retain(&ctx, dev);
+    if (r == CU_SUCCESS)
+        r = f->ctx_set_current(ctx);
+    return r == CU_SUCCESS ? RESHARD_OK : cuda_error("making a CUDA context current", r);
+}
+
 reshard_status_t cuda_error(const char *what, cu_result r)
 {
     const char *s = NULL;

@@ -66,6 +66,8 @@ struct cuda_fns {
  * thread's error. RESHARD_CUDA_LIB names another file (tests use it to hide the driver). */
 const struct cuda_fns *cuda_lib(void);
 
+/* Makes sure the calling thread has a current context: its own, else device 0's primary. */
+reshard_status_t cuda_current_context(void);
 /* A driver call's failure as a status and message: "cuMemAlloc: out of memory (2)". */
 reshard_status_t cuda_error(const char *what, cu_result r);
 

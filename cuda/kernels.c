@@ -10,8 +10,8 @@
 extern const unsigned char rs_pack_fatbin[] __attribute__((weak));
 extern const size_t rs_pack_fatbin_size __attribute__((weak));
 
-#define BLOCK     256
-#define MAX_GRID  4096
+#define BLOCK    256
+#define MAX_GRID 4096
 
 static cu_function pack_fn, unpack_fn;
 static reshard_status_t load_status = RESHARD_ERR_UNAVAILABLE;

@@ -24,13 +24,13 @@ struct rs_pack_desc {
     int32_t vdim;  /* view dims; 0: the buffer is row-major over the local shape */
     int32_t esize; /* bytes per element */
     int32_t pad;
-    int64_t numel;                       /* elements in the box */
-    int64_t len[RS_PACK_MAX_DIMS];       /* the box */
-    int64_t lstride[RS_PACK_MAX_DIMS];   /* row-major strides of the local shape (elements) */
-    int64_t base;                        /* linear index of the box's first element */
-    int64_t vshape[RS_PACK_MAX_DIMS];    /* the view */
-    int64_t vstride[RS_PACK_MAX_DIMS];   /* its strides (elements) */
-    int64_t voffset;                     /* its offset (elements) */
+    int64_t numel;                     /* elements in the box */
+    int64_t len[RS_PACK_MAX_DIMS];     /* the box */
+    int64_t lstride[RS_PACK_MAX_DIMS]; /* row-major strides of the local shape (elements) */
+    int64_t base;                      /* linear index of the box's first element */
+    int64_t vshape[RS_PACK_MAX_DIMS];  /* the view */
+    int64_t vstride[RS_PACK_MAX_DIMS]; /* its strides (elements) */
+    int64_t voffset;                   /* its offset (elements) */
 };
 
 /* The buffer element holding element e of the box. */

@@ -228,23 +228,6 @@ err:
     return st;
 }
 
-/* A current CUDA context for the all-gather's buffer: the thread's, else device 0's primary. */
-static reshard_status_t cuda_context(const struct cuda_fns *cu)
-{
-    cu_ctx ctx = NULL;
-    cu_device dev;
-    cu_result r = cu->ctx_get_current(&ctx);
-    if (r == CU_SUCCESS && ctx)
-        return RESHARD_OK;
-    if (r == CU_SUCCESS)
-        r = cu->device_get(&dev, 0);
-    if (r == CU_SUCCESS)
-        r = cu->primary_ctx_retain(&ctx, dev);
-    if (r == CU_SUCCESS)
-        r = cu->ctx_set_current(ctx);
-    return r == CU_SUCCESS ? RESHARD_OK : cuda_error("a CUDA context for the all-gather", r);
-}
-
 /* Every rank's slot of one ncclAllGather of BOOT_ID_BYTES: rank 0's id reaches everyone. */
 static reshard_status_t gather_id(const struct nccl_fns *f, const struct cuda_fns *cu, void *nc,
                                   int rank, int size, struct boot_id *id)
@@ -287,7 +270,7 @@ reshard_status_t comm_create_nccl(void *nc, struct reshard_comm **out)
         return rs_error(RESHARD_ERR_UNAVAILABLE,
                         "reshard_comm_init_nccl: the all-gather needs a CUDA device: %s", why);
     }
-    RS_CHECK(cuda_context(cu));
+    RS_CHECK(cuda_current_context());
     /* Rank 0 listens; a rank 0 that cannot still joins the all-gather (with zeros), so that
      * nobody waits in NCCL for it, and every rank fails alike below. */
     struct boot_id id, mine;

@@ -604,6 +604,8 @@ static void drain_ready(struct run *r)
 
 /* ---- start: every rank checks its buffers and learns where the others' are ---- */
 
+#define SIDE_STAGING 2 /* hello.side: device buffers could not be staged */
+
 struct hello {
     uint64_t hash;
     uint32_t seq;
@@ -651,7 +653,7 @@ static void check_buffers(const struct exec *x, const reshard_buffers_t *bufs, i
             }
             if (on_nccl)
                 continue;
-            enum cuda_mem_kind kind = cuda_mem_kind(p);
+            enum cuda_mem_kind kind = cuda_mem_kind(p); /* staged device buffers are host */
             if (bufs[t].mem != RESHARD_MEM_HOST || kind == CUDA_MEM_DEVICE) {
                 h->status = RESHARD_ERR_UNAVAILABLE;
                 h->tensor = t;
@@ -671,6 +673,9 @@ static reshard_status_t refuse(const struct exec *x, int rank, const struct hell
         return rs_error(RESHARD_ERR_BUFFER,
                         "rank %d: %s buffer of tensor %s holds %llu bytes, its shard needs %llu",
                         rank, side, name, (unsigned long long)h->have, (unsigned long long)h->need);
+    if (h->status == RESHARD_ERR_UNAVAILABLE && h->side == SIDE_STAGING)
+        return rs_error(RESHARD_ERR_UNAVAILABLE,
+                        "rank %d has device buffers and no CUDA driver to stage them with", rank);
     if (h->status == RESHARD_ERR_UNAVAILABLE)
         return rs_error(RESHARD_ERR_UNAVAILABLE,
                         "rank %d: %s buffer of tensor %s is device memory (%s): the executor moves "
@@ -701,6 +706,8 @@ static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, 
     char mine[sizeof(struct hello)];
     struct hello *me = all ? (struct hello *)(all + (size_t)c->rank * hb) : (struct hello *)mine;
     *me = (struct hello){.hash = x->plan->hash, .seq = seq, .status = local};
+    if (local == RESHARD_ERR_UNAVAILABLE) /* only staging fails so before the exchange */
+        me->side = SIDE_STAGING;
     if (local == RESHARD_OK)
         check_buffers(x, bufs, on_nccl, me);
     if (!all) { /* cannot take part: tell the others rather than let them time out */
@@ -1065,12 +1072,14 @@ static void record_completed(struct exec *x)
     x->on_nccl = 0;
 }
 
-static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
+/* pre: a failure found before (staging device buffers): this rank still joins the exchange
+ * with it, so every rank reaches the same verdict. */
+static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs, reshard_status_t pre)
 {
     struct reshard_comm *c = x->comm;
     uint32_t seq = c->seq++; /* every rank counts every execution, failed or not */
     struct run *r = NULL;
-    reshard_status_t local = prepare(x, bufs, seq, &r);
+    reshard_status_t local = pre != RESHARD_OK ? pre : prepare(x, bufs, seq, &r);
     char why[RS_ERROR_MAX];
     snprintf(why, sizeof(why), "%s", rs_error_message());
     reshard_status_t st = exchange(x, bufs, seq, local, r, 0);
@@ -1094,6 +1103,103 @@ static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs)
     record_outcome(x, r);
     break_comm(x, r);
     return rs_error(c->broken, "%s", c->broken_why);
+}
+
+/* ---- device buffers on the native executor: staged through host copies ---- */
+
+static int any_device(const struct exec *x, const reshard_buffers_t *bufs)
+{
+    for (int t = 0; t < x->plan->ntensors; t++)
+        if (bufs[t].mem == RESHARD_MEM_CUDA && (bufs[t].src || bufs[t].dst))
+            return 1;
+    return 0;
+}
+
+/* host[] is bufs with every device buffer replaced by a host copy of it (destinations too, so
+ * that bytes outside the shard's view survive the copy back). */
+static reshard_status_t stage_in(struct exec *x, const reshard_buffers_t *bufs,
+                                 reshard_buffers_t *host)
+{
+    int nt = x->plan->ntensors;
+    const struct cuda_fns *f = cuda_lib();
+    if (!f) {
+        char why[RS_ERROR_MAX];
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        return rs_error(RESHARD_ERR_UNAVAILABLE,
+                        "rank %d: device buffers need the CUDA driver to be staged: %s",
+                        x->comm->rank, why);
+    }
+    RS_CHECK(cuda_current_context());
+    if (!x->shadow && (!(x->shadow = rs_calloc(2 * (size_t)nt + 1, sizeof(char *), "staging")) ||
+                       !(x->shadow_cap = rs_calloc(2 * (size_t)nt, sizeof(size_t), "staging"))))
+        return RESHARD_ERR_NO_MEMORY;
+    for (int t = 0; t < nt; t++) {
+        host[t] = bufs[t];
+        if (bufs[t].mem != RESHARD_MEM_CUDA)
+            continue;
+        host[t].mem = RESHARD_MEM_HOST;
+        for (int side = 0; side < 2; side++) {
+            const void *dev = side ? bufs[t].dst : bufs[t].src;
+            size_t n = side ? bufs[t].dst_bytes : bufs[t].src_bytes;
+            int i = 2 * t + side;
+            if (!dev || !n)
+                continue;
+            if (x->shadow_cap[i] < n) {
+                free(x->shadow[i]);
+                x->shadow_cap[i] = 0;
+                if (!(x->shadow[i] = malloc(n)))
+                    return rs_error(RESHARD_ERR_NO_MEMORY, "no memory to stage %zu bytes", n);
+                x->shadow_cap[i] = n;
+            }
+            cu_result r = f->memcpy_dtoh(x->shadow[i], (cu_deviceptr)(uintptr_t)dev, n);
+            if (r != CU_SUCCESS)
+                return cuda_error("staging a device buffer (cuMemcpyDtoH)", r);
+            if (side)
+                host[t].dst = x->shadow[i];
+            else
+                host[t].src = x->shadow[i];
+        }
+    }
+    return RESHARD_OK;
+}
+
+/* Copies the destinations' host copies back to the device. */
+static reshard_status_t stage_out(struct exec *x, const reshard_buffers_t *bufs)
+{
+    const struct cuda_fns *f = cuda_lib();
+    for (int t = 0; t < x->plan->ntensors; t++) {
+        if (bufs[t].mem != RESHARD_MEM_CUDA || !bufs[t].dst || !bufs[t].dst_bytes)
+            continue;
+        cu_result r = f->memcpy_htod((cu_deviceptr)(uintptr_t)bufs[t].dst, x->shadow[2 * t + 1],
+                                     bufs[t].dst_bytes);
+        if (r != CU_SUCCESS)
+            return cuda_error("returning a staged destination (cuMemcpyHtoD)", r);
+    }
+    return RESHARD_OK;
+}
+
+/* The native executor on device buffers: first the shared path through host memory (CUDA
+ * IPC and GPUDirect are to replace it). What landed is copied back even after a failure,
+ * so that the tensors reshard_plan_outcome calls complete hold their new values. */
+static reshard_status_t run_staged(struct exec *x, const reshard_buffers_t *bufs)
+{
+    int nt = x->plan->ntensors;
+    reshard_buffers_t *host = rs_calloc((size_t)nt, sizeof(*host), "staging");
+    reshard_status_t pre = host ? stage_in(x, bufs, host) : RESHARD_ERR_NO_MEMORY;
+    if (!x->staged_before++)
+        rs_log(RS_LOG_INFO, "rank %d: device buffers staged through host memory", x->comm->rank);
+    reshard_status_t st = run_all(x, pre == RESHARD_OK ? host : bufs, pre);
+    if (pre == RESHARD_OK) {
+        char why[RS_ERROR_MAX];
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        reshard_status_t back = stage_out(x, bufs);
+        if (st == RESHARD_OK)
+            st = back;
+        else
+            rs_error(st, "%s", why); /* the refit's own failure is the one to report */
+    }
+    free(host);
+    return st;
 }
 
 /* RESHARD_EXECUTOR=nccl: the same vote and buffer checks, then the plan enqueued on NCCL. */
@@ -1176,7 +1282,7 @@ reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs, int on_
     if (st == RESHARD_OK && on_nccl)
         st = nccl_run(x, bufs, on_stream, stream);
     else if (st == RESHARD_OK && (st = wait_stream(on_stream, stream)) == RESHARD_OK)
-        st = run_all(x, bufs); /* records its own outcome */
+        st = any_device(x, bufs) ? run_staged(x, bufs) : run_all(x, bufs, RESHARD_OK);
     else
         record_outcome(x, NULL); /* nothing moved this time */
     atomic_store(&c->busy, 0);

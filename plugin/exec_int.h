@@ -59,6 +59,11 @@ struct exec {
         void *mh;
     } * reg;    /* [2 * ntensors]: src, dst */
     char **tmp; /* [ntensors]: whole-tensor buffers (bcast), kept across runs */
+    /* Device buffers on the native executor are staged through host copies: [2 * ntensors]
+     * (source, destination) shadows and their sizes, kept across runs. */
+    char **shadow;
+    size_t *shadow_cap;
+    int staged_before;
     /* Coalescing (RESHARD_COALESCE_BYTES): network chunks of at most coalesce_bytes that leave
      * a source buffer at the start travel to each peer packed into messages of at most
      * chunk_bytes (bundles), which sender and receiver group alike: per peer, by transfer

@@ -456,6 +456,18 @@ void exec_destroy(struct exec *x)
         else
             (void)comm_keep(c, free_tmp, x->tmp); /* else leaked: never freed under a writer */
     }
+    if (x->shadow) { /* the same for the host copies of device buffers */
+        int n = 0;
+        for (int i = 0; i < 2 * x->plan->ntensors; i++)
+            if (x->shadow[i])
+                x->shadow[n++] = x->shadow[i];
+        x->shadow[n] = NULL;
+        if (!broken)
+            free_tmp(x->shadow);
+        else
+            (void)comm_keep(c, free_tmp, x->shadow);
+    }
+    free(x->shadow_cap);
     free(x->reg);
     free(x->out);
     free(x->in);

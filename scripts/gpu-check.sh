@@ -47,7 +47,7 @@ device() {
 
 build() {
     make -j"$(nproc)" all "$BUILD/test/unit" "$BUILD/test/perf/nccl_check" \
-        "$BUILD/test/perf/pack_bench" \
+        "$BUILD/test/perf/pack_bench" "$BUILD/test/perf/device_refit" \
         "$BUILD/test/fake/libcuda.so.1" "$BUILD/test/fake/libnccl.so.2" && echo "built $BUILD"
 }
 
@@ -69,6 +69,10 @@ pack() {
     "$BUILD/test/perf/pack_bench"
 }
 
+device_refit() {
+    "$BUILD/test/perf/device_refit" 256
+}
+
 nccl() {
     [ -e "$CUDA/lib64/libnccl.so.2" ] || ldconfig -p | grep -q libnccl.so.2 ||
         { echo "no libnccl.so.2"; return 77; }
@@ -88,6 +92,7 @@ step device device
 step build build
 step gpu-unit gpu_unit
 step pack pack
+step refit-4proc device_refit
 step nccl nccl
 step dtensor dtensor
 step python python_tests

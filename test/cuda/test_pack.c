@@ -56,8 +56,8 @@ static int check_plan(const char *src, const char *dst, int world, int *views)
             const struct rs_shardmap *m = side ? &pt->dst_map : &pt->src_map;
             int rank = side ? op->dst : op->src;
             struct region r;
-            region_of_shard(m, shardmap_position(m, rank), plan_op_start(p, op),
-                            plan_op_len(p, op), &r);
+            region_of_shard(m, shardmap_position(m, rank), plan_op_start(p, op), plan_op_len(p, op),
+                            &r);
             struct rs_pack_desc desc;
             region_desc(&r, &desc);
             int64_t n, *want = walk(&r, &n);
@@ -66,8 +66,7 @@ static int check_plan(const char *src, const char *dst, int world, int *views)
             for (int64_t e = 0; e < n; e++)
                 cr_assert_eq(rs_pack_offset(&desc, e), want[e],
                              "op %zu side %d element %lld: kernel offset %lld, host %lld", i, side,
-                             (long long)e, (long long)rs_pack_offset(&desc, e),
-                             (long long)want[e]);
+                             (long long)e, (long long)rs_pack_offset(&desc, e), (long long)want[e]);
             *views += desc.vdim > 0;
             boxes++;
             free(want);
@@ -114,9 +113,9 @@ Test(pack, without_a_device_the_kernels_say_why)
     struct rs_pack_desc d = {.ndim = 1, .esize = 4, .numel = 4, .len = {4}, .lstride = {1}};
     cr_assert_eq(cuda_pack(&d, NULL, NULL, NULL), RESHARD_ERR_UNAVAILABLE);
     size_t size;
-    cr_assert(strstr(rs_error_message(), cuda_fatbin(&size) ? "cuda: no driver"
-                                                            : "built without nvcc"),
-              "%s", rs_error_message());
+    cr_assert(
+        strstr(rs_error_message(), cuda_fatbin(&size) ? "cuda: no driver" : "built without nvcc"),
+        "%s", rs_error_message());
 }
 
 /* ---- with a GPU: the kernels against region_pack ---- */
@@ -133,12 +132,16 @@ Test(gpu, pack_and_unpack_kernels_match_the_host)
     cr_assert_eq(f->ctx_set_current(ctx), CU_SUCCESS);
     cr_assert_eq(cuda_kernels(), RESHARD_OK, "%s", rs_error_message());
     /* a 64x48 i32 shard, box rows 3..50, cols 5..36; and the same under a padded view */
-    struct rs_view padded = {.offset = 3, .ndim = 2, .shape = {64, 48}, .nstrides = 2,
-                             .strides = {50, 1}};
+    struct rs_view padded = {
+        .offset = 3, .ndim = 2, .shape = {64, 48}, .nstrides = 2, .strides = {50, 1}};
     const struct rs_view *views[2] = {NULL, &padded};
     for (int v = 0; v < 2; v++) {
-        struct region r = {.esize = 4, .ndim = 2, .shape = {64, 48}, .start = {3, 5},
-                           .len = {48, 32}, .view = views[v]};
+        struct region r = {.esize = 4,
+                           .ndim = 2,
+                           .shape = {64, 48},
+                           .start = {3, 5},
+                           .len = {48, 32},
+                           .view = views[v]};
         size_t span = 4 * (3 + 64 * 50), packed_bytes = region_bytes(&r);
         char *host = malloc(span), *want = malloc(packed_bytes), *got = malloc(packed_bytes);
         for (size_t i = 0; i < span; i++)

@@ -55,11 +55,15 @@ int main(void)
            "pack%", "unpack%");
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         const struct bench_case *bc = &cases[c];
-        struct region r = {.esize = 2, .ndim = 2, .shape = {bc->rows, bc->cols},
-                           .start = {0, bc->cols - bc->box_cols}, .len = {bc->rows, bc->box_cols}};
+        struct region r = {.esize = 2,
+                           .ndim = 2,
+                           .shape = {bc->rows, bc->cols},
+                           .start = {0, bc->cols - bc->box_cols},
+                           .len = {bc->rows, bc->box_cols}};
         size_t span = (size_t)(bc->rows * bc->cols * 2), bytes = region_bytes(&r);
         cu_deviceptr buf, packed, copy;
-        if (f->mem_alloc(&buf, span) || f->mem_alloc(&packed, bytes) || f->mem_alloc(&copy, bytes)) {
+        if (f->mem_alloc(&buf, span) || f->mem_alloc(&packed, bytes) ||
+            f->mem_alloc(&copy, bytes)) {
             printf("pack_bench: no device memory for %s\n", bc->name);
             return 1;
         }

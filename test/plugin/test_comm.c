@@ -179,8 +179,9 @@ Test(comm, a_short_destination_buffer_fails_every_rank_before_bytes_move)
     }
 }
 
-/* Rank 2 declares its destination device memory: every rank is told before bytes move, and
- * the communicator stays usable (the same plan then runs on host memory). */
+/* Rank 2 declares its buffers device memory on a host without a CUDA driver: every rank is
+ * told before bytes move, and the communicator stays usable (the same plan then runs on host
+ * memory). */
 static reshard_status_t device_memory_on_rank2(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
@@ -200,15 +201,48 @@ static reshard_status_t device_memory_on_rank2(int rank, int size, reshard_comm_
     return st == RESHARD_ERR_UNAVAILABLE ? rs_error(st, "%s", why) : st; /* the first message */
 }
 
-Test(comm, device_memory_is_refused_on_every_rank_before_bytes_move)
+Test(comm, device_memory_without_a_driver_is_refused_on_every_rank_before_bytes_move)
 {
+    setenv("RESHARD_CUDA_LIB", "libcuda-not-here.so.1", 1);
     struct outcome *o = run_ranks(4, device_memory_on_rank2);
     for (int r = 0; r < 4; r++) {
         cr_assert_eq(o[r].status, RESHARD_ERR_UNAVAILABLE, "rank %d: %s", r, o[r].msg);
-        cr_assert(strstr(o[r].msg, "rank 2: source buffer of tensor w is device memory "
-                                   "(declared RESHARD_MEM_CUDA)"),
+        cr_assert(strstr(o[r].msg, r == 2 ? "rank 2: device buffers need the CUDA driver to be "
+                                            "staged: cuda: no driver"
+                                          : "rank 2 has device buffers and no CUDA driver to "
+                                            "stage them with"),
                   "rank %d: %s", r, o[r].msg);
     }
+}
+
+/* Every buffer declared device memory, on the stand-in driver (whose device memory is the
+ * host's): the native executor stages them through host copies and the data lands. */
+static reshard_status_t staged_refit(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side x;
+    reshard_status_t st = side_open(&x, comm, rank, SRC, DST);
+    x.b.mem = RESHARD_MEM_CUDA;
+    for (int it = 0; it < 2 && st == RESHARD_OK; it++) {
+        memset(x.d, 0, x.b.dst_bytes);
+        st = reshard_plan_execute(x.plan, &x.b);
+        if (st == RESHARD_OK && count_wrong(x.dst, rank, x.d))
+            st = RESHARD_ERR_INTERNAL;
+    }
+    side_close(&x);
+    return st;
+}
+
+Test(comm, device_buffers_are_staged_through_host_memory)
+{
+    char cuda[512];
+    const char *b = getenv("RESHARD_BUILD");
+    snprintf(cuda, sizeof(cuda), "%s/test/fake/libcuda.so.1", b && *b ? b : "build");
+    cr_assert_eq(access(cuda, R_OK), 0, "build %s first", cuda);
+    setenv("RESHARD_CUDA_LIB", cuda, 1);
+    struct outcome *o = run_ranks(4, staged_refit);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
 }
 
 struct second_call {

@@ -27,3 +27,16 @@ Test(nccl_check, without_a_gpu_stack_it_skips_with_77, .timeout = 60)
     cr_assert_eq(rc, 77, "%s", out);
     cr_assert(strstr(out, "libcuda-not-here.so.1"), "%s", out);
 }
+
+Test(device_refit, four_processes_refit_device_buffers_on_the_stand_in, .timeout = 60)
+{
+    char out[4096];
+    const char *b = build_dir();
+    int rc = run_capturef(out, sizeof(out),
+                          "RESHARD_CUDA_LIB=%s/test/fake/libcuda.so.1 %s/test/perf/device_refit 4",
+                          b, b);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "4 MiB, device to device across 4 processes (staged through host "
+                          "memory): #wrong 0 on every rank"),
+              "%s", out);
+}

@@ -317,6 +317,50 @@ class Torch(unittest.TestCase):
         self.assertEqual(got, (None, 0))
 
 
+@unittest.skipIf(torch is None or not torch.cuda.is_available(),
+                 "torch with a CUDA device is needed (scripts/gpu-check.sh runs this on a GPU)")
+class TorchCuda(unittest.TestCase):
+    def test_cuda_tensors_refit_between_processes_sharing_the_gpu(self):
+        ctx = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
+        ids, out = ctx.Queue(), ctx.Queue()
+        procs = [ctx.Process(target=cuda_rank, args=(r, 4, ids, out)) for r in range(4)]
+        for p in procs:
+            p.start()
+        results = sorted(out.get(timeout=300) for _ in procs)
+        for p in procs:
+            p.join(60)
+        for rank, wrong, err in results:
+            self.assertIsNone(err, "rank %d:\n%s" % (rank, err))
+            self.assertEqual(wrong, 0, "rank %d" % rank)
+
+
+def cuda_rank(rank, size, ids, out):
+    """Rows of a CUDA tensor on ranks 0-1 become columns on ranks 2-3 (domains of 2)."""
+    try:
+        os.environ["RESHARD_DOMAIN_SIZE"] = "2"
+        if rank == 0:  # rank 0's process makes the id: its listener lives there
+            uid = reshard.unique_id()
+            for _ in range(size - 1):
+                ids.put(uid)
+        else:
+            uid = ids.get(timeout=60)
+        torch.cuda.set_device(0)
+        src = reshard.Layout("shape=256x128 dtype=f32 ranks=0-1 mesh=2 place=S(0)")
+        dst = reshard.Layout("shape=256x128 dtype=f32 ranks=2-3 mesh=2 place=S(1)")
+        full = np.arange(256 * 128, dtype=np.float32).reshape(256, 128)
+        with reshard.Comm(uid, rank, size) as comm:
+            with reshard.Plan(comm, [("w", src, dst)]) as plan:
+                mine = (torch.from_numpy(src.shard_of(full, rank)).cuda() if rank < 2 else None)
+                got = (torch.zeros(dst.shard_shape(rank), dtype=torch.float32, device="cuda")
+                       if rank >= 2 else None)
+                plan.execute([mine], [got])  # on torch's current stream
+                wrong = (int((got.cpu().numpy() != dst.shard_of(full, rank)).sum())
+                         if got is not None else 0)
+        out.put((rank, wrong, None))
+    except Exception:
+        out.put((rank, -1, traceback.format_exc()))
+
+
 def torch_rank(uid, out):
     try:
         comm = reshard.Comm(uid, 0, 1)

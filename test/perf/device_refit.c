@@ -131,8 +131,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "device_refit: %s\n", reshard_last_error());
         return 1;
     }
-    struct result *res = mmap(NULL, RANKS * sizeof(*res), PROT_READ | PROT_WRITE,
-                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    struct result *res =
+        mmap(NULL, RANKS * sizeof(*res), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     pid_t pid[RANKS];
     for (int r = 0; r < RANKS; r++)
         if ((pid[r] = fork()) == 0)

@@ -48,11 +48,7 @@ static const struct cuda_fns *gpu(void)
     const struct cuda_fns *f = cuda_lib();
     if (!f)
         cr_skip_test("no CUDA device (%s)", rs_error_message());
-    cu_device dev;
-    cu_ctx ctx;
-    cr_assert_eq(f->device_get(&dev, 0), CU_SUCCESS);
-    cr_assert_eq(f->primary_ctx_retain(&ctx, dev), CU_SUCCESS);
-    cr_assert_eq(f->ctx_set_current(ctx), CU_SUCCESS);
+    cr_assert_eq(cuda_current_context(), RESHARD_OK, "%s", rs_error_message());
     return f;
 }
 

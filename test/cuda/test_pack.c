@@ -125,11 +125,7 @@ Test(gpu, pack_and_unpack_kernels_match_the_host)
     const struct cuda_fns *f = cuda_lib();
     if (!f)
         cr_skip_test("no CUDA device (%s)", rs_error_message());
-    cu_device dev;
-    cu_ctx ctx;
-    cr_assert_eq(f->device_get(&dev, 0), CU_SUCCESS);
-    cr_assert_eq(f->primary_ctx_retain(&ctx, dev), CU_SUCCESS);
-    cr_assert_eq(f->ctx_set_current(ctx), CU_SUCCESS);
+    cr_assert_eq(cuda_current_context(), RESHARD_OK, "%s", rs_error_message());
     cr_assert_eq(cuda_kernels(), RESHARD_OK, "%s", rs_error_message());
     /* a 64x48 i32 shard, box rows 3..50, cols 5..36; and the same under a padded view */
     struct rs_view padded = {

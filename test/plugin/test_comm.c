@@ -128,11 +128,15 @@ static void set_domains(void)
 
 TestSuite(comm, .init = set_domains, .timeout = 60);
 
+static void all_ok(const struct outcome *o, int n)
+{
+    for (int r = 0; r < n; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
 Test(comm, forked_ranks_reshard_every_element_to_its_place)
 {
-    struct outcome *o = run_ranks(4, move_and_check);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, move_and_check), 4);
 }
 
 static reshard_status_t layouts_by_rank(int rank, int size, reshard_comm_t *comm)
@@ -240,9 +244,7 @@ Test(comm, device_buffers_are_staged_through_host_memory)
     snprintf(cuda, sizeof(cuda), "%s/test/fake/libcuda.so.1", b && *b ? b : "build");
     cr_assert_eq(access(cuda, R_OK), 0, "build %s first", cuda);
     setenv("RESHARD_CUDA_LIB", cuda, 1);
-    struct outcome *o = run_ranks(4, staged_refit);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, staged_refit), 4);
 }
 
 struct second_call {
@@ -733,9 +735,7 @@ static reshard_status_t shrink_twice(int rank, int size, reshard_comm_t *comm)
 
 Test(comm, healthy_ranks_shrink_twice_and_refit_each_time)
 {
-    struct outcome *o = run_ranks(4, shrink_twice);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, shrink_twice), 4);
 }
 
 /* A shrink that excludes nobody: a second communicator (and network context) in the same
@@ -758,9 +758,7 @@ static reshard_status_t shrink_nobody(int rank, int size, reshard_comm_t *comm)
 
 Test(comm, a_shrink_of_nobody_is_a_second_working_communicator)
 {
-    struct outcome *o = run_ranks(4, shrink_nobody);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, shrink_nobody), 4);
 }
 
 static reshard_status_t shrink_bad_args(int rank, int size, reshard_comm_t *comm)

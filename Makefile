@@ -230,7 +230,7 @@ install: all
 	install -m 755 $(PLAN_BIN) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|' reshard.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/reshard.pc
 
-FORMAT_SRC = $(shell git ls-files '*.c' '*.h' 2>/dev/null)
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' 2>/dev/null)
 format:
 	clang-format -i $(FORMAT_SRC)
 format-check:

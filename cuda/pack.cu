@@ -9,8 +9,7 @@
 #include <stdint.h>
 
 // One row of the box per block-row, grid-stride over rows; threads stride over the row.
-template <bool PACK>
-__device__ void move_rows(const rs_pack_desc d, char *buf, char *packed)
+template <bool PACK> __device__ void move_rows(const rs_pack_desc d, char *buf, char *packed)
 {
     const int64_t row_elems = d.len[d.ndim - 1];
     const int64_t rows = d.numel / row_elems;
@@ -31,8 +30,7 @@ __device__ void move_rows(const rs_pack_desc d, char *buf, char *packed)
 }
 
 // Any view: each element found on its own.
-template <bool PACK>
-__device__ void move_elems(const rs_pack_desc d, char *buf, char *packed)
+template <bool PACK> __device__ void move_elems(const rs_pack_desc d, char *buf, char *packed)
 {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < d.numel; e += stride) {

@@ -108,3 +108,23 @@ const char *cuda_mem_kind_name(enum cuda_mem_kind k)
     static const char *const names[] = {"host", "pinned host", "device", "managed"};
     return (unsigned)k < 4 ? names[k] : "?";
 }
+
+void *cuda_host_alloc(size_t bytes)
+{
+    char saved[RS_ERROR_MAX];
+    snprintf(saved, sizeof(saved), "%s", rs_error_message());
+    const struct cuda_fns *f = cuda_lib();
+    void *p = NULL;
+    if (f && cuda_current_context() == RESHARD_OK && f->mem_alloc_host(&p, bytes ? bytes : 1))
+        p = NULL;
+    rs_error(RESHARD_OK, "%s", saved); /* falling back is not failing */
+    return p ? p : malloc(bytes ? bytes : 1);
+}
+
+void cuda_host_free(void *p)
+{
+    if (p && cuda_mem_kind(p) == CUDA_MEM_PINNED)
+        (void)cuda_lib()->mem_free_host(p);
+    else
+        free(p);
+}

@@ -20,15 +20,26 @@ typedef struct cu_ctx *cu_ctx; /* CUcontext */
 typedef struct cu_stream *cu_stream;
 typedef struct cu_module *cu_module;
 typedef struct cu_function *cu_function;
+typedef struct cu_event *cu_event;
+
+#define CU_IPC_HANDLE_SIZE 64
+typedef struct cu_ipc_mem_handle {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} cu_ipc_mem_handle; /* CUipcMemHandle: passed by value to cuIpcOpenMemHandle */
 
 #define CU_SUCCESS         0
 #define CU_ERROR_NO_DEVICE 100
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE                                                           \
     2 /* CUmemorytype: 1 host, 2 device, 3 array, 4 unified                                        \
        */
-#define CU_POINTER_ATTRIBUTE_IS_MANAGED 8
-#define CU_MEMORYTYPE_HOST              1
-#define CU_MEMORYTYPE_DEVICE            2
+#define CU_POINTER_ATTRIBUTE_IS_MANAGED    8
+#define CU_POINTER_ATTRIBUTE_BUFFER_ID     7 /* unsigned long long: unique per allocation */
+#define CU_MEMORYTYPE_HOST                 1
+#define CU_MEMORYTYPE_DEVICE               2
+#define CU_ERROR_NOT_READY                 600 /* cuEventQuery: the work is still running */
+#define CU_STREAM_NON_BLOCKING             1
+#define CU_EVENT_DISABLE_TIMING            2
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1
 
 /* X(field, symbol, return, parameters) */
 #define CUDA_FN_MAP(X)                                                                             \
@@ -53,7 +64,23 @@ typedef struct cu_function *cu_function;
       (cu_function * f, cu_module mod, const char *name))                                          \
     X(launch_kernel, "cuLaunchKernel", cu_result,                                                  \
       (cu_function f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,             \
-       unsigned bz, unsigned shared, cu_stream stream, void **params, void **extra))
+       unsigned bz, unsigned shared, cu_stream stream, void **params, void **extra))               \
+    X(mem_get_address_range, "cuMemGetAddressRange_v2", cu_result,                                 \
+      (cu_deviceptr * base, size_t * size, cu_deviceptr ptr))                                      \
+    X(ipc_get_mem_handle, "cuIpcGetMemHandle", cu_result, (cu_ipc_mem_handle * h, cu_deviceptr p)) \
+    X(ipc_open_mem_handle, "cuIpcOpenMemHandle_v2", cu_result,                                     \
+      (cu_deviceptr * p, cu_ipc_mem_handle h, unsigned flags))                                     \
+    X(ipc_close_mem_handle, "cuIpcCloseMemHandle", cu_result, (cu_deviceptr p))                    \
+    X(memcpy_async, "cuMemcpyAsync", cu_result,                                                    \
+      (cu_deviceptr dst, cu_deviceptr src, size_t n, cu_stream stream))                            \
+    X(stream_create, "cuStreamCreate", cu_result, (cu_stream * stream, unsigned flags))            \
+    X(stream_destroy, "cuStreamDestroy_v2", cu_result, (cu_stream stream))                         \
+    X(event_create, "cuEventCreate", cu_result, (cu_event * ev, unsigned flags))                   \
+    X(event_record, "cuEventRecord", cu_result, (cu_event ev, cu_stream stream))                   \
+    X(event_query, "cuEventQuery", cu_result, (cu_event ev))                                       \
+    X(event_destroy, "cuEventDestroy_v2", cu_result, (cu_event ev))                                \
+    X(mem_alloc_host, "cuMemAllocHost_v2", cu_result, (void **p, size_t bytes))                    \
+    X(mem_free_host, "cuMemFreeHost", cu_result, (void *p))
 
 struct cuda_fns {
 #define CUDA_FN_FIELD_(field, symbol, ret, params) ret(*field) params;
@@ -85,6 +112,12 @@ reshard_status_t cuda_pack(const struct rs_pack_desc *d, const void *buf, void *
                            cu_stream stream);
 reshard_status_t cuda_unpack(const struct rs_pack_desc *d, void *buf, const void *packed,
                              cu_stream stream);
+
+/* Host memory for staging: pinned (cuMemAllocHost) when the driver is there, so that copies
+ * to and from the device run at the copy engines' speed; else malloc. cuda_host_free frees
+ * either kind. */
+void *cuda_host_alloc(size_t bytes);
+void cuda_host_free(void *p);
 
 enum cuda_mem_kind { CUDA_MEM_HOST, CUDA_MEM_PINNED, CUDA_MEM_DEVICE, CUDA_MEM_MANAGED };
 /* What p points to: plain host memory when the driver is absent or does not know it. */

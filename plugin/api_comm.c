@@ -245,7 +245,8 @@ reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
                                           .local_in = comm->local_in,
                                           .self = comm->self,
                                           .ctrl_msgs = n->ctrl_out,
-                                          .net_msgs = n->msgs_out};
+                                          .net_msgs = n->msgs_out,
+                                          .ipc_out = comm->ipc_out};
     return RESHARD_OK;
 }
 

@@ -4,6 +4,7 @@
 #include "cma.h"
 #include "cuda_lib.h"
 #include "error.h"
+#include "ipc.h"
 #include "log.h"
 #include "nccl_lib.h"
 #include "param.h"
@@ -448,6 +449,7 @@ void comm_destroy(struct reshard_comm *c)
      * wait: its peers may be gone). */
     if (c->boot && c->net && c->broken == RESHARD_OK)
         (void)boot_barrier(c->boot);
+    cuda_ipc_free(c->ipc); /* every rank is done writing through its mappings */
     if (c->net) {
         /* After a failed execution requests may still use registered memory: closing the
          * connections ends them, and only then do the registrations go. */

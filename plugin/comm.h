@@ -45,6 +45,8 @@ struct reshard_comm {
     int nslots, nfree, *free_slots;
     int64_t slot_bytes;
     uint64_t local_out, local_in, self; /* the local path's counters */
+    uint64_t ipc_out;                   /* of local_out: written through CUDA IPC */
+    struct cuda_ipc *ipc;               /* peers' device buffers mapped here; made on first use */
     /* State of failed executions that transport requests still point into: freed once the
      * network context is closed (which completes those requests). */
     struct comm_kept {

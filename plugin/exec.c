@@ -10,6 +10,11 @@
  * contiguous chunk from its source buffer and packs a strided one into a staging slot (at most
  * RESHARD_STAGING_BYTES per rank, and no more than the send window uses). Local transfers are
  * cross-memory writes followed by an empty message that tells the receiver the chunk is there.
+ *
+ * Device buffers (RESHARD_MEM_CUDA): network slices and copies inside the rank go through host
+ * shadows of them (pinned when the driver allows), each chunk copied to the device as it lands;
+ * local peers write device destinations directly through CUDA IPC, on a stream, and tell the
+ * receiver once the chunk's event has completed.
  */
 #include "exec_int.h"
 
@@ -17,6 +22,7 @@
 #include "cuda_lib.h"
 #include "error.h"
 #include "exec_nccl.h"
+#include "ipc.h"
 #include "log.h"
 #include "param.h"
 
@@ -85,6 +91,18 @@ struct run {
     int inflight, posted;
     int *peer_inflight; /* [size] */
     int64_t last_event_ms;
+    /* Device buffers: dev is the caller's buffers, bufs their host shadows (NULL: no device
+     * buffers). Every rank's exported destinations (exports, by peer and tensor in peer_exp)
+     * and whether it has device buffers (peer_cuda: such a rank writes through IPC). */
+    const reshard_buffers_t *dev;
+    struct cuda_ipc_export *exports;
+    const struct cuda_ipc_export **peer_exp; /* [size * ntensors] */
+    char **peer_ipc;                         /* [size * ntensors]: mapped here, on first use */
+    uint8_t *peer_cuda;                      /* [size] */
+    struct ipc_copy {
+        uint32_t pos, chunk;
+    } ipc_q[CUDA_IPC_EVENTS]; /* copies on the IPC stream, in order; event i % CUDA_IPC_EVENTS */
+    size_t ipc_head, ipc_tail;
 };
 
 static int64_t now_ms(void)
@@ -178,10 +196,73 @@ static void release_whole(struct run *r, uint32_t t)
     }
 }
 
+/* ---- device buffers ---- */
+
+static size_t slot_of(const struct exec *x, int rank, uint32_t tensor)
+{
+    return (size_t)rank * (size_t)x->plan->ntensors + tensor;
+}
+
+/* Does this local transfer write through CUDA IPC? Both sides answer alike: the destination
+ * exported its buffer and the source has device buffers (so a driver and a context). */
+static int via_ipc(const struct run *r, const struct xfer *xf)
+{
+    return r->peer_exp && xf->path == XFER_LOCAL && xf->dst_buf == XBUF_DST &&
+           r->peer_exp[slot_of(r->x, xf->dst, xf->tensor)] && r->peer_cuda[xf->src];
+}
+
+/* This rank's device buffer behind a transfer's side, or NULL when that buffer is host memory
+ * (whole-tensor buffers always are). */
+static char *dev_base(const struct run *r, const struct xfer *xf, int side)
+{
+    int buf = side ? xf->dst_buf : xf->src_buf;
+    const reshard_buffers_t *b = r->dev ? &r->dev[xf->tensor] : NULL;
+    if (!b || buf == XBUF_TMP || b->mem != RESHARD_MEM_CUDA)
+        return NULL;
+    return buf == XBUF_SRC ? (char *)b->src : (char *)b->dst;
+}
+
+/* A chunk landed in a device destination of this rank: in its host shadow (from the network,
+ * a copy inside the rank, or a peer's cross-memory write), which the device then gets; or in
+ * the device buffer itself (a peer's IPC write), which the shadow then gets only if the chunk
+ * is forwarded from there. */
+static reshard_status_t land(struct run *r, long k, uint32_t chunk, const struct xfer *xf)
+{
+    char *dev = dev_base(r, xf, 1);
+    if (!dev)
+        return RESHARD_OK;
+    const struct exec *x = r->x;
+    int to_host = via_ipc(r, xf);
+    if (to_host && (k < 0 || x->child_first[k] == x->child_first[k + 1]))
+        return RESHARD_OK;
+    char *host = (char *)r->bufs[xf->tensor].dst;
+    const struct cuda_fns *f = cuda_lib();
+    struct region rg;
+    struct region_iter it;
+    uint64_t off, len;
+    exec_chunk_region(x, xf, chunk, 1, &rg);
+    region_iter_init(&it, &rg);
+    while (region_iter_next(&it, &off, &len)) {
+        cu_deviceptr d = (cu_deviceptr)(uintptr_t)(dev + off);
+        cu_result e =
+            to_host ? f->memcpy_dtoh(host + off, d, len) : f->memcpy_htod(d, host + off, len);
+        if (e != CU_SUCCESS)
+            return cuda_error(to_host ? "copying a chunk to its host shadow (cuMemcpyDtoH)"
+                                      : "copying a landed chunk to the device (cuMemcpyHtoD)",
+                              e);
+    }
+    return RESHARD_OK;
+}
+
 /* A chunk reached this rank: release what waits for it. */
 static void arrived(struct run *r, long k, uint32_t chunk, const struct xfer *xf)
 {
     const struct exec *x = r->x;
+    reshard_status_t st = r->dev ? land(r, k, chunk, xf) : RESHARD_OK;
+    if (st != RESHARD_OK) {
+        fail(r, st);
+        return;
+    }
     if (k >= 0) {
         r->in_arrived[k]++;
         r->in_left--;
@@ -428,6 +509,85 @@ static reshard_status_t post_bundle_recv(struct run *r, uint32_t bi)
     return RESHARD_OK;
 }
 
+/* Tells the receiver of out[o] that the chunk is in its memory. */
+static reshard_status_t notify(struct run *r, uint32_t o, uint32_t chunk)
+{
+    struct exec *x = r->x;
+    struct chunk_req *c = &r->out_req[x->out_off[o] + chunk];
+    *c = (struct chunk_req){
+        .req.done = on_send, .run = r, .pos = o, .chunk = chunk, .slot = -1, .kind = REQ_SEND_CTRL};
+    struct tp_ctx *net = x->comm->net;
+    RS_CHECK(net->ops->send(net, x->xs.x[x->out[o]].dst,
+                            make_tag(TAG_CTRL, r->seq, x->out[o], chunk), NULL, 0, NULL, 1,
+                            &c->req));
+    r->posted++;
+    return RESHARD_OK;
+}
+
+/* A local transfer into a peer's device buffer: copies on the IPC stream and an event after
+ * them, which poll_ipc waits for before it tells the peer. Returns 0 when every event is in
+ * use (the chunk waits). */
+static int do_ipc(struct run *r, uint32_t o, uint32_t chunk)
+{
+    struct exec *x = r->x;
+    struct reshard_comm *comm = x->comm;
+    if (r->ipc_tail - r->ipc_head == CUDA_IPC_EVENTS)
+        return 0;
+    const struct xfer *xf = &x->xs.x[x->out[o]];
+    size_t slot = slot_of(x, xf->dst, xf->tensor);
+    reshard_status_t st = cuda_ipc_get(&comm->ipc);
+    if (st == RESHARD_OK && !r->peer_ipc[slot])
+        st = cuda_ipc_open(&x->maps, xf->dst, r->peer_exp[slot], &r->peer_ipc[slot]);
+    if (st != RESHARD_OK) {
+        fail(r, st);
+        return 1;
+    }
+    const struct cuda_fns *f = cuda_lib();
+    struct cuda_ipc *ipc = comm->ipc;
+    const char *src = dev_base(r, xf, 0);
+    if (!src) /* a host buffer: the driver copies from it as well */
+        src = my_base(r, xf, 0);
+    char *dst = r->peer_ipc[slot];
+    struct region a, b;
+    struct region_pair p;
+    uint64_t ao, bo, len;
+    exec_chunk_region(x, xf, chunk, 0, &a);
+    exec_chunk_region(x, xf, chunk, 1, &b);
+    region_pair_init(&p, &a, &b);
+    cu_result e = CU_SUCCESS;
+    while (e == CU_SUCCESS && region_pair_next(&p, &ao, &bo, &len))
+        e = f->memcpy_async((cu_deviceptr)(uintptr_t)(dst + bo),
+                            (cu_deviceptr)(uintptr_t)(src + ao), len, ipc->stream);
+    if (e == CU_SUCCESS)
+        e = f->event_record(ipc->ev[r->ipc_tail % CUDA_IPC_EVENTS], ipc->stream);
+    if (e != CU_SUCCESS) {
+        fail(r, cuda_error("a CUDA IPC copy to a local peer (cuMemcpyAsync)", e));
+        return 1;
+    }
+    r->ipc_q[r->ipc_tail++ % CUDA_IPC_EVENTS] = (struct ipc_copy){o, chunk};
+    comm->local_out += region_bytes(&a);
+    comm->ipc_out += region_bytes(&a);
+    return 1;
+}
+
+/* Tells the peers about the IPC copies that have completed, in stream order. */
+static void poll_ipc(struct run *r)
+{
+    while (r->ipc_head < r->ipc_tail && r->st == RESHARD_OK) {
+        struct cuda_ipc *ipc = r->x->comm->ipc;
+        cu_result e = cuda_lib()->event_query(ipc->ev[r->ipc_head % CUDA_IPC_EVENTS]);
+        if (e == CU_ERROR_NOT_READY)
+            return;
+        struct ipc_copy c = r->ipc_q[r->ipc_head++ % CUDA_IPC_EVENTS];
+        reshard_status_t st = e == CU_SUCCESS
+                                  ? notify(r, c.pos, c.chunk)
+                                  : cuda_error("a CUDA IPC copy to a local peer (cuEventQuery)", e);
+        if (st != RESHARD_OK)
+            fail(r, st);
+        r->last_event_ms = now_ms();
+    }
+}
+
 /* A local transfer: write the chunk into the peer's memory, then tell it. */
 static reshard_status_t do_local(struct run *r, uint32_t o, uint32_t chunk)
 {
@@ -455,14 +615,7 @@ static reshard_status_t do_local(struct run *r, uint32_t o, uint32_t chunk)
     if (n)
         RS_CHECK(cma_write(x->comm->pid[xf->dst], xf->dst, l, rm, n));
     x->comm->local_out += region_bytes(&a);
-    struct chunk_req *c = &r->out_req[x->out_off[o] + chunk];
-    *c = (struct chunk_req){
-        .req.done = on_send, .run = r, .pos = o, .chunk = chunk, .slot = -1, .kind = REQ_SEND_CTRL};
-    struct tp_ctx *net = x->comm->net;
-    RS_CHECK(net->ops->send(net, xf->dst, make_tag(TAG_CTRL, r->seq, x->out[o], chunk), NULL, 0,
-                            NULL, 1, &c->req));
-    r->posted++;
-    return RESHARD_OK;
+    return notify(r, o, chunk);
 }
 
 static void do_self(struct run *r, uint32_t o, uint32_t chunk)
@@ -592,8 +745,14 @@ static void drain_ready(struct run *r)
     drain_net(r);
     for (struct queue *q = &r->local_q; q->head < q->tail && r->st == RESHARD_OK; q->head++) {
         struct ready w = q->q[q->head];
-        if (x->xs.x[x->out[w.pos]].path == XFER_SELF) {
+        const struct xfer *xf = &x->xs.x[x->out[w.pos]];
+        if (xf->path == XFER_SELF) {
             do_self(r, w.pos, w.chunk);
+            continue;
+        }
+        if (via_ipc(r, xf)) {
+            if (!do_ipc(r, w.pos, w.chunk))
+                break; /* this one and what follows wait for an event */
             continue;
         }
         reshard_status_t st = do_local(r, w.pos, w.chunk);
@@ -612,6 +771,9 @@ struct hello {
     int32_t status; /* RESHARD_OK, or why this rank cannot run */
     int32_t tensor, side;
     uint64_t need, have;
+    int32_t cuda;     /* this rank has device buffers: it writes local peers through IPC */
+    uint32_t nexp;    /* device destinations it exports for local peers to write */
+    uint64_t exp_sum; /* their checksum: unchanged ones are not gathered again */
 };
 
 static size_t hello_bytes(const struct exec *x)
@@ -693,6 +855,115 @@ static reshard_status_t refuse(const struct exec *x, int rank, const struct hell
                     rs_status_string((reshard_status_t)h->status));
 }
 
+/* This rank's exports (x->my_exp, *n of them): its device destinations that local peers write,
+ * when CUDA IPC is on. An export is made again only when its buffer or allocation changed. */
+static reshard_status_t make_exports(struct exec *x, const struct run *r, uint32_t *n)
+{
+    *n = 0;
+    if (!r || !r->dev || !rs_param_int(RS_PARAM_CUDA_IPC))
+        return RESHARD_OK;
+    size_t nt = (size_t)x->plan->ntensors;
+    if (!x->exp_cache &&
+        (!(x->exp_cache = rs_calloc(nt, sizeof(*x->exp_cache), "CUDA IPC exports")) ||
+         !(x->my_exp = rs_calloc(nt, sizeof(*x->my_exp), "CUDA IPC exports")) ||
+         !(x->exp_key = rs_calloc(2 * nt, sizeof(uint64_t), "CUDA IPC exports"))))
+        return RESHARD_ERR_NO_MEMORY;
+    uint8_t *wanted = rs_calloc(nt, 1, "CUDA IPC exports");
+    if (!wanted)
+        return RESHARD_ERR_NO_MEMORY;
+    for (size_t k = 0; k < x->nin; k++) {
+        const struct xfer *xf = &x->xs.x[x->in[k]];
+        if (xf->path == XFER_LOCAL && xf->dst_buf == XBUF_DST)
+            wanted[xf->tensor] = 1;
+    }
+    reshard_status_t st = RESHARD_OK;
+    const struct cuda_fns *f = cuda_lib(); /* there: r->dev was staged with it */
+    for (size_t t = 0; t < nt && st == RESHARD_OK; t++) {
+        const reshard_buffers_t *b = &r->dev[t];
+        if (!wanted[t] || b->mem != RESHARD_MEM_CUDA || !b->dst || !b->dst_bytes)
+            continue;
+        uint64_t ptr = (uint64_t)(uintptr_t)b->dst, id = 0;
+        if (f->pointer_get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != CU_SUCCESS)
+            id = 0; /* unknown: export again every time */
+        if (!id || x->exp_key[2 * t] != ptr || x->exp_key[2 * t + 1] != id) {
+            x->exp_key[2 * t] = x->exp_key[2 * t + 1] = 0;
+            st = cuda_ipc_export(b->dst, (uint32_t)t, &x->exp_cache[t]);
+            if (st == RESHARD_OK && id) {
+                x->exp_key[2 * t] = ptr;
+                x->exp_key[2 * t + 1] = id;
+            }
+        }
+        x->my_exp[(*n)++] = x->exp_cache[t];
+    }
+    free(wanted);
+    return st;
+}
+
+static uint64_t checksum(const void *p, size_t n)
+{
+    uint64_t h = UINT64_C(14695981039346656037);
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ ((const unsigned char *)p)[i]) * UINT64_C(1099511628211);
+    return h;
+}
+
+/* After a good verdict: every rank's exports, gathered again only when some rank's changed,
+ * and what the run makes of them. A failure here breaks the communicator (the bootstrap may
+ * be half-way through a collective). */
+static reshard_status_t gather_exports(struct exec *x, struct run *r, const char *all, size_t hb,
+                                       uint32_t mine)
+{
+    struct reshard_comm *c = x->comm;
+    uint32_t max = 0;
+    int same = x->exp_n != NULL;
+    for (int q = 0; q < c->size; q++) {
+        const struct hello *h = (const struct hello *)(all + (size_t)q * hb);
+        if (h->nexp > max)
+            max = h->nexp;
+        same = same && x->exp_n[q] == h->nexp && x->exp_sum[q] == h->exp_sum;
+        if (r && r->peer_cuda)
+            r->peer_cuda[q] = (uint8_t)(h->cuda != 0);
+    }
+    if (!max) /* nobody exports */
+        return RESHARD_OK;
+    if (!same) {
+        size_t bytes = max * sizeof(struct cuda_ipc_export);
+        struct cuda_ipc_export *e = rs_calloc((size_t)c->size, bytes, "CUDA IPC exports");
+        if (!x->exp_n)
+            x->exp_n = rs_calloc((size_t)c->size, sizeof(uint32_t), "CUDA IPC exports");
+        if (!x->exp_sum)
+            x->exp_sum = rs_calloc((size_t)c->size, sizeof(uint64_t), "CUDA IPC exports");
+        if (!e || !x->exp_n || !x->exp_sum) {
+            free(e);
+            boot_abort(c->boot, RESHARD_ERR_NO_MEMORY, "out of memory gathering CUDA IPC exports");
+            return RESHARD_ERR_NO_MEMORY;
+        }
+        memcpy(e + (size_t)c->rank * max, x->my_exp, mine * sizeof(*e));
+        reshard_status_t st = comm_allgather(c, e, bytes);
+        if (st != RESHARD_OK) {
+            free(e);
+            return st;
+        }
+        free(x->exports);
+        x->exports = e;
+        x->exp_max = max;
+        for (int q = 0; q < c->size; q++) {
+            const struct hello *h = (const struct hello *)(all + (size_t)q * hb);
+            x->exp_n[q] = h->nexp;
+            x->exp_sum[q] = h->exp_sum;
+            if (x->maps.nopen && q != c->rank) /* buffers a peer no longer exports: unmapped */
+                cuda_ipc_prune(&x->maps, q, x->exports + (size_t)q * max, h->nexp);
+        }
+    }
+    for (int q = 0; r && r->peer_exp && q < c->size; q++)
+        for (uint32_t i = 0; i < x->exp_n[q]; i++) {
+            const struct cuda_ipc_export *e = x->exports + (size_t)q * x->exp_max + i;
+            if (e->tensor < (uint32_t)x->plan->ntensors)
+                r->peer_exp[slot_of(x, q, e->tensor)] = e;
+        }
+    return RESHARD_OK;
+}
+
 /* Every rank joins, even one that already failed locally (local != OK), so that all reach the
  * same verdict instead of waiting for it. On success peer_dst / peer_tmp are filled. */
 static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, uint32_t seq,
@@ -705,7 +976,15 @@ static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, 
         local = RESHARD_ERR_NO_MEMORY; /* still join, with a zero-sized view of our own */
     char mine[sizeof(struct hello)];
     struct hello *me = all ? (struct hello *)(all + (size_t)c->rank * hb) : (struct hello *)mine;
-    *me = (struct hello){.hash = x->plan->hash, .seq = seq, .status = local};
+    uint32_t nexp = 0;
+    if (local == RESHARD_OK)
+        local = make_exports(x, r, &nexp);
+    *me = (struct hello){.hash = x->plan->hash,
+                         .seq = seq,
+                         .status = local,
+                         .cuda = r && r->dev,
+                         .nexp = nexp,
+                         .exp_sum = nexp ? checksum(x->my_exp, nexp * sizeof(*x->my_exp)) : 0};
     if (local == RESHARD_ERR_UNAVAILABLE) /* only staging fails so before the exchange */
         me->side = SIDE_STAGING;
     if (local == RESHARD_OK)
@@ -742,6 +1021,10 @@ static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, 
                           q, (unsigned long long)h->hash, h->seq, (unsigned long long)x->plan->hash,
                           seq);
     }
+    if (st == RESHARD_OK && (st = gather_exports(x, r, all, hb, nexp)) != RESHARD_OK) {
+        c->broken = st;
+        snprintf(c->broken_why, sizeof(c->broken_why), "%s", rs_error_message());
+    }
     for (int q = 0; r && st == RESHARD_OK && q < c->size; q++) {
         const uint64_t *a = (const uint64_t *)((const struct hello *)(all + (size_t)q * hb) + 1);
         for (int t = 0; t < x->plan->ntensors; t++) {
@@ -764,6 +1047,9 @@ static void run_free(struct run *r)
         free(r->in_req[i].iov);
     free(r->peer_dst);
     free(r->peer_tmp);
+    free(r->peer_exp);
+    free(r->peer_ipc);
+    free(r->peer_cuda);
     free(r->in_req);
     free(r->out_req);
     free(r->in_arrived);
@@ -805,8 +1091,8 @@ static reshard_status_t alloc_tmp(struct exec *x)
     return RESHARD_OK;
 }
 
-static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs, uint32_t seq,
-                                   struct run **out)
+static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs,
+                                   const reshard_buffers_t *dev, uint32_t seq, struct run **out)
 {
     struct run *r = rs_calloc(1, sizeof(*r), "execution");
     if (!r)
@@ -818,6 +1104,12 @@ static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs
     size_t slots = (size_t)x->comm->size * (size_t)x->plan->ntensors;
     r->peer_dst = rs_calloc(slots, sizeof(char *), "peer buffers");
     r->peer_tmp = rs_calloc(slots, sizeof(char *), "peer buffers");
+    if (dev) {
+        r->dev = dev;
+        r->peer_exp = rs_calloc(slots, sizeof(*r->peer_exp), "peer buffers");
+        r->peer_ipc = rs_calloc(slots, sizeof(char *), "peer buffers");
+        r->peer_cuda = rs_calloc((size_t)x->comm->size, 1, "peer buffers");
+    }
     r->nin_req = x->in_off[x->nin];
     r->in_req = rs_calloc(r->nin_req + 1, sizeof(*r->in_req), "receives");
     r->out_req = rs_calloc(x->out_off[x->nout] + 1, sizeof(*r->out_req), "sends");
@@ -827,8 +1119,9 @@ static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs
     r->peer_inflight = rs_calloc((size_t)x->comm->size, sizeof(int), "sends in flight");
     r->ack_in = rs_calloc((size_t)x->nsend_peers + 1, sizeof(*r->ack_in), "acknowledgements");
     r->ack_out = rs_calloc((size_t)x->nrecv_peers + 1, sizeof(*r->ack_out), "acknowledgements");
-    if (!r->peer_dst || !r->peer_tmp || !r->in_req || !r->out_req || !r->in_arrived ||
-        !r->tmp_left || !r->dst_left || !r->peer_inflight || !r->ack_in || !r->ack_out) {
+    if (!r->peer_dst || !r->peer_tmp || (dev && (!r->peer_exp || !r->peer_ipc || !r->peer_cuda)) ||
+        !r->in_req || !r->out_req || !r->in_arrived || !r->tmp_left || !r->dst_left ||
+        !r->peer_inflight || !r->ack_in || !r->ack_out) {
         run_free(r);
         return RESHARD_ERR_NO_MEMORY;
     }
@@ -908,7 +1201,9 @@ static void describe_wait(const struct run *r, char *buf, size_t n)
                          shown++ ? ", " : "", x->send_peers[i]);
         used += w > 0 ? (size_t)w : 0;
     }
-    if (!shown)
+    if (!shown && r->ipc_tail > r->ipc_head)
+        snprintf(buf, n, "%zu CUDA IPC copies to complete", r->ipc_tail - r->ipc_head);
+    else if (!shown)
         snprintf(buf, n, "%zu send(s) to complete", r->out_left);
 }
 
@@ -935,6 +1230,7 @@ static reshard_status_t wait_done(struct run *r)
                 return fail(r, st);
             next_check = now_ms() + BOOT_CHECK_MS;
         }
+        poll_ipc(r);
         drain_ready(r);
         if (!r->in_left && !r->acked) {
             reshard_status_t st = send_acks(r);
@@ -962,9 +1258,10 @@ static reshard_status_t wait_done(struct run *r)
                                     "rank %d: no progress for %d s, still waiting for %s",
                                     x->comm->rank, timeout / 1000, what));
         }
-        if (r->inflight > 0) {
+        if (r->inflight > 0 || r->ipc_tail > r->ipc_head) {
             /* Our own sends need our progress to leave (UCX over TCP does not always signal
-             * a socket that drained): poll, but let other ranks on this core run. */
+             * a socket that drained), and copies on the GPU signal nothing: poll, but let
+             * other ranks on this core run. */
             sched_yield();
             continue;
         }
@@ -990,6 +1287,10 @@ static void drain_failed(struct run *r)
     for (int i = 0; i < x->nsend_peers; i++)
         if (r->ack_in[i].req.handle)
             net->ops->cancel(net, &r->ack_in[i].req);
+    if (r->ipc_tail > r->ipc_head) { /* nothing keeps writing into a peer once we return */
+        (void)cuda_lib()->stream_synchronize(x->comm->ipc->stream);
+        r->ipc_head = r->ipc_tail;
+    }
     int64_t until = now_ms() + DRAIN_MS;
     while (r->posted > 0 && now_ms() < until)
         if (!net->ops->progress(net))
@@ -997,8 +1298,8 @@ static void drain_failed(struct run *r)
 }
 
 /* Everything this rank prepares before the others hear from it. */
-static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs, uint32_t seq,
-                                struct run **r)
+static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs,
+                                const reshard_buffers_t *dev, uint32_t seq, struct run **r)
 {
     RS_CHECK(staging_init(x));
     for (int t = 0; t < x->plan->ntensors; t++) {
@@ -1006,7 +1307,7 @@ static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs, u
         RS_CHECK(reg_buffer(x, 2 * t + 1, bufs[t].dst, bufs[t].dst_bytes));
     }
     RS_CHECK(alloc_tmp(x));
-    return run_create(x, bufs, seq, r);
+    return run_create(x, bufs, dev, seq, r);
 }
 
 /* A network failure here may be the echo of another rank's (its connections closed as it
@@ -1073,13 +1374,15 @@ static void record_completed(struct exec *x)
 }
 
 /* pre: a failure found before (staging device buffers): this rank still joins the exchange
- * with it, so every rank reaches the same verdict. */
-static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs, reshard_status_t pre)
+ * with it, so every rank reaches the same verdict. dev: the caller's buffers when bufs are
+ * their host shadows, else NULL. */
+static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs,
+                                const reshard_buffers_t *dev, reshard_status_t pre)
 {
     struct reshard_comm *c = x->comm;
     uint32_t seq = c->seq++; /* every rank counts every execution, failed or not */
     struct run *r = NULL;
-    reshard_status_t local = pre != RESHARD_OK ? pre : prepare(x, bufs, seq, &r);
+    reshard_status_t local = pre != RESHARD_OK ? pre : prepare(x, bufs, dev, seq, &r);
     char why[RS_ERROR_MAX];
     snprintf(why, sizeof(why), "%s", rs_error_message());
     reshard_status_t st = exchange(x, bufs, seq, local, r, 0);
@@ -1115,8 +1418,9 @@ static int any_device(const struct exec *x, const reshard_buffers_t *bufs)
     return 0;
 }
 
-/* host[] is bufs with every device buffer replaced by a host copy of it (destinations too, so
- * that bytes outside the shard's view survive the copy back). */
+/* host[] is bufs with every device buffer replaced by a host shadow of it, kept across runs
+ * (pinned when the driver allows). Sources are copied in; destinations get each chunk back as
+ * it lands (land), so bytes outside the shard's view are never touched. */
 static reshard_status_t stage_in(struct exec *x, const reshard_buffers_t *bufs,
                                  reshard_buffers_t *host)
 {
@@ -1145,15 +1449,16 @@ static reshard_status_t stage_in(struct exec *x, const reshard_buffers_t *bufs,
             if (!dev || !n)
                 continue;
             if (x->shadow_cap[i] < n) {
-                free(x->shadow[i]);
+                cuda_host_free(x->shadow[i]);
                 x->shadow_cap[i] = 0;
-                if (!(x->shadow[i] = malloc(n)))
+                if (!(x->shadow[i] = cuda_host_alloc(n)))
                     return rs_error(RESHARD_ERR_NO_MEMORY, "no memory to stage %zu bytes", n);
                 x->shadow_cap[i] = n;
             }
-            cu_result r = f->memcpy_dtoh(x->shadow[i], (cu_deviceptr)(uintptr_t)dev, n);
+            cu_result r =
+                side ? CU_SUCCESS : f->memcpy_dtoh(x->shadow[i], (cu_deviceptr)(uintptr_t)dev, n);
             if (r != CU_SUCCESS)
-                return cuda_error("staging a device buffer (cuMemcpyDtoH)", r);
+                return cuda_error("staging a device source (cuMemcpyDtoH)", r);
             if (side)
                 host[t].dst = x->shadow[i];
             else
@@ -1163,41 +1468,27 @@ static reshard_status_t stage_in(struct exec *x, const reshard_buffers_t *bufs,
     return RESHARD_OK;
 }
 
-/* Copies the destinations' host copies back to the device. */
-static reshard_status_t stage_out(struct exec *x, const reshard_buffers_t *bufs)
-{
-    const struct cuda_fns *f = cuda_lib();
-    for (int t = 0; t < x->plan->ntensors; t++) {
-        if (bufs[t].mem != RESHARD_MEM_CUDA || !bufs[t].dst || !bufs[t].dst_bytes)
-            continue;
-        cu_result r = f->memcpy_htod((cu_deviceptr)(uintptr_t)bufs[t].dst, x->shadow[2 * t + 1],
-                                     bufs[t].dst_bytes);
-        if (r != CU_SUCCESS)
-            return cuda_error("returning a staged destination (cuMemcpyHtoD)", r);
-    }
-    return RESHARD_OK;
-}
-
-/* The native executor on device buffers: first the shared path through host memory (CUDA
- * IPC and GPUDirect are to replace it). What landed is copied back even after a failure,
- * so that the tensors reshard_plan_outcome calls complete hold their new values. */
+/* The native executor on device buffers. Every chunk is on the device once it has landed, so
+ * after a failure the tensors reshard_plan_outcome calls complete hold their new values. */
 static reshard_status_t run_staged(struct exec *x, const reshard_buffers_t *bufs)
 {
     int nt = x->plan->ntensors;
     reshard_buffers_t *host = rs_calloc((size_t)nt, sizeof(*host), "staging");
     reshard_status_t pre = host ? stage_in(x, bufs, host) : RESHARD_ERR_NO_MEMORY;
-    if (!x->staged_before++)
-        rs_log(RS_LOG_INFO, "rank %d: device buffers staged through host memory", x->comm->rank);
-    reshard_status_t st = run_all(x, pre == RESHARD_OK ? host : bufs, pre);
-    if (pre == RESHARD_OK) {
-        char why[RS_ERROR_MAX];
-        snprintf(why, sizeof(why), "%s", rs_error_message());
-        reshard_status_t back = stage_out(x, bufs);
-        if (st == RESHARD_OK)
-            st = back;
-        else
-            rs_error(st, "%s", why); /* the refit's own failure is the one to report */
+    if (!x->staged_before++ && pre == RESHARD_OK) {
+        const char *kind = "pageable";
+        for (int i = 0; i < 2 * nt; i++)
+            if (x->shadow[i])
+                kind = cuda_mem_kind_name(cuda_mem_kind(x->shadow[i]));
+        rs_log(RS_LOG_INFO,
+               "rank %d: device buffers: network and in-rank copies staged through %s memory; "
+               "local peers %s",
+               x->comm->rank, kind,
+               rs_param_int(RS_PARAM_CUDA_IPC) ? "write device destinations through CUDA IPC"
+                                               : "staged too (RESHARD_CUDA_IPC=0)");
     }
+    reshard_status_t st =
+        run_all(x, pre == RESHARD_OK ? host : bufs, pre == RESHARD_OK ? bufs : NULL, pre);
     free(host);
     return st;
 }
@@ -1282,7 +1573,7 @@ reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs, int on_
     if (st == RESHARD_OK && on_nccl)
         st = nccl_run(x, bufs, on_stream, stream);
     else if (st == RESHARD_OK && (st = wait_stream(on_stream, stream)) == RESHARD_OK)
-        st = any_device(x, bufs) ? run_staged(x, bufs) : run_all(x, bufs, RESHARD_OK);
+        st = any_device(x, bufs) ? run_staged(x, bufs) : run_all(x, bufs, NULL, RESHARD_OK);
     else
         record_outcome(x, NULL); /* nothing moved this time */
     atomic_store(&c->busy, 0);

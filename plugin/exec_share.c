@@ -5,6 +5,7 @@
  */
 #include "exec_int.h"
 
+#include "cuda_lib.h"
 #include "error.h"
 #include "param.h"
 
@@ -430,6 +431,15 @@ static void free_tmp(void *p)
     free(tmp);
 }
 
+/* Host copies of device buffers: pinned when the driver gave pinned memory. */
+static void free_shadows(void *p)
+{
+    char **shadow = p;
+    for (int i = 0; shadow[i]; i++)
+        cuda_host_free(shadow[i]);
+    free(shadow);
+}
+
 void exec_destroy(struct exec *x)
 {
     if (!x)
@@ -463,11 +473,19 @@ void exec_destroy(struct exec *x)
                 x->shadow[n++] = x->shadow[i];
         x->shadow[n] = NULL;
         if (!broken)
-            free_tmp(x->shadow);
+            free_shadows(x->shadow);
         else
-            (void)comm_keep(c, free_tmp, x->shadow);
+            (void)comm_keep(c, free_shadows, x->shadow);
     }
     free(x->shadow_cap);
+    free(x->exp_cache);
+    free(x->my_exp);
+    free(x->exports);
+    free(x->exp_key);
+    free(x->exp_n);
+    free(x->exp_sum);
+    if (x->maps.nopen) /* no copy of this plan's is in flight: runs end after theirs */
+        cuda_ipc_close_all(&x->maps);
     free(x->reg);
     free(x->out);
     free(x->in);

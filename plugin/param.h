@@ -54,7 +54,9 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
       "RC queue pairs per peer; large writes are striped across them (at most 8)")                 \
     X(EXECUTOR, RS_PARAM_STR, "native", 0,                                                         \
       "native (reshard's transports), or nccl: grouped ncclSend/ncclRecv on the communicator "     \
-      "given to reshard_comm_init_nccl")
+      "given to reshard_comm_init_nccl")                                                           \
+    X(CUDA_IPC, RS_PARAM_INT, "1", 0,                                                              \
+      "1: local peers write device destinations through CUDA IPC; 0: through host staging")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

@@ -357,6 +357,7 @@ typedef struct reshard_comm_counters {
     uint64_t self;                /* copied inside this rank */
     uint64_t ctrl_msgs;           /* control messages sent */
     uint64_t net_msgs;            /* data messages sent to other domains (packed ones count once) */
+    uint64_t ipc_out;             /* of local_out: written into peers' device memory (CUDA IPC) */
 } reshard_comm_counters_t;
 
 RESHARD_API reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,

@@ -3,9 +3,11 @@
 #
 # gpu-check.sh: everything that needs a GPU, in one command (a few minutes on one GPU):
 # builds, runs the GPU unit tests (driver, pack/unpack kernels against the host), the kernels'
-# bandwidth against cuMemcpyDtoD on 256 MiB boxes (pack_bench), a refit through real NCCL
-# (RESHARD_EXECUTOR=nccl), the DTensor mapping check and the torch tests, and prints a table. Steps whose prerequisites
-# are missing (no torch, no libnccl) say SKIP and why; any FAIL makes the exit status 1.
+# bandwidth against cuMemcpyDtoD on 256 MiB boxes (pack_bench), 4 processes on the GPU
+# refitting device buffers with the fan-out through CUDA IPC and then through host staging
+# (RESHARD_CUDA_IPC=0), a refit through real NCCL (RESHARD_EXECUTOR=nccl), the DTensor mapping
+# check and the torch tests, and prints a table. Steps whose prerequisites are missing (no
+# torch, no libnccl) say SKIP and why; any FAIL makes the exit status 1.
 #
 #   scripts/gpu-check.sh            BUILD=build, NCCL_MIB=256
 set -uo pipefail
@@ -73,6 +75,10 @@ device_refit() {
     "$BUILD/test/perf/device_refit" 256
 }
 
+device_refit_staged() {
+    RESHARD_CUDA_IPC=0 "$BUILD/test/perf/device_refit" 256
+}
+
 nccl() {
     [ -e "$CUDA/lib64/libnccl.so.2" ] || ldconfig -p | grep -q libnccl.so.2 ||
         { echo "no libnccl.so.2"; return 77; }
@@ -92,7 +98,8 @@ step device device
 step build build
 step gpu-unit gpu_unit
 step pack pack
-step refit-4proc device_refit
+step refit-ipc device_refit
+step refit-staged device_refit_staged
 step nccl nccl
 step dtensor dtensor
 step python python_tests

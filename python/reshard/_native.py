@@ -106,7 +106,9 @@ class PlanStats(ctypes.Structure):
 class Counters(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_uint64)
-        for name in ("net_out", "net_in", "local_out", "local_in", "self", "ctrl_msgs", "net_msgs")
+        for name in (
+            "net_out", "net_in", "local_out", "local_in", "self", "ctrl_msgs", "net_msgs", "ipc_out"
+        )
     ]
 
 

@@ -1,13 +1,83 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* libcuda.so.1's calls that reshard makes, for one pretend device whose memory is the host's
- * (pointer queries fail, so every pointer reads as host memory). */
+ * (pointer queries fail, so every pointer reads as host memory). Device allocations are shared
+ * memory (memfd), so that an IPC handle, naming the allocating process and its descriptor, can
+ * be opened by another process through /proc/PID/fd. Events complete on their second query, so
+ * that callers meet "not ready". FAKE_CUDA_FAIL=symbol[:N] makes that call fail (with error
+ * 999) from its Nth call on (default: the first). */
+#define _GNU_SOURCE
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define API __attribute__((visibility("default")))
 
+#define FAKE_ERROR         999 /* CUDA_ERROR_UNKNOWN */
+#define FAKE_NOT_READY     600
+#define FAKE_INVALID_VALUE 1
+
 static int context;
+
+static int fails(const char *symbol)
+{
+    const char *f = getenv("FAKE_CUDA_FAIL");
+    size_t n = strlen(symbol);
+    if (!f || strncmp(f, symbol, n) || (f[n] && f[n] != ':'))
+        return 0;
+    static int calls; /* one failing symbol per process */
+    return ++calls >= (f[n] == ':' ? atoi(f + n + 1) : 1);
+}
+
+/* Device allocations and mappings of other processes' ones. */
+struct fake_alloc {
+    char *base;
+    size_t bytes;
+    int fd;     /* ours, -1 for a mapping of another process's */
+    int in_use; /* a slot may be reused once freed */
+};
+static struct fake_alloc allocs[4096];
+
+static struct fake_alloc *find(uint64_t p)
+{
+    for (int i = 0; i < 4096; i++) {
+        struct fake_alloc *a = &allocs[i];
+        if (a->in_use && (uint64_t)(uintptr_t)a->base <= p &&
+            p < (uint64_t)(uintptr_t)a->base + a->bytes)
+            return a;
+    }
+    return NULL;
+}
+
+static struct fake_alloc *slot(void)
+{
+    for (int i = 0; i < 4096; i++)
+        if (!allocs[i].in_use)
+            return &allocs[i];
+    return NULL;
+}
+
+/* For tests: mappings of other processes' allocations opened and closed so far. */
+static int ipc_opens, ipc_closes;
+
+API int fake_cuda_ipc_opens(void)
+{
+    return ipc_opens;
+}
+
+API int fake_cuda_ipc_closes(void)
+{
+    return ipc_closes;
+}
+
+struct fake_handle {
+    char magic[8];
+    int32_t pid, fd;
+    uint64_t bytes;
+};
 
 API int cuInit(unsigned flags)
 {
@@ -59,25 +129,178 @@ API int cuPointerGetAttribute(void *data, int attr, uint64_t ptr)
 
 API int cuMemAlloc_v2(uint64_t *p, size_t n)
 {
-    void *m = malloc(n ? n : 1);
+    struct fake_alloc *a = slot();
+    int fd = a ? memfd_create("fake-cuda", MFD_CLOEXEC) : -1;
+    if (fd < 0 || ftruncate(fd, (off_t)(n ? n : 1))) {
+        if (fd >= 0)
+            close(fd);
+        return 2;
+    }
+    void *m = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return 2;
+    }
+    *a = (struct fake_alloc){m, n ? n : 1, fd, 1};
     *p = (uint64_t)(uintptr_t)m;
-    return m ? 0 : 2;
+    return 0;
 }
 
 API int cuMemFree_v2(uint64_t p)
 {
-    free((void *)(uintptr_t)p);
+    struct fake_alloc *a = find(p);
+    if (!a || a->fd < 0 || (uint64_t)(uintptr_t)a->base != p)
+        return FAKE_INVALID_VALUE;
+    munmap(a->base, a->bytes);
+    close(a->fd);
+    a->in_use = 0;
+    return 0;
+}
+
+API int cuMemGetAddressRange_v2(uint64_t *base, size_t *bytes, uint64_t p)
+{
+    struct fake_alloc *a = find(p);
+    if (!a || fails("cuMemGetAddressRange_v2"))
+        return a ? FAKE_ERROR : FAKE_INVALID_VALUE;
+    *base = (uint64_t)(uintptr_t)a->base;
+    *bytes = a->bytes;
+    return 0;
+}
+
+API int cuIpcGetMemHandle(struct fake_handle *h, uint64_t p)
+{
+    struct fake_alloc *a = find(p);
+    if (!a || a->fd < 0 || (uint64_t)(uintptr_t)a->base != p)
+        return FAKE_INVALID_VALUE;
+    memset(h, 0, 64);
+    memcpy(h->magic, "fakeipc", 8);
+    h->pid = (int32_t)getpid();
+    h->fd = a->fd;
+    h->bytes = a->bytes;
+    return 0;
+}
+
+/* The handle by value, as the driver takes it. */
+struct fake_handle_bytes {
+    char b[64];
+};
+
+API int cuIpcOpenMemHandle_v2(uint64_t *p, struct fake_handle_bytes hb, unsigned flags)
+{
+    (void)flags;
+    struct fake_handle h;
+    memcpy(&h, hb.b, sizeof(h));
+    if (memcmp(h.magic, "fakeipc", 8))
+        return 400; /* CUDA_ERROR_INVALID_HANDLE */
+    if (h.pid == getpid())
+        return 201; /* CUDA_ERROR_INVALID_CONTEXT: a process cannot open its own */
+    if (fails("cuIpcOpenMemHandle_v2"))
+        return FAKE_ERROR;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", h.pid, h.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    struct fake_alloc *a = slot();
+    void *m =
+        fd >= 0 && a ? mmap(NULL, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (fd >= 0)
+        close(fd);
+    if (m == MAP_FAILED)
+        return 205; /* CUDA_ERROR_MAP_FAILED */
+    *a = (struct fake_alloc){m, h.bytes, -1, 1};
+    *p = (uint64_t)(uintptr_t)m;
+    ipc_opens++;
+    return 0;
+}
+
+API int cuIpcCloseMemHandle(uint64_t p)
+{
+    struct fake_alloc *a = find(p);
+    if (!a || a->fd >= 0 || (uint64_t)(uintptr_t)a->base != p)
+        return FAKE_INVALID_VALUE;
+    munmap(a->base, a->bytes);
+    a->in_use = 0;
+    ipc_closes++;
+    return 0;
+}
+
+API int cuMemAllocHost_v2(void **p, size_t n)
+{
+    *p = malloc(n ? n : 1);
+    return *p ? 0 : 2;
+}
+
+API int cuMemFreeHost(void *p)
+{
+    free(p);
+    return 0;
+}
+
+API int cuMemcpyAsync(uint64_t dst, uint64_t src, size_t n, void *stream)
+{
+    (void)stream;
+    if (fails("cuMemcpyAsync"))
+        return FAKE_ERROR;
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return 0;
+}
+
+static int stream_obj;
+
+API int cuStreamCreate(void **stream, unsigned flags)
+{
+    (void)flags;
+    *stream = &stream_obj;
+    return 0;
+}
+
+API int cuStreamDestroy_v2(void *stream)
+{
+    return stream == &stream_obj ? 0 : FAKE_INVALID_VALUE;
+}
+
+struct fake_event {
+    int queries; /* since the last record */
+};
+
+API int cuEventCreate(struct fake_event **ev, unsigned flags)
+{
+    (void)flags;
+    *ev = calloc(1, sizeof(**ev));
+    return *ev ? 0 : 2;
+}
+
+API int cuEventRecord(struct fake_event *ev, void *stream)
+{
+    (void)stream;
+    ev->queries = 0;
+    return 0;
+}
+
+API int cuEventQuery(struct fake_event *ev)
+{
+    if (fails("cuEventQuery"))
+        return FAKE_ERROR;
+    return ev->queries++ ? 0 : FAKE_NOT_READY;
+}
+
+API int cuEventDestroy_v2(struct fake_event *ev)
+{
+    free(ev);
     return 0;
 }
 
 API int cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t n)
 {
+    if (fails("cuMemcpyHtoD_v2"))
+        return FAKE_ERROR;
     memcpy((void *)(uintptr_t)dst, src, n);
     return 0;
 }
 
 API int cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t n)
 {
+    if (fails("cuMemcpyDtoH_v2"))
+        return FAKE_ERROR;
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return 0;
 }

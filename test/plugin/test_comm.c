@@ -6,6 +6,7 @@
 #include "error.h"
 #include "ranks.h"
 #include "reshard.h"
+#include "side.h"
 
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -16,89 +17,6 @@
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-static reshard_layout_t *parse(const char *spec)
-{
-    reshard_layout_t *l = NULL;
-    reshard_status_t st = reshard_layout_parse(spec, 0, &l);
-    if (st != RESHARD_OK) {
-        fprintf(stderr, "%s: %s\n", spec, reshard_last_error());
-        abort();
-    }
-    return l;
-}
-
-/* Every element is its global index (int32); destinations are checked element by element. */
-static int64_t shard_numel(const reshard_layout_t *l, int rank, int64_t *shape)
-{
-    int64_t numel = 0;
-    reshard_layout_shard_shape(l, rank, shape, &numel);
-    return numel;
-}
-
-static void fill(const reshard_layout_t *l, int rank, int32_t *buf)
-{
-    int64_t shape[8], n = shard_numel(l, rank, shape);
-    if (!n)
-        return;
-    int64_t rows[64], cols[64]; /* the tests below use 2-D tensors of at most 64 x 64 */
-    reshard_layout_shard_index(l, rank, 0, rows);
-    reshard_layout_shard_index(l, rank, 1, cols);
-    reshard_layout_info_t info;
-    reshard_layout_info(l, &info);
-    for (int64_t i = 0; i < shape[0]; i++)
-        for (int64_t j = 0; j < shape[1]; j++)
-            buf[i * shape[1] + j] = (int32_t)(rows[i] * info.shape[1] + cols[j]);
-}
-
-static int count_wrong(const reshard_layout_t *l, int rank, const int32_t *buf)
-{
-    int64_t shape[8], n = shard_numel(l, rank, shape);
-    if (!n)
-        return 0;
-    int32_t *want = calloc((size_t)n, sizeof(int32_t));
-    fill(l, rank, want);
-    int wrong = 0;
-    for (int64_t i = 0; i < n; i++)
-        wrong += buf[i] != want[i];
-    free(want);
-    return wrong;
-}
-
-/* One rank's side of a plan: layouts, the plan, buffers sized for its shards (the source
- * filled with the pattern). */
-struct side {
-    reshard_layout_t *src, *dst;
-    reshard_plan_t *plan;
-    int32_t *s, *d;
-    reshard_buffers_t b;
-};
-
-static reshard_status_t side_open(struct side *x, reshard_comm_t *comm, int rank, const char *src,
-                                  const char *dst)
-{
-    memset(x, 0, sizeof(*x));
-    x->src = parse(src);
-    x->dst = parse(dst);
-    reshard_tensor_t t = {"w", x->src, x->dst};
-    reshard_layout_shard_bytes(x->src, rank, &x->b.src_bytes);
-    reshard_layout_shard_bytes(x->dst, rank, &x->b.dst_bytes);
-    x->s = calloc(1, x->b.src_bytes + 1);
-    x->d = calloc(1, x->b.dst_bytes + 1);
-    fill(x->src, rank, x->s);
-    x->b.src = x->b.src_bytes ? x->s : NULL;
-    x->b.dst = x->b.dst_bytes ? x->d : NULL;
-    return reshard_comm_plan_create(comm, &t, 1, NULL, &x->plan);
-}
-
-static void side_close(struct side *x)
-{
-    reshard_plan_destroy(x->plan);
-    free(x->s);
-    free(x->d);
-    reshard_layout_destroy(x->src);
-    reshard_layout_destroy(x->dst);
-}
 
 #define SRC "shape=48x40 dtype=i32 ranks=0-3 mesh=2x2 place=S(0),R"
 #define DST "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(1)"

@@ -36,7 +36,10 @@ Test(device_refit, four_processes_refit_device_buffers_on_the_stand_in, .timeout
                           "RESHARD_CUDA_LIB=%s/test/fake/libcuda.so.1 %s/test/perf/device_refit 4",
                           b, b);
     cr_assert_eq(rc, 0, "%s", out);
-    cr_assert(strstr(out, "4 MiB, device to device across 4 processes (staged through host "
-                          "memory): #wrong 0 on every rank"),
+    /* Ranks 0 and 1 hold the row halves, in domains {0,1} and {2,3}: every rank gets one half
+     * (2 MiB) from its domain peer through CUDA IPC (the stand-in maps the peer's shared
+     * memory); rank 2 and 3 get the other over the network. */
+    cr_assert(strstr(out, "4 MiB, device to device across 4 processes, 8.00 MiB per refit "
+                          "through CUDA IPC: #wrong 0 on every rank"),
               "%s", out);
 }

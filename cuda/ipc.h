@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * CUDA IPC for the local path: a rank exports the allocations holding its device destination
+ * buffers (cuIpcGetMemHandle on the allocation's base, with the buffer's offset in it), and
+ * the ranks writing into them open each handle once per plan (cuIpcOpenMemHandle) and keep it
+ * open across executions, per peer, until the peer stops exporting it for that plan or the
+ * plan goes (the driver counts a handle opened by several plans). Copies into peers run on
+ * one stream per communicator, each chunk's followed by an event the executor polls before it
+ * tells the receiver the chunk is there.
+ */
+#ifndef RS_CUDA_IPC_H
+#define RS_CUDA_IPC_H
+
+#include "cuda_lib.h"
+
+#include <stdint.h>
+
+#define CUDA_IPC_EVENTS 16 /* chunk copies in flight on the stream */
+
+/* What a rank publishes for one destination buffer (the same bytes on every host). */
+struct cuda_ipc_export {
+    uint32_t tensor;
+    uint32_t pad;
+    uint64_t offset; /* of the buffer in its allocation */
+    uint64_t bytes;  /* of the allocation */
+    cu_ipc_mem_handle handle;
+};
+
+/* A plan's mappings of its peers' allocations. */
+struct cuda_ipc_maps {
+    struct cuda_ipc_open {
+        int peer;
+        cu_ipc_mem_handle handle;
+        cu_deviceptr base;
+        uint64_t bytes;
+    } * open;
+    size_t nopen, cap;
+};
+
+/* A communicator's stream and events for the copies. */
+struct cuda_ipc {
+    cu_stream stream;
+    cu_event ev[CUDA_IPC_EVENTS];
+};
+
+/* The handle of the allocation holding dev, and dev's place in it. */
+reshard_status_t cuda_ipc_export(const void *dev, uint32_t tensor, struct cuda_ipc_export *e);
+
+/* The communicator's IPC state, made on first use (*ipc NULL before). */
+reshard_status_t cuda_ipc_get(struct cuda_ipc **ipc);
+/* Waits for the stream, frees ipc. */
+void cuda_ipc_free(struct cuda_ipc *ipc);
+
+/* Where e's buffer is mapped here (opened now, or earlier for the same allocation). */
+reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *m, int peer, const struct cuda_ipc_export *e,
+                               char **ptr);
+/* Closes the peer's mappings that are not among its exports now (n of them at e). */
+void cuda_ipc_prune(struct cuda_ipc_maps *m, int peer, const struct cuda_ipc_export *e, size_t n);
+/* Closes every mapping. */
+void cuda_ipc_close_all(struct cuda_ipc_maps *m);
+
+#endif

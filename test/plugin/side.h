@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* One rank's side of a 2-D int32 reshard in the communicator tests: every element is its
+ * global index, so destinations are checked element by element. */
+#ifndef RS_TEST_SIDE_H
+#define RS_TEST_SIDE_H
+
+#include "reshard.h"
+
+#include <stdint.h>
+
+/* The layout, or abort with the parser's message. */
+reshard_layout_t *parse(const char *spec);
+/* The rank's shard of the pattern (2-D tensors of at most 64 x 64). */
+void fill(const reshard_layout_t *l, int rank, int32_t *buf);
+int count_wrong(const reshard_layout_t *l, int rank, const int32_t *buf);
+
+/* One rank's side of a plan: layouts, the plan, buffers sized for its shards (the source
+ * filled with the pattern). */
+struct side {
+    reshard_layout_t *src, *dst;
+    reshard_plan_t *plan;
+    int32_t *s, *d;
+    reshard_buffers_t b;
+};
+
+reshard_status_t side_open(struct side *x, reshard_comm_t *comm, int rank, const char *src,
+                           const char *dst);
+void side_close(struct side *x);
+
+#endif

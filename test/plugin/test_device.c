@@ -1,0 +1,263 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Device buffers on the native executor, on the stand-in driver (test/fake/fake_cuda.c): its
+ * device memory is shared memory the host can read, and its IPC handles open another process's
+ * allocation through /proc/PID/fd, so CUDA IPC between forked ranks runs for real. Each rank
+ * allocates its buffers with cuMemAlloc; ranks {0,1} and {2,3} form two domains.
+ */
+#include "error.h"
+#include "ranks.h"
+#include "reshard.h"
+#include "side.h"
+
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Row quarters to column quarters: every rank sends a strided block to every other, one of
+ * them its domain peer. */
+#define ROWS "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(0)"
+#define COLS "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(1)"
+/* Row halves on ranks 0-1, wanted whole by all: each domain gets each half once over the
+ * network and forwards it inside. */
+#define HALVES "shape=48x40 dtype=i32 ranks=0-1 mesh=2 place=S(0)"
+#define WHOLE  "shape=48x40 dtype=i32 ranks=0-3 place=R"
+
+static void *fake(void)
+{
+    static char path[512];
+    const char *b = getenv("RESHARD_BUILD");
+    snprintf(path, sizeof(path), "%s/test/fake/libcuda.so.1", b && *b ? b : "build");
+    void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        fprintf(stderr, "%s: %s (build it first)\n", path, dlerror());
+        abort();
+    }
+    return h;
+}
+
+static int fake_count(const char *name)
+{
+    int (*f)(void) = (int (*)(void))dlsym(fake(), name);
+    return f ? f() : -1;
+}
+
+/* Moves a side's buffers to device memory (the stand-in's; the host can still read them). */
+static void *device_copy(const void *host, size_t n)
+{
+    int (*alloc)(uint64_t *, size_t) = (int (*)(uint64_t *, size_t))dlsym(fake(), "cuMemAlloc_v2");
+    uint64_t p = 0;
+    if (!n)
+        return NULL;
+    if (alloc(&p, n))
+        abort();
+    memcpy((void *)(uintptr_t)p, host, n);
+    return (void *)(uintptr_t)p;
+}
+
+static void on_device(struct side *x)
+{
+    x->b.src = device_copy(x->s, x->b.src_bytes);
+    x->b.dst = device_copy(x->d, x->b.dst_bytes);
+    x->b.mem = RESHARD_MEM_CUDA;
+}
+
+/* Runs the plan `iters` times into zeroed destinations and checks every element. */
+static reshard_status_t refit(struct side *x, int rank, int iters)
+{
+    reshard_status_t st = RESHARD_OK;
+    for (int it = 0; it < iters && st == RESHARD_OK; it++) {
+        if (x->b.dst)
+            memset(x->b.dst, 0, x->b.dst_bytes);
+        st = reshard_plan_execute(x->plan, &x->b);
+        if (st == RESHARD_OK && x->b.dst && count_wrong(x->dst, rank, x->b.dst))
+            st = rs_error(RESHARD_ERR_INTERNAL, "rank %d: wrong data", rank);
+    }
+    return st;
+}
+
+static reshard_status_t expect(int ok, const char *what, long long got)
+{
+    return ok ? RESHARD_OK : rs_error(RESHARD_ERR_INTERNAL, "%s (got %lld)", what, got);
+}
+
+static void set_env(void)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "2", 1);
+    setenv("RESHARD_TIMEOUT", "5", 1);
+    setenv("UCX_LOG_LEVEL", "error", 1);
+    char path[512];
+    const char *b = getenv("RESHARD_BUILD");
+    snprintf(path, sizeof(path), "%s/test/fake/libcuda.so.1", b && *b ? b : "build");
+    setenv("RESHARD_CUDA_LIB", path, 1);
+}
+
+TestSuite(device, .init = set_env, .timeout = 60);
+
+/* Both plans three times: the data lands, every local byte goes through IPC, and each rank
+ * opens its peer's allocation once per plan, not once per execution. A fourth execution
+ * into a new destination allocation maps it and closes the old mapping. */
+static reshard_status_t ipc_refits(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side a, b;
+    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    if (st == RESHARD_OK)
+        st = side_open(&b, comm, rank, HALVES, WHOLE);
+    if (st != RESHARD_OK)
+        return st;
+    on_device(&a);
+    on_device(&b);
+    st = refit(&a, rank, 3);
+    if (st == RESHARD_OK)
+        st = refit(&b, rank, 3);
+    reshard_comm_counters_t n;
+    reshard_comm_counters(comm, &n);
+    if (st == RESHARD_OK)
+        st = expect(n.ipc_out > 0 && n.ipc_out == n.local_out,
+                    "every local byte through CUDA IPC", (long long)n.ipc_out);
+    if (st == RESHARD_OK)
+        st = expect(fake_count("fake_cuda_ipc_opens") == 2,
+                    "one mapping per peer allocation", fake_count("fake_cuda_ipc_opens"));
+    if (st == RESHARD_OK) { /* a new destination allocation: peers map it, drop the old one */
+        b.b.dst = device_copy(b.d, b.b.dst_bytes);
+        st = refit(&b, rank, 1);
+    }
+    if (st == RESHARD_OK)
+        st = expect(fake_count("fake_cuda_ipc_opens") == 3 && fake_count("fake_cuda_ipc_closes") == 1,
+                    "the new allocation mapped, the old one closed",
+                    fake_count("fake_cuda_ipc_closes"));
+    side_close(&a);
+    side_close(&b);
+    return st;
+}
+
+Test(device, local_peers_write_device_destinations_through_cuda_ipc)
+{
+    struct outcome *o = run_ranks(4, ipc_refits);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+/* RESHARD_CUDA_IPC=0: the same refits through host staging and cross-memory writes. */
+static reshard_status_t staged_refits(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side a;
+    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    if (st != RESHARD_OK)
+        return st;
+    on_device(&a);
+    st = refit(&a, rank, 2);
+    reshard_comm_counters_t n;
+    reshard_comm_counters(comm, &n);
+    if (st == RESHARD_OK)
+        st = expect(n.ipc_out == 0 && n.local_out > 0, "local bytes, none through IPC",
+                    (long long)n.ipc_out);
+    if (st == RESHARD_OK)
+        st = expect(fake_count("fake_cuda_ipc_opens") == 0, "no mapping",
+                    fake_count("fake_cuda_ipc_opens"));
+    side_close(&a);
+    return st;
+}
+
+Test(device, without_cuda_ipc_local_peers_go_through_host_staging)
+{
+    setenv("RESHARD_CUDA_IPC", "0", 1);
+    struct outcome *o = run_ranks(4, staged_refits);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+/* Rank 1 keeps host buffers: it writes rank 0 by cross-memory writes into rank 0's staging,
+ * and rank 0 writes rank 1's host destination the same way; domain {2,3} uses IPC. */
+static reshard_status_t mixed_refits(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side a;
+    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    if (st != RESHARD_OK)
+        return st;
+    if (rank != 1)
+        on_device(&a);
+    st = refit(&a, rank, 2);
+    reshard_comm_counters_t n;
+    reshard_comm_counters(comm, &n);
+    if (st == RESHARD_OK)
+        st = expect(rank < 2 ? n.ipc_out == 0 : n.ipc_out == n.local_out && n.ipc_out > 0,
+                    "IPC only between device ranks", (long long)n.ipc_out);
+    side_close(&a);
+    return st;
+}
+
+Test(device, a_rank_with_host_buffers_meets_device_peers_through_host_memory)
+{
+    struct outcome *o = run_ranks(4, mixed_refits);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+/* ---- driver failures: a clear error on every rank, never a hang ---- */
+
+static reshard_status_t one_refit(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side a;
+    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    if (st != RESHARD_OK)
+        return st;
+    on_device(&a);
+    st = refit(&a, rank, 1);
+    side_close(&a);
+    return st;
+}
+
+static int failing_rank = -1;
+static const char *failing_call;
+
+static void fail_on_one_rank(int rank)
+{
+    if (rank == failing_rank || failing_rank < 0)
+        setenv("FAKE_CUDA_FAIL", failing_call, 1);
+}
+
+/* Runs one_refit with failing_call failing on failing_rank (-1: all); every rank must fail,
+ * the failing one (or all) with `mine` in its message. */
+static void check_failure(int rank, const char *call, const char *mine)
+{
+    failing_rank = rank;
+    failing_call = call;
+    rank_setup = fail_on_one_rank;
+    struct outcome *o = run_ranks(4, one_refit);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_neq(o[r].status, RESHARD_OK, "rank %d succeeded", r);
+        if (r == rank || rank < 0)
+            cr_assert(strstr(o[r].msg, mine), "rank %d: %s", r, o[r].msg);
+        else
+            cr_assert(strstr(o[r].msg, "rank"), "rank %d: %s", r, o[r].msg);
+    }
+}
+
+Test(device, a_handle_that_does_not_open_fails_every_rank_with_the_reason)
+{
+    check_failure(-1, "cuIpcOpenMemHandle_v2",
+                  "cuIpcOpenMemHandle of rank"); /* each writer names whose buffer */
+}
+
+Test(device, a_source_that_cannot_be_staged_fails_every_rank_before_bytes_move)
+{
+    check_failure(2, "cuMemcpyDtoH_v2", "staging a device source (cuMemcpyDtoH): fake error");
+}
+
+Test(device, a_chunk_that_cannot_reach_the_device_fails_the_refit)
+{
+    check_failure(2, "cuMemcpyHtoD_v2", "copying a landed chunk to the device (cuMemcpyHtoD)");
+}
+
+Test(device, a_failed_ipc_copy_fails_the_refit)
+{
+    check_failure(3, "cuEventQuery", "a CUDA IPC copy to a local peer (cuEventQuery)");
+}

@@ -127,9 +127,10 @@ $(NET_DRIVER): $(BUILD)/obj/test/plugin/net_driver.o
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< -ldl -lpthread $(LDFLAGS_ALL)
 
-$(BUILD)/test/fake/libcuda.so.1: test/fake/fake_cuda.c
+$(BUILD)/test/fake/libcuda.so.1: test/fake/fake_cuda.c cuda/pack_desc.h
 	@mkdir -p $(@D)
-	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g -fPIC -shared -fvisibility=hidden $(SAN) -o $@ $<
+	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g -fPIC -shared -fvisibility=hidden $(SAN) -Icuda \
+	    -o $@ $<
 
 $(BUILD)/test/fake/libnccl.so.2: test/fake/fake_nccl.c test/fake/fake_nccl.h
 	@mkdir -p $(@D)

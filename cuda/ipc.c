@@ -65,12 +65,14 @@ reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *ipc, int peer, const struct
         return RESHARD_ERR_NO_MEMORY;
     ipc->open = n;
     cu_deviceptr base = 0;
-    cu_result r = cuda_lib()->ipc_open_mem_handle(&base, e->handle,
-                                                  CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    cu_result r =
+        cuda_lib()->ipc_open_mem_handle(&base, e->handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     if (r != CU_SUCCESS) {
         char what[96];
-        snprintf(what, sizeof(what), "cuIpcOpenMemHandle of rank %d's buffer (RESHARD_CUDA_IPC=0 "
-                 "stages instead)", peer);
+        snprintf(what, sizeof(what),
+                 "cuIpcOpenMemHandle of rank %d's buffer (RESHARD_CUDA_IPC=0 "
+                 "stages instead)",
+                 peer);
         return cuda_error(what, r);
     }
     n[ipc->nopen++] = (struct cuda_ipc_open){peer, e->handle, base, e->bytes};
@@ -96,6 +98,29 @@ void cuda_ipc_prune(struct cuda_ipc_maps *ipc, int peer, const struct cuda_ipc_e
     ipc->nopen = keep;
 }
 
+reshard_status_t cuda_ipc_scratch(struct cuda_ipc *ipc, int i, uint64_t bytes, cu_deviceptr *p)
+{
+    const struct cuda_fns *f = cuda_lib();
+    if (bytes > ipc->scratch_bytes) {
+        cu_result r = f->stream_synchronize(ipc->stream);
+        for (int k = 0; k < CUDA_IPC_EVENTS; k++) {
+            if (ipc->scratch[k])
+                (void)f->mem_free(ipc->scratch[k]);
+            ipc->scratch[k] = 0;
+        }
+        ipc->scratch_bytes = bytes;
+        if (r != CU_SUCCESS)
+            return cuda_error("cuStreamSynchronize before growing the IPC scratch", r);
+    }
+    if (!ipc->scratch[i]) {
+        cu_result r = f->mem_alloc(&ipc->scratch[i], ipc->scratch_bytes);
+        if (r != CU_SUCCESS)
+            return cuda_error("cuMemAlloc of a CUDA IPC scratch buffer", r);
+    }
+    *p = ipc->scratch[i];
+    return RESHARD_OK;
+}
+
 void cuda_ipc_free(struct cuda_ipc *ipc)
 {
     if (!ipc)
@@ -103,9 +128,12 @@ void cuda_ipc_free(struct cuda_ipc *ipc)
     const struct cuda_fns *f = cuda_lib();
     if (ipc->stream)
         (void)f->stream_synchronize(ipc->stream);
-    for (int i = 0; i < CUDA_IPC_EVENTS; i++)
+    for (int i = 0; i < CUDA_IPC_EVENTS; i++) {
         if (ipc->ev[i])
             (void)f->event_destroy(ipc->ev[i]);
+        if (ipc->scratch[i])
+            (void)f->mem_free(ipc->scratch[i]);
+    }
     if (ipc->stream)
         (void)f->stream_destroy(ipc->stream);
     free(ipc);

@@ -37,10 +37,13 @@ struct cuda_ipc_maps {
     size_t nopen, cap;
 };
 
-/* A communicator's stream and events for the copies. */
+/* A communicator's stream and events for the copies, and a scratch buffer per event for
+ * strided chunks (packed on this GPU, unpacked into the peer's). */
 struct cuda_ipc {
     cu_stream stream;
     cu_event ev[CUDA_IPC_EVENTS];
+    cu_deviceptr scratch[CUDA_IPC_EVENTS];
+    uint64_t scratch_bytes;
 };
 
 /* The handle of the allocation holding dev, and dev's place in it. */
@@ -48,6 +51,9 @@ reshard_status_t cuda_ipc_export(const void *dev, uint32_t tensor, struct cuda_i
 
 /* The communicator's IPC state, made on first use (*ipc NULL before). */
 reshard_status_t cuda_ipc_get(struct cuda_ipc **ipc);
+/* Scratch buffer i, of at least `bytes` (made on first use; the stream is idle when they
+ * grow). */
+reshard_status_t cuda_ipc_scratch(struct cuda_ipc *ipc, int i, uint64_t bytes, cu_deviceptr *p);
 /* Waits for the stream, frees ipc. */
 void cuda_ipc_free(struct cuda_ipc *ipc);
 

@@ -24,6 +24,7 @@
 #include "exec_nccl.h"
 #include "ipc.h"
 #include "log.h"
+#include "pack_desc.h"
 #include "param.h"
 
 #include <sched.h>
@@ -524,6 +525,26 @@ static reshard_status_t notify(struct run *r, uint32_t o, uint32_t chunk)
     return RESHARD_OK;
 }
 
+/* Does a chunk go through the pack kernels? When it is strided on either side, its source is
+ * on this GPU, and the kernels load (not on the stand-in driver, nor without nvcc at build). */
+static int ipc_kernels(const struct run *r, const struct xfer *xf, const struct region *a,
+                       const struct region *b)
+{
+    static int usable = -1;
+    uint64_t off;
+    if (!dev_base(r, xf, 0) || (region_contiguous(a, &off) && region_contiguous(b, &off)))
+        return 0;
+    if (usable < 0) {
+        char saved[RS_ERROR_MAX];
+        snprintf(saved, sizeof(saved), "%s", rs_error_message());
+        usable = cuda_kernels() == RESHARD_OK;
+        if (!usable)
+            rs_log(RS_LOG_INFO, "strided CUDA IPC chunks copy run by run: %s", rs_error_message());
+        rs_error(RESHARD_OK, "%s", saved);
+    }
+    return usable;
+}
+
 /* A local transfer into a peer's device buffer: copies on the IPC stream and an event after
  * them, which poll_ipc waits for before it tells the peer. Returns 0 when every event is in
  * use (the chunk waits). */
@@ -549,17 +570,34 @@ static int do_ipc(struct run *r, uint32_t o, uint32_t chunk)
         src = my_base(r, xf, 0);
     char *dst = r->peer_ipc[slot];
     struct region a, b;
-    struct region_pair p;
-    uint64_t ao, bo, len;
     exec_chunk_region(x, xf, chunk, 0, &a);
     exec_chunk_region(x, xf, chunk, 1, &b);
-    region_pair_init(&p, &a, &b);
+    int ring = (int)(r->ipc_tail % CUDA_IPC_EVENTS);
     cu_result e = CU_SUCCESS;
-    while (e == CU_SUCCESS && region_pair_next(&p, &ao, &bo, &len))
-        e = f->memcpy_async((cu_deviceptr)(uintptr_t)(dst + bo),
-                            (cu_deviceptr)(uintptr_t)(src + ao), len, ipc->stream);
+    if (ipc_kernels(r, xf, &a, &b)) { /* two launches instead of a copy per run */
+        struct rs_pack_desc da, db;
+        cu_deviceptr scratch = 0;
+        region_desc(&a, &da);
+        region_desc(&b, &db);
+        st = cuda_ipc_scratch(ipc, ring, (uint64_t)x->chunk_bytes, &scratch);
+        if (st == RESHARD_OK)
+            st = cuda_pack(&da, src, (void *)(uintptr_t)scratch, ipc->stream);
+        if (st == RESHARD_OK)
+            st = cuda_unpack(&db, dst, (const void *)(uintptr_t)scratch, ipc->stream);
+        if (st != RESHARD_OK) {
+            fail(r, st);
+            return 1;
+        }
+    } else {
+        struct region_pair p;
+        uint64_t ao, bo, len;
+        region_pair_init(&p, &a, &b);
+        while (e == CU_SUCCESS && region_pair_next(&p, &ao, &bo, &len))
+            e = f->memcpy_async((cu_deviceptr)(uintptr_t)(dst + bo),
+                                (cu_deviceptr)(uintptr_t)(src + ao), len, ipc->stream);
+    }
     if (e == CU_SUCCESS)
-        e = f->event_record(ipc->ev[r->ipc_tail % CUDA_IPC_EVENTS], ipc->stream);
+        e = f->event_record(ipc->ev[ring], ipc->stream);
     if (e != CU_SUCCESS) {
         fail(r, cuda_error("a CUDA IPC copy to a local peer (cuMemcpyAsync)", e));
         return 1;

@@ -54,7 +54,7 @@ int count_wrong(const reshard_layout_t *l, int rank, const int32_t *buf)
 }
 
 reshard_status_t side_open(struct side *x, reshard_comm_t *comm, int rank, const char *src,
-                                  const char *dst)
+                           const char *dst)
 {
     memset(x, 0, sizeof(*x));
     x->src = parse(src);
@@ -78,4 +78,3 @@ void side_close(struct side *x)
     reshard_layout_destroy(x->src);
     reshard_layout_destroy(x->dst);
 }
-

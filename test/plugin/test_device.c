@@ -2,9 +2,11 @@
 /*
  * Device buffers on the native executor, on the stand-in driver (test/fake/fake_cuda.c): its
  * device memory is shared memory the host can read, and its IPC handles open another process's
- * allocation through /proc/PID/fd, so CUDA IPC between forked ranks runs for real. Each rank
- * allocates its buffers with cuMemAlloc; ranks {0,1} and {2,3} form two domains.
+ * allocation through /proc/PID/fd, so CUDA IPC between forked ranks runs for real; its pack
+ * kernels run on the host. Each rank allocates its buffers with cuMemAlloc; ranks {0,1} and
+ * {2,3} form two domains.
  */
+#include "cuda_lib.h"
 #include "error.h"
 #include "ranks.h"
 #include "reshard.h"
@@ -117,19 +119,24 @@ static reshard_status_t ipc_refits(int rank, int size, reshard_comm_t *comm)
     reshard_comm_counters_t n;
     reshard_comm_counters(comm, &n);
     if (st == RESHARD_OK)
-        st = expect(n.ipc_out > 0 && n.ipc_out == n.local_out,
-                    "every local byte through CUDA IPC", (long long)n.ipc_out);
+        st = expect(n.ipc_out > 0 && n.ipc_out == n.local_out, "every local byte through CUDA IPC",
+                    (long long)n.ipc_out);
+    size_t fatbin; /* strided chunks (plan a's) go through the kernels when there are some */
+    int launches = fake_count("fake_cuda_launches");
     if (st == RESHARD_OK)
-        st = expect(fake_count("fake_cuda_ipc_opens") == 2,
-                    "one mapping per peer allocation", fake_count("fake_cuda_ipc_opens"));
+        st = expect(cuda_fatbin(&fatbin) ? launches > 0 : launches == 0,
+                    "strided chunks packed by the kernels in a build with nvcc", launches);
+    if (st == RESHARD_OK)
+        st = expect(fake_count("fake_cuda_ipc_opens") == 2, "one mapping per peer allocation",
+                    fake_count("fake_cuda_ipc_opens"));
     if (st == RESHARD_OK) { /* a new destination allocation: peers map it, drop the old one */
         b.b.dst = device_copy(b.d, b.b.dst_bytes);
         st = refit(&b, rank, 1);
     }
     if (st == RESHARD_OK)
-        st = expect(fake_count("fake_cuda_ipc_opens") == 3 && fake_count("fake_cuda_ipc_closes") == 1,
-                    "the new allocation mapped, the old one closed",
-                    fake_count("fake_cuda_ipc_closes"));
+        st = expect(
+            fake_count("fake_cuda_ipc_opens") == 3 && fake_count("fake_cuda_ipc_closes") == 1,
+            "the new allocation mapped, the old one closed", fake_count("fake_cuda_ipc_closes"));
     side_close(&a);
     side_close(&b);
     return st;
@@ -255,6 +262,14 @@ Test(device, a_source_that_cannot_be_staged_fails_every_rank_before_bytes_move)
 Test(device, a_chunk_that_cannot_reach_the_device_fails_the_refit)
 {
     check_failure(2, "cuMemcpyHtoD_v2", "copying a landed chunk to the device (cuMemcpyHtoD)");
+}
+
+Test(device, a_failed_pack_kernel_fails_the_refit)
+{
+    size_t fatbin;
+    if (!cuda_fatbin(&fatbin))
+        cr_skip_test("this build had no nvcc: no kernels");
+    check_failure(1, "cuLaunchKernel", "cuda: cuLaunchKernel: fake error");
 }
 
 Test(device, a_failed_ipc_copy_fails_the_refit)

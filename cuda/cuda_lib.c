@@ -30,6 +30,7 @@ static void load(void)
     }
     CUDA_FN_MAP(CUDA_FN_LOAD_)
 #undef CUDA_FN_LOAD_
+    *(void **)&fns.get_handle_for_address_range = dlsym(h, "cuMemGetHandleForAddressRange");
     int n = 0;
     cu_result r = fns.init(0);
     if (r == CU_SUCCESS)

@@ -32,14 +32,15 @@ typedef struct cu_ipc_mem_handle {
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE                                                           \
     2 /* CUmemorytype: 1 host, 2 device, 3 array, 4 unified                                        \
        */
-#define CU_POINTER_ATTRIBUTE_IS_MANAGED    8
-#define CU_POINTER_ATTRIBUTE_BUFFER_ID     7 /* unsigned long long: unique per allocation */
-#define CU_MEMORYTYPE_HOST                 1
-#define CU_MEMORYTYPE_DEVICE               2
-#define CU_ERROR_NOT_READY                 600 /* cuEventQuery: the work is still running */
-#define CU_STREAM_NON_BLOCKING             1
-#define CU_EVENT_DISABLE_TIMING            2
-#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1
+#define CU_POINTER_ATTRIBUTE_IS_MANAGED     8
+#define CU_POINTER_ATTRIBUTE_BUFFER_ID      7 /* unsigned long long: unique per allocation */
+#define CU_MEMORYTYPE_HOST                  1
+#define CU_MEMORYTYPE_DEVICE                2
+#define CU_ERROR_NOT_READY                  600 /* cuEventQuery: the work is still running */
+#define CU_STREAM_NON_BLOCKING              1
+#define CU_EVENT_DISABLE_TIMING             2
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS  1
+#define CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 1
 
 /* X(field, symbol, return, parameters) */
 #define CUDA_FN_MAP(X)                                                                             \
@@ -86,6 +87,9 @@ struct cuda_fns {
 #define CUDA_FN_FIELD_(field, symbol, ret, params) ret(*field) params;
     CUDA_FN_MAP(CUDA_FN_FIELD_)
 #undef CUDA_FN_FIELD_
+    /* CUDA 11.7 and later; NULL before (no dma-buf for GPUDirect RDMA). */
+    cu_result (*get_handle_for_address_range)(void *handle, cu_deviceptr ptr, size_t size, int type,
+                                              unsigned long long flags);
 };
 
 /* The driver, initialized (cuInit) with at least one device; NULL otherwise, with

@@ -246,7 +246,9 @@ reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
                                           .self = comm->self,
                                           .ctrl_msgs = n->ctrl_out,
                                           .net_msgs = n->msgs_out,
-                                          .ipc_out = comm->ipc_out};
+                                          .ipc_out = comm->ipc_out,
+                                          .gdr_out = comm->gdr_out,
+                                          .gdr_in = comm->gdr_in};
     return RESHARD_OK;
 }
 

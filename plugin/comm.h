@@ -46,6 +46,7 @@ struct reshard_comm {
     int64_t slot_bytes;
     uint64_t local_out, local_in, self; /* the local path's counters */
     uint64_t ipc_out;                   /* of local_out: written through CUDA IPC */
+    uint64_t gdr_out, gdr_in;           /* of the network's: from / into device memory */
     struct cuda_ipc *ipc;               /* peers' device buffers mapped here; made on first use */
     /* State of failed executions that transport requests still point into: freed once the
      * network context is closed (which completes those requests). */

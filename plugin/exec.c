@@ -100,6 +100,7 @@ struct run {
     const struct cuda_ipc_export **peer_exp; /* [size * ntensors] */
     char **peer_ipc;                         /* [size * ntensors]: mapped here, on first use */
     uint8_t *peer_cuda;                      /* [size] */
+    int gdr; /* device buffers are registered (x->dreg): contiguous network chunks use them */
     struct ipc_copy {
         uint32_t pos, chunk;
     } ipc_q[CUDA_IPC_EVENTS]; /* copies on the IPC stream, in order; event i % CUDA_IPC_EVENTS */
@@ -123,10 +124,10 @@ static reshard_status_t staging_init(struct exec *x)
     return comm_staging(x->comm, x->chunk_bytes, slots);
 }
 
-/* Registers a caller's buffer, once per pointer and size. */
-static reshard_status_t reg_buffer(struct exec *x, int i, const void *addr, size_t len)
+/* Registers a buffer, once per pointer and size. */
+static reshard_status_t reg_one(struct exec *x, struct reg *g, const void *addr, size_t len,
+                                enum tp_mem mem)
 {
-    struct reg *g = &x->reg[i];
     if (g->addr == addr && g->len == len)
         return RESHARD_OK;
     struct tp_ctx *net = x->comm->net;
@@ -134,7 +135,7 @@ static reshard_status_t reg_buffer(struct exec *x, int i, const void *addr, size
     *g = (struct reg){0};
     if (!addr || !len)
         return RESHARD_OK;
-    RS_CHECK(net->ops->mem_reg(net, (void *)addr, len, TP_MEM_HOST, &g->mh));
+    RS_CHECK(net->ops->mem_reg(net, (void *)addr, len, mem, &g->mh));
     g->addr = addr;
     g->len = len;
     return RESHARD_OK;
@@ -223,6 +224,22 @@ static char *dev_base(const struct run *r, const struct xfer *xf, int side)
     return buf == XBUF_SRC ? (char *)b->src : (char *)b->dst;
 }
 
+static void *dev_mh(const struct run *r, const struct xfer *xf, int side)
+{
+    int buf = side ? xf->dst_buf : xf->src_buf;
+    return r->x->dreg[2 * xf->tensor + (buf == XBUF_DST)].mh;
+}
+
+/* The device address a network chunk moves from (side 0) or into (side 1) directly, with
+ * GPUDirect: when the run registered its device buffers and the chunk is contiguous there;
+ * NULL otherwise (host staging). Both ends of a message decide on their own. */
+static char *gdr_at(const struct run *r, const struct xfer *xf, int side, const struct region *rg)
+{
+    uint64_t off;
+    char *d = r->gdr ? dev_base(r, xf, side) : NULL;
+    return d && region_contiguous(rg, &off) ? d + off : NULL;
+}
+
 /* A chunk landed in a device destination of this rank: in its host shadow (from the network,
  * a copy inside the rank, or a peer's cross-memory write), which the device then gets; or in
  * the device buffer itself (a peer's IPC write), which the shadow then gets only if the chunk
@@ -233,15 +250,16 @@ static reshard_status_t land(struct run *r, long k, uint32_t chunk, const struct
     if (!dev)
         return RESHARD_OK;
     const struct exec *x = r->x;
-    int to_host = via_ipc(r, xf);
+    struct region rg;
+    exec_chunk_region(x, xf, chunk, 1, &rg);
+    int to_host = via_ipc(r, xf) || (xf->path == XFER_NET && k >= 0 &&
+                                     !x->in_bundled[x->in_off[k] + chunk] && gdr_at(r, xf, 1, &rg));
     if (to_host && (k < 0 || x->child_first[k] == x->child_first[k + 1]))
         return RESHARD_OK;
     char *host = (char *)r->bufs[xf->tensor].dst;
     const struct cuda_fns *f = cuda_lib();
-    struct region rg;
     struct region_iter it;
     uint64_t off, len;
-    exec_chunk_region(x, xf, chunk, 1, &rg);
     region_iter_init(&it, &rg);
     while (region_iter_next(&it, &off, &len)) {
         cu_deviceptr d = (cu_deviceptr)(uintptr_t)(dev + off);
@@ -327,6 +345,12 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
     }
     if (c->kind == REQ_RECV_CTRL)
         x->comm->local_in += want; /* the sender wrote it into our memory */
+    if (c->kind == REQ_RECV_DATA && r->gdr) {
+        struct region rg;
+        exec_chunk_region(x, xf, c->chunk, 1, &rg);
+        if (gdr_at(r, xf, 1, &rg))
+            x->comm->gdr_in += want;
+    }
     arrived(r, (long)c->pos, c->chunk, xf);
 }
 
@@ -442,9 +466,12 @@ static reshard_status_t post_recv(struct run *r, size_t k, uint32_t chunk)
         struct region rg;
         uint64_t off;
         exec_chunk_region(x, xf, chunk, 1, &rg);
-        char *base = my_base(r, xf, 1);
+        char *base = my_base(r, xf, 1), *direct = gdr_at(r, xf, 1, &rg);
         uint64_t tag = make_tag(TAG_DATA, r->seq, x->in[k], chunk);
-        if (region_contiguous(&rg, &off)) {
+        if (direct) { /* GPUDirect: straight into the device buffer */
+            st = net->ops->recv(net, xf->src, tag, direct, region_bytes(&rg), dev_mh(r, xf, 1),
+                                &c->req);
+        } else if (region_contiguous(&rg, &off)) {
             st = net->ops->recv(net, xf->src, tag, base + off, region_bytes(&rg), my_mh(r, xf, 1),
                                 &c->req);
         } else {
@@ -732,7 +759,12 @@ static int do_net(struct run *r, uint32_t o, uint32_t chunk)
         .req.done = on_send, .run = r, .pos = o, .chunk = chunk, .slot = -1, .kind = REQ_SEND_DATA};
     const char *buf;
     void *mh;
-    if (contiguous) {
+    char *direct = gdr_at(r, xf, 0, &a);
+    if (direct) { /* GPUDirect: straight from the device buffer */
+        buf = direct;
+        mh = dev_mh(r, xf, 0);
+        comm->gdr_out += region_bytes(&a);
+    } else if (contiguous) {
         buf = my_base(r, xf, 0) + off;
         mh = my_mh(r, xf, 0);
     } else {
@@ -1335,17 +1367,53 @@ static void drain_failed(struct run *r)
             (void)net->ops->wait(net, WAIT_CAP_MS);
 }
 
+/* GPUDirect: the device buffers registered with the transport, so that contiguous network
+ * chunks move between the wire and the device directly. Otherwise (the transport cannot,
+ * RESHARD_GPUDIRECT=0, or a registration fails) they stage through host memory, and the first
+ * run says why at INFO. RESHARD_TEST_DEVICE_AS_HOST=1 registers device buffers as host memory:
+ * the stand-in driver's device memory is host memory, so tests run this path on any transport. */
+static int try_gdr(struct exec *x, const reshard_buffers_t *dev)
+{
+    struct tp_ctx *net = x->comm->net;
+    const char *as_host = getenv("RESHARD_TEST_DEVICE_AS_HOST");
+    enum tp_mem mem = as_host && !strcmp(as_host, "1") ? TP_MEM_HOST : TP_MEM_CUDA;
+    char why[RS_ERROR_MAX] = "", saved[RS_ERROR_MAX];
+    snprintf(saved, sizeof(saved), "%s", rs_error_message());
+    int nt = x->plan->ntensors;
+    if (!rs_param_int(RS_PARAM_GPUDIRECT))
+        snprintf(why, sizeof(why), "RESHARD_GPUDIRECT=0");
+    else if (mem == TP_MEM_CUDA && !net->device_mem)
+        snprintf(why, sizeof(why), "%s", net->device_mem_why);
+    else if (!x->dreg && !(x->dreg = rs_calloc(2 * (size_t)nt, sizeof(*x->dreg), "registrations")))
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+    for (int i = 0; !why[0] && i < 2 * nt; i++) {
+        const reshard_buffers_t *b = &dev[i / 2];
+        const void *p = i % 2 ? b->dst : b->src;
+        size_t n = i % 2 ? b->dst_bytes : b->src_bytes;
+        if (b->mem == RESHARD_MEM_CUDA && reg_one(x, &x->dreg[i], p, n, mem) != RESHARD_OK)
+            snprintf(why, sizeof(why), "%s", rs_error_message());
+    }
+    rs_error(RESHARD_OK, "%s", saved); /* falling back is not failing */
+    if (!x->gdr_reported++)
+        rs_log(RS_LOG_INFO, "rank %d: network chunks of device buffers: %s%s", x->comm->rank,
+               why[0] ? "staged through host memory: " : "GPUDirect RDMA", why);
+    return !why[0];
+}
+
 /* Everything this rank prepares before the others hear from it. */
 static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs,
                                 const reshard_buffers_t *dev, uint32_t seq, struct run **r)
 {
     RS_CHECK(staging_init(x));
     for (int t = 0; t < x->plan->ntensors; t++) {
-        RS_CHECK(reg_buffer(x, 2 * t, bufs[t].src, bufs[t].src_bytes));
-        RS_CHECK(reg_buffer(x, 2 * t + 1, bufs[t].dst, bufs[t].dst_bytes));
+        RS_CHECK(reg_one(x, &x->reg[2 * t], bufs[t].src, bufs[t].src_bytes, TP_MEM_HOST));
+        RS_CHECK(reg_one(x, &x->reg[2 * t + 1], bufs[t].dst, bufs[t].dst_bytes, TP_MEM_HOST));
     }
     RS_CHECK(alloc_tmp(x));
-    return run_create(x, bufs, dev, seq, r);
+    int gdr = dev && try_gdr(x, dev);
+    RS_CHECK(run_create(x, bufs, dev, seq, r));
+    (*r)->gdr = gdr;
+    return RESHARD_OK;
 }
 
 /* A network failure here may be the echo of another rank's (its connections closed as it
@@ -1518,9 +1586,7 @@ static reshard_status_t run_staged(struct exec *x, const reshard_buffers_t *bufs
         for (int i = 0; i < 2 * nt; i++)
             if (x->shadow[i])
                 kind = cuda_mem_kind_name(cuda_mem_kind(x->shadow[i]));
-        rs_log(RS_LOG_INFO,
-               "rank %d: device buffers: network and in-rank copies staged through %s memory; "
-               "local peers %s",
+        rs_log(RS_LOG_INFO, "rank %d: device buffers: host shadows in %s memory; local peers %s",
                x->comm->rank, kind,
                rs_param_int(RS_PARAM_CUDA_IPC) ? "write device destinations through CUDA IPC"
                                                : "staged too (RESHARD_CUDA_IPC=0)");

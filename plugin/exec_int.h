@@ -58,7 +58,9 @@ struct exec {
         const void *addr;
         size_t len;
         void *mh;
-    } * reg;    /* [2 * ntensors]: src, dst */
+    } * reg;          /* [2 * ntensors]: src, dst */
+    struct reg *dreg; /* the same for device buffers, with GPUDirect (NULL until then) */
+    int gdr_reported;
     char **tmp; /* [ntensors]: whole-tensor buffers (bcast), kept across runs */
     /* Device buffers on the native executor are staged through host copies: [2 * ntensors]
      * (source, destination) shadows and their sizes, kept across runs. */

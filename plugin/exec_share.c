@@ -448,11 +448,14 @@ void exec_destroy(struct exec *x)
     /* After a failed execution, requests may still use our registrations and peers may still
      * write into our whole-tensor buffers: both go when the communicator's context closes. */
     int broken = c->broken != RESHARD_OK;
-    for (int i = 0; x->reg && i < 2 * x->plan->ntensors; i++) {
-        if (!x->reg[i].mh)
+    for (int i = 0; x->reg && i < 4 * x->plan->ntensors; i++) {
+        struct reg *g = i < 2 * x->plan->ntensors ? &x->reg[i]
+                        : x->dreg                 ? &x->dreg[i - 2 * x->plan->ntensors]
+                                                  : NULL;
+        if (!g || !g->mh)
             continue;
-        if (!broken || !comm_keep_mh(c, x->reg[i].mh))
-            c->net->ops->mem_dereg(c->net, x->reg[i].mh);
+        if (!broken || !comm_keep_mh(c, g->mh))
+            c->net->ops->mem_dereg(c->net, g->mh);
     }
     if (x->tmp) {
         /* compact the array (it has room for one more) so that NULL ends it */
@@ -487,6 +490,7 @@ void exec_destroy(struct exec *x)
     if (x->maps.nopen) /* no copy of this plan's is in flight: runs end after theirs */
         cuda_ipc_close_all(&x->maps);
     free(x->reg);
+    free(x->dreg);
     free(x->out);
     free(x->in);
     free(x->out_off);

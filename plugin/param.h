@@ -56,7 +56,10 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
       "native (reshard's transports), or nccl: grouped ncclSend/ncclRecv on the communicator "     \
       "given to reshard_comm_init_nccl")                                                           \
     X(CUDA_IPC, RS_PARAM_INT, "1", 0,                                                              \
-      "1: local peers write device destinations through CUDA IPC; 0: through host staging")
+      "1: local peers write device destinations through CUDA IPC; 0: through host staging")        \
+    X(GPUDIRECT, RS_PARAM_INT, "1", 0,                                                             \
+      "1: contiguous network chunks of device buffers move between the wire and the device "       \
+      "directly when the transport can (GPUDirect RDMA); 0: through host staging")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

@@ -358,6 +358,8 @@ typedef struct reshard_comm_counters {
     uint64_t ctrl_msgs;           /* control messages sent */
     uint64_t net_msgs;            /* data messages sent to other domains (packed ones count once) */
     uint64_t ipc_out;             /* of local_out: written into peers' device memory (CUDA IPC) */
+    uint64_t gdr_out, gdr_in;     /* of net_out / net_in: straight from / into device memory
+                                   * (GPUDirect RDMA), not staged through host memory */
 } reshard_comm_counters_t;
 
 RESHARD_API reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,

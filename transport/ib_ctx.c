@@ -32,6 +32,7 @@
 #include "sock.h"
 #include "tp.h"
 
+#include "cuda_lib.h"
 #include "error.h"
 #include "log.h"
 #include "param.h"
@@ -192,6 +193,9 @@ struct ib_tmr { /* a registration made for a transfer that came without one */
     int writable;
     struct ib_tmr *next;
 };
+
+struct ib_ctx;
+static void probe_dmabuf(struct ib_ctx *x);
 
 struct ib_ctx {
     struct tp_ctx super;
@@ -1206,6 +1210,7 @@ static reshard_status_t ib_init(const struct tp_config *cfg, struct tp_ctx **out
         goto err;
     }
     fcntl(x->chan->fd, F_SETFL, fcntl(x->chan->fd, F_GETFL) | O_NONBLOCK);
+    probe_dmabuf(x);
     struct ibv_device_attr da;
     if (f->query_device(x->dev, &da)) {
         rs_error(st, "ib: %s: ibv_query_device: %m", x->port.name);
@@ -1339,13 +1344,64 @@ static reshard_status_t ib_connect(struct tp_ctx *c, int peer)
     return usable(to_ib(c), peer, &p);
 }
 
+/* Device memory: a dma-buf of the pages holding it (cuMemGetHandleForAddressRange), registered
+ * at its own address (iova) so that peers write to it as to host memory. */
+static reshard_status_t reg_device(struct ib_ctx *x, void *addr, size_t len, void **mh)
+{
+    const struct cuda_fns *cu = cuda_lib();
+    if (!cu)
+        return RESHARD_ERR_UNAVAILABLE;
+    if (!cu->get_handle_for_address_range)
+        return rs_error(RESHARD_ERR_UNAVAILABLE,
+                        "ib: the CUDA driver has no cuMemGetHandleForAddressRange (CUDA 11.7 or "
+                        "later exports dma-bufs)");
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), a = (uint64_t)(uintptr_t)addr;
+    uint64_t base = a & ~(page - 1), end = (a + len + page - 1) & ~(page - 1);
+    int fd = -1;
+    cu_result r = cu->get_handle_for_address_range(&fd, base, end - base,
+                                                   CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (r != CU_SUCCESS)
+        return cuda_error("cuMemGetHandleForAddressRange (dma-buf) for ib", r);
+    struct ibv_mr *mr = x->f->reg_dmabuf_mr(x->pd, a - base, len, a, fd,
+                                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    int e = errno;
+    close(fd);
+    errno = e;
+    if (!mr)
+        return rs_error(RESHARD_ERR_NETWORK,
+                        "ib: ibv_reg_dmabuf_mr of %zu device bytes at %p on %s: %m", len, addr,
+                        x->port.name);
+    *mh = mr;
+    return RESHARD_OK;
+}
+
+/* Can this device register dma-bufs? A registration of fd -1 tells: EBADF when the kernel
+ * and the provider could (NCCL probes the same way), EOPNOTSUPP when not. */
+static void probe_dmabuf(struct ib_ctx *x)
+{
+    struct tp_ctx *c = &x->super;
+    if (!x->f->reg_dmabuf_mr) {
+        snprintf(c->device_mem_why, sizeof(c->device_mem_why),
+                 "ib: rdma-core has no ibv_reg_dmabuf_mr (it came in rdma-core 34)");
+        return;
+    }
+    errno = 0;
+    struct ibv_mr *mr = x->f->reg_dmabuf_mr(x->pd, 0, 0, 0, -1, IBV_ACCESS_LOCAL_WRITE);
+    if (mr)
+        x->f->dereg_mr(mr);
+    if (!mr && (errno == EOPNOTSUPP || errno == EPROTONOSUPPORT || errno == ENOSYS))
+        snprintf(c->device_mem_why, sizeof(c->device_mem_why),
+                 "ib: %s cannot register dma-bufs (%s)", x->port.dev, strerror(errno));
+    else
+        c->device_mem = 1;
+}
+
 static reshard_status_t ib_mem_reg(struct tp_ctx *c, void *addr, size_t len, enum tp_mem mem,
                                    void **mh)
 {
     struct ib_ctx *x = to_ib(c);
-    if (mem != TP_MEM_HOST)
-        return rs_error(RESHARD_ERR_UNAVAILABLE,
-                        "ib: device memory is registered through dma-buf, not wired yet");
+    if (mem == TP_MEM_CUDA)
+        return reg_device(x, addr, len, mh);
     struct ibv_mr *mr =
         x->f->reg_mr(x->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (!mr && (errno == EFAULT || errno == EACCES || errno == EPERM))

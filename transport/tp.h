@@ -66,6 +66,10 @@ struct tp_ctx {
      * waits on its messages end at once instead of at the timeout. */
     int failed_peer;
     char failed_why[96];
+    /* Whether mem_reg takes device memory (TP_MEM_CUDA) for the network to read and write
+     * directly (GPUDirect RDMA): set at init, with the reason when it does not. */
+    int device_mem;
+    char device_mem_why[160];
 };
 
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))

@@ -77,6 +77,14 @@ static reshard_status_t make_context(struct ucx_ctx *u, const struct tp_config *
     u->f->ucp_config_release(config);
     if (st != UCS_OK)
         return ucx_fail(u, "ucp_init", st);
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    if (u->f->ucp_context_query(u->context, &attr) == UCS_OK &&
+        (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)))
+        u->super.device_mem = 1;
+    else
+        snprintf(u->super.device_mem_why, sizeof(u->super.device_mem_why),
+                 "this UCX has no CUDA memory support (built without CUDA, or no cuda "
+                 "transport loaded)");
     return RESHARD_OK;
 }
 

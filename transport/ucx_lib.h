@@ -33,6 +33,7 @@
     X(ucp_request_free)                                                                            \
     X(ucp_mem_map)                                                                                 \
     X(ucp_mem_unmap)                                                                               \
+    X(ucp_context_query)                                                                           \
     X(ucs_status_string)
 
 struct ucx_fns {

@@ -107,7 +107,8 @@ class Counters(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_uint64)
         for name in (
-            "net_out", "net_in", "local_out", "local_in", "self", "ctrl_msgs", "net_msgs", "ipc_out"
+            "net_out", "net_in", "local_out", "local_in", "self",
+            "ctrl_msgs", "net_msgs", "ipc_out", "gdr_out", "gdr_in",
         )
     ]
 

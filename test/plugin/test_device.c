@@ -121,6 +121,9 @@ static reshard_status_t ipc_refits(int rank, int size, reshard_comm_t *comm)
     if (st == RESHARD_OK)
         st = expect(n.ipc_out > 0 && n.ipc_out == n.local_out, "every local byte through CUDA IPC",
                     (long long)n.ipc_out);
+    if (st == RESHARD_OK) /* UCX here has no CUDA support: the network goes through staging */
+        st = expect(n.gdr_out == 0 && n.gdr_in == 0, "no GPUDirect on this UCX",
+                    (long long)n.gdr_out);
     size_t fatbin; /* strided chunks (plan a's) go through the kernels when there are some */
     int launches = fake_count("fake_cuda_launches");
     if (st == RESHARD_OK)
@@ -203,6 +206,60 @@ static reshard_status_t mixed_refits(int rank, int size, reshard_comm_t *comm)
 Test(device, a_rank_with_host_buffers_meets_device_peers_through_host_memory)
 {
     struct outcome *o = run_ranks(4, mixed_refits);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+/* GPUDirect on the stand-in (RESHARD_TEST_DEVICE_AS_HOST=1: its device memory is registered as
+ * host memory): contiguous network chunks go from and into device buffers directly, strided
+ * ones through the shadows, and forwarded chunks reach the shadow too when the fan-out reads
+ * it (cross-memory writes, with RESHARD_CUDA_IPC=0). */
+static reshard_status_t gdr_refits(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side a, b;
+    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    if (st == RESHARD_OK)
+        st = side_open(&b, comm, rank, HALVES, WHOLE);
+    if (st != RESHARD_OK)
+        return st;
+    on_device(&a);
+    on_device(&b);
+    st = refit(&a, rank, 2);
+    if (st == RESHARD_OK)
+        st = refit(&b, rank, 2);
+    reshard_comm_counters_t n;
+    reshard_comm_counters(comm, &n);
+    /* plan b: ranks 0 and 1 send their halves to the other domain, ranks 2 and 3 get them */
+    int sends = rank < 2;
+    if (st == RESHARD_OK)
+        st = expect(sends ? n.gdr_out > 0 : n.gdr_in > 0,
+                    "network chunks straight from / into device buffers",
+                    (long long)(sends ? n.gdr_out : n.gdr_in));
+    if (st == RESHARD_OK)
+        st = expect(n.gdr_out <= n.net_out && n.gdr_in <= n.net_in,
+                    "GPUDirect bytes within the network's", (long long)n.gdr_in);
+    side_close(&a);
+    side_close(&b);
+    return st;
+}
+
+/* Small chunks travel packed (RESHARD_COALESCE_BYTES), from the shadows: not here. */
+Test(device, gpudirect_moves_contiguous_network_chunks_without_staging)
+{
+    setenv("RESHARD_TEST_DEVICE_AS_HOST", "1", 1);
+    setenv("RESHARD_COALESCE_BYTES", "0", 1);
+    struct outcome *o = run_ranks(4, gdr_refits);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+Test(device, gpudirect_chunks_forwarded_from_host_memory_reach_the_shadow)
+{
+    setenv("RESHARD_TEST_DEVICE_AS_HOST", "1", 1);
+    setenv("RESHARD_COALESCE_BYTES", "0", 1);
+    setenv("RESHARD_CUDA_IPC", "0", 1);
+    struct outcome *o = run_ranks(4, gdr_refits);
     for (int r = 0; r < 4; r++)
         cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
 }

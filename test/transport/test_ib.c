@@ -157,6 +157,24 @@ Test(ib, a_small_message_arrives, .init = pair_up, .fini = tear_down)
     exchange(5000, 1);
 }
 
+/* GPUDirect needs the provider to register dma-bufs (probed at init: soft-RoCE cannot) and
+ * the CUDA driver to export them; either missing is said, and device memory then stages. */
+Test(ib, device_memory_registration_says_what_it_lacks, .init = pair_up, .fini = tear_down)
+{
+    struct tp_ctx *c = ctx[0];
+    cr_log_info("dma-buf probe: %s", c->device_mem ? "supported" : c->device_mem_why);
+    if (!c->device_mem)
+        cr_assert(strstr(c->device_mem_why, "cannot register dma-bufs") ||
+                      strstr(c->device_mem_why, "no ibv_reg_dmabuf_mr"),
+                  "%s", c->device_mem_why);
+    setenv("RESHARD_CUDA_LIB", "libcuda-not-here.so.1", 1);
+    char buf[4096];
+    void *mh = NULL;
+    cr_assert_eq(c->ops->mem_reg(c, buf, sizeof(buf), TP_MEM_CUDA, &mh), RESHARD_ERR_UNAVAILABLE);
+    cr_assert(strstr(rs_error_message(), "cuda: no driver"), "%s", rs_error_message());
+    cr_assert_null(mh);
+}
+
 Test(ib, a_large_message_is_striped_and_arrives, .init = pair_up, .fini = tear_down)
 {
     exchange((8u << 20) + 3, 1);

@@ -110,22 +110,53 @@ const char *cuda_mem_kind_name(enum cuda_mem_kind k)
     return (unsigned)k < 4 ? names[k] : "?";
 }
 
+/* Host allocations carry their kind in a header, so that freeing needs no driver query (the
+ * context may be gone by then). 64 bytes keep the caller's pointer aligned. */
+#define HOST_HEADER 64
+
 void *cuda_host_alloc(size_t bytes)
 {
     char saved[RS_ERROR_MAX];
     snprintf(saved, sizeof(saved), "%s", rs_error_message());
     const struct cuda_fns *f = cuda_lib();
-    void *p = NULL;
-    if (f && cuda_current_context() == RESHARD_OK && f->mem_alloc_host(&p, bytes ? bytes : 1))
-        p = NULL;
+    char *p = NULL;
+    int pinned = f && cuda_current_context() == RESHARD_OK &&
+                 f->mem_alloc_host((void **)&p, bytes + HOST_HEADER) == CU_SUCCESS;
     rs_error(RESHARD_OK, "%s", saved); /* falling back is not failing */
-    return p ? p : malloc(bytes ? bytes : 1);
+    if (!pinned && !(p = malloc(bytes + HOST_HEADER)))
+        return NULL;
+    p[0] = (char)pinned;
+    return p + HOST_HEADER;
+}
+
+int cuda_host_pinned(const void *p)
+{
+    return ((const char *)p)[-HOST_HEADER] != 0;
 }
 
 void cuda_host_free(void *p)
 {
-    if (p && cuda_mem_kind(p) == CUDA_MEM_PINNED)
-        (void)cuda_lib()->mem_free_host(p);
+    if (!p)
+        return;
+    char *at = (char *)p - HOST_HEADER;
+    if (cuda_host_pinned(p))
+        (void)fns.mem_free_host(at); /* loaded: it made the allocation */
     else
-        free(p);
+        free(at);
+}
+
+reshard_status_t cuda_context_of(const void *dev)
+{
+    const struct cuda_fns *f = cuda_lib();
+    if (!f)
+        return RESHARD_ERR_UNAVAILABLE;
+    cu_ctx mine = NULL, cur = NULL;
+    if (f->pointer_get_attribute(&mine, CU_POINTER_ATTRIBUTE_CONTEXT,
+                                 (cu_deviceptr)(uintptr_t)dev) != CU_SUCCESS ||
+        !mine)
+        return cuda_current_context(); /* not the driver's allocation: any context */
+    if (f->ctx_get_current(&cur) == CU_SUCCESS && cur == mine)
+        return RESHARD_OK;
+    cu_result r = f->ctx_set_current(mine);
+    return r == CU_SUCCESS ? RESHARD_OK : cuda_error("making a buffer's CUDA context current", r);
 }

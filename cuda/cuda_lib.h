@@ -32,6 +32,7 @@ typedef struct cu_ipc_mem_handle {
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE                                                           \
     2 /* CUmemorytype: 1 host, 2 device, 3 array, 4 unified                                        \
        */
+#define CU_POINTER_ATTRIBUTE_CONTEXT        1 /* CUcontext */
 #define CU_POINTER_ATTRIBUTE_IS_MANAGED     8
 #define CU_POINTER_ATTRIBUTE_BUFFER_ID      7 /* unsigned long long: unique per allocation */
 #define CU_MEMORYTYPE_HOST                  1
@@ -118,10 +119,14 @@ reshard_status_t cuda_unpack(const struct rs_pack_desc *d, void *buf, const void
                              cu_stream stream);
 
 /* Host memory for staging: pinned (cuMemAllocHost) when the driver is there, so that copies
- * to and from the device run at the copy engines' speed; else malloc. cuda_host_free frees
- * either kind. */
+ * to and from the device run at the copy engines' speed; else malloc. cuda_host_pinned tells
+ * which; cuda_host_free frees either kind. */
 void *cuda_host_alloc(size_t bytes);
+int cuda_host_pinned(const void *p);
 void cuda_host_free(void *p);
+/* Makes the context a device buffer was allocated in current (a process may drive several
+ * GPUs); for memory the driver does not know, as cuda_current_context. */
+reshard_status_t cuda_context_of(const void *dev);
 
 enum cuda_mem_kind { CUDA_MEM_HOST, CUDA_MEM_PINNED, CUDA_MEM_DEVICE, CUDA_MEM_MANAGED };
 /* What p points to: plain host memory when the driver is absent or does not know it. */

@@ -333,6 +333,7 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     api_enter();
     if (!comm || !tensors || !plan)
         return api_null_arg(__func__, !comm ? "comm" : !tensors ? "tensors" : "plan");
+    *plan = NULL; /* on failure too: nothing to destroy */
     reshard_algo_t algo = RESHARD_ALGO_RESHARD;
     if (config && config->size >= offsetof(reshard_plan_config_t, algo) + sizeof(config->algo))
         algo = config->algo;

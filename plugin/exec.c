@@ -270,7 +270,10 @@ static reshard_status_t land(struct run *r, long k, uint32_t chunk, const struct
                                       : "copying a landed chunk to the device (cuMemcpyHtoD)",
                               e);
     }
-    return RESHARD_OK;
+    /* From pageable memory the copy may return before its DMA is done: wait for it, so that
+     * what reads the device next (a forward on the IPC stream, the caller) sees the chunk. */
+    cu_result e = to_host || cuda_host_pinned(host) ? CU_SUCCESS : f->stream_synchronize(NULL);
+    return e == CU_SUCCESS ? RESHARD_OK : cuda_error("cuStreamSynchronize after a landing", e);
 }
 
 /* A chunk reached this rank: release what waits for it. */
@@ -623,10 +626,12 @@ static int do_ipc(struct run *r, uint32_t o, uint32_t chunk)
             e = f->memcpy_async((cu_deviceptr)(uintptr_t)(dst + bo),
                                 (cu_deviceptr)(uintptr_t)(src + ao), len, ipc->stream);
     }
-    if (e == CU_SUCCESS)
-        e = f->event_record(ipc->ev[ring], ipc->stream);
     if (e != CU_SUCCESS) {
         fail(r, cuda_error("a CUDA IPC copy to a local peer (cuMemcpyAsync)", e));
+        return 1;
+    }
+    if ((e = f->event_record(ipc->ev[ring], ipc->stream)) != CU_SUCCESS) {
+        fail(r, cuda_error("the event after a CUDA IPC copy (cuEventRecord)", e));
         return 1;
     }
     r->ipc_q[r->ipc_tail++ % CUDA_IPC_EVENTS] = (struct ipc_copy){o, chunk};
@@ -841,9 +846,10 @@ struct hello {
     int32_t status; /* RESHARD_OK, or why this rank cannot run */
     int32_t tensor, side;
     uint64_t need, have;
-    int32_t cuda;     /* this rank has device buffers: it writes local peers through IPC */
+    int32_t cuda;     /* this rank has device buffers and IPC on: it writes peers through IPC */
     uint32_t nexp;    /* device destinations it exports for local peers to write */
-    uint64_t exp_sum; /* their checksum: unchanged ones are not gathered again */
+    uint64_t exp_sum; /* their checksum */
+    uint64_t held;    /* the export table this rank holds for the plan (0: none) */
 };
 
 static size_t hello_bytes(const struct exec *x)
@@ -946,9 +952,10 @@ static reshard_status_t make_exports(struct exec *x, const struct run *r, uint32
         if (xf->path == XFER_LOCAL && xf->dst_buf == XBUF_DST)
             wanted[xf->tensor] = 1;
     }
-    reshard_status_t st = RESHARD_OK;
     const struct cuda_fns *f = cuda_lib(); /* there: r->dev was staged with it */
-    for (size_t t = 0; t < nt && st == RESHARD_OK; t++) {
+    char saved[RS_ERROR_MAX];
+    snprintf(saved, sizeof(saved), "%s", rs_error_message());
+    for (size_t t = 0; t < nt; t++) {
         const reshard_buffers_t *b = &r->dev[t];
         if (!wanted[t] || b->mem != RESHARD_MEM_CUDA || !b->dst || !b->dst_bytes)
             continue;
@@ -956,17 +963,23 @@ static reshard_status_t make_exports(struct exec *x, const struct run *r, uint32
         if (f->pointer_get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != CU_SUCCESS)
             id = 0; /* unknown: export again every time */
         if (!id || x->exp_key[2 * t] != ptr || x->exp_key[2 * t + 1] != id) {
-            x->exp_key[2 * t] = x->exp_key[2 * t + 1] = 0;
-            st = cuda_ipc_export(b->dst, (uint32_t)t, &x->exp_cache[t]);
-            if (st == RESHARD_OK && id) {
-                x->exp_key[2 * t] = ptr;
-                x->exp_key[2 * t + 1] = id;
+            /* Not every allocation exports (cuMemCreate without a shareable handle,
+             * stream-ordered pools): its writers then stage, and the first run says why. */
+            if (cuda_ipc_export(b->dst, (uint32_t)t, &x->exp_cache[t]) != RESHARD_OK) {
+                x->exp_cache[t].tensor = UINT32_MAX;
+                rs_log(x->exp_refused++ ? RS_LOG_TRACE : RS_LOG_INFO,
+                       "rank %d: tensor %s: local peers stage: %s", x->comm->rank,
+                       x->plan->tensors[t].name, rs_error_message());
             }
+            x->exp_key[2 * t] = id ? ptr : 0;
+            x->exp_key[2 * t + 1] = id;
         }
-        x->my_exp[(*n)++] = x->exp_cache[t];
+        if (x->exp_cache[t].tensor != UINT32_MAX)
+            x->my_exp[(*n)++] = x->exp_cache[t];
     }
+    rs_error(RESHARD_OK, "%s", saved);
     free(wanted);
-    return st;
+    return RESHARD_OK;
 }
 
 static uint64_t checksum(const void *p, size_t n)
@@ -985,30 +998,39 @@ static reshard_status_t gather_exports(struct exec *x, struct run *r, const char
 {
     struct reshard_comm *c = x->comm;
     uint32_t max = 0;
-    int same = x->exp_n != NULL;
+    uint64_t table = UINT64_C(14695981039346656037); /* the exports now, as the hellos tell */
     for (int q = 0; q < c->size; q++) {
         const struct hello *h = (const struct hello *)(all + (size_t)q * hb);
         if (h->nexp > max)
             max = h->nexp;
-        same = same && x->exp_n[q] == h->nexp && x->exp_sum[q] == h->exp_sum;
+        uint64_t sum = h->exp_sum ^ (uint64_t)h->nexp << 32;
+        table = checksum(&sum, sizeof(sum)) ^ (table * UINT64_C(1099511628211));
         if (r && r->peer_cuda)
             r->peer_cuda[q] = (uint8_t)(h->cuda != 0);
     }
-    if (!max) /* nobody exports */
+    if (!max) { /* nobody exports */
+        x->exp_table = 0;
         return RESHARD_OK;
+    }
+    /* Gathered again unless every rank holds this table already: decided from the hellos
+     * alone, so that all ranks join the all-gather or none does. */
+    int same = 1;
+    for (int q = 0; q < c->size; q++)
+        same = same &&
+               (!comm_has(c, q) || ((const struct hello *)(all + (size_t)q * hb))->held == table);
     if (!same) {
         size_t bytes = max * sizeof(struct cuda_ipc_export);
         struct cuda_ipc_export *e = rs_calloc((size_t)c->size, bytes, "CUDA IPC exports");
         if (!x->exp_n)
             x->exp_n = rs_calloc((size_t)c->size, sizeof(uint32_t), "CUDA IPC exports");
-        if (!x->exp_sum)
-            x->exp_sum = rs_calloc((size_t)c->size, sizeof(uint64_t), "CUDA IPC exports");
-        if (!e || !x->exp_n || !x->exp_sum) {
+        if (!e || !x->exp_n) {
             free(e);
             boot_abort(c->boot, RESHARD_ERR_NO_MEMORY, "out of memory gathering CUDA IPC exports");
             return RESHARD_ERR_NO_MEMORY;
         }
-        memcpy(e + (size_t)c->rank * max, x->my_exp, mine * sizeof(*e));
+        if (mine)
+            memcpy(e + (size_t)c->rank * max, x->my_exp, mine * sizeof(*e));
+        x->exp_table = 0; /* until the gathering succeeded */
         reshard_status_t st = comm_allgather(c, e, bytes);
         if (st != RESHARD_OK) {
             free(e);
@@ -1017,10 +1039,10 @@ static reshard_status_t gather_exports(struct exec *x, struct run *r, const char
         free(x->exports);
         x->exports = e;
         x->exp_max = max;
+        x->exp_table = table;
         for (int q = 0; q < c->size; q++) {
             const struct hello *h = (const struct hello *)(all + (size_t)q * hb);
             x->exp_n[q] = h->nexp;
-            x->exp_sum[q] = h->exp_sum;
             if (x->maps.nopen && q != c->rank) /* buffers a peer no longer exports: unmapped */
                 cuda_ipc_prune(&x->maps, q, x->exports + (size_t)q * max, h->nexp);
         }
@@ -1052,9 +1074,10 @@ static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, 
     *me = (struct hello){.hash = x->plan->hash,
                          .seq = seq,
                          .status = local,
-                         .cuda = r && r->dev,
+                         .cuda = r && r->dev && rs_param_int(RS_PARAM_CUDA_IPC),
                          .nexp = nexp,
-                         .exp_sum = nexp ? checksum(x->my_exp, nexp * sizeof(*x->my_exp)) : 0};
+                         .exp_sum = nexp ? checksum(x->my_exp, nexp * sizeof(*x->my_exp)) : 0,
+                         .held = x->exp_table};
     if (local == RESHARD_ERR_UNAVAILABLE) /* only staging fails so before the exchange */
         me->side = SIDE_STAGING;
     if (local == RESHARD_OK)
@@ -1357,7 +1380,7 @@ static void drain_failed(struct run *r)
     for (int i = 0; i < x->nsend_peers; i++)
         if (r->ack_in[i].req.handle)
             net->ops->cancel(net, &r->ack_in[i].req);
-    if (r->ipc_tail > r->ipc_head) { /* nothing keeps writing into a peer once we return */
+    if (x->comm->ipc) { /* nothing keeps writing into a peer once we return */
         (void)cuda_lib()->stream_synchronize(x->comm->ipc->stream);
         r->ipc_head = r->ipc_tail;
     }
@@ -1539,7 +1562,11 @@ static reshard_status_t stage_in(struct exec *x, const reshard_buffers_t *bufs,
                         "rank %d: device buffers need the CUDA driver to be staged: %s",
                         x->comm->rank, why);
     }
-    RS_CHECK(cuda_current_context());
+    for (int t = 0; t < nt; t++) /* the context of the first device buffer */
+        if (bufs[t].mem == RESHARD_MEM_CUDA && (bufs[t].src || bufs[t].dst)) {
+            RS_CHECK(cuda_context_of(bufs[t].src ? bufs[t].src : bufs[t].dst));
+            break;
+        }
     if (!x->shadow && (!(x->shadow = rs_calloc(2 * (size_t)nt + 1, sizeof(char *), "staging")) ||
                        !(x->shadow_cap = rs_calloc(2 * (size_t)nt, sizeof(size_t), "staging"))))
         return RESHARD_ERR_NO_MEMORY;
@@ -1582,10 +1609,10 @@ static reshard_status_t run_staged(struct exec *x, const reshard_buffers_t *bufs
     reshard_buffers_t *host = rs_calloc((size_t)nt, sizeof(*host), "staging");
     reshard_status_t pre = host ? stage_in(x, bufs, host) : RESHARD_ERR_NO_MEMORY;
     if (!x->staged_before++ && pre == RESHARD_OK) {
-        const char *kind = "pageable";
+        const char *kind = "pinned host";
         for (int i = 0; i < 2 * nt; i++)
-            if (x->shadow[i])
-                kind = cuda_mem_kind_name(cuda_mem_kind(x->shadow[i]));
+            if (x->shadow[i] && !cuda_host_pinned(x->shadow[i]))
+                kind = "pageable host (cuMemAllocHost failed)";
         rs_log(RS_LOG_INFO, "rank %d: device buffers: host shadows in %s memory; local peers %s",
                x->comm->rank, kind,
                rs_param_int(RS_PARAM_CUDA_IPC) ? "write device destinations through CUDA IPC"

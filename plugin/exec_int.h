@@ -70,12 +70,14 @@ struct exec {
     /* CUDA IPC: this rank's exports of its device destinations that local peers write, by
      * tensor (exp_cache, made again when a buffer or its allocation changes: exp_key holds the
      * pointer and allocation id of each) and in a row (my_exp); and every rank's from the last
-     * gathering: exp_n[q] at exports + q * exp_max, their checksum exp_sum[q]. */
+     * gathering: exp_n[q] at exports + q * exp_max, that table's checksum exp_table (0:
+     * none). exp_refused counts allocations that would not export. */
     struct cuda_ipc_export *exp_cache, *my_exp, *exports;
     uint64_t *exp_key; /* [2 * ntensors] */
     uint32_t exp_max;
-    uint32_t *exp_n;           /* [size] */
-    uint64_t *exp_sum;         /* [size] */
+    uint32_t *exp_n; /* [size] */
+    uint64_t exp_table;
+    int exp_refused;
     struct cuda_ipc_maps maps; /* the peers' allocations this plan writes, mapped here */
     /* Coalescing (RESHARD_COALESCE_BYTES): network chunks of at most coalesce_bytes that leave
      * a source buffer at the start travel to each peer packed into messages of at most

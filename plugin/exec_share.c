@@ -486,7 +486,6 @@ void exec_destroy(struct exec *x)
     free(x->exports);
     free(x->exp_key);
     free(x->exp_n);
-    free(x->exp_sum);
     if (x->maps.nopen) /* no copy of this plan's is in flight: runs end after theirs */
         cuda_ipc_close_all(&x->maps);
     free(x->reg);

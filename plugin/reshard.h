@@ -293,9 +293,14 @@ RESHARD_API reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm,
                                                       const reshard_plan_config_t *config,
                                                       reshard_plan_t **plan);
 
-/* Where a buffer lives. Device buffers (RESHARD_MEM_CUDA) need the CUDA driver; the native
- * executor stages them through host copies for now (logged once at INFO), the NCCL executor
- * hands them to NCCL. A buffer the driver knows as device memory but declared host is refused. */
+/* Where a buffer lives. Device buffers (RESHARD_MEM_CUDA) need the CUDA driver. The native
+ * executor has local peers write device destinations through CUDA IPC (RESHARD_CUDA_IPC),
+ * moves contiguous network chunks straight from and into device memory where the transport
+ * can (RESHARD_GPUDIRECT), and stages the rest through pinned host copies; the first execution
+ * logs which at INFO. A device destination written through IPC stays mapped in its writers
+ * between executions: free it (cudaFree) only after the next execution of the plan with other
+ * buffers, or after reshard_plan_destroy on every rank. The NCCL executor hands device buffers
+ * to NCCL. A buffer the driver knows as device memory but declared host is refused. */
 typedef enum reshard_mem { RESHARD_MEM_HOST = 0, RESHARD_MEM_CUDA = 1 } reshard_mem_t;
 
 /* This rank's memory for one tensor: its source shard (NULL when it holds none) and its

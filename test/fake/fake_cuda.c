@@ -174,6 +174,8 @@ API int cuIpcGetMemHandle(struct fake_handle *h, uint64_t p)
     struct fake_alloc *a = find(p);
     if (!a || a->fd < 0 || (uint64_t)(uintptr_t)a->base != p)
         return FAKE_INVALID_VALUE;
+    if (fails("cuIpcGetMemHandle"))
+        return 801; /* CUDA_ERROR_NOT_SUPPORTED, as for allocations that cannot be shared */
     memset(h, 0, 64);
     memcpy(h->magic, "fakeipc", 8);
     h->pid = (int32_t)getpid();

@@ -8,6 +8,7 @@
  */
 #include "cuda_lib.h"
 #include "error.h"
+#include "param.h"
 #include "ranks.h"
 #include "reshard.h"
 #include "side.h"
@@ -206,6 +207,104 @@ static reshard_status_t mixed_refits(int rank, int size, reshard_comm_t *comm)
 Test(device, a_rank_with_host_buffers_meets_device_peers_through_host_memory)
 {
     struct outcome *o = run_ranks(4, mixed_refits);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+/* Rank 0 cannot use IPC: RESHARD_CUDA_IPC=0 there (ranks 0 and 1 then meet through staging
+ * both ways), or its destination allocation does not export (rank 1 writes it through
+ * staging; rank 0 still writes rank 1 through IPC). Domain {2,3} keeps IPC. */
+static reshard_status_t peer_stages(int rank, int size, reshard_comm_t *comm, int ipc_off)
+{
+    (void)size;
+    struct side a;
+    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    if (st != RESHARD_OK)
+        return st;
+    on_device(&a);
+    st = refit(&a, rank, 2);
+    reshard_comm_counters_t n;
+    reshard_comm_counters(comm, &n);
+    /* Rank 1 never writes through IPC; rank 0 does when only its own export failed. */
+    int none = rank == 1 || (rank == 0 && ipc_off);
+    if (st == RESHARD_OK)
+        st = expect(none ? n.ipc_out == 0 && n.local_out > 0 : n.ipc_out == n.local_out,
+                    "IPC between the ranks that can", (long long)n.ipc_out);
+    side_close(&a);
+    return st;
+}
+
+static reshard_status_t rank0_ipc_off(int rank, int size, reshard_comm_t *comm)
+{
+    return peer_stages(rank, size, comm, 1);
+}
+
+static reshard_status_t rank0_no_export(int rank, int size, reshard_comm_t *comm)
+{
+    return peer_stages(rank, size, comm, 0);
+}
+
+static void ipc_off_on_rank0(int rank)
+{
+    if (rank == 0) {
+        setenv("RESHARD_CUDA_IPC", "0", 1);
+        rs_param_reload(); /* read once per process: the parent read them before the fork */
+    }
+}
+
+Test(device, cuda_ipc_off_on_one_rank_stages_both_ways_with_its_peer)
+{
+    rank_setup = ipc_off_on_rank0;
+    struct outcome *o = run_ranks(4, rank0_ipc_off);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+static void no_export_on_rank0(int rank)
+{
+    if (rank == 0)
+        setenv("FAKE_CUDA_FAIL", "cuIpcGetMemHandle", 1);
+}
+
+Test(device, an_allocation_that_does_not_export_is_written_through_staging)
+{
+    rank_setup = no_export_on_rank0;
+    struct outcome *o = run_ranks(4, rank0_no_export);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+/* After a first refit every rank makes a second plan of the same tensors (the same hash), and
+ * rank 2 goes on with it while the others keep the first: rank 2 holds no exports, the others
+ * do, and all must still agree on gathering them again. */
+static reshard_status_t remade_plan(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side a;
+    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    if (st != RESHARD_OK)
+        return st;
+    on_device(&a);
+    st = refit(&a, rank, 1);
+    reshard_plan_t *second = NULL;
+    reshard_tensor_t t = {"w", a.src, a.dst};
+    if (st == RESHARD_OK)
+        st = reshard_comm_plan_create(comm, &t, 1, NULL, &second);
+    if (st == RESHARD_OK && rank == 2) {
+        reshard_plan_t *first = a.plan;
+        a.plan = second;
+        second = first;
+    }
+    if (st == RESHARD_OK)
+        st = refit(&a, rank, 2);
+    reshard_plan_destroy(second);
+    side_close(&a);
+    return st;
+}
+
+Test(device, a_rank_that_remade_its_plan_still_agrees_on_the_exports)
+{
+    struct outcome *o = run_ranks(4, remade_plan);
     for (int r = 0; r < 4; r++)
         cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
 }

@@ -43,6 +43,24 @@ typedef struct cu_ipc_mem_handle {
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS  1
 #define CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 1
 
+/* CUDA_MEMCPY2D: a copy of `height` rows of `width` bytes between pitched memory. Types are
+ * CUmemorytype (CU_MEMORYTYPE_HOST / _DEVICE); the array fields stay NULL. */
+typedef struct cu_memcpy2d {
+    size_t src_x_bytes, src_y;
+    int src_type;
+    const void *src_host;
+    cu_deviceptr src_device;
+    void *src_array;
+    size_t src_pitch;
+    size_t dst_x_bytes, dst_y;
+    int dst_type;
+    void *dst_host;
+    cu_deviceptr dst_device;
+    void *dst_array;
+    size_t dst_pitch;
+    size_t width_bytes, height;
+} cu_memcpy2d;
+
 /* X(field, symbol, return, parameters) */
 #define CUDA_FN_MAP(X)                                                                             \
     X(init, "cuInit", cu_result, (unsigned flags))                                                 \
@@ -75,6 +93,7 @@ typedef struct cu_ipc_mem_handle {
     X(ipc_close_mem_handle, "cuIpcCloseMemHandle", cu_result, (cu_deviceptr p))                    \
     X(memcpy_async, "cuMemcpyAsync", cu_result,                                                    \
       (cu_deviceptr dst, cu_deviceptr src, size_t n, cu_stream stream))                            \
+    X(memcpy_2d_async, "cuMemcpy2DAsync_v2", cu_result, (const cu_memcpy2d *p, cu_stream stream))  \
     X(stream_create, "cuStreamCreate", cu_result, (cu_stream * stream, unsigned flags))            \
     X(stream_destroy, "cuStreamDestroy_v2", cu_result, (cu_stream stream))                         \
     X(event_create, "cuEventCreate", cu_result, (cu_event * ev, unsigned flags))                   \

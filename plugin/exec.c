@@ -555,6 +555,43 @@ static reshard_status_t notify(struct run *r, uint32_t o, uint32_t chunk)
     return RESHARD_OK;
 }
 
+/* Rows at least this wide copy well on the copy engines, which leave the SMs to the caller's
+ * kernels; narrower ones go through the pack kernels (see pack_bench). */
+#define CE_MIN_ROW_BYTES 512
+
+/* Is the chunk rows of one width at constant pitches on both sides (a 2-D box of row-major
+ * shards), wide enough for the copy engines? Then m is the copy, from src into dst. */
+static int rows_2d(const struct region *a, const struct region *b, const char *src, char *dst,
+                   cu_memcpy2d *m)
+{
+    struct region_pair p;
+    uint64_t ao, bo, len, a0 = 0, b0 = 0, w = 0, sp = 0, dp = 0, n = 0;
+    region_pair_init(&p, a, b);
+    while (region_pair_next(&p, &ao, &bo, &len)) {
+        if (n == 0) {
+            a0 = ao, b0 = bo, w = len;
+        } else if (n == 1) {
+            if (len != w || ao < a0 + w || bo < b0 + w)
+                return 0;
+            sp = ao - a0, dp = bo - b0;
+        } else if (len != w || ao != a0 + n * sp || bo != b0 + n * dp) {
+            return 0;
+        }
+        n++;
+    }
+    if (n < 2 || w < CE_MIN_ROW_BYTES)
+        return 0;
+    *m = (cu_memcpy2d){.src_type = CU_MEMORYTYPE_DEVICE,
+                       .src_device = (cu_deviceptr)(uintptr_t)(src + a0),
+                       .src_pitch = sp,
+                       .dst_type = CU_MEMORYTYPE_DEVICE,
+                       .dst_device = (cu_deviceptr)(uintptr_t)(dst + b0),
+                       .dst_pitch = dp,
+                       .width_bytes = w,
+                       .height = n};
+    return 1;
+}
+
 /* Does a chunk go through the pack kernels? When it is strided on either side, its source is
  * on this GPU, and the kernels load (not on the stand-in driver, nor without nvcc at build). */
 static int ipc_kernels(const struct run *r, const struct xfer *xf, const struct region *a,
@@ -604,7 +641,12 @@ static int do_ipc(struct run *r, uint32_t o, uint32_t chunk)
     exec_chunk_region(x, xf, chunk, 1, &b);
     int ring = (int)(r->ipc_tail % CUDA_IPC_EVENTS);
     cu_result e = CU_SUCCESS;
-    if (ipc_kernels(r, xf, &a, &b)) { /* two launches instead of a copy per run */
+    cu_memcpy2d m;
+    const char *call = "cuMemcpyAsync";
+    if (dev_base(r, xf, 0) && rows_2d(&a, &b, src, dst, &m)) { /* one call, copy engines */
+        e = f->memcpy_2d_async(&m, ipc->stream);
+        call = "cuMemcpy2DAsync";
+    } else if (ipc_kernels(r, xf, &a, &b)) { /* two launches instead of a copy per run */
         struct rs_pack_desc da, db;
         cu_deviceptr scratch = 0;
         region_desc(&a, &da);
@@ -627,7 +669,9 @@ static int do_ipc(struct run *r, uint32_t o, uint32_t chunk)
                                 (cu_deviceptr)(uintptr_t)(src + ao), len, ipc->stream);
     }
     if (e != CU_SUCCESS) {
-        fail(r, cuda_error("a CUDA IPC copy to a local peer (cuMemcpyAsync)", e));
+        char what[64];
+        snprintf(what, sizeof(what), "a CUDA IPC copy to a local peer (%s)", call);
+        fail(r, cuda_error(what, e));
         return 1;
     }
     if ((e = f->event_record(ipc->ev[ring], ipc->stream)) != CU_SUCCESS) {

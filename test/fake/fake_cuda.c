@@ -248,6 +248,47 @@ API int cuMemcpyAsync(uint64_t dst, uint64_t src, size_t n, void *stream)
     return 0;
 }
 
+/* For tests: 2-D copies made so far. */
+static int copies_2d;
+
+API int fake_cuda_copies_2d(void)
+{
+    return copies_2d;
+}
+
+/* CUDA_MEMCPY2D, as the driver lays it out. */
+struct fake_memcpy2d {
+    size_t src_x, src_y;
+    int src_type;
+    const void *src_host;
+    uint64_t src_device;
+    void *src_array;
+    size_t src_pitch;
+    size_t dst_x, dst_y;
+    int dst_type;
+    void *dst_host;
+    uint64_t dst_device;
+    void *dst_array;
+    size_t dst_pitch;
+    size_t width, height;
+};
+
+API int cuMemcpy2DAsync_v2(const struct fake_memcpy2d *p, void *stream)
+{
+    (void)stream;
+    if (p->width > p->src_pitch || p->width > p->dst_pitch || p->src_array || p->dst_array)
+        return FAKE_INVALID_VALUE;
+    if (fails("cuMemcpy2DAsync_v2"))
+        return FAKE_ERROR;
+    const char *s = p->src_type == 1 ? p->src_host : (const char *)(uintptr_t)p->src_device;
+    char *d = p->dst_type == 1 ? p->dst_host : (char *)(uintptr_t)p->dst_device;
+    for (size_t y = 0; y < p->height; y++)
+        memmove(d + (p->dst_y + y) * p->dst_pitch + p->dst_x,
+                s + (p->src_y + y) * p->src_pitch + p->src_x, p->width);
+    copies_2d++;
+    return 0;
+}
+
 static int stream_obj;
 
 API int cuStreamCreate(void **stream, unsigned flags)

@@ -29,7 +29,8 @@ void fill(const reshard_layout_t *l, int rank, int32_t *buf)
     int64_t shape[8], n = shard_numel(l, rank, shape);
     if (!n)
         return;
-    int64_t rows[64], cols[64]; /* the tests below use 2-D tensors of at most 64 x 64 */
+    int64_t *rows = calloc((size_t)shape[0], sizeof(int64_t));
+    int64_t *cols = calloc((size_t)shape[1], sizeof(int64_t));
     reshard_layout_shard_index(l, rank, 0, rows);
     reshard_layout_shard_index(l, rank, 1, cols);
     reshard_layout_info_t info;
@@ -37,6 +38,8 @@ void fill(const reshard_layout_t *l, int rank, int32_t *buf)
     for (int64_t i = 0; i < shape[0]; i++)
         for (int64_t j = 0; j < shape[1]; j++)
             buf[i * shape[1] + j] = (int32_t)(rows[i] * info.shape[1] + cols[j]);
+    free(rows);
+    free(cols);
 }
 
 int count_wrong(const reshard_layout_t *l, int rank, const int32_t *buf)

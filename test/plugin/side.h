@@ -10,7 +10,7 @@
 
 /* The layout, or abort with the parser's message. */
 reshard_layout_t *parse(const char *spec);
-/* The rank's shard of the pattern (2-D tensors of at most 64 x 64). */
+/* The rank's shard of the pattern (2-D tensors). */
 void fill(const reshard_layout_t *l, int rank, int32_t *buf);
 int count_wrong(const reshard_layout_t *l, int rank, const int32_t *buf);
 

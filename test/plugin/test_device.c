@@ -28,6 +28,9 @@
  * network and forwards it inside. */
 #define HALVES "shape=48x40 dtype=i32 ranks=0-1 mesh=2 place=S(0)"
 #define WHOLE  "shape=48x40 dtype=i32 ranks=0-3 place=R"
+/* Rows to columns again, with 1 KiB rows in each block: wide enough for the copy engines. */
+#define WIDE_ROWS "shape=16x1024 dtype=i32 ranks=0-3 mesh=4 place=S(0)"
+#define WIDE_COLS "shape=16x1024 dtype=i32 ranks=0-3 mesh=4 place=S(1)"
 
 static void *fake(void)
 {
@@ -149,6 +152,35 @@ static reshard_status_t ipc_refits(int rank, int size, reshard_comm_t *comm)
 Test(device, local_peers_write_device_destinations_through_cuda_ipc)
 {
     struct outcome *o = run_ranks(4, ipc_refits);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+/* Blocks of wide rows go to the peer as one 2-D copy on the copy engines, narrow ones (the
+ * first test's 40-byte rows) through the kernels. */
+static reshard_status_t wide_rows(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side a;
+    reshard_status_t st = side_open(&a, comm, rank, WIDE_ROWS, WIDE_COLS);
+    if (st != RESHARD_OK)
+        return st;
+    on_device(&a);
+    int launches = fake_count("fake_cuda_launches");
+    st = refit(&a, rank, 2);
+    if (st == RESHARD_OK) /* one block to the domain peer per refit */
+        st = expect(fake_count("fake_cuda_copies_2d") == 2, "one 2-D copy per refit",
+                    fake_count("fake_cuda_copies_2d"));
+    if (st == RESHARD_OK)
+        st = expect(fake_count("fake_cuda_launches") == launches, "no kernel",
+                    fake_count("fake_cuda_launches"));
+    side_close(&a);
+    return st;
+}
+
+Test(device, wide_rows_go_to_peers_as_one_copy_engine_transfer)
+{
+    struct outcome *o = run_ranks(4, wide_rows);
     for (int r = 0; r < 4; r++)
         cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
 }
@@ -365,11 +397,13 @@ Test(device, gpudirect_chunks_forwarded_from_host_memory_reach_the_shadow)
 
 /* ---- driver failures: a clear error on every rank, never a hang ---- */
 
+static const char *fail_src = ROWS, *fail_dst = COLS;
+
 static reshard_status_t one_refit(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
     struct side a;
-    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    reshard_status_t st = side_open(&a, comm, rank, fail_src, fail_dst);
     if (st != RESHARD_OK)
         return st;
     on_device(&a);
@@ -426,6 +460,13 @@ Test(device, a_failed_pack_kernel_fails_the_refit)
     if (!cuda_fatbin(&fatbin))
         cr_skip_test("this build had no nvcc: no kernels");
     check_failure(1, "cuLaunchKernel", "cuda: cuLaunchKernel: fake error");
+}
+
+Test(device, a_failed_copy_engine_transfer_fails_the_refit)
+{
+    fail_src = WIDE_ROWS;
+    fail_dst = WIDE_COLS;
+    check_failure(0, "cuMemcpy2DAsync_v2", "a CUDA IPC copy to a local peer (cuMemcpy2DAsync)");
 }
 
 Test(device, a_failed_ipc_copy_fails_the_refit)

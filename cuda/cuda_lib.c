@@ -31,6 +31,11 @@ static void load(void)
     CUDA_FN_MAP(CUDA_FN_LOAD_)
 #undef CUDA_FN_LOAD_
     *(void **)&fns.get_handle_for_address_range = dlsym(h, "cuMemGetHandleForAddressRange");
+    fns.has_vmm = 1;
+#define CUDA_VMM_LOAD_(field, symbol, ret, params)                                                 \
+    fns.has_vmm &= (*(void **)&fns.field = dlsym(h, symbol)) != NULL;
+    CUDA_VMM_FN_MAP(CUDA_VMM_LOAD_)
+#undef CUDA_VMM_LOAD_
     int n = 0;
     cu_result r = fns.init(0);
     if (r == CU_SUCCESS)

@@ -103,10 +103,60 @@ typedef struct cu_memcpy2d {
     X(mem_alloc_host, "cuMemAllocHost_v2", cu_result, (void **p, size_t bytes))                    \
     X(mem_free_host, "cuMemFreeHost", cu_result, (void *p))
 
+/* The virtual memory management API (cuMemCreate allocations: PyTorch's expandable segments,
+ * NCCL's buffers). CUmemGenericAllocationHandle, CUmemAllocationProp, CUmemAccessDesc. */
+typedef unsigned long long cu_mem_handle;
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1 /* exported as an int */
+#define CU_MEM_HANDLE_TYPE_FABRIC                0x8 /* exported as 64 bytes */
+#define CU_MEM_LOCATION_TYPE_DEVICE              1
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE       3
+typedef struct cu_mem_location {
+    int type, id;
+} cu_mem_location;
+typedef struct cu_mem_prop {
+    int type;
+    int requested_handle_types;
+    cu_mem_location location;
+    void *win32_metadata;
+    struct {
+        unsigned char compression, gpu_direct_rdma_capable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } flags;
+} cu_mem_prop;
+typedef struct cu_mem_access {
+    cu_mem_location location;
+    int flags;
+} cu_mem_access;
+
+/* X(field, symbol, return, parameters): present since CUDA 10.2 or 11; looked up one by one,
+ * and the path that needs them is skipped when one is missing. */
+#define CUDA_VMM_FN_MAP(X)                                                                         \
+    X(mem_retain_allocation_handle, "cuMemRetainAllocationHandle", cu_result,                      \
+      (cu_mem_handle * h, void *addr))                                                             \
+    X(mem_get_allocation_properties, "cuMemGetAllocationPropertiesFromHandle", cu_result,          \
+      (cu_mem_prop * prop, cu_mem_handle h))                                                       \
+    X(mem_export, "cuMemExportToShareableHandle", cu_result,                                       \
+      (void *out, cu_mem_handle h, int type, unsigned long long flags))                            \
+    X(mem_import, "cuMemImportFromShareableHandle", cu_result,                                     \
+      (cu_mem_handle * h, void *os_handle, int type))                                              \
+    X(mem_release, "cuMemRelease", cu_result, (cu_mem_handle h))                                   \
+    X(mem_address_reserve, "cuMemAddressReserve", cu_result,                                       \
+      (cu_deviceptr * p, size_t size, size_t align, cu_deviceptr addr, unsigned long long flags))  \
+    X(mem_address_free, "cuMemAddressFree", cu_result, (cu_deviceptr p, size_t size))              \
+    X(mem_map, "cuMemMap", cu_result,                                                              \
+      (cu_deviceptr p, size_t size, size_t offset, cu_mem_handle h, unsigned long long flags))     \
+    X(mem_unmap, "cuMemUnmap", cu_result, (cu_deviceptr p, size_t size))                           \
+    X(mem_set_access, "cuMemSetAccess", cu_result,                                                 \
+      (cu_deviceptr p, size_t size, const cu_mem_access *desc, size_t count))                      \
+    X(ctx_get_device, "cuCtxGetDevice", cu_result, (cu_device * dev))
+
 struct cuda_fns {
 #define CUDA_FN_FIELD_(field, symbol, ret, params) ret(*field) params;
     CUDA_FN_MAP(CUDA_FN_FIELD_)
+    CUDA_VMM_FN_MAP(CUDA_FN_FIELD_)
 #undef CUDA_FN_FIELD_
+    int has_vmm; /* every CUDA_VMM_FN_MAP entry was found */
     /* CUDA 11.7 and later; NULL before (no dma-buf for GPUDirect RDMA). */
     cu_result (*get_handle_for_address_range)(void *handle, cu_deviceptr ptr, size_t size, int type,
                                               unsigned long long flags);

@@ -4,9 +4,41 @@
 #include "error.h"
 #include "log.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* A cuMemCreate allocation (cuIpcGetMemHandle refuses those): shared as a fabric handle or a
+ * POSIX descriptor, whichever its creator asked for (requestedHandleTypes). */
+static reshard_status_t export_vmm(const struct cuda_fns *f, cu_deviceptr base,
+                                   struct cuda_ipc_export *e, cu_result legacy)
+{
+    cu_mem_handle h;
+    cu_mem_prop prop;
+    if (!f->has_vmm || f->mem_retain_allocation_handle(&h, (void *)(uintptr_t)base) != CU_SUCCESS)
+        return cuda_error("cuIpcGetMemHandle on a device destination buffer", legacy);
+    cu_result r = f->mem_get_allocation_properties(&prop, h);
+    int types = r == CU_SUCCESS ? prop.requested_handle_types : 0;
+    if (types & CU_MEM_HANDLE_TYPE_FABRIC) {
+        e->kind = CUDA_IPC_FABRIC;
+        r = f->mem_export(&e->handle, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+    } else if (types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        struct cuda_ipc_fd fd = {.pid = (int32_t)getpid(), .fd = -1};
+        e->kind = CUDA_IPC_POSIX_FD;
+        r = f->mem_export(&fd.fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        memcpy(&e->handle, &fd, sizeof(fd));
+    }
+    (void)f->mem_release(h); /* the retain's reference */
+    if (!(types & (CU_MEM_HANDLE_TYPE_FABRIC | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)))
+        return rs_error(RESHARD_ERR_UNAVAILABLE,
+                        "cuda: a cuMemCreate allocation made without a shareable handle type "
+                        "(POSIX descriptor or fabric) cannot be mapped by peers");
+    return r == CU_SUCCESS ? RESHARD_OK
+                           : cuda_error("cuMemExportToShareableHandle of a destination buffer", r);
+}
 
 reshard_status_t cuda_ipc_export(const void *dev, uint32_t tensor, struct cuda_ipc_export *e)
 {
@@ -16,15 +48,92 @@ reshard_status_t cuda_ipc_export(const void *dev, uint32_t tensor, struct cuda_i
     RS_CHECK(cuda_current_context());
     cu_deviceptr p = (cu_deviceptr)(uintptr_t)dev, base = 0;
     size_t bytes = 0;
-    *e = (struct cuda_ipc_export){.tensor = tensor};
+    *e = (struct cuda_ipc_export){.tensor = tensor, .kind = CUDA_IPC_LEGACY};
     cu_result r = f->mem_get_address_range(&base, &bytes, p);
     if (r != CU_SUCCESS)
         return cuda_error("cuMemGetAddressRange on a device destination buffer", r);
     if ((r = f->ipc_get_mem_handle(&e->handle, base)) != CU_SUCCESS)
-        return cuda_error("cuIpcGetMemHandle on a device destination buffer", r);
+        RS_CHECK(export_vmm(f, base, e, r));
     e->offset = p - base;
     e->bytes = bytes;
     return RESHARD_OK;
+}
+
+void cuda_ipc_unexport(struct cuda_ipc_export *e)
+{
+    struct cuda_ipc_fd fd;
+    memcpy(&fd, &e->handle, sizeof(fd));
+    if (e->kind == CUDA_IPC_POSIX_FD && fd.fd >= 0 && fd.pid == (int32_t)getpid())
+        close(fd.fd);
+    e->kind = CUDA_IPC_LEGACY;
+}
+
+/* The exporter's descriptor, duplicated into this process (pidfd_getfd: Linux 5.6, and the
+ * same permission cross-memory writes need). */
+static reshard_status_t take_fd(int peer, const struct cuda_ipc_fd *fd, int *out)
+{
+    int pidfd = (int)syscall(SYS_pidfd_open, fd->pid, 0);
+    *out = pidfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pidfd, fd->fd, 0);
+    int e = errno;
+    if (pidfd >= 0)
+        close(pidfd);
+    if (*out < 0)
+        return rs_error(RESHARD_ERR_UNAVAILABLE,
+                        "cuda: cannot take rank %d's allocation descriptor (pid %d, fd %d) with "
+                        "pidfd_getfd: %s (RESHARD_CUDA_IPC=0 stages instead)",
+                        peer, fd->pid, fd->fd, strerror(e));
+    return RESHARD_OK;
+}
+
+/* A peer's cuMemCreate allocation: imported, mapped at a fresh address, made accessible. */
+static reshard_status_t open_vmm(const struct cuda_fns *f, int peer,
+                                 const struct cuda_ipc_export *e, cu_deviceptr *base)
+{
+    if (!f->has_vmm)
+        return rs_error(RESHARD_ERR_UNAVAILABLE,
+                        "cuda: this driver lacks the virtual memory calls rank %d's allocation "
+                        "needs",
+                        peer);
+    cu_mem_handle h;
+    cu_result r;
+    if (e->kind == CUDA_IPC_POSIX_FD) {
+        struct cuda_ipc_fd fd;
+        int mine;
+        memcpy(&fd, &e->handle, sizeof(fd));
+        RS_CHECK(take_fd(peer, &fd, &mine));
+        r = f->mem_import(&h, (void *)(uintptr_t)mine, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        close(mine);
+    } else {
+        r = f->mem_import(&h, (void *)&e->handle, CU_MEM_HANDLE_TYPE_FABRIC);
+    }
+    if (r != CU_SUCCESS)
+        return cuda_error("cuMemImportFromShareableHandle of a peer's buffer", r);
+    cu_device dev = 0;
+    *base = 0;
+    if ((r = f->ctx_get_device(&dev)) == CU_SUCCESS)
+        r = f->mem_address_reserve(base, e->bytes, 0, 0, 0);
+    if (r == CU_SUCCESS && (r = f->mem_map(*base, e->bytes, 0, h, 0)) != CU_SUCCESS) {
+        (void)f->mem_address_free(*base, e->bytes);
+        *base = 0;
+    }
+    cu_mem_access rw = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    if (r == CU_SUCCESS && (r = f->mem_set_access(*base, e->bytes, &rw, 1)) != CU_SUCCESS) {
+        (void)f->mem_unmap(*base, e->bytes);
+        (void)f->mem_address_free(*base, e->bytes);
+    }
+    (void)f->mem_release(h); /* the mapping holds it now */
+    return r == CU_SUCCESS ? RESHARD_OK : cuda_error("mapping a peer's buffer (cuMemMap)", r);
+}
+
+static void close_one(const struct cuda_ipc_open *o)
+{
+    const struct cuda_fns *f = cuda_lib();
+    if (o->kind == CUDA_IPC_LEGACY) {
+        (void)f->ipc_close_mem_handle(o->base);
+        return;
+    }
+    (void)f->mem_unmap(o->base, o->bytes);
+    (void)f->mem_address_free(o->base, o->bytes);
 }
 
 reshard_status_t cuda_ipc_get(struct cuda_ipc **ipc)
@@ -54,7 +163,8 @@ reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *ipc, int peer, const struct
 {
     for (size_t i = 0; i < ipc->nopen; i++) {
         const struct cuda_ipc_open *o = &ipc->open[i];
-        if (o->peer == peer && !memcmp(&o->handle, &e->handle, sizeof(e->handle))) {
+        if (o->peer == peer && o->kind == e->kind &&
+            !memcmp(&o->handle, &e->handle, sizeof(e->handle))) {
             *ptr = (char *)(uintptr_t)o->base + e->offset;
             return RESHARD_OK;
         }
@@ -65,17 +175,20 @@ reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *ipc, int peer, const struct
         return RESHARD_ERR_NO_MEMORY;
     ipc->open = n;
     cu_deviceptr base = 0;
-    cu_result r =
-        cuda_lib()->ipc_open_mem_handle(&base, e->handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-    if (r != CU_SUCCESS) {
-        char what[96];
-        snprintf(what, sizeof(what),
-                 "cuIpcOpenMemHandle of rank %d's buffer (RESHARD_CUDA_IPC=0 "
-                 "stages instead)",
-                 peer);
-        return cuda_error(what, r);
+    if (e->kind != CUDA_IPC_LEGACY) {
+        RS_CHECK(open_vmm(cuda_lib(), peer, e, &base));
+    } else {
+        cu_result r =
+            cuda_lib()->ipc_open_mem_handle(&base, e->handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        if (r != CU_SUCCESS) {
+            char what[96];
+            snprintf(what, sizeof(what),
+                     "cuIpcOpenMemHandle of rank %d's buffer (RESHARD_CUDA_IPC=0 stages instead)",
+                     peer);
+            return cuda_error(what, r);
+        }
     }
-    n[ipc->nopen++] = (struct cuda_ipc_open){peer, e->handle, base, e->bytes};
+    n[ipc->nopen++] = (struct cuda_ipc_open){peer, e->kind, e->handle, base, e->bytes};
     rs_log(RS_LOG_TRACE, "cuda ipc: opened rank %d's %llu-byte allocation", peer,
            (unsigned long long)e->bytes);
     *ptr = (char *)(uintptr_t)base + e->offset;
@@ -89,11 +202,11 @@ void cuda_ipc_prune(struct cuda_ipc_maps *ipc, int peer, const struct cuda_ipc_e
         const struct cuda_ipc_open *o = &ipc->open[i];
         int live = o->peer != peer;
         for (size_t k = 0; !live && k < n; k++)
-            live = !memcmp(&o->handle, &e[k].handle, sizeof(o->handle));
+            live = o->kind == e[k].kind && !memcmp(&o->handle, &e[k].handle, sizeof(o->handle));
         if (live)
             ipc->open[keep++] = *o;
         else
-            (void)cuda_lib()->ipc_close_mem_handle(o->base);
+            close_one(o);
     }
     ipc->nopen = keep;
 }
@@ -142,7 +255,7 @@ void cuda_ipc_free(struct cuda_ipc *ipc)
 void cuda_ipc_close_all(struct cuda_ipc_maps *m)
 {
     for (size_t i = 0; i < m->nopen; i++)
-        (void)cuda_lib()->ipc_close_mem_handle(m->open[i].base);
+        close_one(&m->open[i]);
     free(m->open);
     *m = (struct cuda_ipc_maps){0};
 }

@@ -17,19 +17,30 @@
 
 #define CUDA_IPC_EVENTS 16 /* chunk copies in flight on the stream */
 
+/* How an allocation is shared: cuIpcGetMemHandle (cuMemAlloc memory), or for cuMemCreate
+ * memory a POSIX file descriptor (which the importer takes from the exporter with
+ * pidfd_getfd, as it may for cross-memory writes) or a fabric handle. */
+enum cuda_ipc_kind { CUDA_IPC_LEGACY, CUDA_IPC_POSIX_FD, CUDA_IPC_FABRIC };
+
 /* What a rank publishes for one destination buffer (the same bytes on every host). */
 struct cuda_ipc_export {
     uint32_t tensor;
-    uint32_t pad;
+    uint32_t kind;   /* enum cuda_ipc_kind */
     uint64_t offset; /* of the buffer in its allocation */
     uint64_t bytes;  /* of the allocation */
+    /* LEGACY: the IPC handle; FABRIC: the fabric handle; POSIX_FD: struct cuda_ipc_fd. */
     cu_ipc_mem_handle handle;
+};
+
+struct cuda_ipc_fd {
+    int32_t pid, fd; /* the exporter's descriptor, open while it exports */
 };
 
 /* A plan's mappings of its peers' allocations. */
 struct cuda_ipc_maps {
     struct cuda_ipc_open {
         int peer;
+        uint32_t kind;
         cu_ipc_mem_handle handle;
         cu_deviceptr base;
         uint64_t bytes;
@@ -46,8 +57,10 @@ struct cuda_ipc {
     uint64_t scratch_bytes;
 };
 
-/* The handle of the allocation holding dev, and dev's place in it. */
+/* The handle of the allocation holding dev, and dev's place in it. A POSIX_FD export holds a
+ * descriptor until cuda_ipc_unexport. */
 reshard_status_t cuda_ipc_export(const void *dev, uint32_t tensor, struct cuda_ipc_export *e);
+void cuda_ipc_unexport(struct cuda_ipc_export *e);
 
 /* The communicator's IPC state, made on first use (*ipc NULL before). */
 reshard_status_t cuda_ipc_get(struct cuda_ipc **ipc);

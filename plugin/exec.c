@@ -1007,6 +1007,7 @@ static reshard_status_t make_exports(struct exec *x, const struct run *r, uint32
         if (f->pointer_get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != CU_SUCCESS)
             id = 0; /* unknown: export again every time */
         if (!id || x->exp_key[2 * t] != ptr || x->exp_key[2 * t + 1] != id) {
+            cuda_ipc_unexport(&x->exp_cache[t]); /* a descriptor it held */
             /* Not every allocation exports (cuMemCreate without a shareable handle,
              * stream-ordered pools): its writers then stage, and the first run says why. */
             if (cuda_ipc_export(b->dst, (uint32_t)t, &x->exp_cache[t]) != RESHARD_OK) {

@@ -481,6 +481,8 @@ void exec_destroy(struct exec *x)
             (void)comm_keep(c, free_shadows, x->shadow);
     }
     free(x->shadow_cap);
+    for (int t = 0; x->exp_cache && t < x->plan->ntensors; t++)
+        cuda_ipc_unexport(&x->exp_cache[t]);
     free(x->exp_cache);
     free(x->my_exp);
     free(x->exports);

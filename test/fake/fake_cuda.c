@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "pack_desc.h"
@@ -38,9 +39,12 @@ static int fails(const char *symbol)
 struct fake_alloc {
     char *base;
     size_t bytes;
-    int fd;     /* ours, -1 for a mapping of another process's */
-    int in_use; /* a slot may be reused once freed */
+    int fd;                    /* ours, -1 for a mapping of another process's, -2 for a cuMemMap */
+    int in_use;                /* a slot may be reused once freed */
+    unsigned long long handle; /* cuMemMap: the physical allocation mapped */
+    unsigned long long id;     /* unique in the process (CU_POINTER_ATTRIBUTE_BUFFER_ID) */
 };
+static unsigned long long next_id = 1;
 static struct fake_alloc allocs[4096];
 
 static struct fake_alloc *find(uint64_t p)
@@ -123,10 +127,15 @@ API int cuCtxSetCurrent(void *ctx)
     return ctx == &context ? 0 : 201;
 }
 
+/* Only an allocation's id (CU_POINTER_ATTRIBUTE_BUFFER_ID) is known; other queries fail, so
+ * that every pointer reads as host memory. */
 API int cuPointerGetAttribute(void *data, int attr, uint64_t ptr)
 {
-    (void)data, (void)attr, (void)ptr;
-    return 1; /* CUDA_ERROR_INVALID_VALUE: not the driver's memory */
+    struct fake_alloc *a = attr == 7 ? find(ptr) : NULL;
+    if (!a)
+        return 1; /* CUDA_ERROR_INVALID_VALUE: not the driver's memory */
+    *(unsigned long long *)data = a->id;
+    return 0;
 }
 
 API int cuMemAlloc_v2(uint64_t *p, size_t n)
@@ -143,7 +152,7 @@ API int cuMemAlloc_v2(uint64_t *p, size_t n)
         close(fd);
         return 2;
     }
-    *a = (struct fake_alloc){m, n ? n : 1, fd, 1};
+    *a = (struct fake_alloc){m, n ? n : 1, fd, 1, 0, next_id++};
     *p = (uint64_t)(uintptr_t)m;
     return 0;
 }
@@ -173,7 +182,7 @@ API int cuIpcGetMemHandle(struct fake_handle *h, uint64_t p)
 {
     struct fake_alloc *a = find(p);
     if (!a || a->fd < 0 || (uint64_t)(uintptr_t)a->base != p)
-        return FAKE_INVALID_VALUE;
+        return FAKE_INVALID_VALUE; /* cuMemCreate memory included, as the driver does */
     if (fails("cuIpcGetMemHandle"))
         return 801; /* CUDA_ERROR_NOT_SUPPORTED, as for allocations that cannot be shared */
     memset(h, 0, 64);
@@ -210,7 +219,7 @@ API int cuIpcOpenMemHandle_v2(uint64_t *p, struct fake_handle_bytes hb, unsigned
         close(fd);
     if (m == MAP_FAILED)
         return 205; /* CUDA_ERROR_MAP_FAILED */
-    *a = (struct fake_alloc){m, h.bytes, -1, 1};
+    *a = (struct fake_alloc){m, h.bytes, -1, 1, 0, next_id++};
     *p = (uint64_t)(uintptr_t)m;
     ipc_opens++;
     return 0;
@@ -224,6 +233,186 @@ API int cuIpcCloseMemHandle(uint64_t p)
     munmap(a->base, a->bytes);
     a->in_use = 0;
     ipc_closes++;
+    return 0;
+}
+
+/* ---- the virtual memory management calls: physical allocations are memfds ---- */
+
+struct fake_phys {
+    int fd, types, refs;
+    size_t bytes;
+};
+static struct fake_phys phys[1024]; /* handle h is phys[h - 1]; refs 0: free */
+static int vmm_imports;
+
+API int fake_cuda_vmm_imports(void)
+{
+    return vmm_imports;
+}
+
+struct fake_prop { /* CUmemAllocationProp */
+    int type, types;
+    int loc_type, loc_id;
+    void *win32;
+    unsigned char flags[8];
+};
+
+static unsigned long long new_phys(int fd, size_t bytes, int types)
+{
+    for (int i = 0; i < 1024; i++)
+        if (!phys[i].refs) {
+            phys[i] = (struct fake_phys){fd, types, 1, bytes};
+            return (unsigned long long)i + 1;
+        }
+    return 0;
+}
+
+static struct fake_phys *get_phys(unsigned long long h)
+{
+    return h >= 1 && h <= 1024 && phys[h - 1].refs ? &phys[h - 1] : NULL;
+}
+
+API int cuMemCreate(unsigned long long *h, size_t bytes, const struct fake_prop *prop,
+                    unsigned long long flags)
+{
+    (void)flags;
+    int fd = memfd_create("fake-cuda-vmm", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)bytes) || !(*h = new_phys(fd, bytes, prop->types))) {
+        if (fd >= 0)
+            close(fd);
+        return 2;
+    }
+    return 0;
+}
+
+API int cuMemRelease(unsigned long long h)
+{
+    struct fake_phys *ph = get_phys(h);
+    if (!ph)
+        return FAKE_INVALID_VALUE;
+    if (--ph->refs == 0)
+        close(ph->fd);
+    return 0;
+}
+
+API int cuMemAddressReserve(uint64_t *p, size_t bytes, size_t align, uint64_t addr,
+                            unsigned long long flags)
+{
+    (void)align, (void)addr, (void)flags;
+    void *m = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    *p = (uint64_t)(uintptr_t)m;
+    return m == MAP_FAILED ? 2 : 0;
+}
+
+API int cuMemAddressFree(uint64_t p, size_t bytes)
+{
+    return munmap((void *)(uintptr_t)p, bytes) ? FAKE_INVALID_VALUE : 0;
+}
+
+API int cuMemMap(uint64_t p, size_t bytes, size_t offset, unsigned long long h,
+                 unsigned long long flags)
+{
+    (void)flags;
+    struct fake_phys *ph = get_phys(h);
+    struct fake_alloc *a = slot();
+    if (!ph || !a || offset + bytes > ph->bytes)
+        return FAKE_INVALID_VALUE;
+    void *m = mmap((void *)(uintptr_t)p, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                   ph->fd, (off_t)offset);
+    if (m == MAP_FAILED)
+        return 205;
+    ph->refs++;
+    *a = (struct fake_alloc){m, bytes, -2, 1, h, next_id++};
+    return 0;
+}
+
+API int cuMemUnmap(uint64_t p, size_t bytes)
+{
+    struct fake_alloc *a = find(p);
+    if (!a || a->fd != -2 || (uint64_t)(uintptr_t)a->base != p || a->bytes != bytes)
+        return FAKE_INVALID_VALUE;
+    mmap(a->base, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    cuMemRelease(a->handle);
+    a->in_use = 0;
+    return 0;
+}
+
+API int cuMemSetAccess(uint64_t p, size_t bytes, const void *desc, size_t count)
+{
+    (void)desc, (void)count;
+    struct fake_alloc *a = find(p);
+    return a && a->fd == -2 && a->bytes >= bytes ? 0 : FAKE_INVALID_VALUE;
+}
+
+API int cuCtxGetDevice(int *dev)
+{
+    *dev = 0;
+    return 0;
+}
+
+API int cuMemRetainAllocationHandle(unsigned long long *h, void *addr)
+{
+    struct fake_alloc *a = find((uint64_t)(uintptr_t)addr);
+    if (!a || a->fd != -2)
+        return FAKE_INVALID_VALUE;
+    get_phys(a->handle)->refs++;
+    *h = a->handle;
+    return 0;
+}
+
+API int cuMemGetAllocationPropertiesFromHandle(struct fake_prop *prop, unsigned long long h)
+{
+    struct fake_phys *ph = get_phys(h);
+    if (!ph)
+        return FAKE_INVALID_VALUE;
+    *prop = (struct fake_prop){.type = 1, .types = ph->types, .loc_type = 1};
+    return 0;
+}
+
+/* A fake fabric handle names the exporting process and its descriptor, like the IPC one. */
+API int cuMemExportToShareableHandle(void *out, unsigned long long h, int type,
+                                     unsigned long long flags)
+{
+    (void)flags;
+    struct fake_phys *ph = get_phys(h);
+    if (!ph || !(ph->types & type))
+        return FAKE_INVALID_VALUE;
+    if (type == 1) {
+        *(int *)out = fcntl(ph->fd, F_DUPFD_CLOEXEC, 0);
+        return *(int *)out < 0 ? FAKE_ERROR : 0;
+    }
+    struct fake_handle fh = {.pid = (int32_t)getpid(), .fd = ph->fd, .bytes = ph->bytes};
+    memcpy(fh.magic, "fakefab", 8);
+    memset(out, 0, 64);
+    memcpy(out, &fh, sizeof(fh));
+    return 0;
+}
+
+API int cuMemImportFromShareableHandle(unsigned long long *h, void *os, int type)
+{
+    int fd = -1;
+    size_t bytes = 0;
+    if (type == 1) {
+        struct stat st;
+        fd = fcntl((int)(uintptr_t)os, F_DUPFD_CLOEXEC, 0);
+        if (fd >= 0 && !fstat(fd, &st))
+            bytes = (size_t)st.st_size;
+    } else if (type == 8) {
+        struct fake_handle fh;
+        memcpy(&fh, os, sizeof(fh));
+        if (memcmp(fh.magic, "fakefab", 8))
+            return 400;
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/fd/%d", fh.pid, fh.fd);
+        fd = open(path, O_RDWR | O_CLOEXEC);
+        bytes = fh.bytes;
+    }
+    if (fd < 0 || !bytes || !(*h = new_phys(fd, bytes, type))) {
+        if (fd >= 0)
+            close(fd);
+        return FAKE_INVALID_VALUE;
+    }
+    vmm_imports++;
     return 0;
 }
 

@@ -64,6 +64,29 @@ static void *device_copy(const void *host, size_t n)
     return (void *)(uintptr_t)p;
 }
 
+/* The same in a cuMemCreate allocation, mapped (as PyTorch's expandable segments are), made
+ * with the given shareable handle types (0: none). */
+static void *vmm_copy(const void *host, size_t n, int types)
+{
+    void *h = fake();
+    cu_mem_prop prop = {.type = 1, .requested_handle_types = types, .location = {1, 0}};
+    cu_mem_access rw = {{1, 0}, 3};
+    cu_mem_handle m;
+    uint64_t p = 0;
+    if (((int (*)(cu_mem_handle *, size_t, const cu_mem_prop *, unsigned long long))dlsym(
+            h, "cuMemCreate"))(&m, n, &prop, 0) ||
+        ((int (*)(uint64_t *, size_t, size_t, uint64_t, unsigned long long))dlsym(
+            h, "cuMemAddressReserve"))(&p, n, 0, 0, 0) ||
+        ((int (*)(uint64_t, size_t, size_t, cu_mem_handle, unsigned long long))dlsym(
+            h, "cuMemMap"))(p, n, 0, m, 0) ||
+        ((int (*)(uint64_t, size_t, const cu_mem_access *, size_t))dlsym(h, "cuMemSetAccess"))(
+            p, n, &rw, 1) ||
+        ((int (*)(cu_mem_handle))dlsym(h, "cuMemRelease"))(m))
+        abort();
+    memcpy((void *)(uintptr_t)p, host, n);
+    return (void *)(uintptr_t)p;
+}
+
 static void on_device(struct side *x)
 {
     x->b.src = device_copy(x->s, x->b.src_bytes);
@@ -181,6 +204,59 @@ static reshard_status_t wide_rows(int rank, int size, reshard_comm_t *comm)
 Test(device, wide_rows_go_to_peers_as_one_copy_engine_transfer)
 {
     struct outcome *o = run_ranks(4, wide_rows);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+/* Destinations in cuMemCreate allocations: shared through a POSIX descriptor (taken from the
+ * exporter with pidfd_getfd) or a fabric handle, imported and mapped once per peer; without a
+ * shareable handle type their writers stage. */
+static int vmm_types;
+
+static reshard_status_t vmm_refits(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side a;
+    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    if (st != RESHARD_OK)
+        return st;
+    on_device(&a);
+    a.b.dst = vmm_copy(a.d, a.b.dst_bytes, vmm_types);
+    st = refit(&a, rank, 3);
+    reshard_comm_counters_t n;
+    reshard_comm_counters(comm, &n);
+    if (st == RESHARD_OK && vmm_types)
+        st = expect(n.ipc_out > 0 && n.ipc_out == n.local_out, "every local byte through IPC",
+                    (long long)n.ipc_out);
+    if (st == RESHARD_OK && vmm_types)
+        st = expect(fake_count("fake_cuda_vmm_imports") == 1, "the peer's allocation imported once",
+                    fake_count("fake_cuda_vmm_imports"));
+    if (st == RESHARD_OK && !vmm_types)
+        st = expect(n.ipc_out == 0 && n.local_out > 0, "staged", (long long)n.ipc_out);
+    side_close(&a);
+    return st;
+}
+
+Test(device, cumemcreate_destinations_are_shared_through_posix_descriptors)
+{
+    vmm_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    struct outcome *o = run_ranks(4, vmm_refits);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+Test(device, cumemcreate_destinations_are_shared_through_fabric_handles)
+{
+    vmm_types = CU_MEM_HANDLE_TYPE_FABRIC;
+    struct outcome *o = run_ranks(4, vmm_refits);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}
+
+Test(device, cumemcreate_destinations_without_a_shareable_handle_are_staged)
+{
+    vmm_types = 0;
+    struct outcome *o = run_ranks(4, vmm_refits);
     for (int r = 0; r < 4; r++)
         cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
 }

@@ -4,7 +4,8 @@
 # gpu-check.sh: everything that needs a GPU, in one command (a few minutes on one GPU):
 # builds, runs the GPU unit tests (driver, pack/unpack kernels against the host), the kernels'
 # bandwidth against cuMemcpyDtoD on 256 MiB boxes (pack_bench), 4 processes on the GPU
-# refitting device buffers with the fan-out through CUDA IPC and then through host staging
+# refitting device buffers with the fan-out through CUDA IPC (cuMemAlloc destinations, then
+# cuMemCreate ones shared by POSIX descriptor) and then through host staging
 # (RESHARD_CUDA_IPC=0), a refit through real NCCL (RESHARD_EXECUTOR=nccl), the DTensor mapping
 # check and the torch tests, and prints a table. Steps whose prerequisites are missing (no
 # torch, no libnccl) say SKIP and why; any FAIL makes the exit status 1.
@@ -75,6 +76,10 @@ device_refit() {
     "$BUILD/test/perf/device_refit" 256
 }
 
+device_refit_vmm() {
+    DEVICE_REFIT_VMM=1 "$BUILD/test/perf/device_refit" 256
+}
+
 device_refit_staged() {
     RESHARD_CUDA_IPC=0 "$BUILD/test/perf/device_refit" 256
 }
@@ -99,6 +104,7 @@ step build build
 step gpu-unit gpu_unit
 step pack pack
 step refit-ipc device_refit
+step refit-vmm device_refit_vmm
 step refit-staged device_refit_staged
 step nccl nccl
 step dtensor dtensor

@@ -8,7 +8,9 @@
  * back on the host. The fan-out inside a domain goes through CUDA IPC (RESHARD_CUDA_IPC=1, the
  * default), the network slices through host staging. Three refits: prints each rank's #wrong,
  * the last refit's time and the bytes each path moved; exit 0 when all are right, 77 without a
- * GPU stack. make test runs it on the stand-in driver of test/fake.
+ * GPU stack. make test runs it on the stand-in driver of test/fake. DEVICE_REFIT_VMM=1 makes the
+ * destinations cuMemCreate allocations shared by POSIX descriptor (as PyTorch's expandable
+ * segments), so that IPC goes through the import path.
  *
  *   device_refit [MiB]     (default 64; the tensor's size)
  */
@@ -52,6 +54,32 @@ static float value(int64_t i)
     return (float)(i % 999983) * 0.5f;
 }
 
+/* A cuMemCreate allocation of at least n bytes (2 MiB granules), mapped read-write on device
+ * 0, shareable by POSIX descriptor. The structures as cuda.h lays them out. */
+static int vmm_alloc(void *cu, uint64_t *p, size_t n)
+{
+    struct {
+        int type, types, loc_type, loc_id;
+        void *win32;
+        unsigned char flags[8];
+    } prop = {1, 1, 1, 0, NULL, {0}};
+    struct {
+        int loc_type, loc_id, flags;
+    } rw = {1, 0, 3};
+    unsigned long long h;
+    size_t size = (n + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+    int (*create)(unsigned long long *, size_t, const void *, unsigned long long) =
+        sym(cu, "cuMemCreate");
+    int (*reserve)(uint64_t *, size_t, size_t, uint64_t, unsigned long long) =
+        sym(cu, "cuMemAddressReserve");
+    int (*map)(uint64_t, size_t, size_t, unsigned long long, unsigned long long) =
+        sym(cu, "cuMemMap");
+    int (*access)(uint64_t, size_t, const void *, size_t) = sym(cu, "cuMemSetAccess");
+    int (*release)(unsigned long long) = sym(cu, "cuMemRelease");
+    return create(&h, size, &prop, 0) || reserve(p, size, 0, 0, 0) || map(*p, size, 0, h, 0) ||
+           access(*p, size, &rw, 1) || release(h);
+}
+
 static int run_rank(const reshard_unique_id_t *id, int rank, long rows, void *cu,
                     struct result *out)
 {
@@ -93,7 +121,9 @@ static int run_rank(const reshard_unique_id_t *id, int rank, long rows, void *cu
     int64_t first = (int64_t)rank * (rows / 2) * 1024; /* ranks 0-1: their row halves */
     for (size_t i = 0; i < sb / 4; i++)
         host[i] = value(first + (int64_t)i);
-    if ((sb && (cu_alloc(&dsrc, sb) || cu_htod(dsrc, host, sb))) || cu_alloc(&ddst, db)) {
+    const char *vmm = getenv("DEVICE_REFIT_VMM");
+    int dst_failed = vmm && *vmm == '1' ? vmm_alloc(cu, &ddst, db) : cu_alloc(&ddst, db);
+    if ((sb && (cu_alloc(&dsrc, sb) || cu_htod(dsrc, host, sb))) || dst_failed) {
         snprintf(out->msg, sizeof(out->msg), "device memory");
         return 1;
     }

@@ -28,6 +28,19 @@ Test(nccl_check, without_a_gpu_stack_it_skips_with_77, .timeout = 60)
     cr_assert(strstr(out, "libcuda-not-here.so.1"), "%s", out);
 }
 
+Test(device_refit, cumemcreate_destinations_on_the_stand_in, .timeout = 60)
+{
+    char out[4096];
+    const char *b = build_dir();
+    int rc = run_capturef(out, sizeof(out),
+                          "DEVICE_REFIT_VMM=1 RESHARD_CUDA_LIB=%s/test/fake/libcuda.so.1 "
+                          "%s/test/perf/device_refit 4",
+                          b, b);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "8.00 MiB per refit through CUDA IPC: #wrong 0 on every rank"), "%s",
+              out);
+}
+
 Test(device_refit, four_processes_refit_device_buffers_on_the_stand_in, .timeout = 60)
 {
     char out[4096];

@@ -70,3 +70,9 @@ struct outcome *run_ranks(int size, rank_fn fn)
 {
     return run_ranks_stalling(size, fn, -1);
 }
+
+void all_ok(const struct outcome *o, int n)
+{
+    for (int r = 0; r < n; r++)
+        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+}

@@ -22,5 +22,7 @@ struct outcome *run_ranks_stalling(int size, rank_fn fn, int stalls);
 /* If set, each forked rank calls it before making the communicator (per-rank environment). */
 extern void (*rank_setup)(int rank);
 struct outcome *run_ranks(int size, rank_fn fn);
+/* Asserts that each of the n outcomes is RESHARD_OK, naming the first rank that is not. */
+void all_ok(const struct outcome *o, int n);
 
 #endif

@@ -46,12 +46,6 @@ static void set_domains(void)
 
 TestSuite(comm, .init = set_domains, .timeout = 60);
 
-static void all_ok(const struct outcome *o, int n)
-{
-    for (int r = 0; r < n; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
-}
-
 Test(comm, forked_ranks_reshard_every_element_to_its_place)
 {
     all_ok(run_ranks(4, move_and_check), 4);

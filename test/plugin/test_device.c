@@ -94,6 +94,16 @@ static void on_device(struct side *x)
     x->b.mem = RESHARD_MEM_CUDA;
 }
 
+/* side_open with the buffers on the device. */
+static reshard_status_t device_side(struct side *x, reshard_comm_t *comm, int rank, const char *src,
+                                    const char *dst)
+{
+    reshard_status_t st = side_open(x, comm, rank, src, dst);
+    if (st == RESHARD_OK)
+        on_device(x);
+    return st;
+}
+
 /* Runs the plan `iters` times into zeroed destinations and checks every element. */
 static reshard_status_t refit(struct side *x, int rank, int iters)
 {
@@ -174,9 +184,7 @@ static reshard_status_t ipc_refits(int rank, int size, reshard_comm_t *comm)
 
 Test(device, local_peers_write_device_destinations_through_cuda_ipc)
 {
-    struct outcome *o = run_ranks(4, ipc_refits);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, ipc_refits), 4);
 }
 
 /* Blocks of wide rows go to the peer as one 2-D copy on the copy engines, narrow ones (the
@@ -185,10 +193,9 @@ static reshard_status_t wide_rows(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
     struct side a;
-    reshard_status_t st = side_open(&a, comm, rank, WIDE_ROWS, WIDE_COLS);
+    reshard_status_t st = device_side(&a, comm, rank, WIDE_ROWS, WIDE_COLS);
     if (st != RESHARD_OK)
         return st;
-    on_device(&a);
     int launches = fake_count("fake_cuda_launches");
     st = refit(&a, rank, 2);
     if (st == RESHARD_OK) /* one block to the domain peer per refit */
@@ -203,9 +210,7 @@ static reshard_status_t wide_rows(int rank, int size, reshard_comm_t *comm)
 
 Test(device, wide_rows_go_to_peers_as_one_copy_engine_transfer)
 {
-    struct outcome *o = run_ranks(4, wide_rows);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, wide_rows), 4);
 }
 
 /* Destinations in cuMemCreate allocations: shared through a POSIX descriptor (taken from the
@@ -217,10 +222,9 @@ static reshard_status_t vmm_refits(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
     struct side a;
-    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    reshard_status_t st = device_side(&a, comm, rank, ROWS, COLS);
     if (st != RESHARD_OK)
         return st;
-    on_device(&a);
     a.b.dst = vmm_copy(a.d, a.b.dst_bytes, vmm_types);
     st = refit(&a, rank, 3);
     reshard_comm_counters_t n;
@@ -240,25 +244,19 @@ static reshard_status_t vmm_refits(int rank, int size, reshard_comm_t *comm)
 Test(device, cumemcreate_destinations_are_shared_through_posix_descriptors)
 {
     vmm_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    struct outcome *o = run_ranks(4, vmm_refits);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, vmm_refits), 4);
 }
 
 Test(device, cumemcreate_destinations_are_shared_through_fabric_handles)
 {
     vmm_types = CU_MEM_HANDLE_TYPE_FABRIC;
-    struct outcome *o = run_ranks(4, vmm_refits);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, vmm_refits), 4);
 }
 
 Test(device, cumemcreate_destinations_without_a_shareable_handle_are_staged)
 {
     vmm_types = 0;
-    struct outcome *o = run_ranks(4, vmm_refits);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, vmm_refits), 4);
 }
 
 /* RESHARD_CUDA_IPC=0: the same refits through host staging and cross-memory writes. */
@@ -266,10 +264,9 @@ static reshard_status_t staged_refits(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
     struct side a;
-    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    reshard_status_t st = device_side(&a, comm, rank, ROWS, COLS);
     if (st != RESHARD_OK)
         return st;
-    on_device(&a);
     st = refit(&a, rank, 2);
     reshard_comm_counters_t n;
     reshard_comm_counters(comm, &n);
@@ -286,9 +283,7 @@ static reshard_status_t staged_refits(int rank, int size, reshard_comm_t *comm)
 Test(device, without_cuda_ipc_local_peers_go_through_host_staging)
 {
     setenv("RESHARD_CUDA_IPC", "0", 1);
-    struct outcome *o = run_ranks(4, staged_refits);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, staged_refits), 4);
 }
 
 /* Rank 1 keeps host buffers: it writes rank 0 by cross-memory writes into rank 0's staging,
@@ -314,9 +309,7 @@ static reshard_status_t mixed_refits(int rank, int size, reshard_comm_t *comm)
 
 Test(device, a_rank_with_host_buffers_meets_device_peers_through_host_memory)
 {
-    struct outcome *o = run_ranks(4, mixed_refits);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, mixed_refits), 4);
 }
 
 /* Rank 0 cannot use IPC: RESHARD_CUDA_IPC=0 there (ranks 0 and 1 then meet through staging
@@ -326,10 +319,9 @@ static reshard_status_t peer_stages(int rank, int size, reshard_comm_t *comm, in
 {
     (void)size;
     struct side a;
-    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    reshard_status_t st = device_side(&a, comm, rank, ROWS, COLS);
     if (st != RESHARD_OK)
         return st;
-    on_device(&a);
     st = refit(&a, rank, 2);
     reshard_comm_counters_t n;
     reshard_comm_counters(comm, &n);
@@ -363,9 +355,7 @@ static void ipc_off_on_rank0(int rank)
 Test(device, cuda_ipc_off_on_one_rank_stages_both_ways_with_its_peer)
 {
     rank_setup = ipc_off_on_rank0;
-    struct outcome *o = run_ranks(4, rank0_ipc_off);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, rank0_ipc_off), 4);
 }
 
 static void no_export_on_rank0(int rank)
@@ -377,9 +367,7 @@ static void no_export_on_rank0(int rank)
 Test(device, an_allocation_that_does_not_export_is_written_through_staging)
 {
     rank_setup = no_export_on_rank0;
-    struct outcome *o = run_ranks(4, rank0_no_export);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, rank0_no_export), 4);
 }
 
 /* After a first refit every rank makes a second plan of the same tensors (the same hash), and
@@ -389,10 +377,9 @@ static reshard_status_t remade_plan(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
     struct side a;
-    reshard_status_t st = side_open(&a, comm, rank, ROWS, COLS);
+    reshard_status_t st = device_side(&a, comm, rank, ROWS, COLS);
     if (st != RESHARD_OK)
         return st;
-    on_device(&a);
     st = refit(&a, rank, 1);
     reshard_plan_t *second = NULL;
     reshard_tensor_t t = {"w", a.src, a.dst};
@@ -412,9 +399,7 @@ static reshard_status_t remade_plan(int rank, int size, reshard_comm_t *comm)
 
 Test(device, a_rank_that_remade_its_plan_still_agrees_on_the_exports)
 {
-    struct outcome *o = run_ranks(4, remade_plan);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, remade_plan), 4);
 }
 
 /* GPUDirect on the stand-in (RESHARD_TEST_DEVICE_AS_HOST=1: its device memory is registered as
@@ -456,9 +441,7 @@ Test(device, gpudirect_moves_contiguous_network_chunks_without_staging)
 {
     setenv("RESHARD_TEST_DEVICE_AS_HOST", "1", 1);
     setenv("RESHARD_COALESCE_BYTES", "0", 1);
-    struct outcome *o = run_ranks(4, gdr_refits);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, gdr_refits), 4);
 }
 
 Test(device, gpudirect_chunks_forwarded_from_host_memory_reach_the_shadow)
@@ -466,9 +449,7 @@ Test(device, gpudirect_chunks_forwarded_from_host_memory_reach_the_shadow)
     setenv("RESHARD_TEST_DEVICE_AS_HOST", "1", 1);
     setenv("RESHARD_COALESCE_BYTES", "0", 1);
     setenv("RESHARD_CUDA_IPC", "0", 1);
-    struct outcome *o = run_ranks(4, gdr_refits);
-    for (int r = 0; r < 4; r++)
-        cr_assert_eq(o[r].status, RESHARD_OK, "rank %d: %s", r, o[r].msg);
+    all_ok(run_ranks(4, gdr_refits), 4);
 }
 
 /* ---- driver failures: a clear error on every rank, never a hang ---- */
@@ -479,10 +460,9 @@ static reshard_status_t one_refit(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
     struct side a;
-    reshard_status_t st = side_open(&a, comm, rank, fail_src, fail_dst);
+    reshard_status_t st = device_side(&a, comm, rank, fail_src, fail_dst);
     if (st != RESHARD_OK)
         return st;
-    on_device(&a);
     st = refit(&a, rank, 1);
     side_close(&a);
     return st;

@@ -31,6 +31,7 @@ static void load(void)
     CUDA_FN_MAP(CUDA_FN_LOAD_)
 #undef CUDA_FN_LOAD_
     *(void **)&fns.get_handle_for_address_range = dlsym(h, "cuMemGetHandleForAddressRange");
+    *(void **)&fns.flush_gpu_direct_rdma_writes = dlsym(h, "cuFlushGPUDirectRDMAWrites");
     fns.has_vmm = 1;
 #define CUDA_VMM_LOAD_(field, symbol, ret, params)                                                 \
     fns.has_vmm &= (*(void **)&fns.field = dlsym(h, symbol)) != NULL;
@@ -80,6 +81,15 @@ reshard_status_t cuda_current_context(void)
     if (r == CU_SUCCESS)
         r = f->ctx_set_current(ctx);
     return r == CU_SUCCESS ? RESHARD_OK : cuda_error("making a CUDA context current", r);
+}
+
+reshard_status_t cuda_flush_rdma_writes(void)
+{
+    const struct cuda_fns *f = cuda_lib();
+    if (!f || !f->flush_gpu_direct_rdma_writes)
+        return RESHARD_OK;
+    cu_result r = f->flush_gpu_direct_rdma_writes(0 /* the current context */, 100 /* its owner */);
+    return r == CU_SUCCESS ? RESHARD_OK : cuda_error("cuFlushGPUDirectRDMAWrites", r);
 }
 
 reshard_status_t cuda_error(const char *what, cu_result r)

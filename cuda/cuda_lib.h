@@ -157,6 +157,8 @@ struct cuda_fns {
     CUDA_VMM_FN_MAP(CUDA_FN_FIELD_)
 #undef CUDA_FN_FIELD_
     int has_vmm; /* every CUDA_VMM_FN_MAP entry was found */
+    /* CUDA 11.3 and later; NULL before. */
+    cu_result (*flush_gpu_direct_rdma_writes)(int target, int scope);
     /* CUDA 11.7 and later; NULL before (no dma-buf for GPUDirect RDMA). */
     cu_result (*get_handle_for_address_range)(void *handle, cu_deviceptr ptr, size_t size, int type,
                                               unsigned long long flags);
@@ -169,6 +171,9 @@ const struct cuda_fns *cuda_lib(void);
 
 /* Makes sure the calling thread has a current context: its own, else device 0's primary. */
 reshard_status_t cuda_current_context(void);
+/* Makes the network's writes into this context's memory (GPUDirect RDMA) visible to it
+ * (cuFlushGPUDirectRDMAWrites, to the owner); nothing to do on drivers without it. */
+reshard_status_t cuda_flush_rdma_writes(void);
 /* A driver call's failure as a status and message: "cuMemAlloc: out of memory (2)". */
 reshard_status_t cuda_error(const char *what, cu_result r);
 

@@ -5,11 +5,70 @@
 #include "log.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+/* The POSIX descriptors this process exports, one per allocation (keyed by its base and id),
+ * counted by the exports that hold them. */
+static struct fd_export {
+    cu_deviceptr base;
+    uint64_t id, serial;
+    int fd, refs;
+} * fds;
+static size_t nfds, fds_cap;
+static uint64_t fd_serial;
+static pthread_mutex_t fds_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static cu_result export_fd(const struct cuda_fns *f, cu_mem_handle h, cu_deviceptr base,
+                           struct cuda_ipc_fd *out)
+{
+    uint64_t id = 0;
+    if (f->pointer_get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, base) != CU_SUCCESS)
+        id = 0; /* unknown: no sharing */
+    pthread_mutex_lock(&fds_lock);
+    for (size_t i = 0; id && i < nfds; i++)
+        if (fds[i].base == base && fds[i].id == id) {
+            fds[i].refs++;
+            *out = (struct cuda_ipc_fd){(int32_t)getpid(), fds[i].fd, fds[i].serial};
+            pthread_mutex_unlock(&fds_lock);
+            return CU_SUCCESS;
+        }
+    int fd = -1;
+    cu_result r = f->mem_export(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    struct fd_export *n =
+        r == CU_SUCCESS ? rs_grow(fds, &fds_cap, nfds + 1, sizeof(*n), "fds") : NULL;
+    if (r == CU_SUCCESS && !n) {
+        close(fd);
+        r = 2; /* out of memory */
+    }
+    if (r == CU_SUCCESS) {
+        (void)fcntl(fd, F_SETFD, FD_CLOEXEC); /* not into the caller's children */
+        fds = n;
+        fds[nfds++] = (struct fd_export){base, id, ++fd_serial, fd, 1};
+        *out = (struct cuda_ipc_fd){(int32_t)getpid(), fd, fd_serial};
+    }
+    pthread_mutex_unlock(&fds_lock);
+    return r;
+}
+
+static void unexport_fd(const struct cuda_ipc_fd *fd)
+{
+    pthread_mutex_lock(&fds_lock);
+    for (size_t i = 0; i < nfds; i++)
+        if (fds[i].fd == fd->fd && fds[i].serial == fd->serial) {
+            if (--fds[i].refs == 0) {
+                close(fds[i].fd);
+                fds[i] = fds[--nfds];
+            }
+            break;
+        }
+    pthread_mutex_unlock(&fds_lock);
+}
 
 /* A cuMemCreate allocation (cuIpcGetMemHandle refuses those): shared as a fabric handle or a
  * POSIX descriptor, whichever its creator asked for (requestedHandleTypes). */
@@ -27,8 +86,8 @@ static reshard_status_t export_vmm(const struct cuda_fns *f, cu_deviceptr base,
         r = f->mem_export(&e->handle, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
     } else if (types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
         struct cuda_ipc_fd fd = {.pid = (int32_t)getpid(), .fd = -1};
-        e->kind = CUDA_IPC_POSIX_FD;
-        r = f->mem_export(&fd.fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if ((r = export_fd(f, h, base, &fd)) == CU_SUCCESS)
+            e->kind = CUDA_IPC_POSIX_FD; /* it holds the descriptor now */
         memcpy(&e->handle, &fd, sizeof(fd));
     }
     (void)f->mem_release(h); /* the retain's reference */
@@ -40,7 +99,8 @@ static reshard_status_t export_vmm(const struct cuda_fns *f, cu_deviceptr base,
                            : cuda_error("cuMemExportToShareableHandle of a destination buffer", r);
 }
 
-reshard_status_t cuda_ipc_export(const void *dev, uint32_t tensor, struct cuda_ipc_export *e)
+reshard_status_t cuda_ipc_export(const void *dev, size_t len, uint32_t tensor,
+                                 struct cuda_ipc_export *e)
 {
     const struct cuda_fns *f = cuda_lib();
     if (!f)
@@ -52,6 +112,11 @@ reshard_status_t cuda_ipc_export(const void *dev, uint32_t tensor, struct cuda_i
     cu_result r = f->mem_get_address_range(&base, &bytes, p);
     if (r != CU_SUCCESS)
         return cuda_error("cuMemGetAddressRange on a device destination buffer", r);
+    if (p - base + len > bytes) /* mapped from several allocations: one handle cannot cover it */
+        return rs_error(RESHARD_ERR_UNAVAILABLE,
+                        "cuda: a %zu-byte destination buffer spans more than its %zu-byte "
+                        "allocation (several cuMemCreate allocations mapped side by side)",
+                        len, bytes);
     if ((r = f->ipc_get_mem_handle(&e->handle, base)) != CU_SUCCESS)
         RS_CHECK(export_vmm(f, base, e, r));
     e->offset = p - base;
@@ -63,8 +128,8 @@ void cuda_ipc_unexport(struct cuda_ipc_export *e)
 {
     struct cuda_ipc_fd fd;
     memcpy(&fd, &e->handle, sizeof(fd));
-    if (e->kind == CUDA_IPC_POSIX_FD && fd.fd >= 0 && fd.pid == (int32_t)getpid())
-        close(fd.fd);
+    if (e->kind == CUDA_IPC_POSIX_FD && fd.pid == (int32_t)getpid())
+        unexport_fd(&fd);
     e->kind = CUDA_IPC_LEGACY;
 }
 

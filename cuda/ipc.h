@@ -34,6 +34,7 @@ struct cuda_ipc_export {
 
 struct cuda_ipc_fd {
     int32_t pid, fd; /* the exporter's descriptor, open while it exports */
+    uint64_t serial; /* which export: descriptor numbers are reused */
 };
 
 /* A plan's mappings of its peers' allocations. */
@@ -57,9 +58,11 @@ struct cuda_ipc {
     uint64_t scratch_bytes;
 };
 
-/* The handle of the allocation holding dev, and dev's place in it. A POSIX_FD export holds a
- * descriptor until cuda_ipc_unexport. */
-reshard_status_t cuda_ipc_export(const void *dev, uint32_t tensor, struct cuda_ipc_export *e);
+/* The handle of the allocation holding the len bytes at dev, and dev's place in it; refused
+ * when they span several allocations (as a cuMemCreate range may). A POSIX_FD export holds a
+ * descriptor, shared by the buffers of one allocation, until cuda_ipc_unexport. */
+reshard_status_t cuda_ipc_export(const void *dev, size_t len, uint32_t tensor,
+                                 struct cuda_ipc_export *e);
 void cuda_ipc_unexport(struct cuda_ipc_export *e);
 
 /* The communicator's IPC state, made on first use (*ipc NULL before). */

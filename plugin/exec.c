@@ -101,6 +101,7 @@ struct run {
     char **peer_ipc;                         /* [size * ntensors]: mapped here, on first use */
     uint8_t *peer_cuda;                      /* [size] */
     int gdr; /* device buffers are registered (x->dreg): contiguous network chunks use them */
+    int gdr_landed; /* a chunk came in that way: flushed before the GPU reads it */
     struct ipc_copy {
         uint32_t pos, chunk;
     } ipc_q[CUDA_IPC_EVENTS]; /* copies on the IPC stream, in order; event i % CUDA_IPC_EVENTS */
@@ -124,11 +125,12 @@ static reshard_status_t staging_init(struct exec *x)
     return comm_staging(x->comm, x->chunk_bytes, slots);
 }
 
-/* Registers a buffer, once per pointer and size. */
+/* Registers a buffer, once per pointer, size and allocation (id: 0 for host memory, or when
+ * the driver cannot tell). */
 static reshard_status_t reg_one(struct exec *x, struct reg *g, const void *addr, size_t len,
-                                enum tp_mem mem)
+                                enum tp_mem mem, uint64_t id)
 {
-    if (g->addr == addr && g->len == len)
+    if (g->addr == addr && g->len == len && g->id == id)
         return RESHARD_OK;
     struct tp_ctx *net = x->comm->net;
     net->ops->mem_dereg(net, g->mh);
@@ -138,6 +140,7 @@ static reshard_status_t reg_one(struct exec *x, struct reg *g, const void *addr,
     RS_CHECK(net->ops->mem_reg(net, (void *)addr, len, mem, &g->mh));
     g->addr = addr;
     g->len = len;
+    g->id = id;
     return RESHARD_OK;
 }
 
@@ -256,6 +259,8 @@ static reshard_status_t land(struct run *r, long k, uint32_t chunk, const struct
                                      !x->in_bundled[x->in_off[k] + chunk] && gdr_at(r, xf, 1, &rg));
     if (to_host && (k < 0 || x->child_first[k] == x->child_first[k + 1]))
         return RESHARD_OK;
+    if (to_host && !via_ipc(r, xf)) /* the NIC's writes, visible before the copy reads them */
+        RS_CHECK(cuda_flush_rdma_writes());
     char *host = (char *)r->bufs[xf->tensor].dst;
     const struct cuda_fns *f = cuda_lib();
     struct region_iter it;
@@ -351,8 +356,10 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
     if (c->kind == REQ_RECV_DATA && r->gdr) {
         struct region rg;
         exec_chunk_region(x, xf, c->chunk, 1, &rg);
-        if (gdr_at(r, xf, 1, &rg))
+        if (gdr_at(r, xf, 1, &rg)) {
             x->comm->gdr_in += want;
+            r->gdr_landed = 1;
+        }
     }
     arrived(r, (long)c->pos, c->chunk, xf);
 }
@@ -558,6 +565,7 @@ static reshard_status_t notify(struct run *r, uint32_t o, uint32_t chunk)
 /* Rows at least this wide copy well on the copy engines, which leave the SMs to the caller's
  * kernels; narrower ones go through the pack kernels (see pack_bench). */
 #define CE_MIN_ROW_BYTES 512
+#define CE_MAX_PITCH     (UINT64_C(1) << 31) /* cuMemcpy2D's pitches stay below the device's */
 
 /* Is the chunk rows of one width at constant pitches on both sides (a 2-D box of row-major
  * shards), wide enough for the copy engines? Then m is the copy, from src into dst. */
@@ -579,7 +587,7 @@ static int rows_2d(const struct region *a, const struct region *b, const char *s
         }
         n++;
     }
-    if (n < 2 || w < CE_MIN_ROW_BYTES)
+    if (n < 2 || w < CE_MIN_ROW_BYTES || sp >= CE_MAX_PITCH || dp >= CE_MAX_PITCH)
         return 0;
     *m = (cu_memcpy2d){.src_type = CU_MEMORYTYPE_DEVICE,
                        .src_device = (cu_deviceptr)(uintptr_t)(src + a0),
@@ -1010,7 +1018,8 @@ static reshard_status_t make_exports(struct exec *x, const struct run *r, uint32
             cuda_ipc_unexport(&x->exp_cache[t]); /* a descriptor it held */
             /* Not every allocation exports (cuMemCreate without a shareable handle,
              * stream-ordered pools): its writers then stage, and the first run says why. */
-            if (cuda_ipc_export(b->dst, (uint32_t)t, &x->exp_cache[t]) != RESHARD_OK) {
+            if (cuda_ipc_export(b->dst, b->dst_bytes, (uint32_t)t, &x->exp_cache[t]) !=
+                RESHARD_OK) {
                 x->exp_cache[t].tensor = UINT32_MAX;
                 rs_log(x->exp_refused++ ? RS_LOG_TRACE : RS_LOG_INFO,
                        "rank %d: tensor %s: local peers stage: %s", x->comm->rank,
@@ -1458,7 +1467,12 @@ static int try_gdr(struct exec *x, const reshard_buffers_t *dev)
         const reshard_buffers_t *b = &dev[i / 2];
         const void *p = i % 2 ? b->dst : b->src;
         size_t n = i % 2 ? b->dst_bytes : b->src_bytes;
-        if (b->mem == RESHARD_MEM_CUDA && reg_one(x, &x->dreg[i], p, n, mem) != RESHARD_OK)
+        uint64_t id = 0;
+        if (b->mem == RESHARD_MEM_CUDA && p &&
+            cuda_lib()->pointer_get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                              (cu_deviceptr)(uintptr_t)p) != CU_SUCCESS)
+            id = 0;
+        if (b->mem == RESHARD_MEM_CUDA && reg_one(x, &x->dreg[i], p, n, mem, id) != RESHARD_OK)
             snprintf(why, sizeof(why), "%s", rs_error_message());
     }
     rs_error(RESHARD_OK, "%s", saved); /* falling back is not failing */
@@ -1474,8 +1488,8 @@ static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs,
 {
     RS_CHECK(staging_init(x));
     for (int t = 0; t < x->plan->ntensors; t++) {
-        RS_CHECK(reg_one(x, &x->reg[2 * t], bufs[t].src, bufs[t].src_bytes, TP_MEM_HOST));
-        RS_CHECK(reg_one(x, &x->reg[2 * t + 1], bufs[t].dst, bufs[t].dst_bytes, TP_MEM_HOST));
+        RS_CHECK(reg_one(x, &x->reg[2 * t], bufs[t].src, bufs[t].src_bytes, TP_MEM_HOST, 0));
+        RS_CHECK(reg_one(x, &x->reg[2 * t + 1], bufs[t].dst, bufs[t].dst_bytes, TP_MEM_HOST, 0));
     }
     RS_CHECK(alloc_tmp(x));
     int gdr = dev && try_gdr(x, dev);
@@ -1570,6 +1584,8 @@ static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs,
     st = start(r);
     if (st == RESHARD_OK)
         st = wait_done(r);
+    if (st == RESHARD_OK && r->gdr_landed) /* the caller's kernels see what the NIC wrote */
+        st = cuda_flush_rdma_writes();
     if (st == RESHARD_OK) {
         record_outcome(x, r);
         run_free(r);

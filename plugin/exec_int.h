@@ -57,6 +57,7 @@ struct exec {
     struct reg {
         const void *addr;
         size_t len;
+        uint64_t id; /* device memory: the allocation's id (new memory, new registration) */
         void *mh;
     } * reg;          /* [2 * ntensors]: src, dst */
     struct reg *dreg; /* the same for device buffers, with GPUDirect (NULL until then) */

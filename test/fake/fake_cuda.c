@@ -344,6 +344,21 @@ API int cuMemSetAccess(uint64_t p, size_t bytes, const void *desc, size_t count)
     return a && a->fd == -2 && a->bytes >= bytes ? 0 : FAKE_INVALID_VALUE;
 }
 
+static int rdma_flushes;
+
+API int fake_cuda_rdma_flushes(void)
+{
+    return rdma_flushes;
+}
+
+API int cuFlushGPUDirectRDMAWrites(int target, int scope)
+{
+    if (target != 0 || scope != 100)
+        return FAKE_INVALID_VALUE;
+    rdma_flushes++;
+    return 0;
+}
+
 API int cuCtxGetDevice(int *dev)
 {
     *dev = 0;
@@ -378,7 +393,9 @@ API int cuMemExportToShareableHandle(void *out, unsigned long long h, int type,
     if (!ph || !(ph->types & type))
         return FAKE_INVALID_VALUE;
     if (type == 1) {
-        *(int *)out = fcntl(ph->fd, F_DUPFD_CLOEXEC, 0);
+        /* the lowest free number from 500 on: reused as soon as it is closed, as a busy
+         * process's would be */
+        *(int *)out = fcntl(ph->fd, F_DUPFD_CLOEXEC, 500);
         return *(int *)out < 0 ? FAKE_ERROR : 0;
     }
     struct fake_handle fh = {.pid = (int32_t)getpid(), .fd = ph->fd, .bytes = ph->bytes};

@@ -64,27 +64,51 @@ static void *device_copy(const void *host, size_t n)
     return (void *)(uintptr_t)p;
 }
 
-/* The same in a cuMemCreate allocation, mapped (as PyTorch's expandable segments are), made
- * with the given shareable handle types (0: none). */
-static void *vmm_copy(const void *host, size_t n, int types)
+/* Maps a new cuMemCreate allocation of n bytes, made with the given shareable handle types
+ * (0: none), at p. */
+static void vmm_map(uint64_t p, size_t n, int types)
 {
     void *h = fake();
     cu_mem_prop prop = {.type = 1, .requested_handle_types = types, .location = {1, 0}};
     cu_mem_access rw = {{1, 0}, 3};
     cu_mem_handle m;
-    uint64_t p = 0;
     if (((int (*)(cu_mem_handle *, size_t, const cu_mem_prop *, unsigned long long))dlsym(
             h, "cuMemCreate"))(&m, n, &prop, 0) ||
-        ((int (*)(uint64_t *, size_t, size_t, uint64_t, unsigned long long))dlsym(
-            h, "cuMemAddressReserve"))(&p, n, 0, 0, 0) ||
         ((int (*)(uint64_t, size_t, size_t, cu_mem_handle, unsigned long long))dlsym(
             h, "cuMemMap"))(p, n, 0, m, 0) ||
         ((int (*)(uint64_t, size_t, const cu_mem_access *, size_t))dlsym(h, "cuMemSetAccess"))(
             p, n, &rw, 1) ||
         ((int (*)(cu_mem_handle))dlsym(h, "cuMemRelease"))(m))
         abort();
+}
+
+static uint64_t vmm_reserve(size_t n)
+{
+    uint64_t p = 0;
+    if (((int (*)(uint64_t *, size_t, size_t, uint64_t, unsigned long long))dlsym(
+            fake(), "cuMemAddressReserve"))(&p, n, 0, 0, 0))
+        abort();
+    return p;
+}
+
+/* The buffer in one cuMemCreate allocation (as PyTorch's expandable segments map them). */
+static void *vmm_copy(const void *host, size_t n, int types)
+{
+    uint64_t p = vmm_reserve(n);
+    vmm_map(p, n, types);
     memcpy((void *)(uintptr_t)p, host, n);
     return (void *)(uintptr_t)p;
+}
+
+/* The buffer across two allocations mapped side by side: its first 64 bytes in the first. */
+static void *vmm_span_copy(const void *host, size_t n, int types)
+{
+    size_t page = 4096, second = (n + page - 1) / page * page;
+    uint64_t p = vmm_reserve(page + second);
+    vmm_map(p, page, types);
+    vmm_map(p + page, second, types);
+    memcpy((void *)(uintptr_t)(p + page - 64), host, n);
+    return (void *)(uintptr_t)(p + page - 64);
 }
 
 static void on_device(struct side *x)
@@ -237,6 +261,13 @@ static reshard_status_t vmm_refits(int rank, int size, reshard_comm_t *comm)
                     fake_count("fake_cuda_vmm_imports"));
     if (st == RESHARD_OK && !vmm_types)
         st = expect(n.ipc_out == 0 && n.local_out > 0, "staged", (long long)n.ipc_out);
+    if (st == RESHARD_OK && vmm_types) { /* a new allocation (a descriptor number reused) */
+        a.b.dst = vmm_copy(a.d, a.b.dst_bytes, vmm_types);
+        st = refit(&a, rank, 1);
+    }
+    if (st == RESHARD_OK && vmm_types)
+        st = expect(fake_count("fake_cuda_vmm_imports") == 2, "the new allocation imported",
+                    fake_count("fake_cuda_vmm_imports"));
     side_close(&a);
     return st;
 }
@@ -251,6 +282,29 @@ Test(device, cumemcreate_destinations_are_shared_through_fabric_handles)
 {
     vmm_types = CU_MEM_HANDLE_TYPE_FABRIC;
     all_ok(run_ranks(4, vmm_refits), 4);
+}
+
+/* A destination across two allocations: no one handle covers it, so its writer stages. */
+static reshard_status_t spanning_refits(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side a;
+    reshard_status_t st = device_side(&a, comm, rank, ROWS, COLS);
+    if (st != RESHARD_OK)
+        return st;
+    a.b.dst = vmm_span_copy(a.d, a.b.dst_bytes, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    st = refit(&a, rank, 2);
+    reshard_comm_counters_t n;
+    reshard_comm_counters(comm, &n);
+    if (st == RESHARD_OK)
+        st = expect(n.ipc_out == 0 && n.local_out > 0, "staged", (long long)n.ipc_out);
+    side_close(&a);
+    return st;
+}
+
+Test(device, a_destination_across_two_allocations_is_staged)
+{
+    all_ok(run_ranks(4, spanning_refits), 4);
 }
 
 Test(device, cumemcreate_destinations_without_a_shareable_handle_are_staged)
@@ -431,6 +485,9 @@ static reshard_status_t gdr_refits(int rank, int size, reshard_comm_t *comm)
     if (st == RESHARD_OK)
         st = expect(n.gdr_out <= n.net_out && n.gdr_in <= n.net_in,
                     "GPUDirect bytes within the network's", (long long)n.gdr_in);
+    if (st == RESHARD_OK) /* what the NIC wrote is flushed before the GPU reads it */
+        st = expect(sends || fake_count("fake_cuda_rdma_flushes") > 0, "flushed",
+                    fake_count("fake_cuda_rdma_flushes"));
     side_close(&a);
     side_close(&b);
     return st;

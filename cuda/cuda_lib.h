@@ -94,6 +94,7 @@ typedef struct cu_memcpy2d {
     X(memcpy_async, "cuMemcpyAsync", cu_result,                                                    \
       (cu_deviceptr dst, cu_deviceptr src, size_t n, cu_stream stream))                            \
     X(memcpy_2d_async, "cuMemcpy2DAsync_v2", cu_result, (const cu_memcpy2d *p, cu_stream stream))  \
+    X(memcpy_2d, "cuMemcpy2D_v2", cu_result, (const cu_memcpy2d *p))                               \
     X(stream_create, "cuStreamCreate", cu_result, (cu_stream * stream, unsigned flags))            \
     X(stream_destroy, "cuStreamDestroy_v2", cu_result, (cu_stream stream))                         \
     X(event_create, "cuEventCreate", cu_result, (cu_event * ev, unsigned flags))                   \

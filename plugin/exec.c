@@ -203,6 +203,35 @@ static void release_whole(struct run *r, uint32_t t)
 
 /* ---- device buffers ---- */
 
+/* Rows at least this wide copy well on the copy engines, which leave the SMs to the caller's
+ * kernels; narrower ones go through the pack kernels (see pack_bench). */
+#define CE_MIN_ROW_BYTES 512
+#define CE_MAX_PITCH     (UINT64_C(1) << 31) /* cuMemcpy2D's pitches stay below the device's */
+
+/* Are the region's runs rows: *n of *w bytes, *pitch apart from *first? */
+static int region_rows(const struct region *rg, uint64_t *first, uint64_t *w, uint64_t *pitch,
+                       uint64_t *n)
+{
+    struct region_iter it;
+    uint64_t off, len, k = 0;
+    region_iter_init(&it, rg);
+    *pitch = 0;
+    while (region_iter_next(&it, &off, &len)) {
+        if (k == 0) {
+            *first = off, *w = len;
+        } else if (k == 1) {
+            if (len != *w || off < *first + *w)
+                return 0;
+            *pitch = off - *first;
+        } else if (len != *w || off != *first + k * *pitch) {
+            return 0;
+        }
+        k++;
+    }
+    *n = k;
+    return k >= 2 && *pitch < CE_MAX_PITCH;
+}
+
 static size_t slot_of(const struct exec *x, int rank, uint32_t tensor)
 {
     return (size_t)rank * (size_t)x->plan->ntensors + tensor;
@@ -264,9 +293,27 @@ static reshard_status_t land(struct run *r, long k, uint32_t chunk, const struct
     char *host = (char *)r->bufs[xf->tensor].dst;
     const struct cuda_fns *f = cuda_lib();
     struct region_iter it;
-    uint64_t off, len;
+    uint64_t off, len, first, w, pitch, rows;
+    int done = region_rows(&rg, &first, &w, &pitch, &rows);
+    if (done) { /* a column block: one 2-D copy */
+        cu_memcpy2d m = {.src_pitch = pitch, .dst_pitch = pitch, .width_bytes = w, .height = rows};
+        if (to_host) {
+            m.src_type = CU_MEMORYTYPE_DEVICE,
+            m.src_device = (cu_deviceptr)(uintptr_t)(dev + first);
+            m.dst_type = CU_MEMORYTYPE_HOST, m.dst_host = host + first;
+        } else {
+            m.src_type = CU_MEMORYTYPE_HOST, m.src_host = host + first;
+            m.dst_type = CU_MEMORYTYPE_DEVICE,
+            m.dst_device = (cu_deviceptr)(uintptr_t)(dev + first);
+        }
+        cu_result e = f->memcpy_2d(&m);
+        if (e != CU_SUCCESS)
+            return cuda_error(to_host ? "copying a chunk to its host shadow (cuMemcpy2D)"
+                                      : "copying a landed chunk to the device (cuMemcpy2D)",
+                              e);
+    }
     region_iter_init(&it, &rg);
-    while (region_iter_next(&it, &off, &len)) {
+    while (!done && region_iter_next(&it, &off, &len)) {
         cu_deviceptr d = (cu_deviceptr)(uintptr_t)(dev + off);
         cu_result e =
             to_host ? f->memcpy_dtoh(host + off, d, len) : f->memcpy_htod(d, host + off, len);
@@ -561,11 +608,6 @@ static reshard_status_t notify(struct run *r, uint32_t o, uint32_t chunk)
     r->posted++;
     return RESHARD_OK;
 }
-
-/* Rows at least this wide copy well on the copy engines, which leave the SMs to the caller's
- * kernels; narrower ones go through the pack kernels (see pack_bench). */
-#define CE_MIN_ROW_BYTES 512
-#define CE_MAX_PITCH     (UINT64_C(1) << 31) /* cuMemcpy2D's pitches stay below the device's */
 
 /* Is the chunk rows of one width at constant pitches on both sides (a 2-D box of row-major
  * shards), wide enough for the copy engines? Then m is the copy, from src into dst. */

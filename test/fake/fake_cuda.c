@@ -495,6 +495,11 @@ API int cuMemcpy2DAsync_v2(const struct fake_memcpy2d *p, void *stream)
     return 0;
 }
 
+API int cuMemcpy2D_v2(const struct fake_memcpy2d *p)
+{
+    return cuMemcpy2DAsync_v2(p, NULL);
+}
+
 static int stream_obj;
 
 API int cuStreamCreate(void **stream, unsigned flags)

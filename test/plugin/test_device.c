@@ -313,6 +313,30 @@ Test(device, cumemcreate_destinations_without_a_shareable_handle_are_staged)
     all_ok(run_ranks(4, vmm_refits), 4);
 }
 
+/* Columns to rows through staging (RESHARD_CUDA_IPC=0): every block lands strided in the
+ * destination's shadow (from the network, the domain peer and this rank itself) and reaches the
+ * device as one 2-D copy, not one copy per row. */
+static reshard_status_t strided_landings(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side a;
+    reshard_status_t st = device_side(&a, comm, rank, COLS, ROWS);
+    if (st != RESHARD_OK)
+        return st;
+    st = refit(&a, rank, 2);
+    if (st == RESHARD_OK) /* 4 blocks of 12 rows per refit */
+        st = expect(fake_count("fake_cuda_copies_2d") == 8, "one 2-D copy per landed block",
+                    fake_count("fake_cuda_copies_2d"));
+    side_close(&a);
+    return st;
+}
+
+Test(device, strided_chunks_reach_the_device_as_one_2d_copy)
+{
+    setenv("RESHARD_CUDA_IPC", "0", 1);
+    all_ok(run_ranks(4, strided_landings), 4);
+}
+
 /* RESHARD_CUDA_IPC=0: the same refits through host staging and cross-memory writes. */
 static reshard_status_t staged_refits(int rank, int size, reshard_comm_t *comm)
 {

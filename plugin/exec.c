@@ -272,6 +272,12 @@ static char *gdr_at(const struct run *r, const struct xfer *xf, int side, const 
     return d && region_contiguous(rg, &off) ? d + off : NULL;
 }
 
+/* A copy inside this rank between two device buffers: on the GPU, never through the shadows. */
+static int self_on_device(const struct run *r, const struct xfer *xf)
+{
+    return xf->path == XFER_SELF && dev_base(r, xf, 0) && dev_base(r, xf, 1);
+}
+
 /* A chunk landed in a device destination of this rank: in its host shadow (from the network,
  * a copy inside the rank, or a peer's cross-memory write), which the device then gets; or in
  * the device buffer itself (a peer's IPC write), which the shadow then gets only if the chunk
@@ -279,7 +285,7 @@ static char *gdr_at(const struct run *r, const struct xfer *xf, int side, const 
 static reshard_status_t land(struct run *r, long k, uint32_t chunk, const struct xfer *xf)
 {
     char *dev = dev_base(r, xf, 1);
-    if (!dev)
+    if (!dev || self_on_device(r, xf)) /* copied on the device; nothing forwards from it */
         return RESHARD_OK;
     const struct exec *x = r->x;
     struct region rg;
@@ -662,19 +668,21 @@ static int ipc_kernels(const struct run *r, const struct xfer *xf, const struct 
     return usable;
 }
 
-/* A local transfer into a peer's device buffer: copies on the IPC stream and an event after
- * them, which poll_ipc waits for before it tells the peer. Returns 0 when every event is in
- * use (the chunk waits). */
-static int do_ipc(struct run *r, uint32_t o, uint32_t chunk)
+/* A local transfer into a peer's device buffer, or a copy between this rank's own device
+ * buffers: copies on the IPC stream and an event after them, which poll_ipc waits for before
+ * it tells the peer (or counts the chunk arrived). Returns 0 when every event is in use (the
+ * chunk waits). */
+static int do_device(struct run *r, uint32_t o, uint32_t chunk)
 {
     struct exec *x = r->x;
     struct reshard_comm *comm = x->comm;
     if (r->ipc_tail - r->ipc_head == CUDA_IPC_EVENTS)
         return 0;
     const struct xfer *xf = &x->xs.x[x->out[o]];
+    int self = xf->path == XFER_SELF;
     size_t slot = slot_of(x, xf->dst, xf->tensor);
     reshard_status_t st = cuda_ipc_get(&comm->ipc);
-    if (st == RESHARD_OK && !r->peer_ipc[slot])
+    if (st == RESHARD_OK && !self && !r->peer_ipc[slot])
         st = cuda_ipc_open(&x->maps, xf->dst, r->peer_exp[slot], &r->peer_ipc[slot]);
     if (st != RESHARD_OK) {
         fail(r, st);
@@ -685,7 +693,7 @@ static int do_ipc(struct run *r, uint32_t o, uint32_t chunk)
     const char *src = dev_base(r, xf, 0);
     if (!src) /* a host buffer: the driver copies from it as well */
         src = my_base(r, xf, 0);
-    char *dst = r->peer_ipc[slot];
+    char *dst = self ? dev_base(r, xf, 1) : r->peer_ipc[slot];
     struct region a, b;
     exec_chunk_region(x, xf, chunk, 0, &a);
     exec_chunk_region(x, xf, chunk, 1, &b);
@@ -720,7 +728,8 @@ static int do_ipc(struct run *r, uint32_t o, uint32_t chunk)
     }
     if (e != CU_SUCCESS) {
         char what[64];
-        snprintf(what, sizeof(what), "a CUDA IPC copy to a local peer (%s)", call);
+        snprintf(what, sizeof(what), "%s (%s)",
+                 self ? "a device copy inside the rank" : "a CUDA IPC copy to a local peer", call);
         fail(r, cuda_error(what, e));
         return 1;
     }
@@ -729,8 +738,12 @@ static int do_ipc(struct run *r, uint32_t o, uint32_t chunk)
         return 1;
     }
     r->ipc_q[r->ipc_tail++ % CUDA_IPC_EVENTS] = (struct ipc_copy){o, chunk};
-    comm->local_out += region_bytes(&a);
-    comm->ipc_out += region_bytes(&a);
+    if (self) {
+        comm->self += region_bytes(&a);
+    } else {
+        comm->local_out += region_bytes(&a);
+        comm->ipc_out += region_bytes(&a);
+    }
     return 1;
 }
 
@@ -743,9 +756,18 @@ static void poll_ipc(struct run *r)
         if (e == CU_ERROR_NOT_READY)
             return;
         struct ipc_copy c = r->ipc_q[r->ipc_head++ % CUDA_IPC_EVENTS];
-        reshard_status_t st = e == CU_SUCCESS
-                                  ? notify(r, c.pos, c.chunk)
-                                  : cuda_error("a CUDA IPC copy to a local peer (cuEventQuery)", e);
+        const struct xfer *xf = &r->x->xs.x[r->x->out[c.pos]];
+        reshard_status_t st = RESHARD_OK;
+        if (e != CU_SUCCESS)
+            st =
+                cuda_error(xf->path == XFER_SELF ? "a device copy inside the rank (cuEventQuery)"
+                                                 : "a CUDA IPC copy to a local peer (cuEventQuery)",
+                           e);
+        else if (xf->path == XFER_SELF) {
+            r->out_left--;
+            arrived(r, -1, c.chunk, xf);
+        } else
+            st = notify(r, c.pos, c.chunk);
         if (st != RESHARD_OK)
             fail(r, st);
         r->last_event_ms = now_ms();
@@ -915,12 +937,12 @@ static void drain_ready(struct run *r)
     for (struct queue *q = &r->local_q; q->head < q->tail && r->st == RESHARD_OK; q->head++) {
         struct ready w = q->q[q->head];
         const struct xfer *xf = &x->xs.x[x->out[w.pos]];
-        if (xf->path == XFER_SELF) {
+        if (xf->path == XFER_SELF && !self_on_device(r, xf)) {
             do_self(r, w.pos, w.chunk);
             continue;
         }
-        if (via_ipc(r, xf)) {
-            if (!do_ipc(r, w.pos, w.chunk))
+        if (via_ipc(r, xf) || self_on_device(r, xf)) {
+            if (!do_device(r, w.pos, w.chunk))
                 break; /* this one and what follows wait for an event */
             continue;
         }

@@ -445,11 +445,19 @@ API int cuMemFreeHost(void *p)
     return 0;
 }
 
+static int async_copies;
+
+API int fake_cuda_async_copies(void)
+{
+    return async_copies;
+}
+
 API int cuMemcpyAsync(uint64_t dst, uint64_t src, size_t n, void *stream)
 {
     (void)stream;
     if (fails("cuMemcpyAsync"))
         return FAKE_ERROR;
+    async_copies++;
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return 0;
 }

@@ -211,8 +211,8 @@ Test(device, local_peers_write_device_destinations_through_cuda_ipc)
     all_ok(run_ranks(4, ipc_refits), 4);
 }
 
-/* Blocks of wide rows go to the peer as one 2-D copy on the copy engines, narrow ones (the
- * first test's 40-byte rows) through the kernels. */
+/* Blocks of wide rows go to the peer (and into this rank's own destination) as one 2-D copy
+ * on the copy engines, narrow ones (the first test's 40-byte rows) through the kernels. */
 static reshard_status_t wide_rows(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
@@ -222,8 +222,8 @@ static reshard_status_t wide_rows(int rank, int size, reshard_comm_t *comm)
         return st;
     int launches = fake_count("fake_cuda_launches");
     st = refit(&a, rank, 2);
-    if (st == RESHARD_OK) /* one block to the domain peer per refit */
-        st = expect(fake_count("fake_cuda_copies_2d") == 2, "one 2-D copy per refit",
+    if (st == RESHARD_OK) /* per refit: the block to the domain peer, and this rank's own */
+        st = expect(fake_count("fake_cuda_copies_2d") == 4, "two 2-D copies per refit",
                     fake_count("fake_cuda_copies_2d"));
     if (st == RESHARD_OK)
         st = expect(fake_count("fake_cuda_launches") == launches, "no kernel",
@@ -313,9 +313,10 @@ Test(device, cumemcreate_destinations_without_a_shareable_handle_are_staged)
     all_ok(run_ranks(4, vmm_refits), 4);
 }
 
-/* Columns to rows through staging (RESHARD_CUDA_IPC=0): every block lands strided in the
- * destination's shadow (from the network, the domain peer and this rank itself) and reaches the
- * device as one 2-D copy, not one copy per row. */
+/* Columns to rows through staging (RESHARD_CUDA_IPC=0): every block from another rank lands
+ * strided in the destination's shadow (from the network and the domain peer) and reaches the
+ * device as one 2-D copy, not one copy per row; this rank's own block is copied on the device
+ * (by the kernels, or run by run without them), never through the shadows. */
 static reshard_status_t strided_landings(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
@@ -324,14 +325,20 @@ static reshard_status_t strided_landings(int rank, int size, reshard_comm_t *com
     if (st != RESHARD_OK)
         return st;
     st = refit(&a, rank, 2);
-    if (st == RESHARD_OK) /* 4 blocks of 12 rows per refit */
-        st = expect(fake_count("fake_cuda_copies_2d") == 8, "one 2-D copy per landed block",
+    if (st == RESHARD_OK) /* 3 blocks of 12 rows from others per refit */
+        st = expect(fake_count("fake_cuda_copies_2d") == 6, "one 2-D copy per landed block",
                     fake_count("fake_cuda_copies_2d"));
+    int on_device = fake_count("fake_cuda_launches") + fake_count("fake_cuda_async_copies");
+    reshard_comm_counters_t n;
+    reshard_comm_counters(comm, &n);
+    if (st == RESHARD_OK)
+        st = expect(on_device > 0 && n.self > 0, "this rank's block copied on the device",
+                    on_device);
     side_close(&a);
     return st;
 }
 
-Test(device, strided_chunks_reach_the_device_as_one_2d_copy)
+Test(device, strided_chunks_reach_the_device_as_one_2d_copy_and_own_blocks_stay_there)
 {
     setenv("RESHARD_CUDA_IPC", "0", 1);
     all_ok(run_ranks(4, strided_landings), 4);
@@ -603,10 +610,10 @@ Test(device, a_failed_copy_engine_transfer_fails_the_refit)
 {
     fail_src = WIDE_ROWS;
     fail_dst = WIDE_COLS;
-    check_failure(0, "cuMemcpy2DAsync_v2", "a CUDA IPC copy to a local peer (cuMemcpy2DAsync)");
+    check_failure(0, "cuMemcpy2DAsync_v2", "(cuMemcpy2DAsync): fake error");
 }
 
 Test(device, a_failed_ipc_copy_fails_the_refit)
 {
-    check_failure(3, "cuEventQuery", "a CUDA IPC copy to a local peer (cuEventQuery)");
+    check_failure(3, "cuEventQuery", "(cuEventQuery): fake error");
 }

@@ -101,7 +101,8 @@ struct run {
     char **peer_ipc;                         /* [size * ntensors]: mapped here, on first use */
     uint8_t *peer_cuda;                      /* [size] */
     int gdr; /* device buffers are registered (x->dreg): contiguous network chunks use them */
-    int gdr_landed; /* a chunk came in that way: flushed before the GPU reads it */
+    int gdr_landed;      /* a chunk came in that way: flushed before the GPU reads it */
+    uint8_t *src_staged; /* [ntensors]: the device source was copied to its shadow */
     struct ipc_copy {
         uint32_t pos, chunk;
     } ipc_q[CUDA_IPC_EVENTS]; /* copies on the IPC stream, in order; event i % CUDA_IPC_EVENTS */
@@ -1261,6 +1262,7 @@ static void run_free(struct run *r)
     free(r->peer_exp);
     free(r->peer_ipc);
     free(r->peer_cuda);
+    free(r->src_staged);
     free(r->in_req);
     free(r->out_req);
     free(r->in_arrived);
@@ -1320,6 +1322,7 @@ static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs
         r->peer_exp = rs_calloc(slots, sizeof(*r->peer_exp), "peer buffers");
         r->peer_ipc = rs_calloc(slots, sizeof(char *), "peer buffers");
         r->peer_cuda = rs_calloc((size_t)x->comm->size, 1, "peer buffers");
+        r->src_staged = rs_calloc((size_t)x->plan->ntensors, 1, "peer buffers");
     }
     r->nin_req = x->in_off[x->nin];
     r->in_req = rs_calloc(r->nin_req + 1, sizeof(*r->in_req), "receives");
@@ -1330,9 +1333,10 @@ static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs
     r->peer_inflight = rs_calloc((size_t)x->comm->size, sizeof(int), "sends in flight");
     r->ack_in = rs_calloc((size_t)x->nsend_peers + 1, sizeof(*r->ack_in), "acknowledgements");
     r->ack_out = rs_calloc((size_t)x->nrecv_peers + 1, sizeof(*r->ack_out), "acknowledgements");
-    if (!r->peer_dst || !r->peer_tmp || (dev && (!r->peer_exp || !r->peer_ipc || !r->peer_cuda)) ||
-        !r->in_req || !r->out_req || !r->in_arrived || !r->tmp_left || !r->dst_left ||
-        !r->peer_inflight || !r->ack_in || !r->ack_out) {
+    if (!r->peer_dst || !r->peer_tmp ||
+        (dev && (!r->peer_exp || !r->peer_ipc || !r->peer_cuda || !r->src_staged)) || !r->in_req ||
+        !r->out_req || !r->in_arrived || !r->tmp_left || !r->dst_left || !r->peer_inflight ||
+        !r->ack_in || !r->ack_out) {
         run_free(r);
         return RESHARD_ERR_NO_MEMORY;
     }
@@ -1546,6 +1550,51 @@ static int try_gdr(struct exec *x, const reshard_buffers_t *dev)
     return !why[0];
 }
 
+/* Does network transfer out[o] leave from the device buffer for every chunk (GPUDirect, each
+ * chunk contiguous there and none packed with others)? */
+static int net_direct(const struct run *r, size_t o)
+{
+    const struct exec *x = r->x;
+    const struct xfer *xf = &x->xs.x[x->out[o]];
+    if (!r->gdr)
+        return 0;
+    for (size_t c = 0; c < x->out_off[o + 1] - x->out_off[o]; c++) {
+        struct region a;
+        exec_chunk_region(x, xf, (uint32_t)c, 0, &a);
+        if (x->out_bundled[x->out_off[o] + c] || !gdr_at(r, xf, 0, &a))
+            return 0;
+    }
+    return 1;
+}
+
+/* Copies device sources to their shadows where something reads them there: network chunks
+ * without GPUDirect (or strided, or packed), cross-memory writes, copies inside the rank into
+ * host memory. Before the exchange (after 0) local peers are taken to be written through CUDA
+ * IPC when it is on; after it, the ones that turned out not to be get their sources too. */
+static reshard_status_t stage_sources(struct run *r, int after)
+{
+    struct exec *x = r->x;
+    for (size_t o = 0; o < x->nout; o++) {
+        const struct xfer *xf = &x->xs.x[x->out[o]];
+        const reshard_buffers_t *d = &r->dev[xf->tensor];
+        if (xf->src_buf != XBUF_SRC || d->mem != RESHARD_MEM_CUDA || !d->src || !d->src_bytes ||
+            r->src_staged[xf->tensor])
+            continue;
+        int host = xf->path == XFER_SELF ? !self_on_device(r, xf)
+                   : xf->path == XFER_LOCAL
+                       ? (after ? !via_ipc(r, xf) : !rs_param_int(RS_PARAM_CUDA_IPC))
+                       : !net_direct(r, o);
+        if (!host)
+            continue;
+        cu_result e = cuda_lib()->memcpy_dtoh((void *)r->bufs[xf->tensor].src,
+                                              (cu_deviceptr)(uintptr_t)d->src, d->src_bytes);
+        if (e != CU_SUCCESS)
+            return cuda_error("staging a device source (cuMemcpyDtoH)", e);
+        r->src_staged[xf->tensor] = 1;
+    }
+    return RESHARD_OK;
+}
+
 /* Everything this rank prepares before the others hear from it. */
 static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs,
                                 const reshard_buffers_t *dev, uint32_t seq, struct run **r)
@@ -1559,7 +1608,7 @@ static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs,
     int gdr = dev && try_gdr(x, dev);
     RS_CHECK(run_create(x, bufs, dev, seq, r));
     (*r)->gdr = gdr;
-    return RESHARD_OK;
+    return dev ? stage_sources(*r, 0) : RESHARD_OK;
 }
 
 /* A network failure here may be the echo of another rank's (its connections closed as it
@@ -1645,7 +1694,9 @@ static reshard_status_t run_all(struct exec *x, const reshard_buffers_t *bufs,
         run_free(r);
         return st;
     }
-    st = start(r);
+    st = dev ? stage_sources(r, 1) : RESHARD_OK; /* local peers that stage after all */
+    if (st == RESHARD_OK)
+        st = start(r);
     if (st == RESHARD_OK)
         st = wait_done(r);
     if (st == RESHARD_OK && r->gdr_landed) /* the caller's kernels see what the NIC wrote */
@@ -1673,8 +1724,9 @@ static int any_device(const struct exec *x, const reshard_buffers_t *bufs)
 }
 
 /* host[] is bufs with every device buffer replaced by a host shadow of it, kept across runs
- * (pinned when the driver allows). Sources are copied in; destinations get each chunk back as
- * it lands (land), so bytes outside the shard's view are never touched. */
+ * (pinned when the driver allows). Sources are copied in where something reads them there
+ * (stage_sources); destinations get each chunk back as it lands (land), so bytes outside the
+ * shard's view are never touched. */
 static reshard_status_t stage_in(struct exec *x, const reshard_buffers_t *bufs,
                                  reshard_buffers_t *host)
 {
@@ -1713,10 +1765,6 @@ static reshard_status_t stage_in(struct exec *x, const reshard_buffers_t *bufs,
                     return rs_error(RESHARD_ERR_NO_MEMORY, "no memory to stage %zu bytes", n);
                 x->shadow_cap[i] = n;
             }
-            cu_result r =
-                side ? CU_SUCCESS : f->memcpy_dtoh(x->shadow[i], (cu_deviceptr)(uintptr_t)dev, n);
-            if (r != CU_SUCCESS)
-                return cuda_error("staging a device source (cuMemcpyDtoH)", r);
             if (side)
                 host[t].dst = x->shadow[i];
             else

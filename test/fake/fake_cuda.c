@@ -35,6 +35,9 @@ static int fails(const char *symbol)
     return ++calls >= (f[n] == ':' ? atoi(f + n + 1) : 1);
 }
 
+/* For tests: bytes copied between host and device (synchronous copies). */
+static unsigned long long dtoh_bytes, htod_bytes;
+
 /* Device allocations and mappings of other processes' ones. */
 struct fake_alloc {
     char *base;
@@ -557,14 +560,26 @@ API int cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t n)
 {
     if (fails("cuMemcpyHtoD_v2"))
         return FAKE_ERROR;
+    htod_bytes += n;
     memcpy((void *)(uintptr_t)dst, src, n);
     return 0;
+}
+
+API unsigned long long fake_cuda_dtoh_bytes(void)
+{
+    return dtoh_bytes;
+}
+
+API unsigned long long fake_cuda_htod_bytes(void)
+{
+    return htod_bytes;
 }
 
 API int cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t n)
 {
     if (fails("cuMemcpyDtoH_v2"))
         return FAKE_ERROR;
+    dtoh_bytes += n;
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return 0;
 }

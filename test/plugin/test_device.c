@@ -344,6 +344,33 @@ Test(device, strided_chunks_reach_the_device_as_one_2d_copy_and_own_blocks_stay_
     all_ok(run_ranks(4, strided_landings), 4);
 }
 
+/* One domain of 4: every block goes through IPC or stays on the device, so no source is
+ * copied to the host at all. */
+static reshard_status_t one_domain(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side a;
+    reshard_status_t st = device_side(&a, comm, rank, ROWS, COLS);
+    if (st != RESHARD_OK)
+        return st;
+    st = refit(&a, rank, 2);
+    unsigned long long (*dtoh)(void) =
+        (unsigned long long (*)(void))dlsym(fake(), "fake_cuda_dtoh_bytes");
+    unsigned long long (*htod)(void) =
+        (unsigned long long (*)(void))dlsym(fake(), "fake_cuda_htod_bytes");
+    if (st == RESHARD_OK) /* beyond the test's own copies: its on_device uses memcpy */
+        st = expect(dtoh() == 0 && htod() == 0, "no byte through the host",
+                    (long long)(dtoh() + htod()));
+    side_close(&a);
+    return st;
+}
+
+Test(device, a_refit_inside_one_domain_never_touches_host_memory)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "4", 1);
+    all_ok(run_ranks(4, one_domain), 4);
+}
+
 /* RESHARD_CUDA_IPC=0: the same refits through host staging and cross-memory writes. */
 static reshard_status_t staged_refits(int rank, int size, reshard_comm_t *comm)
 {

@@ -216,7 +216,7 @@ static int region_rows(const struct region *rg, uint64_t *first, uint64_t *w, ui
     struct region_iter it;
     uint64_t off, len, k = 0;
     region_iter_init(&it, rg);
-    *pitch = 0;
+    *first = *w = *pitch = 0;
     while (region_iter_next(&it, &off, &len)) {
         if (k == 0) {
             *first = off, *w = len;
@@ -1417,7 +1417,7 @@ static void describe_wait(const struct run *r, char *buf, size_t n)
         used += w > 0 ? (size_t)w : 0;
     }
     if (!shown && r->ipc_tail > r->ipc_head)
-        snprintf(buf, n, "%zu CUDA IPC copies to complete", r->ipc_tail - r->ipc_head);
+        snprintf(buf, n, "%zu device copies to complete", r->ipc_tail - r->ipc_head);
     else if (!shown)
         snprintf(buf, n, "%zu send(s) to complete", r->out_left);
 }
@@ -1876,8 +1876,11 @@ reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs, int on_
     reshard_status_t st = comm_usable(c);
     if (st == RESHARD_OK && on_nccl)
         st = nccl_run(x, bufs, on_stream, stream);
+    else if (st == RESHARD_OK && any_device(x, bufs) &&
+             (st = wait_stream(1, on_stream ? stream : NULL)) == RESHARD_OK)
+        st = run_staged(x, bufs); /* copies run on a stream of ours: the caller's work first */
     else if (st == RESHARD_OK && (st = wait_stream(on_stream, stream)) == RESHARD_OK)
-        st = any_device(x, bufs) ? run_staged(x, bufs) : run_all(x, bufs, NULL, RESHARD_OK);
+        st = run_all(x, bufs, NULL, RESHARD_OK);
     else
         record_outcome(x, NULL); /* nothing moved this time */
     atomic_store(&c->busy, 0);

@@ -503,6 +503,8 @@ API int cuMemcpy2DAsync_v2(const struct fake_memcpy2d *p, void *stream)
         memmove(d + (p->dst_y + y) * p->dst_pitch + p->dst_x,
                 s + (p->src_y + y) * p->src_pitch + p->src_x, p->width);
     copies_2d++;
+    if (p->src_type == 1 || p->dst_type == 1)
+        *(p->src_type == 1 ? &htod_bytes : &dtoh_bytes) += p->width * p->height;
     return 0;
 }
 

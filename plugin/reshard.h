@@ -320,7 +320,9 @@ typedef struct reshard_buffers {
  * on the communicator fails at once (RESHARD_ERR_BUSY); a peer silent for RESHARD_TIMEOUT
  * seconds fails with RESHARD_ERR_TIMEOUT naming it. A failure once bytes move leaves the
  * destination buffers partial and the communicator unusable: later calls say it must be
- * destroyed, and the buffers must outlive reshard_comm_destroy (it ends what is in flight). */
+ * destroyed, and the buffers must outlive reshard_comm_destroy (it ends what is in flight).
+ * With device buffers it first waits for the work on the default stream, as
+ * reshard_plan_execute_stream does with NULL. */
 RESHARD_API reshard_status_t reshard_plan_execute(reshard_plan_t *plan,
                                                   const reshard_buffers_t *bufs);
 /* The same, ordered on a CUDA stream (cudaStream_t; NULL is the default stream). The native

@@ -967,6 +967,7 @@ struct hello {
     uint32_t nexp;    /* device destinations it exports for local peers to write */
     uint64_t exp_sum; /* their checksum */
     uint64_t held;    /* the export table this rank holds for the plan (0: none) */
+    char why[128];    /* status != OK: this rank's own message, for the others to repeat */
 };
 
 static size_t hello_bytes(const struct exec *x)
@@ -1045,7 +1046,7 @@ static reshard_status_t refuse(const struct exec *x, int rank, const struct hell
                         "device memory (RESHARD_MEM_CUDA)",
                         rank, side, name);
     return rs_error(RESHARD_ERR_REMOTE, "rank %d could not start the execution: %s", rank,
-                    rs_status_string((reshard_status_t)h->status));
+                    h->why[0] ? h->why : rs_status_string((reshard_status_t)h->status));
 }
 
 /* This rank's exports (x->my_exp, *n of them): its device destinations that local peers write,
@@ -1199,6 +1200,8 @@ static reshard_status_t exchange(struct exec *x, const reshard_buffers_t *bufs, 
                          .held = x->exp_table};
     if (local == RESHARD_ERR_UNAVAILABLE) /* only staging fails so before the exchange */
         me->side = SIDE_STAGING;
+    if (local != RESHARD_OK)
+        snprintf(me->why, sizeof(me->why), "%s", rs_error_message());
     if (local == RESHARD_OK)
         check_buffers(x, bufs, on_nccl, me);
     if (!all) { /* cannot take part: tell the others rather than let them time out */

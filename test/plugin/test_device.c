@@ -618,6 +618,14 @@ Test(device, a_handle_that_does_not_open_fails_every_rank_with_the_reason)
 Test(device, a_source_that_cannot_be_staged_fails_every_rank_before_bytes_move)
 {
     check_failure(2, "cuMemcpyDtoH_v2", "staging a device source (cuMemcpyDtoH): fake error");
+    /* the others repeat rank 2's reason */
+    failing_rank = 2;
+    struct outcome *o = run_ranks(4, one_refit);
+    for (int r = 0; r < 4; r++)
+        cr_assert(strstr(o[r].msg, r == 2 ? "cuda: staging a device source"
+                                          : "rank 2 could not start the execution: cuda: "
+                                            "staging a device source (cuMemcpyDtoH)"),
+                  "rank %d: %s", r, o[r].msg);
 }
 
 Test(device, a_chunk_that_cannot_reach_the_device_fails_the_refit)

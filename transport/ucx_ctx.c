@@ -10,6 +10,7 @@
 #include "ucx_lib.h"
 
 #include "error.h"
+#include "log.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -58,6 +59,15 @@ static reshard_status_t make_context(struct ucx_ctx *u, const struct tp_config *
     ucs_status_t st = u->f->ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK)
         return ucx_fail(u, "ucp_config_read", st);
+    /* UCX's TCP transport connects blocking by default, inside ucp_ep_create: to a peer whose
+     * link went down that waits out the kernel's SYN retries (about 2 minutes), past any
+     * timeout of ours, and the emulated cluster's link-down test saw ranks hang there. Connects
+     * are made non-blocking unless the user chose (UCX_TCP_CONN_NB); a peer that cannot be
+     * reached then fails its requests, or our timeout ends the wait. (UCX_TCP_SYN_CNT would
+     * bound the retries, but any value of it fails worker creation in UCX 1.13.) The key is
+     * the tcp transport's own name, without its TCP_ prefix. */
+    if (!getenv("UCX_TCP_CONN_NB") && u->f->ucp_config_modify(config, "CONN_NB", "y") != UCS_OK)
+        rs_log(RS_LOG_TRACE, "UCX: TCP_CONN_NB not settable: connects may outlast RESHARD_TIMEOUT");
     const char *tls = cfg->tls, *devs = cfg->devices;
     if (tls && *tls && (st = u->f->ucp_config_modify(config, "TLS", tls)) != UCS_OK) {
         u->f->ucp_config_release(config);

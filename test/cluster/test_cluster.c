@@ -439,24 +439,24 @@ Test(model_perf, scaled_qwen3_30b_end_to_end_in_few_messages_per_peer, .timeout 
 /* ---- cluster_faults ---- */
 
 /* Node 1's link goes down (its veth set down from inside its namespace: no FIN, no RST, just
- * silence) 1.5 s into a run of 30 x 64 MiB across a 1 gbit NIC. Every rank must fail on its
+ * silence) `seconds` into a run of 30 x 64 MiB across a 1 gbit NIC. Every rank must fail on its
  * own, within RESHARD_TIMEOUT (5 s) + 2 s of the drop, naming a rank it waited for; none may
  * hang until cluster.sh's grace kills it. (Leak checks off: under ASan, LeakSanitizer cannot
  * run in the node's namespace and its exit code would replace the rank's.) */
-Test(cluster_faults, a_link_that_goes_down_mid_transfer_fails_every_rank, .timeout = 120)
+static void link_down_after(const char *seconds)
 {
     need_cluster();
     double t0 = now_s();
     int rc =
         run(CLUSTER " run --nodes 2 --ranks-per-node 2 --rate 1gbit --grace 8 --timeout 60 "
                     "-- sh -c 'if [ \"$RESHARD_NODE\" = 1 ] && [ \"$LOCAL_RANK\" = 0 ]; then "
-                    "(sleep 1.5; ip link set \"$(ls /sys/class/net | grep -vx lo)\" down) & "
+                    "(sleep %s; ip link set \"$(ls /sys/class/net | grep -vx lo)\" down) & "
                     "fi; RESHARD_TIMEOUT=5 ASAN_OPTIONS=detect_leaks=0 exec %s -n 30 -w 0 -c 0 "
                     "--src \"shape=8192x8192 dtype=u8 ranks=0-1 place=S(0)\" "
                     "--dst \"shape=8192x8192 dtype=u8 ranks=2-3 place=S(1)\"'",
-            perf_bin());
+            seconds, perf_bin());
     double took = now_s() - t0;
-    cr_log_info("link down: exit %d after %.1f s:\n%s", rc, took, out);
+    cr_log_info("link down after %s s: exit %d after %.1f s:\n%s", seconds, rc, took, out);
     cr_assert(rc != 0 && rc != 124, "exit %d (124: a rank hung until the timeout):\n%s", rc, out);
     /* A rank that hung would be killed by the grace, and print no failure of its own (below);
      * the bound leaves start-up on a loaded host room. */
@@ -470,4 +470,17 @@ Test(cluster_faults, a_link_that_goes_down_mid_transfer_fails_every_rank, .timeo
         cr_assert(memmem(l + strlen(who), len - strlen(who), "rank ", 5),
                   "rank %d's error names no rank: %.*s", r, (int)len, l);
     }
+}
+
+Test(cluster_faults, a_link_that_goes_down_mid_transfer_fails_every_rank, .timeout = 120)
+{
+    link_down_after("1.5");
+}
+
+/* The same while the ranks are still connecting (plan creation): UCX's TCP transport connected
+ * blocking and waited out the kernel's SYN retries, so ranks hung until the grace killed them
+ * (UCX_TCP_CONN_NB is now set). */
+Test(cluster_faults, a_link_that_goes_down_while_ranks_connect_fails_every_rank, .timeout = 120)
+{
+    link_down_after("0.3");
 }

@@ -262,12 +262,16 @@ Test(ib, a_broken_queue_pair_fails_its_transfers, .init = pair_up, .fini = tear_
     struct xfer s = {.req.done = on_done}, r = {.req.done = on_done};
     cr_assert_eq(ctx[1]->ops->recv(ctx[1], 0, 1, dst, len, NULL, &r.req), RESHARD_OK);
     cr_assert_eq(ctx[0]->ops->send(ctx[0], 1, 1, src, len, NULL, 0, &s.req), RESHARD_OK);
-    for (int i = 0; i < 2000 && !s.done; i++) /* the writes are on the wire */
+    for (int i = 0; i < 2000 && !s.done && !r.done; i++) /* the writes are on the wire */
         for (int k = 0; k < 2; k++)
             ctx[k]->ops->progress(ctx[k]);
+    int landed = r.done; /* a fast host may finish all 64 MiB first: nothing left to break */
     tp_ib_break_peer(ctx[1], 0);
     run_until((struct xfer *[]){&s, &r}, 2);
-    cr_assert_neq(r.st, RESHARD_OK, "the receive survived its broken QP");
+    if (landed)
+        cr_log_warn("the receive completed before its QP broke: the case did not happen");
+    else
+        cr_assert_neq(r.st, RESHARD_OK, "the receive survived its broken QP");
     cr_assert_eq(ctx[1]->failed_peer, 0);
     cr_assert(strstr(ctx[1]->failed_why, "QP 0x"), "%s", ctx[1]->failed_why);
     if (s.st != RESHARD_OK) { /* unless every write landed before the break */

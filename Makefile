@@ -1,5 +1,5 @@
 # reshard: see README.md. Targets: all (default), test, test-rdma, demo, bench, deps, install, format,
-# clean. Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (ASan + UBSan), PREFIX=/usr/local.
+# check-layers, clean. Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (ASan + UBSan), PREFIX=/usr/local.
 
 PREFIX ?= /usr/local
 CC ?= cc
@@ -15,14 +15,18 @@ endif
 OPT := $(if $(filter 1,$(DEBUG)),-O0 -g3,-O2 -g)
 
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fvisibility=hidden -fPIC \
-              -MMD -MP $(OPT) $(SAN) -Iplanner -Itransport -Iplugin -Icuda $(CFLAGS)
+              -MMD -MP $(OPT) $(SAN) -I. $(CFLAGS)
 LDFLAGS_ALL := $(SAN) $(LDFLAGS)
 
-LIB_SRC := $(sort $(wildcard planner/*.c transport/*.c plugin/*.c cuda/*.c))
+# The library's layers, bottom up; make check-layers keeps every include pointing down them.
+LAYERS := base planner cuda transport plugin
+LIB_SRC := $(sort $(shell find $(LAYERS) -name '*.c'))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-TEST_SRC := $(filter-out test/plugin/net_driver.c, \
-              $(sort $(wildcard test/planner/*.c test/transport/*.c test/plugin/*.c test/tools/*.c \
-                                test/cluster/*.c test/cuda/*.c)))
+# Every suite under test/ except the stand-ins, fuzz targets, benchmarks and the net driver,
+# which are programs of their own.
+TEST_SRC := $(filter-out test/plugin/net/net_driver.c, \
+              $(sort $(shell find test -name '*.c' -not -path 'test/fake/*' \
+                                -not -path 'test/fuzz/*' -not -path 'test/perf/*')))
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
 SO := $(BUILD)/libnccl-net-reshard.so
@@ -46,7 +50,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian's interpreter (python3-numpy is installed for it), whatever python3 a PATH prefers.
 PYTHON ?= /usr/bin/python3
 
-.PHONY: all test test-rdma demo bench deps install format format-check clean fuzz fuzz-build
+.PHONY: all test test-rdma demo bench deps install format format-check clean fuzz fuzz-build \
+        check-layers
 
 all: $(SO) $(PLAN_BIN) $(PERF_BIN) $(NET_PERF_BIN)
 
@@ -64,7 +69,7 @@ ifneq ($(NVCC),)
 FATBIN_OBJ := $(BUILD)/obj/cuda/pack_fatbin.o
 $(BUILD)/obj/cuda/pack.fatbin: cuda/pack.cu cuda/pack_desc.h
 	@mkdir -p $(@D)
-	$(NVCC) -fatbin $(CUDA_ARCHS) -O3 -Icuda -o $@ $<
+	$(NVCC) -fatbin $(CUDA_ARCHS) -O3 -I. -o $@ $<
 $(BUILD)/obj/cuda/pack_fatbin.c: $(BUILD)/obj/cuda/pack.fatbin scripts/embed.py
 	$(PYTHON) scripts/embed.py rs_pack_fatbin $< $@
 $(FATBIN_OBJ): $(BUILD)/obj/cuda/pack_fatbin.c
@@ -90,8 +95,6 @@ $(UNIT_BIN): $(TEST_OBJ) $(AR_LIB) $(FATBIN_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(TEST_OBJ) $(FATBIN_OBJ) $(AR_LIB) -lcriterion -ljansson -lpthread -ldl -lm \
 	    $(LDFLAGS_ALL)
-
-$(BUILD)/obj/test/%.o: CFLAGS_ALL += -Itest
 
 $(BENCH_BIN): $(BUILD)/obj/test/perf/plan_bench.o $(SO)
 	@mkdir -p $(@D)
@@ -123,13 +126,13 @@ $(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO)
 
 # The net plugin conformance driver loads the plugin as NCCL does (dlopen), so it does not
 # link it.
-$(NET_DRIVER): $(BUILD)/obj/test/plugin/net_driver.o
+$(NET_DRIVER): $(BUILD)/obj/test/plugin/net/net_driver.o
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< -ldl -lpthread $(LDFLAGS_ALL)
 
 $(BUILD)/test/fake/libcuda.so.1: test/fake/fake_cuda.c cuda/pack_desc.h
 	@mkdir -p $(@D)
-	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g -fPIC -shared -fvisibility=hidden $(SAN) -Icuda \
+	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g -fPIC -shared -fvisibility=hidden $(SAN) -I. \
 	    -o $@ $<
 
 $(BUILD)/test/fake/libnccl.so.2: test/fake/fake_nccl.c test/fake/fake_nccl.h
@@ -151,7 +154,11 @@ deps:
 	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-test: deps
+# Every include of the library points down its layers (scripts/check-layers.py says how).
+check-layers:
+	@$(PYTHON) scripts/check-layers.py
+
+test: deps check-layers
 	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH) $(DEVICE_REFIT)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
@@ -197,7 +204,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := spec manifest boot
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 $(FUZZ_SAN) \
-               -fsanitize=fuzzer-no-link -Iplanner -Itransport -Iplugin -Icuda
+               -fsanitize=fuzzer-no-link -I.
 FUZZ_DEPS := clang libclang-rt-14-dev
 
 $(FUZZ)/obj/%.o: %.c
@@ -227,7 +234,10 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \
 	    $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 755 $(SO) $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 plugin/reshard.h planner/reshard_status.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 base/reshard_status.h $(DESTDIR)$(PREFIX)/include/
+	sed -e 's|"base/reshard_status.h"|"reshard_status.h"|' plugin/reshard.h \
+	    > $(DESTDIR)$(PREFIX)/include/reshard.h
+	chmod 644 $(DESTDIR)$(PREFIX)/include/reshard.h
 	install -m 755 $(PLAN_BIN) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|' reshard.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/reshard.pc
 
@@ -242,4 +252,4 @@ clean:
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/tools/reshard_plan.d \
     $(BUILD)/obj/test/perf/plan_bench.d $(BUILD)/obj/test/perf/reshard_perf.d \
-    $(BUILD)/obj/test/plugin/net_driver.d $(BUILD)/obj/test/perf/reshard_net_perf.d
+    $(BUILD)/obj/test/plugin/net/net_driver.d $(BUILD)/obj/test/perf/reshard_net_perf.d

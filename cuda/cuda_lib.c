@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "cuda_lib.h"
 
-#include "error.h"
+#include "base/error.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

@@ -8,7 +8,7 @@
 #ifndef RS_CUDA_LIB_H
 #define RS_CUDA_LIB_H
 
-#include "reshard_status.h"
+#include "base/reshard_status.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "ipc.h"
 
-#include "error.h"
-#include "log.h"
+#include "base/error.h"
+#include "base/log.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "cuda_lib.h"
-#include "error.h"
 #include "pack_desc.h"
+#include "base/error.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "layout.h"
 
-#include "error.h"
+#include "base/error.h"
 
 #include <stdio.h>
 #include <stdlib.h>

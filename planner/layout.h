@@ -15,7 +15,7 @@
 #define RS_LAYOUT_H
 
 #include "dtype.h"
-#include "reshard_status.h"
+#include "base/reshard_status.h"
 
 #include <stdint.h>
 

@@ -6,9 +6,9 @@
  */
 #include "plan.h"
 
-#include "error.h"
 #include "plan_build.h"
 #include "spec.h"
+#include "base/error.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -14,8 +14,8 @@
  * (sub-)slice goes to the least loaded sender, ties going to the sender on the receiver's rail,
  * then to the lower rank.
  */
-#include "error.h"
 #include "plan_build.h"
+#include "base/error.h"
 
 #include <stdlib.h>
 #include <string.h>

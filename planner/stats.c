@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "stats.h"
 
-#include "error.h"
 #include "grid.h"
+#include "base/error.h"
 
 #include <stdlib.h>
 #include <string.h>

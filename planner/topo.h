@@ -7,7 +7,7 @@
 #ifndef RS_TOPO_H
 #define RS_TOPO_H
 
-#include "reshard_status.h"
+#include "base/reshard_status.h"
 
 struct rs_topo {
     int nranks;

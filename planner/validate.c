@@ -12,7 +12,7 @@
  */
 #include "validate.h"
 
-#include "error.h"
+#include "base/error.h"
 
 #include <stdlib.h>
 #include <string.h>

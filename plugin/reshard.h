@@ -17,7 +17,7 @@
 #ifndef RESHARD_H
 #define RESHARD_H
 
-#include "reshard_status.h"
+#include "base/reshard_status.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -3,7 +3,7 @@
  * reshard-plan: explains the plan of one reshard (DESIGN.md section 10). Uses only the public
  * API. Exit status: 0 valid plan, 1 invalid plan, 2 bad input.
  */
-#include "reshard.h"
+#include "plugin/reshard.h"
 
 #include <getopt.h>
 #include <sys/resource.h>

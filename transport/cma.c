@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "cma.h"
 
-#include "error.h"
+#include "base/error.h"
 
 #include <errno.h>
 #include <limits.h>

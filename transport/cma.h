@@ -6,7 +6,7 @@
 #ifndef RS_CMA_H
 #define RS_CMA_H
 
-#include "reshard_status.h"
+#include "base/reshard_status.h"
 
 #include <stddef.h>
 #include <sys/types.h>

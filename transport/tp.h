@@ -13,7 +13,7 @@
 #ifndef RS_TP_H
 #define RS_TP_H
 
-#include "reshard_status.h"
+#include "base/reshard_status.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#include "ib_dev.h"
 #include "tp.h"
+#include "transport/ib/ib_dev.h"
 
-#include "error.h"
-#include "param.h"
+#include "base/error.h"
+#include "base/param.h"
 
 #include <string.h>
 

@@ -36,7 +36,7 @@ def chunk(n, k, i):
 
 class Statuses(unittest.TestCase):
     def test_the_table_matches_reshard_status_h(self):
-        with open(os.path.join(ROOT, "planner", "reshard_status.h")) as f:
+        with open(os.path.join(ROOT, "base", "reshard_status.h")) as f:
             header = dict(
                 (int(v), n) for n, v in re.findall(r"X\((\w+), (\d+), \"", f.read())
             )

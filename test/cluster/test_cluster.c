@@ -10,7 +10,7 @@
  *
  * The cluster suites need root and a kernel with network namespaces: when
  * `scripts/cluster.sh check` fails they are skipped with the reason it printed. */
-#include "tools/run_util.h"
+#include "test/tools/run_util.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

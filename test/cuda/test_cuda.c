@@ -4,8 +4,8 @@
  * absent) everything says why and host memory still works; with a GPU the memory kinds are
  * told apart. GPU cases skip with the loader's reason where there is none.
  */
-#include "cuda_lib.h"
-#include "error.h"
+#include "base/error.h"
+#include "cuda/cuda_lib.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>

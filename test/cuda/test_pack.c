@@ -6,11 +6,11 @@
  * the kernels run. With a GPU the kernels themselves are checked against region_pack; the
  * fatbin's presence is checked wherever nvcc built it.
  */
-#include "cuda_lib.h"
-#include "error.h"
-#include "handles.h"
-#include "pack_desc.h"
-#include "region.h"
+#include "base/error.h"
+#include "cuda/cuda_lib.h"
+#include "cuda/pack_desc.h"
+#include "plugin/exec/region.h"
+#include "plugin/handles.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>

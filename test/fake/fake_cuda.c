@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "pack_desc.h"
+#include "cuda/pack_desc.h"
 
 #define API __attribute__((visibility("default")))
 

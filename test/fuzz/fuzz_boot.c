@@ -2,7 +2,7 @@
 /* libFuzzer target: the bootstrap's frame decoder. The input is what a peer sends on a socket
  * while this rank waits for a 64-byte allgather frame; the decoder must take it, refuse it
  * with a message, or wait for more, never read or write out of bounds. */
-#include "sock.h"
+#include "transport/sock/sock.h"
 
 #include <fcntl.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: the manifest loader (JSON, layouts, views, buffers) from memory. */
-#include "handles.h"
+#include "plugin/api/api.h"
 
 #include <stdint.h>
 

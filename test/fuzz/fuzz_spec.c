@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: the layout spec parser, then the shard geometry of what it accepts. */
-#include "reshard.h"
+#include "plugin/reshard.h"
 
 #include <stdint.h>
 #include <stdlib.h>

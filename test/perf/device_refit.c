@@ -14,7 +14,7 @@
  *
  *   device_refit [MiB]     (default 64; the tensor's size)
  */
-#include "reshard.h"
+#include "plugin/reshard.h"
 
 #include <dlfcn.h>
 #include <stdint.h>

@@ -9,7 +9,7 @@
  * libcuda and libnccl are loaded at run time (RESHARD_CUDA_LIB / RESHARD_NCCL_LIB name others:
  * make test runs it on the stand-ins of test/fake).
  */
-#include "reshard.h"
+#include "plugin/reshard.h"
 
 #include <dlfcn.h>
 #include <stdint.h>

@@ -7,10 +7,10 @@
  * them, the same box gathered by the copy engines (cuMemcpy2DAsync), not gated. Exit 0 when
  * every ratio is at least 0.8 and the packed bytes are right, 77 without a GPU, else 1.
  */
-#include "cuda_lib.h"
-#include "error.h"
-#include "pack_desc.h"
-#include "region.h"
+#include "base/error.h"
+#include "cuda/cuda_lib.h"
+#include "cuda/pack_desc.h"
+#include "plugin/exec/region.h"
 
 #include <stdio.h>
 #include <stdlib.h>

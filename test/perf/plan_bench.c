@@ -8,7 +8,7 @@
  * --manifest FILE plans a whole model instead (make bench: DeepSeek-V3 from
  * scripts/gen-manifest.py, target <= 2 s and <= 1 GiB).
  */
-#include "reshard.h"
+#include "plugin/reshard.h"
 
 #include <getopt.h>
 #include <inttypes.h>

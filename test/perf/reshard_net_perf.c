@@ -12,7 +12,7 @@
  * handle goes through FILE; "env" takes the role from $RANK (0 receives). The receiver prints
  * the table: time per message and bandwidth between its first and last completion.
  */
-#include "nccl/net_v12.h"
+#include "plugin/net/nccl/net_v12.h"
 
 #include <errno.h>
 #include <stdarg.h>

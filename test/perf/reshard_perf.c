@@ -8,7 +8,7 @@
  * every destination element against a pattern of (tensor, global index, iteration), and
  * compare the bytes the transports counted with what the plan says each rank moves.
  */
-#include "reshard.h"
+#include "plugin/reshard.h"
 
 #include "perf_pattern.h"
 

@@ -7,8 +7,8 @@
 #ifndef RS_TEST_ORACLE_H
 #define RS_TEST_ORACLE_H
 
-#include "plan.h"
-#include "stats.h"
+#include "planner/plan.h"
+#include "planner/stats.h"
 
 #include <stdint.h>
 

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "plan_util.h"
 
-#include "error.h"
-#include "spec.h"
+#include "base/error.h"
+#include "planner/spec.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>

@@ -3,8 +3,8 @@
 #ifndef RS_TEST_PLAN_UTIL_H
 #define RS_TEST_PLAN_UTIL_H
 
-#include "plan.h"
-#include "stats.h"
+#include "planner/plan.h"
+#include "planner/stats.h"
 
 /* Plans tensors given as (src, dst) spec pairs; domain_of may be NULL (then domain_size). The
  * test fails on any error. */

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Local ranges of every placement against examples computed by hand. */
-#include "error.h"
-#include "layout.h"
-#include "spec.h"
+#include "base/error.h"
+#include "planner/layout.h"
+#include "planner/spec.h"
 
 #include <criterion/criterion.h>
 

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Planner behaviours: local first, once per domain, fan-out, replica splitting, rails. */
-#include "error.h"
 #include "plan_util.h"
-#include "spec.h"
-#include "validate.h"
+#include "base/error.h"
+#include "planner/spec.h"
+#include "planner/validate.h"
 
 #include <criterion/criterion.h>
 

@@ -9,10 +9,10 @@
  * seed and both specs; RESHARD_TEST_SEED=N replays one seed.
  */
 #include "oracle.h"
-#include "error.h"
-#include "spec.h"
-#include "stats.h"
-#include "validate.h"
+#include "base/error.h"
+#include "planner/spec.h"
+#include "planner/stats.h"
+#include "planner/validate.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

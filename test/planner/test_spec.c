@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The spec parser: defaults, canonical form, and one message per malformed item. */
-#include "error.h"
-#include "spec.h"
+#include "base/error.h"
+#include "planner/spec.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Plan statistics on small cases worked out by hand (DESIGN.md section 5 definitions). */
-#include "error.h"
 #include "plan_util.h"
-#include "validate.h"
+#include "base/error.h"
+#include "planner/validate.h"
 
 #include <criterion/criterion.h>
 

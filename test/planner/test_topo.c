@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#include "error.h"
-#include "topo.h"
+#include "base/error.h"
+#include "planner/topo.h"
 
 #include <criterion/criterion.h>
 

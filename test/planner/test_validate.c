@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The validator rejects every kind of broken plan, naming what is wrong. */
-#include "error.h"
 #include "plan_util.h"
-#include "validate.h"
+#include "base/error.h"
+#include "planner/validate.h"
 
 #include <criterion/criterion.h>
 #include <string.h>

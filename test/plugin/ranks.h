@@ -3,7 +3,7 @@
 #ifndef RS_TEST_RANKS_H
 #define RS_TEST_RANKS_H
 
-#include "reshard.h"
+#include "plugin/reshard.h"
 
 #define MAX_RANKS 8
 

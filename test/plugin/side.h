@@ -4,7 +4,7 @@
 #ifndef RS_TEST_SIDE_H
 #define RS_TEST_SIDE_H
 
-#include "reshard.h"
+#include "plugin/reshard.h"
 
 #include <stdint.h>
 

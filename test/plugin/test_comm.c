@@ -3,10 +3,10 @@
  * Communicators and execution across real processes (fork): data lands where the layouts say,
  * and every bad input or fault ends with a clear error on every rank, never a hang.
  */
-#include "error.h"
 #include "ranks.h"
-#include "reshard.h"
 #include "side.h"
+#include "base/error.h"
+#include "plugin/reshard.h"
 
 #include <criterion/criterion.h>
 #include <pthread.h>

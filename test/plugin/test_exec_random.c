@@ -6,10 +6,10 @@
  * hold the value its global index gives it. Cases the forked harness cannot host (more than
  * MAX_RANKS ranks) are drawn again with the next seed.
  */
-#include "planner/oracle.h"
 #include "ranks.h"
-#include "reshard.h"
-#include "spec.h"
+#include "planner/spec.h"
+#include "plugin/reshard.h"
+#include "test/planner/oracle.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
  * rank prints a "fault:" line (case, rank, status, time, message) for the table in the notes.
  */
 #include "ranks.h"
-#include "reshard.h"
+#include "plugin/reshard.h"
 
 #include <criterion/criterion.h>
 #include <signal.h>

@@ -1,0 +1,309 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The public planning API (reshard.h): argument checks, logging and the mapping from public
+ * handles to the planner's objects. The planner records what went wrong; this boundary logs
+ * it once and leaves it to reshard_last_error().
+ */
+#include "plugin/reshard.h"
+
+#include "api.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/param.h"
+#include "planner/plan.h"
+#include "planner/spec.h"
+#include "planner/stats.h"
+#include "planner/validate.h"
+#include "plugin/exec/exec.h"
+#include "plugin/exec/predict.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(RS_MAX_DIMS == sizeof(((reshard_layout_info_t *)0)->shape) / sizeof(int64_t),
+               "reshard_layout_info_t.shape must hold RS_MAX_DIMS dims");
+
+/* Entry of every call that can fail: start the logger (so breadcrumbs reach it) and forget
+ * the previous error. */
+void api_enter(void)
+{
+    rs_log_enabled(RS_LOG_WARN);
+    rs_error_clear();
+}
+
+/* Misuse and bad input are the caller's to report: logged at INFO. Failures of the system,
+ * the network or a peer at WARN. */
+reshard_status_t api_leave(const char *fn, reshard_status_t st)
+{
+    if (st != RESHARD_OK) {
+        int system =
+            st == RESHARD_ERR_NO_MEMORY || st == RESHARD_ERR_INTERNAL || st >= RESHARD_ERR_TIMEOUT;
+        int caller = !system || st == RESHARD_ERR_BUSY || st == RESHARD_ERR_BUFFER ||
+                     st == RESHARD_ERR_PLAN_MISMATCH;
+        rs_log(caller ? RS_LOG_INFO : RS_LOG_WARN, "%s: %s", fn, rs_error_message());
+    }
+    return st;
+}
+
+reshard_status_t api_null_arg(const char *fn, const char *what)
+{
+    return api_leave(fn, rs_error(RESHARD_ERR_INVALID_ARG, "%s: %s is NULL", fn, what));
+}
+
+const char *reshard_strerror(reshard_status_t status)
+{
+    return rs_status_string(status);
+}
+
+const char *reshard_last_error(void)
+{
+    return rs_error_message();
+}
+
+void reshard_config_print(FILE *out)
+{
+    rs_log_enabled(RS_LOG_WARN); /* the logger reports rejected values once */
+    rs_param_print(out ? out : stdout);
+}
+
+reshard_status_t reshard_layout_parse(const char *spec, int world_size, reshard_layout_t **layout)
+{
+    api_enter();
+    if (!spec || !layout)
+        return api_null_arg(__func__, spec ? "layout" : "spec");
+    struct reshard_layout *h = rs_calloc(1, sizeof(*h), "layout");
+    if (!h)
+        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
+    struct spec_opts opts = {.world_size = world_size};
+    reshard_status_t st = spec_parse(spec, &opts, &h->l);
+    if (st != RESHARD_OK) {
+        free(h);
+        return api_leave(__func__, st);
+    }
+    *layout = h;
+    return RESHARD_OK;
+}
+
+size_t reshard_layout_format(const reshard_layout_t *layout, char *buf, size_t size)
+{
+    if (!layout) {
+        if (buf && size)
+            buf[0] = '\0';
+        return 0;
+    }
+    return spec_format(&layout->l, buf, size);
+}
+
+reshard_status_t reshard_layout_info(const reshard_layout_t *layout, reshard_layout_info_t *info)
+{
+    api_enter();
+    if (!layout || !info)
+        return api_null_arg(__func__, layout ? "info" : "layout");
+    const struct rs_layout *l = &layout->l;
+    reshard_layout_info_t out = {
+        .ndim = l->ndim, .elem_size = dtype_size(l->dtype), .nranks = l->nranks, .max_rank = -1};
+    memcpy(out.shape, l->shape, (size_t)l->ndim * sizeof(int64_t));
+    for (int i = 0; i < l->nranks; i++)
+        if (l->ranks[i] > out.max_rank)
+            out.max_rank = l->ranks[i];
+    *info = out;
+    return RESHARD_OK;
+}
+
+void reshard_layout_destroy(reshard_layout_t *layout)
+{
+    if (!layout)
+        return;
+    layout_free(&layout->l);
+    free(layout);
+}
+
+reshard_status_t reshard_topo_create(int world_size, int domain_size, const int *domain_of,
+                                     reshard_topo_t **topo)
+{
+    api_enter();
+    if (!topo)
+        return api_null_arg(__func__, "topo");
+    struct reshard_topo *h = rs_calloc(1, sizeof(*h), "topology");
+    if (!h)
+        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
+    reshard_status_t st = topo_create(world_size, domain_size, domain_of, &h->t);
+    if (st != RESHARD_OK) {
+        free(h);
+        return api_leave(__func__, st);
+    }
+    *topo = h;
+    return RESHARD_OK;
+}
+
+reshard_status_t reshard_topo_exclude(reshard_topo_t *topo, const int *ranks, int n)
+{
+    api_enter();
+    if (!topo || (!ranks && n > 0))
+        return api_null_arg(__func__, topo ? "ranks" : "topo");
+    if (n < 0)
+        return api_leave(__func__, rs_error(RESHARD_ERR_INVALID_ARG, "%s: n is %d", __func__, n));
+    return api_leave(__func__, topo_set_absent(&topo->t, ranks, n));
+}
+
+void reshard_topo_destroy(reshard_topo_t *topo)
+{
+    if (!topo)
+        return;
+    topo_free(&topo->t);
+    free(topo);
+}
+
+reshard_status_t api_plan_build(const char *fn, const reshard_tensor_t *tensors, int ntensors,
+                                const struct rs_topo *topo, const reshard_plan_config_t *config,
+                                struct rs_plan **out)
+{
+    if (ntensors < 1)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "%s: ntensors is %d", fn, ntensors);
+    if (config && config->size < offsetof(reshard_plan_config_t, split_min_bytes) +
+                                     sizeof(config->split_min_bytes))
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "%s: config->size %zu is too small; use RESHARD_PLAN_CONFIG_INIT", fn,
+                        config->size);
+    struct plan_opts opts = {rs_param_int(RS_PARAM_PLAN_SPLIT_MIN_BYTES),
+                             rs_param_int(RS_PARAM_PLAN_MAX_OPS)};
+    if (config && config->split_min_bytes > 0)
+        opts.split_min_bytes = config->split_min_bytes;
+    /* fields past what the caller's struct has (an older header) keep their defaults */
+    if (config && config->size >= offsetof(reshard_plan_config_t, max_ops) + sizeof(int64_t) &&
+        config->max_ops > 0)
+        opts.max_ops = config->max_ops;
+    struct plan_input *in = rs_calloc((size_t)ntensors, sizeof(*in), "plan inputs");
+    if (!in)
+        return RESHARD_ERR_NO_MEMORY;
+    for (int i = 0; i < ntensors; i++)
+        in[i] = (struct plan_input){tensors[i].name, tensors[i].src ? &tensors[i].src->l : NULL,
+                                    tensors[i].dst ? &tensors[i].dst->l : NULL};
+    reshard_status_t st = plan_build(in, ntensors, topo, &opts, out);
+    free(in);
+    if (st == RESHARD_OK)
+        rs_log(RS_LOG_INFO, "planned %d tensor(s) on %d ranks in %d domains: %zu ops in %.3f ms",
+               ntensors, topo->nranks, topo->ndomains, (*out)->nops, (*out)->plan_ms);
+    return st;
+}
+
+reshard_status_t reshard_plan_create(const reshard_tensor_t *tensors, int ntensors,
+                                     const reshard_topo_t *topo,
+                                     const reshard_plan_config_t *config, reshard_plan_t **plan)
+{
+    api_enter();
+    if (!tensors || !topo || !plan)
+        return api_null_arg(__func__, !tensors ? "tensors" : !topo ? "topo" : "plan");
+    struct reshard_plan *h = rs_calloc(1, sizeof(*h), "plan");
+    if (!h)
+        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
+    reshard_status_t st = api_plan_build(__func__, tensors, ntensors, &topo->t, config, &h->p);
+    if (st != RESHARD_OK) {
+        free(h);
+        return api_leave(__func__, st);
+    }
+    *plan = h;
+    return RESHARD_OK;
+}
+
+reshard_status_t reshard_plan_validate(const reshard_plan_t *plan)
+{
+    api_enter();
+    if (!plan)
+        return api_null_arg(__func__, "plan");
+    return api_leave(__func__, plan_validate(plan->p));
+}
+
+uint64_t reshard_plan_hash(const reshard_plan_t *plan)
+{
+    return plan ? plan->p->hash : 0;
+}
+
+void reshard_plan_destroy(reshard_plan_t *plan)
+{
+    if (!plan)
+        return;
+    exec_destroy(plan->x);
+    plan_free(plan->p);
+    free(plan);
+}
+
+/* Messages per rank: of the algorithm's transfers for a communicator plan, else of the
+ * reshard transfers the plan would run. */
+static reshard_status_t rank_msgs(const reshard_plan_t *plan, reshard_rank_stats_t *ranks)
+{
+    int n = plan->p->topo.nranks;
+    uint64_t *msgs = rs_calloc((size_t)n, sizeof(*msgs), "message counts");
+    if (!msgs)
+        return RESHARD_ERR_NO_MEMORY;
+    struct xfer_set own = {0};
+    const struct xfer_set *xs = plan->x ? exec_xfers(plan->x) : &own;
+    reshard_status_t st = plan->x ? RESHARD_OK : xfer_build(plan->p, RESHARD_ALGO_RESHARD, &own);
+    if (st == RESHARD_OK)
+        st = predict_msgs(plan->p, xs, n, msgs);
+    for (int k = 0; st == RESHARD_OK && k < n; k++)
+        ranks[k].net_msgs = msgs[k];
+    xfer_free(&own);
+    free(msgs);
+    return st;
+}
+
+reshard_status_t reshard_plan_predict(const reshard_plan_t *plan, const reshard_cluster_t *cluster,
+                                      reshard_prediction_t *out)
+{
+    api_enter();
+    if (!plan || !cluster || !out)
+        return api_null_arg(__func__, !plan ? "plan" : !cluster ? "cluster" : "out");
+    return api_leave(__func__, predict_plan(plan->p, cluster, out));
+}
+
+reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_stats_t *stats,
+                                    reshard_rank_stats_t *ranks)
+{
+    api_enter();
+    if (!plan || !stats)
+        return api_null_arg(__func__, plan ? "stats" : "plan");
+    const struct rs_plan *p = plan->p;
+    struct plan_stats s;
+    struct plan_rank_stats *r = NULL;
+    if (ranks && !(r = rs_calloc((size_t)p->topo.nranks, sizeof(*r), "rank stats")))
+        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
+    reshard_status_t st = plan_stats_compute(p, &s, r);
+    if (st != RESHARD_OK) {
+        free(r);
+        return api_leave(__func__, st);
+    }
+    *stats = (reshard_plan_stats_t){
+        .net_bytes = (uint64_t)s.net_bytes,
+        .min_net_bytes = (uint64_t)s.min_net_bytes,
+        .gather_bcast_bytes = (uint64_t)s.gather_bcast_bytes,
+        .local_bytes = (uint64_t)s.local_bytes,
+        .self_bytes = (uint64_t)s.self_bytes,
+        .max_nic_bytes = (uint64_t)s.max_nic_bytes,
+        .lb_nic_bytes = (uint64_t)s.lb_nic_bytes,
+        .max_nic_rank = s.max_nic_rank,
+        .net_ops = s.nops[PLAN_OP_NET],
+        .local_ops = s.nops[PLAN_OP_LOCAL],
+        .fwd_ops = s.nops[PLAN_OP_FWD],
+        .self_ops = s.nops[PLAN_OP_SELF],
+        .plan_ms = p->plan_ms,
+        .ntensors = p->ntensors,
+        .world_size = p->topo.nranks,
+        .ndomains = p->topo.ndomains,
+    };
+    for (int k = 0; r && k < p->topo.nranks; k++)
+        ranks[k] = (reshard_rank_stats_t){
+            .domain = p->topo.domain[k],
+            .local_index = p->topo.local_index[k],
+            .net_out = (uint64_t)r[k].net_out,
+            .net_in = (uint64_t)r[k].net_in,
+            .local_out = (uint64_t)r[k].local_out,
+            .local_in = (uint64_t)r[k].local_in,
+            .self = (uint64_t)r[k].self,
+        };
+    free(r);
+    /* A communicator plan runs its algorithm's transfers: report those. */
+    if (plan->x && (st = exec_stats(plan->x, stats, ranks)) != RESHARD_OK)
+        return api_leave(__func__, st);
+    return ranks ? api_leave(__func__, rank_msgs(plan, ranks)) : RESHARD_OK;
+}

@@ -1,0 +1,478 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "comm.h"
+
+#include "nccl_lib.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/param.h"
+#include "cuda/cuda_lib.h"
+#include "cuda/ipc.h"
+#include "transport/cma.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* What every rank tells the others when the communicator forms. */
+struct comm_hello {
+    char host[COMM_HOST_MAX];
+    int32_t pid;
+    int32_t domain; /* RESHARD_DOMAIN, or -1 */
+    uint32_t addr_len;
+    char transport[8];    /* every rank must run the same one */
+    struct boot_id spare; /* where it would meet the others again (comm_shrink) */
+};
+
+#define COMM_ADDR_MAX 4096
+
+int comm_timeout_ms(void)
+{
+    int64_t s = rs_param_int(RS_PARAM_TIMEOUT);
+    return s > INT32_MAX / 1000 ? INT32_MAX : (int)(s * 1000);
+}
+
+/* Dense ids, in order of first appearance, for the hostnames of the members (-1: absent). */
+static void number_hosts(const struct reshard_comm *c, const struct comm_hello *h, int *node)
+{
+    int next = 0;
+    for (int r = 0; r < c->size; r++) {
+        node[r] = -1;
+        if (!comm_has(c, r))
+            continue;
+        for (int q = 0; q < r && node[r] < 0; q++)
+            if (node[q] >= 0 && !strncmp(h[q].host, h[r].host, COMM_HOST_MAX))
+                node[r] = node[q];
+        if (node[r] < 0)
+            node[r] = next++;
+    }
+}
+
+reshard_status_t comm_allgather(struct reshard_comm *c, void *buf, size_t bytes)
+{
+    if (c->nmembers == c->size)
+        return boot_allgather(c->boot, buf, bytes);
+    char *dense = rs_calloc((size_t)c->nmembers, bytes, "allgather");
+    if (!dense) { /* cannot take part: tell the others rather than let them time out */
+        boot_abort(c->boot, RESHARD_ERR_NO_MEMORY, "out of memory in an allgather");
+        return RESHARD_ERR_NO_MEMORY;
+    }
+    memcpy(dense + (size_t)c->boot_of[c->rank] * bytes, (char *)buf + (size_t)c->rank * bytes,
+           bytes);
+    reshard_status_t st = boot_allgather(c->boot, dense, bytes);
+    if (st == RESHARD_OK) {
+        memset(buf, 0, (size_t)c->size * bytes);
+        for (int k = 0; k < c->nmembers; k++)
+            memcpy((char *)buf + (size_t)c->member[k] * bytes, dense + (size_t)k * bytes, bytes);
+    }
+    free(dense);
+    return st;
+}
+
+static reshard_status_t make_topo(struct reshard_comm *c, const struct comm_hello *h)
+{
+    int64_t block = rs_param_int(RS_PARAM_DOMAIN_SIZE);
+    if (block > 0)
+        return topo_create(c->size, (int)(block > c->size ? c->size : block), NULL, &c->topo.t);
+    int set = 0;
+    for (int r = 0; r < c->size; r++)
+        set += h[r].domain >= 0;
+    if (set && set != c->size)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "RESHARD_DOMAIN is set on %d of %d ranks: set it on all or none", set,
+                        c->size);
+    int *dom = rs_calloc((size_t)c->size, sizeof(int), "domains");
+    if (!dom)
+        return RESHARD_ERR_NO_MEMORY;
+    for (int r = 0; r < c->size; r++)
+        dom[r] = set ? h[r].domain : c->node[r];
+    reshard_status_t st = topo_create(c->size, 0, dom, &c->topo.t);
+    free(dom);
+    return st;
+}
+
+/* A shrunk communicator keeps its parent's domains, with the ranks it left out absent. */
+static reshard_status_t inherit_topo(struct reshard_comm *c, const struct rs_topo *parent)
+{
+    RS_CHECK(topo_copy(parent, &c->topo.t));
+    for (int r = 0; r < c->size; r++)
+        if (!comm_has(c, r))
+            RS_CHECK(topo_set_absent(&c->topo.t, &r, 1));
+    return RESHARD_OK;
+}
+
+/* Everyone's hostname, pid, domain and spare id, then everyone's network address. */
+static reshard_status_t exchange(struct reshard_comm *c, const struct rs_topo *parent)
+{
+    struct comm_hello *h = rs_calloc((size_t)c->size, sizeof(*h), "hello");
+    char *addrs = NULL;
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (!h)
+        return st;
+    struct comm_hello *me = &h[c->rank];
+    gethostname(me->host, sizeof(me->host) - 1);
+    me->pid = (int32_t)getpid();
+    me->domain = (int32_t)rs_param_int(RS_PARAM_DOMAIN);
+    char addr[COMM_ADDR_MAX];
+    size_t len = sizeof(addr);
+    RS_CHECK_GOTO(c->net->ops->address(c->net, -1, addr, &len), st, out);
+    me->addr_len = (uint32_t)len;
+    snprintf(me->transport, sizeof(me->transport), "%s", c->net->ops->name);
+    me->spare = c->spare;
+    RS_CHECK_GOTO(comm_allgather(c, h, sizeof(*h)), st, out);
+    size_t slot = 0;
+    int first = c->member[0];
+    for (int r = 0; r < c->size; r++) {
+        if (!comm_has(c, r))
+            continue;
+        if (strncmp(h[r].transport, h[first].transport, sizeof(h[r].transport))) {
+            st = rs_error(RESHARD_ERR_UNAVAILABLE,
+                          "rank %d runs the %.8s transport, rank %d %.8s: set RESHARD_TRANSPORT "
+                          "to the same value everywhere (auto takes ib only where an RDMA port "
+                          "is active)",
+                          r, h[r].transport, first, h[first].transport);
+            goto out;
+        }
+        if (h[r].addr_len > COMM_ADDR_MAX) { /* every rank sees the same: all fail alike */
+            st = rs_error(RESHARD_ERR_INTERNAL, "rank %d announced a %u-byte address (at most %d)",
+                          r, h[r].addr_len, COMM_ADDR_MAX);
+            goto out;
+        }
+        slot = h[r].addr_len > slot ? h[r].addr_len : slot;
+    }
+    if (!(addrs = rs_calloc((size_t)c->size, slot, "addresses"))) {
+        st = RESHARD_ERR_NO_MEMORY;
+        goto out;
+    }
+    memcpy(addrs + (size_t)c->rank * slot, addr, len);
+    RS_CHECK_GOTO(comm_allgather(c, addrs, slot), st, out);
+    for (int r = 0; r < c->size; r++) {
+        c->pid[r] = h[r].pid;
+        c->spares[r] = h[r].spare;
+        if (r != c->rank && comm_has(c, r))
+            RS_CHECK_GOTO(c->net->ops->set_peer(c->net, r, addrs + (size_t)r * slot, h[r].addr_len),
+                          st, out);
+    }
+    number_hosts(c, h, c->node);
+    st = parent ? inherit_topo(c, parent) : make_topo(c, h);
+out:
+    free(addrs);
+    free(h);
+    return st;
+}
+
+/* A communicator of `size` ranks, every one a member until the caller says otherwise. */
+static struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
+{
+    struct reshard_comm *c = rs_calloc(1, sizeof(*c), "communicator");
+    if (!c)
+        return NULL;
+    c->rank = rank;
+    c->size = c->nmembers = size;
+    c->local_rank = local_rank;
+    c->pid = rs_calloc((size_t)size, sizeof(*c->pid), "pids");
+    c->node = rs_calloc((size_t)size, sizeof(*c->node), "nodes");
+    c->member = rs_calloc((size_t)size, sizeof(*c->member), "members");
+    c->boot_of = rs_calloc((size_t)size, sizeof(*c->boot_of), "members");
+    c->spares = rs_calloc((size_t)size, sizeof(*c->spares), "spare ids");
+    if (!c->pid || !c->node || !c->member || !c->boot_of || !c->spares) {
+        comm_destroy(c);
+        return NULL;
+    }
+    for (int r = 0; r < size; r++)
+        c->member[r] = c->boot_of[r] = r;
+    return c;
+}
+
+/* With the bootstrap up: the network context, then the exchange that forms the communicator. */
+static reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent)
+{
+    boot_set_cancel(c->boot, &c->abort_req);
+    struct tp_config cfg = {.rank = c->rank,
+                            .size = c->size,
+                            .tls = rs_param_str(RS_PARAM_NET_TLS),
+                            .peer_errors = rs_param_int(RS_PARAM_NET_PEER_ERRORS) != 0,
+                            .local_rank = c->local_rank};
+    const struct tp_ops *ops;
+    reshard_status_t st = tp_pick(&ops);
+    if (st == RESHARD_OK)
+        st = ops->init(&cfg, &c->net);
+    if (st == RESHARD_OK)
+        st = boot_spare_id(c->boot, &c->spare);
+    if (st != RESHARD_OK) {
+        /* The others would wait for our address until they time out: tell them now. */
+        boot_abort(c->boot, st, rs_error_message());
+        return st;
+    }
+    RS_CHECK(exchange(c, parent));
+    cma_allow_peers();
+    rs_log(RS_LOG_INFO, "comm: rank %d of %d (%d present), %d domains, network transport %s",
+           c->rank, c->size, c->nmembers, c->topo.t.ndomains, c->net->ops->name);
+    return RESHARD_OK;
+}
+
+reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int local_rank,
+                             struct reshard_comm **out)
+{
+    if (size < 1 || rank < 0 || rank >= size)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "rank %d of %d: expected 0 <= rank < size", rank,
+                        size);
+    struct reshard_comm *c = comm_alloc(rank, size, local_rank);
+    if (!c)
+        return RESHARD_ERR_NO_MEMORY;
+    reshard_status_t st;
+    RS_CHECK_GOTO(boot_init(id, rank, size, comm_timeout_ms(), &c->boot), st, err);
+    RS_CHECK_GOTO(comm_join(c, NULL), st, err);
+    *out = c;
+    return RESHARD_OK;
+err:
+    comm_destroy(c);
+    return st;
+}
+
+/* Every rank's slot of one ncclAllGather of BOOT_ID_BYTES: rank 0's id reaches everyone. */
+static reshard_status_t gather_id(const struct nccl_fns *f, const struct cuda_fns *cu, void *nc,
+                                  int rank, int size, struct boot_id *id)
+{
+    cu_deviceptr d = 0;
+    cu_result r = cu->mem_alloc(&d, (size_t)size * BOOT_ID_BYTES);
+    if (r != CU_SUCCESS)
+        return cuda_error("cuMemAlloc for the all-gather", r);
+    reshard_status_t st = RESHARD_OK;
+    cu_deviceptr mine = d + (cu_deviceptr)rank * BOOT_ID_BYTES;
+    if ((r = cu->memcpy_htod(mine, id->bytes, BOOT_ID_BYTES)) != CU_SUCCESS)
+        st = cuda_error("cuMemcpyHtoD", r);
+    nccl_result nr = 0;
+    if (st == RESHARD_OK && (nr = f->all_gather((void *)(uintptr_t)mine, (void *)(uintptr_t)d,
+                                                BOOT_ID_BYTES, NCCL_UINT8, nc, NULL)) != 0)
+        st = nccl_error(f, nr, "ncclAllGather of the rendezvous id");
+    if (st == RESHARD_OK && (r = cu->stream_synchronize(NULL)) != CU_SUCCESS)
+        st = cuda_error("cuStreamSynchronize", r);
+    if (st == RESHARD_OK && (r = cu->memcpy_dtoh(id->bytes, d, BOOT_ID_BYTES)) != CU_SUCCESS)
+        st = cuda_error("cuMemcpyDtoH", r);
+    cu->mem_free(d);
+    return st;
+}
+
+reshard_status_t comm_create_nccl(void *nc, struct reshard_comm **out)
+{
+    char why[RS_ERROR_MAX] = "";
+    const struct nccl_fns *f = nccl_lib();
+    if (!f) {
+        snprintf(why, sizeof(why), "%s", rs_error_message()); /* not passed as its own source */
+        return rs_error(RESHARD_ERR_UNAVAILABLE, "reshard_comm_init_nccl: %s", why);
+    }
+    int rank = -1, size = 0;
+    nccl_result nr = f->comm_user_rank(nc, &rank);
+    if (nr || (nr = f->comm_count(nc, &size)))
+        return nccl_error(f, nr, "the rank and size of the NCCL communicator");
+    const struct cuda_fns *cu = cuda_lib();
+    if (!cu) {
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        return rs_error(RESHARD_ERR_UNAVAILABLE,
+                        "reshard_comm_init_nccl: the all-gather needs a CUDA device: %s", why);
+    }
+    RS_CHECK(cuda_current_context());
+    /* Rank 0 listens; a rank 0 that cannot still joins the all-gather (with zeros), so that
+     * nobody waits in NCCL for it, and every rank fails alike below. */
+    struct boot_id id, mine;
+    memset(&id, 0, sizeof(id));
+    why[0] = 0;
+    if (rank == 0 && boot_id_create(&id) != RESHARD_OK)
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+    mine = id;
+    reshard_status_t st = gather_id(f, cu, nc, rank, size, &id);
+    if (st != RESHARD_OK) {
+        boot_id_release(&mine); /* rank 0's listener (a no-op elsewhere) */
+        return st;
+    }
+    static const struct boot_id zero;
+    if (!memcmp(&id, &zero, sizeof(id)))
+        return rs_error(RESHARD_ERR_NETWORK, "reshard_comm_init_nccl: rank 0 could not listen%s%s",
+                        why[0] ? ": " : "", why);
+    const char *lr = getenv("LOCAL_RANK");
+    st = comm_create(&id, rank, size, lr && *lr ? atoi(lr) : -1, out);
+    if (rank == 0)
+        boot_id_release(&mine); /* taken by rank 0's rendezvous, unless it failed first */
+    if (st == RESHARD_OK)
+        (*out)->nccl = nc;
+    return st;
+}
+
+reshard_status_t comm_shrink(struct reshard_comm *old, const int *exclude, int n,
+                             struct reshard_comm **out)
+{
+    for (int i = 0; i < n; i++) {
+        if (exclude[i] < 0 || exclude[i] >= old->size)
+            return rs_error(RESHARD_ERR_INVALID_ARG,
+                            "shrink: excluded rank %d is outside the communicator (0..%d)",
+                            exclude[i], old->size - 1);
+        if (exclude[i] == old->rank)
+            return rs_error(RESHARD_ERR_INVALID_ARG,
+                            "shrink: rank %d excludes itself: only the ranks that stay call "
+                            "reshard_comm_shrink",
+                            old->rank);
+    }
+    struct reshard_comm *c = comm_alloc(old->rank, old->size, old->local_rank);
+    if (!c)
+        return RESHARD_ERR_NO_MEMORY;
+    c->shrinks = old->shrinks + 1;
+    c->nmembers = 0;
+    for (int r = 0; r < old->size; r++) {
+        int stays = comm_has(old, r);
+        for (int i = 0; i < n && stays; i++)
+            stays = exclude[i] != r;
+        c->boot_of[r] = stays ? c->nmembers : -1;
+        if (stays)
+            c->member[c->nmembers++] = r;
+    }
+    /* Ranks with another view of who stays, or of how often the job shrank, derive another
+     * secret: the lowest member refuses them by name instead of forming a wrong group. */
+    size_t salt_len = sizeof(uint32_t) + (size_t)c->nmembers * sizeof(int);
+    char *salt = rs_calloc(1, salt_len, "shrink");
+    struct boot_id id;
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (!salt)
+        goto err;
+    memcpy(salt, &c->shrinks, sizeof(uint32_t));
+    memcpy(salt + sizeof(uint32_t), c->member, (size_t)c->nmembers * sizeof(int));
+    st = boot_id_derive(&old->spares[c->member[0]], salt, salt_len, &id);
+    free(salt);
+    if (st != RESHARD_OK)
+        goto err;
+    RS_CHECK_GOTO(boot_init_labeled(&id, c->boot_of[c->rank], c->nmembers, c->member,
+                                    comm_timeout_ms(), &c->boot),
+                  st, err);
+    RS_CHECK_GOTO(comm_join(c, &old->topo.t), st, err);
+    *out = c;
+    return RESHARD_OK;
+err:
+    comm_destroy(c);
+    return st;
+}
+
+void comm_abort_now(struct reshard_comm *c)
+{
+    if (c->broken != RESHARD_OK)
+        return;
+    c->broken = RESHARD_ERR_ABORTED;
+    snprintf(c->broken_why, sizeof(c->broken_why),
+             "rank %d aborted the communicator (reshard_comm_abort)", c->rank);
+    boot_abort(c->boot, c->broken, c->broken_why);
+}
+
+reshard_status_t comm_enter(struct reshard_comm *c)
+{
+    int idle = 0;
+    if (!atomic_compare_exchange_strong(&c->busy, &idle, 1))
+        return rs_error(RESHARD_ERR_BUSY, "the communicator is in use (an execution or a "
+                                          "collective, from another thread)");
+    if (atomic_load(&c->abort_req))
+        comm_abort_now(c);
+    reshard_status_t st = comm_usable(c);
+    if (st != RESHARD_OK)
+        atomic_store(&c->busy, 0);
+    return st;
+}
+
+reshard_status_t comm_leave(struct reshard_comm *c, reshard_status_t st)
+{
+    if (st == RESHARD_ERR_ABORTED && c->broken == RESHARD_OK) { /* an abort ended it */
+        c->broken = st;
+        snprintf(c->broken_why, sizeof(c->broken_why),
+                 "rank %d aborted the communicator (reshard_comm_abort)", c->rank);
+    }
+    atomic_store(&c->busy, 0);
+    return st;
+}
+
+reshard_status_t comm_usable(const struct reshard_comm *c)
+{
+    if (c->broken == RESHARD_OK)
+        return RESHARD_OK;
+    return rs_error(c->broken, "the communicator failed earlier and must be destroyed: %s",
+                    c->broken_why);
+}
+
+int comm_keep(struct reshard_comm *c, void (*free_fn)(void *), void *p)
+{
+    struct comm_kept *k = realloc(c->kept, ((size_t)c->nkept + 1) * sizeof(*k));
+    if (!k)
+        return 0;
+    c->kept = k;
+    c->kept[c->nkept++] = (struct comm_kept){free_fn, p};
+    return 1;
+}
+
+int comm_keep_mh(struct reshard_comm *c, void *mh)
+{
+    void **k = realloc(c->kept_mh, ((size_t)c->nkept_mh + 1) * sizeof(*k));
+    if (!k)
+        return 0;
+    c->kept_mh = k;
+    c->kept_mh[c->nkept_mh++] = mh;
+    return 1;
+}
+
+reshard_status_t comm_staging(struct reshard_comm *c, int64_t slot_bytes, int nslots)
+{
+    if (c->staging)
+        return RESHARD_OK;
+    size_t bytes = (size_t)slot_bytes * (size_t)nslots;
+    char *base = malloc(bytes);
+    int *slots = calloc((size_t)nslots, sizeof(int));
+    void *mh = NULL;
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (!base || !slots) {
+        rs_error(st, "no memory for %d staging slots of %lld bytes", nslots, (long long)slot_bytes);
+        goto err;
+    }
+    RS_CHECK_GOTO(c->net->ops->mem_reg(c->net, base, bytes, TP_MEM_HOST, &mh), st, err);
+    for (int i = 0; i < nslots; i++)
+        slots[i] = i;
+    c->staging = base;
+    c->staging_mh = mh;
+    c->free_slots = slots;
+    c->nslots = c->nfree = nslots;
+    c->slot_bytes = slot_bytes;
+    return RESHARD_OK;
+err:
+    free(slots);
+    free(base);
+    return st;
+}
+
+void comm_destroy(struct reshard_comm *c)
+{
+    if (!c)
+        return;
+    /* Nobody closes connections a peer may still be using (a broken communicator does not
+     * wait: its peers may be gone). */
+    if (c->boot && c->net && c->broken == RESHARD_OK)
+        (void)boot_barrier(c->boot);
+    cuda_ipc_free(c->ipc); /* every rank is done writing through its mappings */
+    if (c->net) {
+        /* After a failed execution requests may still use registered memory: closing the
+         * connections ends them, and only then do the registrations go. */
+        if (c->broken != RESHARD_OK)
+            c->net->ops->disconnect(c->net);
+        for (int i = 0; i < c->nkept_mh; i++)
+            c->net->ops->mem_dereg(c->net, c->kept_mh[i]);
+        c->net->ops->mem_dereg(c->net, c->staging_mh);
+        c->net->ops->close(c->net);
+    }
+    free(c->kept_mh);
+    for (int i = 0; i < c->nkept; i++) /* their requests completed as the context closed */
+        c->kept[i].free(c->kept[i].p);
+    free(c->kept);
+    free(c->staging);
+    free(c->free_slots);
+    boot_close(c->boot);
+    boot_id_release(&c->spare);
+    topo_free(&c->topo.t);
+    free(c->pid);
+    free(c->node);
+    free(c->member);
+    free(c->boot_of);
+    free(c->spares);
+    free(c);
+}

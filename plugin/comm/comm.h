@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A communicator: its bootstrap, its topology (domains by hostname unless told otherwise), the
+ * network context between domains and what the local path needs of each peer (its pid).
+ */
+#ifndef RS_COMM_H
+#define RS_COMM_H
+
+#include "base/error.h"
+#include "plugin/handles.h"
+#include "transport/boot/bootstrap.h"
+#include "transport/tp.h"
+
+#include <stdatomic.h>
+#include <sys/types.h>
+
+#define COMM_HOST_MAX 64
+
+struct reshard_comm {
+    int rank, size; /* ranks keep their numbers when the communicator shrinks */
+    /* Members: all ranks, unless a shrink left some out (absent, marked in the topology).
+     * The bootstrap numbers the members densely: boot_of[rank] (-1: absent), member[k]. */
+    int nmembers;
+    int *member, *boot_of;
+    int local_rank;
+    uint32_t shrinks;       /* generations since the first communicator: salts the next id */
+    struct boot_id spare;   /* where this rank would meet the others as the next root */
+    struct boot_id *spares; /* [size]: everyone's */
+    struct boot *boot;
+    void *nccl; /* the NCCL communicator it was made from (reshard_comm_init_nccl), or NULL */
+    struct reshard_topo topo;
+    struct tp_ctx *net;
+    pid_t *pid;           /* [size] */
+    int *node;            /* [size]: hostname ids, dense in order of first appearance */
+    uint32_t seq;         /* executions so far: every rank counts the same */
+    atomic_int busy;      /* one execution at a time: the network context is single-threaded */
+    atomic_int abort_req; /* reshard_comm_abort was called: the execution in flight stops */
+    /* A failure while bytes were moving leaves messages and connections in an unknown state:
+     * the communicator refuses further collectives until destroyed. */
+    reshard_status_t broken;
+    char broken_why[RS_ERROR_MAX];
+    /* Staging slots for packed sends, shared by the plans (they run one at a time). */
+    char *staging;
+    void *staging_mh;
+    int nslots, nfree, *free_slots;
+    int64_t slot_bytes;
+    uint64_t local_out, local_in, self; /* the local path's counters */
+    uint64_t ipc_out;                   /* of local_out: written through CUDA IPC */
+    uint64_t gdr_out, gdr_in;           /* of the network's: from / into device memory */
+    struct cuda_ipc *ipc;               /* peers' device buffers mapped here; made on first use */
+    /* State of failed executions that transport requests still point into: freed once the
+     * network context is closed (which completes those requests). */
+    struct comm_kept {
+        void (*free)(void *p);
+        void *p;
+    } * kept;
+    int nkept;
+    void **kept_mh; /* their registrations, released once the connections are closed */
+    int nkept_mh;
+};
+
+reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int local_rank,
+                             struct reshard_comm **out);
+/* On the ranks of an NCCL communicator: rank 0's id through one ncclAllGather. */
+reshard_status_t comm_create_nccl(void *nccl_comm, struct reshard_comm **out);
+/* Collective over the ranks of c not in exclude[n]: a communicator of those ranks, with their
+ * numbers, c's topology (the others absent) and a new bootstrap and network context, met at
+ * the lowest remaining rank's spare listener. c may have failed; it stays as it is. */
+reshard_status_t comm_shrink(struct reshard_comm *c, const int *exclude, int n,
+                             struct reshard_comm **out);
+static inline int comm_has(const struct reshard_comm *c, int rank)
+{
+    return c->boot_of[rank] >= 0;
+}
+/* boot_allgather over the members: buf holds size slots of `bytes`, this rank's filled; on
+ * return every member's is, and an absent rank's is zeros. */
+reshard_status_t comm_allgather(struct reshard_comm *c, void *buf, size_t bytes);
+void comm_destroy(struct reshard_comm *c);
+int comm_timeout_ms(void);
+/* RESHARD_OK, or why the communicator can no longer be used (message recorded). */
+/* Breaks the communicator for reshard_comm_abort (busy held) and tells the other ranks. */
+void comm_abort_now(struct reshard_comm *c);
+reshard_status_t comm_usable(const struct reshard_comm *c);
+/* Around every collective on the bootstrap: one at a time (RESHARD_ERR_BUSY otherwise), so that
+ * an abort from another thread only raises the flag the collective watches; comm_leave then
+ * marks the communicator aborted when that ended it. comm_enter fails when it is unusable. */
+reshard_status_t comm_enter(struct reshard_comm *c);
+reshard_status_t comm_leave(struct reshard_comm *c, reshard_status_t st);
+/* Keeps p until the network context closes, then frees it with free_fn. Returns 0 when that
+ * cannot be arranged (no memory): p is then the caller's. */
+int comm_keep(struct reshard_comm *c, void (*free_fn)(void *), void *p);
+/* The same for a registration of the network context. */
+int comm_keep_mh(struct reshard_comm *c, void *mh);
+/* Staging slots of slot_bytes each, made (and registered) once. */
+reshard_status_t comm_staging(struct reshard_comm *c, int64_t slot_bytes, int nslots);
+
+#endif

@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "xfer.h"
+
+#include "base/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *xfer_path_name(enum xfer_path p)
+{
+    static const char *const names[] = {"self", "local", "net"};
+    return p <= XFER_NET ? names[p] : "?";
+}
+
+static enum xfer_path path_between(const struct rs_topo *t, int src, int dst)
+{
+    if (src == dst)
+        return XFER_SELF;
+    return t->domain[src] == t->domain[dst] ? XFER_LOCAL : XFER_NET;
+}
+
+static reshard_status_t push(struct xfer_set *s, struct xfer x)
+{
+    if (s->n == s->cap) {
+        struct xfer *n = rs_grow(s->x, &s->cap, s->n + 1, sizeof(*n), "transfers");
+        if (!n)
+            return RESHARD_ERR_NO_MEMORY;
+        s->x = n;
+    }
+    s->x[s->n++] = x;
+    return RESHARD_OK;
+}
+
+static reshard_status_t push_box(struct xfer_set *s, int ndim, const int64_t *start,
+                                 const int64_t *len, uint32_t *box)
+{
+    size_t need = s->ncoords + 2 * (size_t)ndim;
+    if (need > UINT32_MAX)
+        return rs_error(RESHARD_ERR_TOO_LARGE, "transfers: more than 2^32 box coordinates");
+    if (need > s->coords_cap) {
+        int64_t *c = rs_grow(s->own_coords, &s->coords_cap, need, sizeof(int64_t), "boxes");
+        if (!c)
+            return RESHARD_ERR_NO_MEMORY;
+        s->own_coords = c;
+    }
+    memcpy(s->own_coords + s->ncoords, start, (size_t)ndim * sizeof(int64_t));
+    memcpy(s->own_coords + s->ncoords + ndim, len, (size_t)ndim * sizeof(int64_t));
+    *box = (uint32_t)s->ncoords;
+    s->ncoords = need;
+    s->coords = s->own_coords;
+    return RESHARD_OK;
+}
+
+/* The plan's ops, each on the path the real topology gives its two ranks. */
+static reshard_status_t from_ops(const struct rs_plan *ops, const struct rs_topo *real,
+                                 struct xfer_set *s)
+{
+    s->coords = ops->coords;
+    for (size_t i = 0; i < ops->nops; i++) {
+        const struct plan_op *o = &ops->ops[i];
+        int fwd = o->kind == PLAN_OP_FWD;
+        struct xfer x = {.bytes = plan_op_bytes(ops, o),
+                         .box = o->box,
+                         .tensor = o->tensor,
+                         .parent = fwd ? o->parent : XFER_NONE,
+                         .src = o->src,
+                         .dst = o->dst,
+                         .path = (uint8_t)path_between(real, o->src, o->dst),
+                         .src_buf = fwd ? XBUF_DST : XBUF_SRC,
+                         .dst_buf = XBUF_DST};
+        RS_CHECK(push(s, x));
+    }
+    return RESHARD_OK;
+}
+
+static reshard_status_t build_direct(const struct rs_plan *plan, struct xfer_set *s)
+{
+    struct rs_topo single;
+    RS_CHECK(topo_create(plan->topo.nranks, 1, NULL, &single));
+    struct plan_input *in = rs_calloc((size_t)plan->ntensors, sizeof(*in), "plan inputs");
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (!in)
+        goto out;
+    for (int t = 0; t < plan->ntensors; t++)
+        in[t] = (struct plan_input){plan->tensors[t].name, &plan->tensors[t].src,
+                                    &plan->tensors[t].dst};
+    RS_CHECK_GOTO(plan_build(in, plan->ntensors, &single, &plan->opts, &s->aux), st, out);
+    RS_CHECK_GOTO(from_ops(s->aux, &plan->topo, s), st, out);
+out:
+    free(in);
+    topo_free(&single);
+    return st;
+}
+
+/* The destination ranks of a layout, first appearance in mesh order. */
+static int ring_order(const struct rs_layout *dst, int first, int *chain)
+{
+    int n = 0;
+    chain[n++] = first;
+    for (int i = 0; i < dst->nranks; i++) {
+        int dup = 0;
+        for (int k = 0; k < n && !dup; k++)
+            dup = chain[k] == dst->ranks[i];
+        if (!dup)
+            chain[n++] = dst->ranks[i];
+    }
+    return n;
+}
+
+/* Each box of rank's destination shard (a product of segments), copied out of the whole
+ * tensor once it has all arrived. */
+static reshard_status_t push_extracts(struct xfer_set *s, const struct plan_tensor *pt, uint32_t t,
+                                      int rank)
+{
+    const struct rs_shardmap *m = &pt->dst_map;
+    int pos = shardmap_position(m, rank), ndim = pt->dst.ndim;
+    if (pos < 0)
+        return RESHARD_OK;
+    int seg[RS_MAX_DIMS], first[RS_MAX_DIMS], last[RS_MAX_DIMS];
+    for (int j = 0; j < ndim; j++) {
+        int g = shardmap_group(m, pos, j);
+        first[j] = seg[j] = m->dim[j].first[g];
+        last[j] = m->dim[j].first[g + 1];
+        if (first[j] == last[j])
+            return RESHARD_OK; /* an empty shard */
+    }
+    for (;;) {
+        int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS], bytes = (int64_t)dtype_size(pt->dst.dtype);
+        for (int j = 0; j < ndim; j++) {
+            start[j] = m->dim[j].segs[seg[j]].start;
+            len[j] = m->dim[j].segs[seg[j]].len;
+            bytes *= len[j];
+        }
+        uint32_t box;
+        RS_CHECK(push_box(s, ndim, start, len, &box));
+        RS_CHECK(push(s, (struct xfer){.bytes = bytes,
+                                       .box = box,
+                                       .tensor = t,
+                                       .parent = XFER_AFTER_INPUTS,
+                                       .src = rank,
+                                       .dst = rank,
+                                       .path = XFER_SELF,
+                                       .src_buf = XBUF_TMP,
+                                       .dst_buf = XBUF_DST}));
+        int j = ndim - 1;
+        while (j >= 0 && ++seg[j] == last[j])
+            seg[j] = first[j], j--;
+        if (j < 0)
+            return RESHARD_OK;
+    }
+}
+
+static reshard_status_t push_ring(struct xfer_set *s, const struct rs_plan *plan, uint32_t t)
+{
+    const struct plan_tensor *pt = &plan->tensors[t];
+    int ndim = pt->dst.ndim, first = pt->src.ranks[0];
+    int *chain = rs_calloc((size_t)pt->dst.nranks + 1, sizeof(int), "ring");
+    if (!chain)
+        return RESHARD_ERR_NO_MEMORY;
+    int n = ring_order(&pt->dst, first, chain);
+    int64_t start[RS_MAX_DIMS] = {0};
+    int64_t bytes = (int64_t)dtype_size(pt->dst.dtype) * layout_numel(&pt->dst);
+    uint32_t box, prev = XFER_AFTER_INPUTS;
+    reshard_status_t st;
+    RS_CHECK_GOTO(push_box(s, ndim, start, pt->dst.shape, &box), st, out);
+    for (int i = 0; i + 1 < n; i++) {
+        struct xfer x = {.bytes = bytes,
+                         .box = box,
+                         .tensor = t,
+                         .parent = prev,
+                         .src = chain[i],
+                         .dst = chain[i + 1],
+                         .path = (uint8_t)path_between(&plan->topo, chain[i], chain[i + 1]),
+                         .src_buf = XBUF_TMP,
+                         .dst_buf = XBUF_TMP};
+        prev = (uint32_t)s->n;
+        RS_CHECK_GOTO(push(s, x), st, out);
+    }
+    for (int i = 0; i < n; i++)
+        RS_CHECK_GOTO(push_extracts(s, pt, t, chain[i]), st, out);
+out:
+    free(chain);
+    return st;
+}
+
+static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set *s)
+{
+    int nt = plan->ntensors;
+    struct plan_input *in = rs_calloc((size_t)nt, sizeof(*in), "plan inputs");
+    struct rs_layout *whole = rs_calloc((size_t)nt, sizeof(*whole), "gather layouts");
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (!in || !whole)
+        goto out;
+    for (int t = 0; t < nt; t++) {
+        const struct rs_layout *src = &plan->tensors[t].src;
+        struct rs_layout *w = &whole[t];
+        w->ndim = src->ndim;
+        memcpy(w->shape, src->shape, sizeof(w->shape));
+        w->dtype = src->dtype;
+        w->nranks = 1;
+        w->ranks = (int *)&src->ranks[0]; /* borrowed: plan_build copies it */
+        w->mesh_ndim = 1;
+        w->mesh[0] = 1;
+        w->place[0].kind = RS_PLACE_R;
+        in[t] = (struct plan_input){plan->tensors[t].name, src, w};
+    }
+    RS_CHECK_GOTO(plan_build(in, nt, &plan->topo, &plan->opts, &s->aux), st, out);
+    /* The gather: the ops into the first source rank's whole-tensor buffer. */
+    for (size_t i = 0; i < s->aux->nops; i++) {
+        const struct plan_op *o = &s->aux->ops[i];
+        uint32_t box;
+        int ndim = plan->tensors[o->tensor].dst.ndim;
+        RS_CHECK_GOTO(push_box(s, ndim, plan_op_start(s->aux, o), plan_op_len(s->aux, o), &box), st,
+                      out);
+        struct xfer x = {.bytes = plan_op_bytes(s->aux, o),
+                         .box = box,
+                         .tensor = o->tensor,
+                         .parent = XFER_NONE,
+                         .src = o->src,
+                         .dst = o->dst,
+                         .path = (uint8_t)path_between(&plan->topo, o->src, o->dst),
+                         .src_buf = XBUF_SRC,
+                         .dst_buf = XBUF_TMP};
+        RS_CHECK_GOTO(push(s, x), st, out);
+    }
+    for (int t = 0; t < nt; t++)
+        RS_CHECK_GOTO(push_ring(s, plan, (uint32_t)t), st, out);
+    s->needs_tmp = 1;
+out:
+    free(whole);
+    free(in);
+    return st;
+}
+
+reshard_status_t xfer_build(const struct rs_plan *plan, reshard_algo_t algo, struct xfer_set *out)
+{
+    struct xfer_set s = {0};
+    reshard_status_t st;
+    switch (algo) {
+    case RESHARD_ALGO_RESHARD:
+        st = from_ops(plan, &plan->topo, &s);
+        break;
+    case RESHARD_ALGO_DIRECT:
+        st = build_direct(plan, &s);
+        break;
+    case RESHARD_ALGO_BCAST:
+        st = build_bcast(plan, &s);
+        break;
+    default:
+        st = rs_error(RESHARD_ERR_INVALID_ARG, "algo %d: expected reshard, direct or bcast",
+                      (int)algo);
+    }
+    if (st != RESHARD_OK) {
+        xfer_free(&s);
+        return st;
+    }
+    *out = s;
+    return RESHARD_OK;
+}
+
+void xfer_free(struct xfer_set *s)
+{
+    free(s->x);
+    free(s->own_coords);
+    plan_free(s->aux);
+    memset(s, 0, sizeof(*s));
+}

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Transfers: what the executor runs. Every algorithm becomes one list, the same on every rank:
+ *   reshard  the plan's ops (FWD ops become local transfers out of the forwarder's destination);
+ *   direct   a plan on singleton domains (no dedupe), each op on the path its ranks' real
+ *            domains give it;
+ *   bcast    a gather plan onto the first source rank's whole-tensor buffer, a ring of
+ *            whole-tensor hops over the destination ranks, and each destination's copy of its
+ *            shard out of the whole tensor.
+ * A transfer with a parent starts chunk by chunk as its parent's chunks arrive (the pipeline);
+ * XFER_AFTER_INPUTS waits until everything bound for its source's whole-tensor buffer arrived.
+ */
+#ifndef RS_XFER_H
+#define RS_XFER_H
+
+#include "planner/plan.h"
+#include "plugin/reshard.h"
+
+enum xfer_path { XFER_SELF, XFER_LOCAL, XFER_NET };
+enum xfer_buf { XBUF_SRC, XBUF_DST, XBUF_TMP };
+
+#define XFER_NONE         UINT32_MAX
+#define XFER_AFTER_INPUTS (UINT32_MAX - 1)
+
+struct xfer {
+    int64_t bytes;
+    uint32_t box; /* coords[box ..]: start[ndim], then len[ndim] */
+    uint32_t tensor;
+    uint32_t parent;
+    int32_t src, dst;
+    uint8_t path, src_buf, dst_buf;
+};
+
+struct xfer_set {
+    struct xfer *x;
+    size_t n, cap;
+    const int64_t *coords; /* the plan's, or own_coords */
+    int64_t *own_coords;
+    size_t ncoords, coords_cap;
+    struct rs_plan *aux; /* direct: the singleton-domain plan; bcast: the gather plan */
+    int needs_tmp;       /* bcast: ranks holding a whole-tensor buffer */
+};
+
+/* plan was made on the communicator's topology. */
+reshard_status_t xfer_build(const struct rs_plan *plan, reshard_algo_t algo, struct xfer_set *out);
+void xfer_free(struct xfer_set *s);
+
+const char *xfer_path_name(enum xfer_path p);
+
+#endif

@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The network plugin in this library's own terms: NCCL's point-to-point net semantics
+ * (DESIGN.md section 8) over the transport ops table. Every function returns a reshard status;
+ * net_nccl.c maps it to ncclResult_t once, logs the failure, and fills each ncclNet_vN table.
+ *
+ * Devices are the host's network interfaces that are up (loopback only on request). Each device
+ * gets one transport context, made on first use and shared by every plugin context and comm of
+ * the process; a mutex per device serialises calls on it, since NCCL calls connect and accept
+ * from its proxy service thread and isend/irecv/test from its progress thread.
+ *
+ * A connection is a TCP handshake on a socket the listener opened (its address and a random
+ * nonce travel in the handle), after which the receiver's transport address is known to the
+ * sender and the data moves as tagged messages: tag = receive comm id << 32 | NCCL tag. The
+ * socket stays open for the comm's life: a peer process that dies closes it without the
+ * goodbye byte that an orderly close sends, which fails the comm's requests at once.
+ */
+#ifndef RS_NET_H
+#define RS_NET_H
+
+#include "base/reshard_status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NET_MAX_RECVS    8  /* receives grouped in one irecv */
+#define NET_MAX_REQUESTS 32 /* outstanding per comm (per grouped receive on the send side) */
+#define NET_HANDLE_BYTES 128
+/* Largest message: test() reports sizes as int, and 1 GiB keeps chunks sensible. */
+#define NET_MAX_MESSAGE ((size_t)1 << 30)
+
+enum net_ptr { NET_PTR_HOST = 1, NET_PTR_CUDA = 2, NET_PTR_DMABUF = 4 };
+
+struct net_props {
+    const char *name;     /* interface name, unique per device */
+    const char *pci_path; /* NULL when the interface has no PCI device */
+    uint64_t guid;
+    int ptr_support; /* NET_PTR_* */
+    int speed_mbps;
+    int port;
+    float latency_us;
+    int max_comms, max_recvs;
+    size_t max_p2p_bytes, max_coll_bytes;
+};
+
+struct net_ctx;
+
+/* A plugin context (v11+: one per NCCL communicator; older versions: one for the process).
+ * The first finds the devices; the last finalize releases them. */
+reshard_status_t net_init(uint64_t comm_id, struct net_ctx **out);
+reshard_status_t net_finalize(struct net_ctx *ctx); /* NULL is fine */
+reshard_status_t net_check_ctx(const struct net_ctx *ctx);
+
+reshard_status_t net_devices(int *ndev);
+reshard_status_t net_properties(int dev, struct net_props *out);
+
+/* Non-blocking, as NCCL requires: a NULL comm with RESHARD_OK means "call again" (connect with
+ * the same handle, which carries the connection's progress). */
+reshard_status_t net_listen(struct net_ctx *ctx, int dev, void *handle, void **listen_comm);
+reshard_status_t net_connect(struct net_ctx *ctx, int dev, void *handle, void **send_comm);
+reshard_status_t net_accept(void *listen_comm, void **recv_comm);
+
+reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void **mh);
+reshard_status_t net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,
+                                   int fd, void **mh);
+reshard_status_t net_dereg_mr(void *comm, void *mh);
+
+/* A NULL *req with RESHARD_OK would mean "retry later"; this transport always posts. */
+reshard_status_t net_isend(void *send_comm, void *data, size_t size, int tag, void *mh, void **req);
+reshard_status_t net_irecv(void *recv_comm, int n, void **data, const size_t *sizes,
+                           const int *tags, void **mhs, void **req);
+/* Host memory needs no flush: *req = NULL, which NCCL reads as done. */
+reshard_status_t net_iflush(void *recv_comm, int n, void **data, const int *sizes, void **mhs,
+                            void **req);
+/* *done = 1 and the sizes that arrived (sizes may be NULL); the request is then gone. */
+reshard_status_t net_test(void *req, int *done, int *sizes);
+
+reshard_status_t net_close_send(void *send_comm);
+reshard_status_t net_close_recv(void *recv_comm);
+reshard_status_t net_close_listen(void *listen_comm);
+
+#endif

@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * ncclNetPlugin_v10, _v9 and _v8: thin adapters for NCCL 2.19 to 2.27. Those versions call
+ * init once per process, without a context and without finalize, so one process-wide context
+ * serves them; sizes and properties are converted to each version's own types.
+ */
+#include "net_nccl.h"
+
+#include "base/error.h"
+#include "plugin/net/nccl/net_v10.h"
+#include "plugin/net/nccl/net_v8.h"
+
+#include <limits.h>
+#include <pthread.h>
+
+static pthread_mutex_t legacy_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct net_ctx *legacy_ctx;
+
+static ncclResult_t legacy_init(ncclDebugLogger_t logger)
+{
+    net_use_logger(logger);
+    reshard_status_t st = RESHARD_OK;
+    pthread_mutex_lock(&legacy_lock);
+    if (!legacy_ctx)
+        st = net_init(0, &legacy_ctx);
+    pthread_mutex_unlock(&legacy_lock);
+    return net_result(st, "init");
+}
+
+static ncclResult_t v9_get_properties(int dev, ncclNetProperties_v9_t *props)
+{
+    ncclNetProperties_v12_t p;
+    if (!props)
+        return net_nccl_get_properties(dev, NULL);
+    ncclResult_t r = net_nccl_get_properties(dev, &p);
+    if (r != ncclSuccess)
+        return r;
+    *props = (ncclNetProperties_v9_t){
+        .name = p.name,
+        .pciPath = p.pciPath,
+        .guid = p.guid,
+        .ptrSupport = p.ptrSupport,
+        .regIsGlobal = p.regIsGlobal,
+        .forceFlush = p.forceFlush,
+        .speed = p.speed,
+        .port = p.port,
+        .latency = p.latency,
+        .maxComms = p.maxComms,
+        .maxRecvs = p.maxRecvs,
+        .netDeviceType = p.netDeviceType,
+        .netDeviceVersion = p.netDeviceVersion,
+        .vProps = {.ndevs = 1, .devs = {dev}},
+        .maxP2pBytes = p.maxP2pBytes,
+        .maxCollBytes = p.maxCollBytes,
+    };
+    return ncclSuccess;
+}
+
+static ncclResult_t legacy_listen(int dev, void *handle, void **listen_comm)
+{
+    return net_result(net_listen(legacy_ctx, dev, handle, listen_comm), "listen");
+}
+
+static ncclResult_t legacy_connect(int dev, void *handle, void **send_comm,
+                                   ncclNetDeviceHandle_t **dev_comm)
+{
+    if (dev_comm)
+        *dev_comm = NULL;
+    return net_result(net_connect(legacy_ctx, dev, handle, send_comm), "connect");
+}
+
+static ncclResult_t v9_isend(void *send_comm, void *data, size_t size, int tag, void *mh,
+                             void **req)
+{
+    return net_result(net_isend(send_comm, data, size, tag, mh, req), "isend");
+}
+
+static ncclResult_t v9_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags,
+                             void **mhs, void **req)
+{
+    return net_result(net_irecv(recv_comm, n, data, sizes, tags, mhs, req), "irecv");
+}
+
+/* ---- v10 ---- */
+
+static ncclResult_t v10_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof)
+{
+    (void)prof;
+    return legacy_init(logger);
+}
+
+static ncclResult_t v10_connect(int dev, ncclNetCommConfig_v10_t *config, void *handle,
+                                void **send_comm, ncclNetDeviceHandle_t **dev_comm)
+{
+    (void)config; /* the traffic class is not applied on the UCX path */
+    return legacy_connect(dev, handle, send_comm, dev_comm);
+}
+
+static ncclResult_t v10_isend(void *send_comm, void *data, size_t size, int tag, void *mh,
+                              void *phandle, void **req)
+{
+    (void)phandle;
+    return v9_isend(send_comm, data, size, tag, mh, req);
+}
+
+static ncclResult_t v10_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags,
+                              void **mhs, void **phandles, void **req)
+{
+    (void)phandles;
+    return v9_irecv(recv_comm, n, data, sizes, tags, mhs, req);
+}
+
+NET_EXPORT const ncclNet_v10_t ncclNetPlugin_v10 = {
+    .name = NET_PLUGIN_NAME,
+    .init = v10_init,
+    .devices = net_nccl_devices,
+    .getProperties = v9_get_properties,
+    .listen = legacy_listen,
+    .connect = v10_connect,
+    .accept = net_nccl_accept,
+    .regMr = net_nccl_reg_mr,
+    .regMrDmaBuf = net_nccl_reg_mr_dmabuf,
+    .deregMr = net_nccl_dereg_mr,
+    .isend = v10_isend,
+    .irecv = v10_irecv,
+    .iflush = net_nccl_iflush,
+    .test = net_nccl_test,
+    .closeSend = net_nccl_close_send,
+    .closeRecv = net_nccl_close_recv,
+    .closeListen = net_nccl_close_listen,
+    .getDeviceMr = net_nccl_get_device_mr,
+    .irecvConsumed = net_nccl_irecv_consumed,
+    .makeVDevice = NULL,
+};
+
+/* ---- v9 ---- */
+
+NET_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
+    .name = NET_PLUGIN_NAME,
+    .init = legacy_init,
+    .devices = net_nccl_devices,
+    .getProperties = v9_get_properties,
+    .listen = legacy_listen,
+    .connect = legacy_connect,
+    .accept = net_nccl_accept,
+    .regMr = net_nccl_reg_mr,
+    .regMrDmaBuf = net_nccl_reg_mr_dmabuf,
+    .deregMr = net_nccl_dereg_mr,
+    .isend = v9_isend,
+    .irecv = v9_irecv,
+    .iflush = net_nccl_iflush,
+    .test = net_nccl_test,
+    .closeSend = net_nccl_close_send,
+    .closeRecv = net_nccl_close_recv,
+    .closeListen = net_nccl_close_listen,
+    .getDeviceMr = net_nccl_get_device_mr,
+    .irecvConsumed = net_nccl_irecv_consumed,
+    .makeVDevice = NULL,
+};
+
+/* ---- v8: int sizes ---- */
+
+static ncclResult_t v8_get_properties(int dev, ncclNetProperties_v8_t *props)
+{
+    ncclNetProperties_v9_t p;
+    if (!props)
+        return v9_get_properties(dev, NULL);
+    ncclResult_t r = v9_get_properties(dev, &p);
+    if (r != ncclSuccess)
+        return r;
+    *props = (ncclNetProperties_v8_t){
+        .name = p.name,
+        .pciPath = p.pciPath,
+        .guid = p.guid,
+        .ptrSupport = p.ptrSupport,
+        .regIsGlobal = p.regIsGlobal,
+        .speed = p.speed,
+        .port = p.port,
+        .latency = p.latency,
+        .maxComms = p.maxComms,
+        .maxRecvs = p.maxRecvs,
+        .netDeviceType = p.netDeviceType,
+        .netDeviceVersion = p.netDeviceVersion,
+    };
+    return ncclSuccess;
+}
+
+static ncclResult_t v8_isend(void *send_comm, void *data, int size, int tag, void *mh, void **req)
+{
+    if (size < 0)
+        return net_result(rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: isend of %d bytes", size),
+                          "isend");
+    return v9_isend(send_comm, data, (size_t)size, tag, mh, req);
+}
+
+static ncclResult_t v8_irecv(void *recv_comm, int n, void **data, int *sizes, int *tags, void **mhs,
+                             void **req)
+{
+    size_t s[8];
+    if (n < 1 || n > (int)(sizeof(s) / sizeof(s[0])) || !sizes)
+        return v9_irecv(recv_comm, n, data, NULL, tags, mhs, req); /* reports the misuse */
+    for (int i = 0; i < n; i++) {
+        if (sizes[i] < 0)
+            return net_result(
+                rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: irecv of %d bytes", sizes[i]),
+                "irecv");
+        s[i] = (size_t)sizes[i];
+    }
+    return v9_irecv(recv_comm, n, data, s, tags, mhs, req);
+}
+
+NET_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
+    .name = NET_PLUGIN_NAME,
+    .init = legacy_init,
+    .devices = net_nccl_devices,
+    .getProperties = v8_get_properties,
+    .listen = legacy_listen,
+    .connect = legacy_connect,
+    .accept = net_nccl_accept,
+    .regMr = net_nccl_reg_mr,
+    .regMrDmaBuf = net_nccl_reg_mr_dmabuf,
+    .deregMr = net_nccl_dereg_mr,
+    .isend = v8_isend,
+    .irecv = v8_irecv,
+    .iflush = net_nccl_iflush,
+    .test = net_nccl_test,
+    .closeSend = net_nccl_close_send,
+    .closeRecv = net_nccl_close_recv,
+    .closeListen = net_nccl_close_listen,
+    .getDeviceMr = net_nccl_get_device_mr,
+    .irecvConsumed = net_nccl_irecv_consumed,
+};

@@ -1,0 +1,418 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Data path of the network plugin: registrations, isend, grouped irecv, flush and test.
+ * Requests live in a fixed pool per comm (NCCL's limit of 32 outstanding, times the receive
+ * group size on the send side), so a request tested again after it completed is recognised
+ * rather than read after free, and exceeding the limit is an error NCCL can report.
+ */
+#include "net_int.h"
+
+#include "base/error.h"
+#include "base/log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define WATCH_PERIOD_MS 1 /* how often a test that finds nothing done reads the socket */
+/* Data the peer sent just before it died may still be in the transport's socket when the
+ * handshake socket's end arrives: outstanding transfers get this long to complete. */
+#define DEATH_GRACE_MS 200
+/* After an orderly close the peer's last sends may still be flushing; a transfer still
+ * outstanding this long after the goodbye will never complete. */
+#define CLOSE_GRACE_MS 10000
+
+reshard_status_t net_comm_alloc_reqs(struct net_comm *c, int nreqs, int subs_per_req)
+{
+    c->reqs = rs_calloc((size_t)nreqs, sizeof(*c->reqs), "NET/Reshard requests");
+    struct net_sub *subs =
+        rs_calloc((size_t)nreqs * (size_t)subs_per_req, sizeof(*subs), "NET/Reshard transfers");
+    if (!c->reqs || !subs) {
+        free(c->reqs);
+        free(subs);
+        c->reqs = NULL;
+        return RESHARD_ERR_NO_MEMORY;
+    }
+    c->nreqs = nreqs;
+    for (int i = 0; i < nreqs; i++) {
+        c->reqs[i].magic = NET_MAGIC_REQ;
+        c->reqs[i].comm = c;
+        c->reqs[i].sub = subs + (size_t)i * (size_t)subs_per_req;
+    }
+    return RESHARD_OK;
+}
+
+void net_comm_free(struct net_comm *c)
+{
+    if (c->reqs) {
+        free(c->reqs[0].sub);
+        for (int i = 0; i < c->nreqs; i++)
+            c->reqs[i].magic = NET_MAGIC_DEAD;
+    }
+    free(c->reqs);
+    sock_close(&c->fd);
+    free(c);
+}
+
+static const char *comm_kind(const struct net_comm *c)
+{
+    return c->magic == NET_MAGIC_SEND ? "send" : "receive";
+}
+
+void net_comm_fail(struct net_comm *c, reshard_status_t st, const char *fmt, ...)
+{
+    if (c->failed != RESHARD_OK)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->why, sizeof(c->why), fmt, ap);
+    va_end(ap);
+    c->failed = st;
+    rs_log(RS_LOG_WARN, "NET/Reshard: %s comm with %s failed: %s", comm_kind(c), c->peer_name,
+           c->why);
+    struct tp_ctx *tp = c->dev->tp;
+    for (int i = 0; tp && i < c->nreqs; i++)
+        for (int j = 0; c->reqs[i].state != REQ_FREE && j < c->reqs[i].n; j++)
+            tp->ops->cancel(tp, &c->reqs[i].sub[j].tp);
+}
+
+static void watch_read(struct net_comm *c, int64_t now)
+{
+    char buf[16];
+    ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0 && memchr(buf, 'B', (size_t)n))
+        c->goodbye_ms = c->goodbye_ms ? c->goodbye_ms : now;
+    else if (n > 0)
+        net_comm_fail(c, RESHARD_ERR_NETWORK, "unexpected bytes on the connection's socket");
+    else if (n == 0)
+        c->eof_ms = now;
+    else if (errno != EAGAIN && errno != EINTR) /* reset, or keepalive gave up on the host */
+        net_comm_fail(c, RESHARD_ERR_NETWORK, "connection to the peer lost: %s", strerror(errno));
+}
+
+void net_comm_watch(struct net_comm *c, int force)
+{
+    if (c->failed != RESHARD_OK || c->fd < 0)
+        return;
+    int64_t now = sock_now_ms();
+    if (!force && now < c->next_check_ms)
+        return;
+    c->next_check_ms = now + WATCH_PERIOD_MS;
+    if (!c->eof_ms)
+        watch_read(c, now);
+    if (c->eof_ms && !c->goodbye_ms && (force || now - c->eof_ms >= DEATH_GRACE_MS))
+        net_comm_fail(c, RESHARD_ERR_NETWORK,
+                      "the peer's end of the connection closed without closing the comm (its "
+                      "process died)");
+    else if (c->goodbye_ms && now - c->goodbye_ms >= CLOSE_GRACE_MS)
+        net_comm_fail(c, RESHARD_ERR_NETWORK,
+                      "the peer closed the comm %d s ago with this transfer outstanding",
+                      CLOSE_GRACE_MS / 1000);
+}
+
+/* ---- registrations ---- */
+
+static reshard_status_t check_comm(const void *comm, uint32_t want, const char *call)
+{
+    const struct net_comm *c = comm;
+    if (c &&
+        (c->magic == want || (!want && (c->magic == NET_MAGIC_SEND || c->magic == NET_MAGIC_RECV))))
+        return RESHARD_OK;
+    return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: %s on %p, which is not an open %s comm",
+                    call, comm,
+                    want == NET_MAGIC_SEND ? "send"
+                    : want                 ? "receive"
+                                           : "send or receive");
+}
+
+reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void **mh)
+{
+    RS_CHECK(check_comm(comm, 0, "regMr"));
+    if (!mh)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr without a handle pointer");
+    if (type != NET_PTR_HOST)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: cannot register %s memory at %p: this build moves host "
+                        "memory only (ptrSupport is NCCL_PTR_HOST)",
+                        type == NET_PTR_CUDA ? "CUDA device" : "this kind of", data);
+    if (size && !data)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr of %zu bytes at NULL", size);
+    struct net_dev *d = ((struct net_comm *)comm)->dev;
+    struct net_mr *m = rs_calloc(1, sizeof(*m), "NET/Reshard registration");
+    if (!m)
+        return RESHARD_ERR_NO_MEMORY;
+    reshard_status_t st = RESHARD_OK;
+    pthread_mutex_lock(&d->lock);
+    if (size) /* a transport cannot map nothing; an empty registration covers empty messages */
+        st = d->tp->ops->mem_reg(d->tp, data, size, TP_MEM_HOST, &m->tp_mh);
+    if (st == RESHARD_OK)
+        d->users++; /* the transport context stays until the registration goes */
+    pthread_mutex_unlock(&d->lock);
+    if (st != RESHARD_OK) {
+        free(m);
+        return st;
+    }
+    m->magic = NET_MAGIC_MR;
+    m->dev = d;
+    m->base = data;
+    m->len = size;
+    *mh = m;
+    return RESHARD_OK;
+}
+
+reshard_status_t net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,
+                                   int fd, void **mh)
+{
+    (void)offset;
+    (void)fd;
+    (void)mh;
+    RS_CHECK(check_comm(comm, 0, "regMrDmaBuf"));
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "NET/Reshard: cannot register a dma-buf (%zu bytes at %p, type %d): this "
+                    "build moves host memory only (ptrSupport is NCCL_PTR_HOST)",
+                    size, data, type);
+}
+
+static reshard_status_t check_mr(const struct net_mr *m, const char *call)
+{
+    if (!m || m->magic != NET_MAGIC_MR)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: %s with %p, which is not a registration of this plugin", call,
+                        (const void *)m);
+    return RESHARD_OK;
+}
+
+reshard_status_t net_dereg_mr(void *comm, void *mh)
+{
+    RS_CHECK(check_comm(comm, 0, "deregMr"));
+    struct net_mr *m = mh;
+    RS_CHECK(check_mr(m, "deregMr"));
+    pthread_mutex_lock(&m->dev->lock);
+    if (m->tp_mh)
+        m->dev->tp->ops->mem_dereg(m->dev->tp, m->tp_mh);
+    m->dev->users--;
+    pthread_mutex_unlock(&m->dev->lock);
+    m->magic = NET_MAGIC_DEAD;
+    free(m);
+    return RESHARD_OK;
+}
+
+/* The transport handle for [data, data + size), which must lie inside the registration. */
+static reshard_status_t mr_for(const struct net_comm *c, void *mh, const void *data, size_t size,
+                               void **tp_mh)
+{
+    *tp_mh = NULL;
+    if (!mh)
+        return RESHARD_OK;
+    const struct net_mr *m = mh;
+    RS_CHECK(check_mr(m, comm_kind(c)));
+    if (m->dev != c->dev)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: registration %p belongs to another device", mh);
+    const char *p = data;
+    if (size && (p < m->base || p + size > m->base + m->len || p + size < p))
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: %zu bytes at %p lie outside their registration (%zu bytes "
+                        "at %p)",
+                        size, data, m->len, (void *)m->base);
+    *tp_mh = m->tp_mh;
+    return RESHARD_OK;
+}
+
+/* ---- requests ---- */
+
+static void sub_done(struct tp_req *t, reshard_status_t st, size_t got)
+{
+    struct net_sub *s = container_of(t, struct net_sub, tp);
+    struct net_req *r = s->req;
+    struct net_comm *c = r->comm;
+    c->in_transport--;
+    r->pending--;
+    r->sizes[s - r->sub] = got;
+    if (st != RESHARD_OK && r->st == RESHARD_OK)
+        r->st = st;
+    if (r->state == REQ_ABANDONED && !r->pending) {
+        r->state = REQ_FREE;
+        c->active--;
+    }
+}
+
+/* dev->lock held. */
+static reshard_status_t req_get(struct net_comm *c, int n, struct net_req **out)
+{
+    if (c->failed != RESHARD_OK)
+        return rs_error(c->failed, "NET/Reshard: %s comm with %s: %s", comm_kind(c), c->peer_name,
+                        c->why);
+    for (int i = 0; i < c->nreqs; i++) {
+        struct net_req *r = &c->reqs[i];
+        if (r->state != REQ_FREE)
+            continue;
+        r->state = REQ_ACTIVE;
+        r->n = n;
+        r->pending = 0;
+        r->st = RESHARD_OK;
+        memset(r->sizes, 0, sizeof(r->sizes));
+        for (int j = 0; j < n; j++) {
+            r->sub[j].req = r;
+            r->sub[j].tp.done = sub_done;
+        }
+        c->active++;
+        *out = r;
+        return RESHARD_OK;
+    }
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "NET/Reshard: more than %d requests outstanding on the %s comm with %s "
+                    "(NCCL allows %d)",
+                    c->nreqs, comm_kind(c), c->peer_name, NET_MAX_REQUESTS);
+}
+
+/* Gives up a request some of whose transfers were posted: it frees itself when they end. */
+static void req_abandon(struct net_req *r)
+{
+    struct net_comm *c = r->comm;
+    if (r->pending) {
+        r->state = REQ_ABANDONED;
+        for (int j = 0; j < r->n; j++)
+            c->dev->tp->ops->cancel(c->dev->tp, &r->sub[j].tp);
+    } else {
+        r->state = REQ_FREE;
+        c->active--;
+    }
+}
+
+reshard_status_t net_isend(void *send_comm, void *data, size_t size, int tag, void *mh, void **req)
+{
+    RS_CHECK(check_comm(send_comm, NET_MAGIC_SEND, "isend"));
+    struct net_comm *c = send_comm;
+    if (!req)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: isend without a request pointer");
+    if (size > NET_MAX_MESSAGE)
+        return rs_error(RESHARD_ERR_TOO_LARGE,
+                        "NET/Reshard: isend of %zu bytes exceeds maxP2pBytes (%zu)", size,
+                        NET_MAX_MESSAGE);
+    void *tp_mh;
+    RS_CHECK(mr_for(c, mh, data, size, &tp_mh));
+    struct net_dev *d = c->dev;
+    struct net_req *r = NULL;
+    pthread_mutex_lock(&d->lock);
+    reshard_status_t st = req_get(c, 1, &r);
+    if (st == RESHARD_OK) {
+        uint64_t t = (uint64_t)c->id << 32 | (uint32_t)tag;
+        r->sizes[0] = size;
+        st = d->tp->ops->send(d->tp, c->peer, t, data, size, tp_mh, 0, &r->sub[0].tp);
+        if (st == RESHARD_OK) {
+            r->pending = 1;
+            c->in_transport++;
+        } else {
+            req_abandon(r);
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    RS_CHECK(st);
+    *req = r;
+    return RESHARD_OK;
+}
+
+reshard_status_t net_irecv(void *recv_comm, int n, void **data, const size_t *sizes,
+                           const int *tags, void **mhs, void **req)
+{
+    RS_CHECK(check_comm(recv_comm, NET_MAGIC_RECV, "irecv"));
+    struct net_comm *c = recv_comm;
+    if (!req || n < 1 || n > NET_MAX_RECVS || !data || !sizes || !tags)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: irecv of %d buffers (1 to maxRecvs=%d, with data, sizes and "
+                        "tags)",
+                        n, NET_MAX_RECVS);
+    void *tp_mh[NET_MAX_RECVS];
+    for (int i = 0; i < n; i++) {
+        if (sizes[i] > NET_MAX_MESSAGE)
+            return rs_error(RESHARD_ERR_TOO_LARGE,
+                            "NET/Reshard: irecv of %zu bytes exceeds maxP2pBytes (%zu)", sizes[i],
+                            NET_MAX_MESSAGE);
+        RS_CHECK(mr_for(c, mhs ? mhs[i] : NULL, data[i], sizes[i], &tp_mh[i]));
+    }
+    struct net_dev *d = c->dev;
+    struct net_req *r = NULL;
+    pthread_mutex_lock(&d->lock);
+    reshard_status_t st = req_get(c, n, &r);
+    for (int i = 0; st == RESHARD_OK && i < n; i++) {
+        uint64_t t = (uint64_t)c->id << 32 | (uint32_t)tags[i];
+        st = d->tp->ops->recv(d->tp, c->peer, t, data[i], sizes[i], tp_mh[i], &r->sub[i].tp);
+        if (st == RESHARD_OK) {
+            r->pending++;
+            c->in_transport++;
+        }
+    }
+    if (st != RESHARD_OK && r)
+        req_abandon(r);
+    pthread_mutex_unlock(&d->lock);
+    RS_CHECK(st);
+    *req = r;
+    return RESHARD_OK;
+}
+
+reshard_status_t net_iflush(void *recv_comm, int n, void **data, const int *sizes, void **mhs,
+                            void **req)
+{
+    (void)data;
+    (void)sizes;
+    (void)mhs;
+    RS_CHECK(check_comm(recv_comm, NET_MAGIC_RECV, "iflush"));
+    if (!req || n < 1 || n > NET_MAX_RECVS)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: iflush of %d buffers", n);
+    *req = NULL;
+    return RESHARD_OK;
+}
+
+reshard_status_t net_test(void *request, int *done, int *sizes)
+{
+    struct net_req *r = request;
+    if (done)
+        *done = 0; /* on every error path too: a failed test never reads as done */
+    if (!r || r->magic != NET_MAGIC_REQ || !done)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: test of %p, which is not a request of an open comm", request);
+    if (r->state != REQ_ACTIVE)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: test of request %p, which already completed (a request is "
+                        "gone once test reports it done)",
+                        request);
+    struct net_comm *c = r->comm;
+    struct net_dev *d = c->dev;
+    pthread_mutex_lock(&d->lock);
+    if (r->pending)
+        d->tp->ops->progress(d->tp);
+    /* Still waiting, or failed by the transport: the socket says whether the peer is gone.
+     * A transfer that completed is reported done whatever became of the comm since. */
+    if (r->pending || r->st != RESHARD_OK)
+        net_comm_watch(c, r->st != RESHARD_OK);
+    reshard_status_t st = RESHARD_OK;
+    if (r->pending)
+        st = c->failed;
+    else if (r->st != RESHARD_OK)
+        st = c->failed != RESHARD_OK ? c->failed : r->st;
+    if (st != RESHARD_OK) {
+        int send = c->magic == NET_MAGIC_SEND;
+        if (c->failed != RESHARD_OK)
+            st = rs_error(st, "NET/Reshard: %s %s %s failed: %s", send ? "isend" : "irecv",
+                          send ? "to" : "from", c->peer_name, c->why);
+        else
+            st = rs_error(st, "NET/Reshard: %s %s %s failed in the transport: %s",
+                          send ? "isend" : "irecv", send ? "to" : "from", c->peer_name,
+                          rs_status_string(st));
+        req_abandon(r);
+    } else if (!r->pending) {
+        if (sizes)
+            for (int i = 0; i < r->n; i++)
+                sizes[i] = (int)r->sizes[i]; /* at most NET_MAX_MESSAGE */
+        r->state = REQ_FREE;
+        c->active--;
+    }
+    *done = st == RESHARD_OK && r->state == REQ_FREE;
+    pthread_mutex_unlock(&d->lock);
+    return st;
+}

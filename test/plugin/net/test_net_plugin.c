@@ -1,0 +1,387 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The NCCL net plugin, as NCCL sees it: net_driver (test/plugin/net_driver.c) loads
+ * libnccl-net-reshard.so with dlopen through LD_LIBRARY_PATH and drives one ncclNetPlugin_vN.
+ *
+ * net_conformance: the whole life cycle between two processes for every exported version, on
+ *                  two emulated nodes when this host can make them (root), else over loopback.
+ * net_faults:      bad input and faults (garbage and foreign handles, a request tested after
+ *                  it completed, too many outstanding requests, unsupported registrations,
+ *                  contexts), and a peer killed in the middle of a stream, on either side.
+ */
+#include "test/tools/run_util.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define OUT_MAX (1 << 20)
+/* UCX_MEM_EVENTS=no: v8 to v10 never finalize, so UCX's memory hooks are still in place when
+ * the driver exits, and under ASAN=1 LeakSanitizer's exit-time scan crashes on them. The TCP
+ * path registers nothing that the hooks would keep track of. */
+#define DRIVER_ENV "UCX_MEM_EVENTS=no LSAN_OPTIONS=exitcode=0" /* leaks: no_sanitizer_reports */
+#define LOOPBACK   DRIVER_ENV " RESHARD_NET_ALLOW_LO=1 RESHARD_NET_DEVICES=lo"
+
+static char out[OUT_MAX];
+static const int versions[] = {8, 9, 10, 11, 12};
+
+/* A leak report in `out` whose stack reaches the project's code (UCX's own, in the versions that
+ * never finalize, do not count: the same rule as test/asan-run.sh). */
+static int leak_in_our_code(void)
+{
+    int in_leak = 0;
+    for (const char *p = out; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        char line[1024];
+        snprintf(line, sizeof(line), "%.*s", (int)(len < sizeof(line) ? len : sizeof(line) - 1), p);
+        if (strstr(line, "Direct leak of") || strstr(line, "Indirect leak of"))
+            in_leak = 1;
+        else if (in_leak && !strstr(line, " #"))
+            in_leak = 0;
+        else if (in_leak && (strstr(line, " plugin/") || strstr(line, " transport/") ||
+                             strstr(line, " planner/") || strstr(line, " test/") ||
+                             strstr(line, "(plugin/") || strstr(line, "(transport/")))
+            return 1;
+    }
+    return 0;
+}
+
+/* Under ASAN=1 the driver and the plugin are instrumented: their reports land in `out`. */
+static void no_sanitizer_reports(void)
+{
+    cr_assert_null(strstr(out, "ERROR: AddressSanitizer"), "%s", out);
+    cr_assert_null(strstr(out, "runtime error:"), "%s", out);
+    cr_assert_null(strstr(out, "LeakSanitizer has encountered a fatal error"), "%s", out);
+    cr_assert(!leak_in_our_code(), "a leak reaches the project's code:\n%s", out);
+}
+
+#define run(...) run_capturef(out, sizeof(out), __VA_ARGS__)
+
+/* A fresh path for the handle, the out-of-band channel between the two roles. */
+static void handle_path(char *path, size_t n)
+{
+    char dir[] = "/tmp/reshard-net-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, n, "%s/handle", dir);
+}
+
+static void handle_cleanup(const char *path)
+{
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s", path);
+    unlink(path);
+    *strrchr(dir, '/') = '\0';
+    rmdir(dir);
+}
+
+static int count_lines(const char *prefix)
+{
+    int n = 0;
+    size_t len = strlen(prefix);
+    for (const char *p = out; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        n += strncmp(p, prefix, len) == 0;
+    return n;
+}
+
+/* cluster.sh copies rank 0's stdout as it is and prefixes the other ranks' lines: prefix rank
+ * 0's too, so both runs read alike. */
+static void prefix_rank0(void)
+{
+    static char copy[OUT_MAX];
+    size_t n = 0;
+    for (const char *p = out; *p && n + 16 < sizeof(copy);) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p + 1) : strlen(p);
+        if (strncmp(p, "[rank ", 6))
+            n += (size_t)snprintf(copy + n, sizeof(copy) - n, "[rank 0] ");
+        if (n + len >= sizeof(copy))
+            break;
+        memcpy(copy + n, p, len);
+        n += len;
+        p += len;
+    }
+    copy[n] = '\0';
+    memcpy(out, copy, n + 1);
+}
+
+/* Both roles of version v, each printing its lines with a prefix; returns the exit status of
+ * the pair (0 when both passed). `extra` goes to both (--die ...). */
+static int two_processes(int v, const char *extra, int cluster)
+{
+    char handle[256];
+    handle_path(handle, sizeof(handle));
+    const char *b = build_dir();
+    int rc;
+    if (cluster)
+        rc = run("scripts/cluster.sh run --nodes 2 --ranks-per-node 1 --rate none --timeout 120 "
+                 "-- sh -c '" DRIVER_ENV " LD_LIBRARY_PATH=%s exec %s/test/net_driver "
+                 "--version %d --role env "
+                 "--handle %s %s 2>&1' 2>&1", /* cluster.sh prefixes "[rank N] " */
+                 b, b, v, handle, extra);
+    else
+        rc = run("export LD_LIBRARY_PATH=%s " LOOPBACK "; "
+                 "(%s/test/net_driver --version %d --role recv --handle %s %s 2>&1; "
+                 "echo \"exit $?\") | sed -u 's/^/[rank 0] /' & "
+                 "(%s/test/net_driver --version %d --role send --handle %s %s 2>&1; "
+                 "echo \"exit $?\") | sed -u 's/^/[rank 1] /'; wait",
+                 b, b, v, handle, extra, b, v, handle, extra);
+    handle_cleanup(handle);
+    if (cluster)
+        prefix_rank0();
+    return rc;
+}
+
+static int have_cluster(void)
+{
+    static int cached = -1;
+    if (cached < 0)
+        cached = run("scripts/cluster.sh check") == 0;
+    return cached;
+}
+
+/* MiB the life cycle streams: 1 GiB, unless RESHARD_TEST_STREAM_MIB says less (soft-RoCE
+ * under qemu moves ~40 MB/s). */
+static int stream_mib(void)
+{
+    const char *e = getenv("RESHARD_TEST_STREAM_MIB");
+    int mib = e ? atoi(e) : 0;
+    return mib >= 4 ? mib : 1024;
+}
+
+/* The whole life cycle of one version; the stream is in 4 MiB messages. */
+static void life_cycle(int v)
+{
+    int cluster = have_cluster();
+    char extra[64], stream[64];
+    snprintf(extra, sizeof(extra), "--stream-mib %d", stream_mib());
+    snprintf(stream, sizeof(stream), "ok stream %d MiB", stream_mib());
+    int rc = two_processes(v, extra, cluster);
+    cr_log_info("v%d over %s:\n%s", v, cluster ? "two emulated nodes" : "loopback", out);
+    cr_assert_eq(count_lines("[rank 0] FAIL") + count_lines("[rank 1] FAIL"), 0, "%s", out);
+    const char *steps[] = {"ok init",
+                           "ok getProperties",
+                           "ok listen",
+                           "ok accept",
+                           "ok regMr",
+                           "ok 5000 bytes into 5200",
+                           "ok grouped irecv of maxRecvs by tag",
+                           "ok 32 outstanding grouped receives",
+                           "ok zero-byte message",
+                           stream,
+                           "ok iflush",
+                           "ok deregMr",
+                           "ok closeRecv with a receive in flight",
+                           "ok closeListen",
+                           "ok finalize"};
+    char want[128];
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        snprintf(want, sizeof(want), "[rank 0] %s", steps[i]);
+        cr_assert_eq(count_lines(want), 1, "receiver: no '%s' line:\n%s", steps[i], out);
+    }
+    const char *send_steps[] = {"ok connect",
+                                "ok isend 5000",
+                                "ok grouped isends",
+                                "ok 32 x maxRecvs outstanding sends",
+                                "ok zero-byte send",
+                                "ok stream sent",
+                                "ok closeSend with a send in flight",
+                                "ok finalize"};
+    for (size_t i = 0; i < sizeof(send_steps) / sizeof(send_steps[0]); i++) {
+        snprintf(want, sizeof(want), "[rank 1] %s", send_steps[i]);
+        cr_assert_eq(count_lines(want), 1, "sender: no '%s' line:\n%s", send_steps[i], out);
+    }
+    snprintf(want, sizeof(want), "[rank 0] ok load libnccl-net-reshard.so ncclNetPlugin_v%d", v);
+    cr_assert_eq(count_lines(want), 1, "the receiver did not load v%d:\n%s", v, out);
+    if (!cluster) /* cluster.sh's status is the pair's; here each role said its own */
+        cr_assert(strstr(out, "[rank 0] exit 0") && strstr(out, "[rank 1] exit 0"), "%s", out);
+    cr_assert_eq(rc, 0, "%s", out);
+    no_sanitizer_reports();
+}
+
+Test(net_conformance, v8_life_cycle, .timeout = 150)
+{
+    life_cycle(8);
+}
+
+Test(net_conformance, v9_life_cycle, .timeout = 150)
+{
+    life_cycle(9);
+}
+
+Test(net_conformance, v10_life_cycle, .timeout = 150)
+{
+    life_cycle(10);
+}
+
+Test(net_conformance, v11_life_cycle, .timeout = 150)
+{
+    life_cycle(11);
+}
+
+Test(net_conformance, v12_life_cycle, .timeout = 150)
+{
+    life_cycle(12);
+}
+
+/* Without a version, the driver takes the newest symbol, as NCCL 2.30 does: v12. */
+Test(net_conformance, newest_symbol_first, .timeout = 60)
+{
+    int rc = run("LD_LIBRARY_PATH=%s " LOOPBACK " %s/test/net_driver --version auto --case "
+                 "contexts 2>&1",
+                 build_dir(), build_dir());
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "ok load libnccl-net-reshard.so ncclNetPlugin_v12\n"), "%s", out);
+}
+
+/* NCCL_NET_PLUGIN may hold a full path instead of a name found through LD_LIBRARY_PATH. */
+Test(net_conformance, loads_from_a_full_path, .timeout = 60)
+{
+    char path[1024];
+    cr_assert_not_null(realpath(build_dir(), path));
+    int rc = run("NCCL_NET_PLUGIN=%s/libnccl-net-reshard.so " LOOPBACK
+                 " %s/test/net_driver --version 8 --case contexts 2>&1",
+                 path, build_dir());
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "ok load /"), "%s", out);
+}
+
+/* ---- bad input and faults ---- */
+
+/* Runs case `name` on every version; each run must print every line of `expect`. */
+static void each_version(const char *name, const char *const *expect)
+{
+    for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
+        int rc = run("LD_LIBRARY_PATH=%s " LOOPBACK " %s/test/net_driver --version %d --case %s "
+                     "2>&1",
+                     build_dir(), build_dir(), versions[i], name);
+        cr_assert_eq(rc, 0, "v%d %s:\n%s", versions[i], name, out);
+        for (const char *const *e = expect; *e; e++)
+            cr_assert(strstr(out, *e), "v%d %s: no '%s':\n%s", versions[i], name, *e, out);
+        cr_assert_null(strstr(out, "FAIL"), "%s", out);
+        no_sanitizer_reports();
+    }
+}
+
+Test(net_faults, garbage_handle_is_an_internal_error, .timeout = 60)
+{
+    const char *expect[] = {"ok garbage handle: 3, WARN: connect failed",
+                            "ok copy of a handle used after its connection: 3", NULL};
+    each_version("garbage-handle", expect);
+}
+
+Test(net_faults, handle_from_another_job_is_refused, .timeout = 60)
+{
+    const char *expect[] = {
+        "ok handle from another job: 2, WARN: connect failed: NET/Reshard: listener", NULL};
+    each_version("foreign-handle", expect);
+}
+
+Test(net_faults, request_tested_after_completion_is_an_error, .timeout = 60)
+{
+    const char *expect[] = {"ok request tested after completion: 3", NULL};
+    each_version("test-after-done", expect);
+}
+
+Test(net_faults, more_outstanding_requests_than_allowed_is_an_error, .timeout = 60)
+{
+    const char *expect[] = {"ok 33rd outstanding receive: 3", "ok 257th outstanding send: 3", NULL};
+    each_version("too-many-requests", expect);
+}
+
+Test(net_faults, arguments_out_of_range_are_refused, .timeout = 60)
+{
+    const char *expect[] = {"ok getProperties of device 99: 3",
+                            "ok irecv of 0 buffers: 3",
+                            "ok irecv of maxRecvs + 1 buffers: 3",
+                            "ok iflush of 0 buffers: 3",
+                            "ok isend on a receive comm: 3",
+                            "ok irecv on a send comm: 3",
+                            "ok closeSend of something else: 3",
+                            "ok closeRecv of a send comm: 3",
+                            NULL};
+    each_version("bad-args", expect);
+    cr_assert(strstr(out, "ok isend above maxP2pBytes: 3"), "v12:\n%s", out);
+}
+
+Test(net_faults, connect_to_a_listener_that_never_accepts_times_out, .timeout = 90)
+{
+    setenv("RESHARD_TIMEOUT", "1", 1); /* for the drivers this test starts */
+    const char *expect[] = {"ok listener that never accepts: 2, WARN: connect failed: "
+                            "NET/Reshard: no handshake with",
+                            NULL};
+    each_version("connect-timeout", expect);
+}
+
+Test(net_faults, connect_to_a_closed_listener_fails, .timeout = 60)
+{
+    const char *expect[] = {"ok handle of a closed listener: 2", NULL};
+    each_version("listener-gone", expect);
+}
+
+Test(net_faults, unsupported_registrations_are_refused, .timeout = 60)
+{
+    const char *expect[] = {
+        "ok regMr of CUDA memory: 3", "ok regMr of an unknown kind: 3",       "ok regMrDmaBuf: 3",
+        "ok deregMr of garbage: 3",   "ok isend outside its registration: 3", NULL};
+    each_version("bad-mr", expect);
+}
+
+Test(net_conformance, connections_made_and_closed_while_another_thread_streams, .timeout = 120)
+{
+    const char *expect[] = {"messages streamed while another thread made and closed 30 "
+                            "connections",
+                            NULL};
+    each_version("threads", expect);
+}
+
+/* v11+ contexts: a second one works and finalizes apart, finalize(NULL), a garbage context;
+ * v8-v10: a repeated init is harmless. */
+Test(net_faults, contexts_init_twice_finalize_null_and_garbage, .timeout = 60)
+{
+    const char *expect[] = {"ok finalize\n", NULL};
+    each_version("contexts", expect);
+    const char *v12[] = {"ok a second context works and finalizes apart", "ok finalize(NULL)",
+                         "ok listen on a garbage context: 3", NULL};
+    for (const char *const *e = v12; *e; e++) /* out holds the last run: v12 */
+        cr_assert(strstr(out, *e), "v12: no '%s':\n%s", *e, out);
+}
+
+/* A peer killed in the middle of the stream: the survivor's test fails with ncclSystemError and
+ * a WARN naming the peer, promptly (the driver gives up on a test after 60 s, the test here
+ * after 90). */
+static void peer_dies(int v, const char *side)
+{
+    char extra[32];
+    snprintf(extra, sizeof(extra), "--stream-mib 256 --die %s", side);
+    two_processes(v, extra, 0);
+    int survivor = !strcmp(side, "send") ? 0 : 1;
+    char want[64];
+    snprintf(want, sizeof(want), "[rank %d] ok peer died: test returned ncclSystemError", survivor);
+    cr_assert_eq(count_lines(want), 1, "%s", out);
+    cr_assert(strstr(out, "closed without closing the comm"), "%s", out);
+    snprintf(want, sizeof(want), "[rank %d] ok closed after failure", survivor);
+    cr_assert_eq(count_lines(want), 1, "the survivor did not close its failed comm:\n%s", out);
+    snprintf(want, sizeof(want), "[rank %d] ok finalize", survivor);
+    cr_assert_eq(count_lines(want), 1, "the survivor did not finalize cleanly:\n%s", out);
+    snprintf(want, sizeof(want), "[rank %d] exit 0", survivor);
+    cr_assert_eq(count_lines(want), 1, "%s", out);
+    no_sanitizer_reports();
+}
+
+Test(net_faults, sender_dies_mid_stream_v12, .timeout = 120)
+{
+    peer_dies(12, "send");
+}
+
+Test(net_faults, receiver_dies_mid_stream_v12, .timeout = 120)
+{
+    peer_dies(12, "recv");
+}
+
+Test(net_faults, sender_dies_mid_stream_v8, .timeout = 120)
+{
+    peer_dies(8, "send");
+}

@@ -1,0 +1,730 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The TCP bootstrap (transport/bootstrap.c): ranks are threads, or forked processes, of the test
+ * process, meeting on loopback with ports the kernel picks, so that tests may run in parallel. */
+#include "base/error.h"
+#include "transport/boot/bootstrap.h"
+
+#include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SECRET "test-secret"
+
+/* What one rank does after boot_init. */
+enum work { WORK_NONE, WORK_COLLECTIVES, WORK_ALLGATHER, WORK_ABORT, WORK_LEAVE };
+
+struct rank_run {
+    struct boot_id id;
+    int rank, size, timeout_ms;
+    enum work work;
+    size_t bytes; /* WORK_ALLGATHER: slot size */
+    sem_t *done;  /* posted when the rank returns, if set */
+    reshard_status_t st;
+    char msg[RS_ERROR_MAX];
+    int64_t ms;     /* time the failing (or last) call took */
+    int data_ok;    /* the collectives produced the expected bytes */
+    struct boot *b; /* left open for the test to look at (rank 0) */
+    pthread_t thread;
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A port nobody listens on now: the kernel's pick, let go again. */
+static int free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void loopback_id(int port, const char *secret, struct boot_id *id)
+{
+    cr_assert_eq(boot_id_from_addr("127.0.0.1", port, secret, id), RESHARD_OK, "%s",
+                 rs_error_message());
+}
+
+static unsigned char pattern(int rank, size_t i)
+{
+    return (unsigned char)(rank * 31 + i * 7 + 1);
+}
+
+static int collectives(struct rank_run *r)
+{
+    enum { SLOT = 16 };
+    unsigned char all[64 * SLOT], word[8];
+    for (size_t i = 0; i < SLOT; i++)
+        all[r->rank * SLOT + i] = pattern(r->rank, i);
+    if ((r->st = boot_allgather(r->b, all, SLOT)) != RESHARD_OK)
+        return 0;
+    int ok = 1;
+    for (int q = 0; q < r->size; q++)
+        for (size_t i = 0; i < SLOT; i++)
+            ok &= all[q * SLOT + i] == pattern(q, i);
+    for (int root = r->size - 1; root >= 0; root--) {
+        memset(word, r->rank == root ? 0xA0 + root : 0, sizeof(word));
+        if ((r->st = boot_bcast(r->b, word, sizeof(word), root)) != RESHARD_OK)
+            return 0;
+        for (size_t i = 0; i < sizeof(word); i++)
+            ok &= word[i] == 0xA0 + root;
+    }
+    if ((r->st = boot_barrier(r->b)) != RESHARD_OK)
+        return 0;
+    return ok && boot_rank(r->b) == r->rank && boot_size(r->b) == r->size;
+}
+
+static int allgather_slots(struct rank_run *r)
+{
+    unsigned char *all = malloc(r->bytes * (size_t)r->size);
+    if (!all)
+        return 0;
+    for (size_t i = 0; i < r->bytes; i++)
+        all[(size_t)r->rank * r->bytes + i] = pattern(r->rank, i);
+    int ok = (r->st = boot_allgather(r->b, all, r->bytes)) == RESHARD_OK;
+    for (int q = 0; ok && q < r->size; q++)
+        for (size_t i = 0; i < r->bytes; i++)
+            ok &= all[(size_t)q * r->bytes + i] == pattern(q, i);
+    free(all);
+    return ok;
+}
+
+static void do_work(struct rank_run *r)
+{
+    int64_t t0 = now_ms();
+    switch (r->work) {
+    case WORK_NONE:
+        r->data_ok = 1;
+        break;
+    case WORK_COLLECTIVES:
+        r->data_ok = collectives(r);
+        break;
+    case WORK_ALLGATHER:
+        r->data_ok = allgather_slots(r);
+        break;
+    case WORK_ABORT:
+        boot_abort(r->b, RESHARD_ERR_BUFFER, "buffer too small");
+        break;
+    case WORK_LEAVE:
+        boot_close(r->b);
+        r->b = NULL;
+        break;
+    }
+    r->ms = now_ms() - t0;
+}
+
+static void *rank_main(void *arg)
+{
+    struct rank_run *r = arg;
+    int64_t t0 = now_ms();
+    rs_error_clear();
+    r->st = boot_init(&r->id, r->rank, r->size, r->timeout_ms, &r->b);
+    r->ms = now_ms() - t0;
+    if (r->st == RESHARD_OK)
+        do_work(r);
+    snprintf(r->msg, sizeof(r->msg), "%s", rs_error_message());
+    if (r->done)
+        sem_post(r->done);
+    return NULL;
+}
+
+static void prep(struct rank_run *r, const struct boot_id *id, int rank, int size, int timeout_ms,
+                 enum work work)
+{
+    memset(r, 0, sizeof(*r));
+    r->id = *id;
+    r->rank = rank;
+    r->size = size;
+    r->timeout_ms = timeout_ms;
+    r->work = work;
+}
+
+static void launch(struct rank_run *r)
+{
+    cr_assert_eq(pthread_create(&r->thread, NULL, rank_main, r), 0);
+}
+
+static void start(struct rank_run *r, const struct boot_id *id, int rank, int size, int timeout_ms,
+                  enum work work)
+{
+    prep(r, id, rank, size, timeout_ms, work);
+    launch(r);
+}
+
+static void *work_main(void *arg)
+{
+    struct rank_run *r = arg;
+    do_work(r);
+    snprintf(r->msg, sizeof(r->msg), "%s", rs_error_message());
+    return NULL;
+}
+
+/* Every rank of r (already joined) runs `work` on its open bootstrap, in its own thread. */
+static void work_all(struct rank_run *r, int n, enum work work)
+{
+    for (int i = 0; i < n; i++) {
+        r[i].work = work;
+        cr_assert_eq(pthread_create(&r[i].thread, NULL, work_main, &r[i]), 0);
+    }
+}
+
+static void finish(struct rank_run *r)
+{
+    pthread_join(r->thread, NULL);
+}
+
+static void finish_all(struct rank_run *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        finish(&r[i]);
+}
+
+static void close_all(struct rank_run *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        boot_close(r[i].b);
+}
+
+static void assert_all_ok(struct rank_run *r, int n)
+{
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(r[i].st, RESHARD_OK, "rank %d: %s: %s", r[i].rank, rs_status_name(r[i].st),
+                     r[i].msg);
+        cr_assert(r[i].data_ok, "rank %d saw wrong data", r[i].rank);
+    }
+}
+
+/* n ranks of id run the collectives together; every one must succeed with the right data. */
+static void run_job_ok(const struct boot_id *id, int n)
+{
+    struct rank_run r[8];
+    for (int i = 0; i < n; i++)
+        start(&r[i], id, i, n, 10000, WORK_COLLECTIVES);
+    finish_all(r, n);
+    assert_all_ok(r, n);
+    close_all(r, n);
+}
+
+Test(bootstrap, four_ranks_agree_on_allgather_bcast_and_barrier, .timeout = 30)
+{
+    struct boot_id id;
+    cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+    run_job_ok(&id, 4);
+}
+
+Test(bootstrap, one_rank_alone_needs_nobody, .timeout = 30)
+{
+    struct boot_id id;
+    struct rank_run r;
+    cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+    start(&r, &id, 0, 1, 1000, WORK_COLLECTIVES);
+    finish(&r);
+    assert_all_ok(&r, 1);
+    close_all(&r, 1);
+}
+
+Test(bootstrap, sixty_four_ranks_allgather_64_kib_each, .timeout = 60)
+{
+    enum { N = 64 };
+    struct boot_id id;
+    struct rank_run *r = calloc(N, sizeof(*r));
+    cr_assert_not_null(r);
+    loopback_id(free_port(), SECRET, &id);
+    for (int i = 0; i < N; i++) {
+        prep(&r[i], &id, i, N, 20000, WORK_NONE);
+        r[i].bytes = 64 * 1024;
+        launch(&r[i]);
+    }
+    finish_all(r, N);
+    assert_all_ok(r, N);
+    /* The rendezvous is done: now every rank gathers 64 x 64 KiB at once. */
+    work_all(r, N, WORK_ALLGATHER);
+    finish_all(r, N);
+    assert_all_ok(r, N);
+    close_all(r, N);
+    free(r);
+}
+
+/* A forked child: rank `rank` of `size` at id; exits 0 when the allgather came out right. */
+static void child_rank(const struct boot_id *id, int rank, int size)
+{
+    struct rank_run r = {
+        .id = *id, .rank = rank, .size = size, .timeout_ms = 10000, .work = WORK_COLLECTIVES};
+    rank_main(&r);
+    if (r.st != RESHARD_OK)
+        fprintf(stderr, "child rank %d: %s\n", rank, r.msg);
+    boot_close(r.b);
+    _exit(r.st == RESHARD_OK && r.data_ok ? 0 : 1);
+}
+
+Test(bootstrap, forked_ranks_meet_at_the_id_their_parent_made, .timeout = 30)
+{
+    enum { N = 4 };
+    struct boot_id id;
+    pid_t pid[N];
+    cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+    for (int i = 0; i < N; i++) {
+        pid[i] = fork();
+        cr_assert_geq(pid[i], 0);
+        if (pid[i] == 0)
+            child_rank(&id, i, N);
+    }
+    /* The children hold the listening socket now. */
+    boot_id_release(&id);
+    for (int i = 0; i < N; i++) {
+        int status = -1;
+        cr_assert_eq(waitpid(pid[i], &status, 0), pid[i]);
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d: status %#x", i, status);
+    }
+}
+
+Test(bootstrap, id_from_an_address_and_explicit_port_joins_ranks, .timeout = 30)
+{
+    struct boot_id id;
+    char addr[80], want[32];
+    int port = free_port();
+    loopback_id(port, SECRET, &id);
+    snprintf(want, sizeof(want), "127.0.0.1:%d", port);
+    cr_assert_str_eq(boot_id_addr(&id, addr, sizeof(addr)), want);
+    run_job_ok(&id, 3);
+}
+
+Test(bootstrap, peers_started_before_rank_0_wait_for_it, .timeout = 30)
+{
+    struct boot_id id;
+    struct rank_run r[3];
+    loopback_id(free_port(), SECRET, &id);
+    start(&r[1], &id, 1, 3, 10000, WORK_COLLECTIVES);
+    start(&r[2], &id, 2, 3, 10000, WORK_COLLECTIVES);
+    usleep(300 * 1000); /* their connects are refused meanwhile, and retried */
+    start(&r[0], &id, 0, 3, 10000, WORK_COLLECTIVES);
+    finish_all(r, 3);
+    assert_all_ok(r, 3);
+    close_all(r, 3);
+}
+
+Test(bootstrap, ipv6_loopback_works, .timeout = 30)
+{
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    socklen_t len = sizeof(a);
+    struct boot_id id;
+    char got[80], want[32];
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        if (fd >= 0)
+            close(fd);
+        cr_skip_test("no IPv6 loopback on this host");
+    }
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    cr_assert_eq(boot_id_from_addr("::1", ntohs(a.sin6_port), SECRET, &id), RESHARD_OK, "%s",
+                 rs_error_message());
+    snprintf(want, sizeof(want), "[::1]:%d", ntohs(a.sin6_port));
+    cr_assert_str_eq(boot_id_addr(&id, got, sizeof(got)), want);
+    run_job_ok(&id, 3);
+}
+
+Test(bootstrap, configured_address_and_port_are_where_the_id_listens, .timeout = 30)
+{
+    struct boot_id id;
+    char got[80], want[32];
+    int port = free_port();
+    boot_configure(&(struct boot_config){.addr = "127.0.0.1", .port = port});
+    cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+    snprintf(want, sizeof(want), "127.0.0.1:%d", port);
+    cr_assert_str_eq(boot_id_addr(&id, got, sizeof(got)), want);
+    run_job_ok(&id, 2);
+}
+
+/* Every warning the bootstrap gives, one a line. */
+static pthread_mutex_t warned_lock = PTHREAD_MUTEX_INITIALIZER;
+static char warned[4 * RS_ERROR_MAX];
+
+static void capture_warning(const char *msg)
+{
+    pthread_mutex_lock(&warned_lock);
+    size_t used = strlen(warned);
+    snprintf(warned + used, sizeof(warned) - used, "%s\n", msg);
+    pthread_mutex_unlock(&warned_lock);
+}
+
+/* A plain TCP connection to where id's rank 0 listens (127.0.0.1 here). */
+static int raw_connect(const struct boot_id *id)
+{
+    char addr[80];
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    boot_id_addr(id, addr, sizeof(addr));
+    a.sin_port = htons((uint16_t)atoi(strrchr(addr, ':') + 1));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    return fd;
+}
+
+Test(bootstrap, stray_connections_neither_stall_nor_join_the_rendezvous, .timeout = 30)
+{
+    struct boot_id id;
+    struct rank_run r[2];
+    static const char junk[32] = "GET / HTTP/1.0\r\n\r\n";
+    boot_configure(&(struct boot_config){.addr = "127.0.0.1", .warn = capture_warning});
+    cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+    /* One says nothing at all; one speaks another protocol. Both reach the listener first. */
+    int silent = raw_connect(&id), noisy = raw_connect(&id);
+    cr_assert_eq(write(noisy, junk, sizeof(junk)), (ssize_t)sizeof(junk));
+    start(&r[0], &id, 0, 2, 10000, WORK_COLLECTIVES);
+    start(&r[1], &id, 1, 2, 10000, WORK_COLLECTIVES);
+    finish_all(r, 2);
+    assert_all_ok(r, 2);
+    /* The junk was refused at once; the silent one when the job no longer needed anyone. */
+    cr_assert(strstr(warned, "no valid hello (the peer sent a malformed frame (bad magic)"), "%s",
+              warned);
+    cr_assert(strstr(boot_refusal(r[0].b), "every rank has arrived"), "%s", boot_refusal(r[0].b));
+    close(silent);
+    close(noisy);
+    close_all(r, 2);
+}
+
+Test(bootstrap, wrong_secret_is_refused_and_the_job_still_completes, .timeout = 30)
+{
+    struct boot_id id, bad;
+    struct rank_run r[2];
+    struct boot *intruder = NULL;
+    int port = free_port();
+    boot_configure(&(struct boot_config){.warn = capture_warning});
+    loopback_id(port, SECRET, &id);
+    loopback_id(port, "another job", &bad);
+    start(&r[0], &id, 0, 2, 10000, WORK_COLLECTIVES);
+    cr_assert_eq(boot_init(&bad, 1, 2, 10000, &intruder), RESHARD_ERR_REFUSED, "%s",
+                 rs_error_message());
+    cr_assert_null(intruder);
+    cr_assert(strstr(rs_error_message(), "wrong secret"), "%s", rs_error_message());
+    start(&r[1], &id, 1, 2, 10000, WORK_COLLECTIVES);
+    finish_all(r, 2);
+    assert_all_ok(r, 2);
+    cr_assert(strstr(boot_refusal(r[0].b), "wrong secret"), "%s", boot_refusal(r[0].b));
+    cr_assert(strstr(boot_refusal(r[0].b), "127.0.0.1:"), "%s", boot_refusal(r[0].b));
+    cr_assert(strstr(warned, boot_refusal(r[0].b)), "%s", warned);
+    close_all(r, 2);
+}
+
+Test(bootstrap, duplicate_rank_is_refused_and_the_job_still_completes, .timeout = 30)
+{
+    struct boot_id id;
+    struct rank_run r[4]; /* rank 0, two claiming rank 1, rank 2 */
+    sem_t done;
+    cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+    sem_init(&done, 0, 0);
+    start(&r[0], &id, 0, 3, 10000, WORK_COLLECTIVES);
+    for (int i = 1; i <= 2; i++) {
+        prep(&r[i], &id, 1, 3, 10000, WORK_COLLECTIVES);
+        r[i].done = &done;
+        launch(&r[i]);
+    }
+    /* Nobody admitted can return before rank 2 arrives: the first back was refused. */
+    sem_wait(&done);
+    start(&r[3], &id, 2, 3, 10000, WORK_COLLECTIVES);
+    finish_all(r, 4);
+    int refused = r[1].st == RESHARD_ERR_REFUSED ? 1 : 2, admitted = 3 - refused;
+    cr_assert_eq(r[refused].st, RESHARD_ERR_REFUSED, "%s", r[refused].msg);
+    cr_assert(strstr(r[refused].msg, "duplicate rank"), "%s", r[refused].msg);
+    struct rank_run ok[3] = {r[0], r[admitted], r[3]};
+    assert_all_ok(ok, 3);
+    close_all(ok, 3);
+    sem_destroy(&done);
+}
+
+Test(bootstrap, peer_of_another_size_is_refused, .timeout = 30)
+{
+    struct boot_id id;
+    struct rank_run r[2];
+    struct boot *stray = NULL;
+    loopback_id(free_port(), SECRET, &id);
+    start(&r[0], &id, 0, 2, 10000, WORK_COLLECTIVES);
+    cr_assert_eq(boot_init(&id, 1, 3, 10000, &stray), RESHARD_ERR_REFUSED, "%s",
+                 rs_error_message());
+    cr_assert(strstr(rs_error_message(), "the job has 2 ranks, not 3"), "%s", rs_error_message());
+    start(&r[1], &id, 1, 2, 10000, WORK_COLLECTIVES);
+    finish_all(r, 2);
+    assert_all_ok(r, 2);
+    close_all(r, 2);
+}
+
+Test(bootstrap, missing_rank_is_named_by_rank_0_and_its_peers_hear_why, .timeout = 30)
+{
+    struct boot_id id;
+    struct rank_run r[3]; /* rank 3 of 4 never comes */
+    cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+    for (int i = 0; i < 3; i++)
+        start(&r[i], &id, i, 4, 1000, WORK_NONE);
+    finish_all(r, 3);
+    cr_assert_eq(r[0].st, RESHARD_ERR_TIMEOUT, "%s", r[0].msg);
+    cr_assert(strstr(r[0].msg, "rank 3 of 4 did not arrive within 1 s"), "%s", r[0].msg);
+    cr_assert(r[0].ms >= 900 && r[0].ms < 2500, "rank 0 gave up after %lld ms", (long long)r[0].ms);
+    for (int i = 1; i < 3; i++) {
+        /* Peers wait a little past rank 0's deadline, so they hear its verdict. */
+        cr_assert_eq(r[i].st, RESHARD_ERR_REMOTE, "rank %d: %s", i, r[i].msg);
+        cr_assert(strstr(r[i].msg, "rank 0 failed (RESHARD_ERR_TIMEOUT): rank 3 of 4 did not "
+                                   "arrive within 1 s"),
+                  "%s", r[i].msg);
+        cr_assert_lt(r[i].ms, 2500, "rank %d waited %lld ms", i, (long long)r[i].ms);
+        cr_assert_null(r[i].b);
+    }
+}
+
+Test(bootstrap, absent_rank_0_makes_a_peer_time_out_naming_its_address, .timeout = 30)
+{
+    struct boot_id id;
+    struct rank_run r;
+    char want[32];
+    int port = free_port();
+    loopback_id(port, SECRET, &id);
+    start(&r, &id, 1, 2, 500, WORK_NONE);
+    finish(&r);
+    snprintf(want, sizeof(want), "rank 0 at 127.0.0.1:%d", port);
+    cr_assert_eq(r.st, RESHARD_ERR_TIMEOUT, "%s", r.msg);
+    cr_assert(strstr(r.msg, want), "%s", r.msg);
+    cr_assert(r.ms >= 450 && r.ms < 1500, "gave up after %lld ms", (long long)r.ms);
+}
+
+/* Three ranks join; then rank 2 does `last` while ranks 0 and 1 allgather. */
+static void two_gather_while_rank_2(enum work last, int timeout_ms, struct rank_run *r)
+{
+    struct boot_id id;
+    cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+    for (int i = 0; i < 3; i++) {
+        prep(&r[i], &id, i, 3, timeout_ms, WORK_NONE);
+        r[i].bytes = 8;
+        launch(&r[i]);
+    }
+    finish_all(r, 3);
+    assert_all_ok(r, 3);
+    work_all(r, 2, WORK_ALLGATHER);
+    work_all(r + 2, 1, last);
+    finish_all(r, 3);
+}
+
+Test(bootstrap, abort_on_one_rank_fails_the_others_fast_with_remote, .timeout = 30)
+{
+    struct rank_run r[3];
+    two_gather_while_rank_2(WORK_ABORT, 10000, r);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(r[i].st, RESHARD_ERR_REMOTE, "rank %d: %s", i, r[i].msg);
+        cr_assert(strstr(r[i].msg, "rank 2 failed (RESHARD_ERR_BUFFER): buffer too small"), "%s",
+                  r[i].msg);
+        cr_assert_lt(r[i].ms, 5000, "rank %d took %lld ms to hear", i, (long long)r[i].ms);
+    }
+    /* Once failed, a bootstrap says so at once. */
+    cr_assert_eq(boot_barrier(r[1].b), RESHARD_ERR_REMOTE);
+    cr_assert(strstr(rs_error_message(), "unusable"), "%s", rs_error_message());
+    close_all(r, 3);
+}
+
+Test(bootstrap, rank_that_leaves_is_named_as_a_network_failure, .timeout = 30)
+{
+    struct rank_run r[3];
+    two_gather_while_rank_2(WORK_LEAVE, 10000, r);
+    cr_assert_eq(r[0].st, RESHARD_ERR_NETWORK, "%s", r[0].msg);
+    cr_assert(strstr(r[0].msg, "rank 2 (") && strstr(r[0].msg, "closed the connection"), "%s",
+              r[0].msg);
+    cr_assert_eq(r[1].st, RESHARD_ERR_REMOTE, "%s", r[1].msg);
+    cr_assert(strstr(r[1].msg, "rank 0 failed (RESHARD_ERR_NETWORK)"), "%s", r[1].msg);
+    close_all(r, 3);
+}
+
+Test(bootstrap, rank_that_stalls_in_a_collective_is_named_to_every_rank, .timeout = 30)
+{
+    struct rank_run r[3];
+    two_gather_while_rank_2(WORK_NONE, 1000, r); /* rank 2 never calls the allgather */
+    cr_assert_eq(r[0].st, RESHARD_ERR_TIMEOUT, "%s", r[0].msg);
+    cr_assert(strstr(r[0].msg, "allgather #1 on rank 0: rank 2 (") &&
+                  strstr(r[0].msg, ") did not answer within 1 s"),
+              "%s", r[0].msg);
+    cr_assert(r[0].ms >= 900 && r[0].ms < 2500, "rank 0 gave up after %lld ms", (long long)r[0].ms);
+    cr_assert_eq(r[1].st, RESHARD_ERR_REMOTE, "%s", r[1].msg);
+    cr_assert(strstr(r[1].msg, "rank 0 failed (RESHARD_ERR_TIMEOUT): allgather #1 on rank 0: "
+                               "rank 2 ("),
+              "%s", r[1].msg);
+    close_all(r, 3);
+}
+
+Test(bootstrap, ranks_passing_different_sizes_are_told, .timeout = 30)
+{
+    struct boot_id id;
+    struct rank_run r[3];
+    cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+    for (int i = 0; i < 3; i++) {
+        prep(&r[i], &id, i, 3, 10000, WORK_ALLGATHER);
+        r[i].bytes = i == 1 ? 8 : 16;
+        launch(&r[i]);
+    }
+    finish_all(r, 3);
+    cr_assert_eq(r[0].st, RESHARD_ERR_INVALID_ARG, "%s", r[0].msg);
+    cr_assert(strstr(r[0].msg, "rank 1 (") && strstr(r[0].msg, "sent 8 bytes where 16"), "%s",
+              r[0].msg);
+    for (int i = 1; i < 3; i++)
+        cr_assert_eq(r[i].st, RESHARD_ERR_REMOTE, "rank %d: %s", i, r[i].msg);
+    close_all(r, 3);
+}
+
+/* ---- launcher environment ---- */
+
+static void clear_launcher_env(void)
+{
+    static const char *const names[] = {"MASTER_ADDR",
+                                        "MASTER_PORT",
+                                        "RANK",
+                                        "WORLD_SIZE",
+                                        "LOCAL_RANK",
+                                        "LOCAL_WORLD_SIZE",
+                                        "TORCHELASTIC_RUN_ID",
+                                        "OMPI_COMM_WORLD_RANK",
+                                        "OMPI_COMM_WORLD_SIZE",
+                                        "OMPI_COMM_WORLD_LOCAL_RANK",
+                                        "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                        "OMPI_MCA_orte_ess_jobid",
+                                        "PMIX_NAMESPACE",
+                                        "SLURM_PROCID",
+                                        "SLURM_NTASKS",
+                                        "SLURM_LOCALID",
+                                        "SLURM_NTASKS_PER_NODE",
+                                        "SLURM_STEP_TASKS_PER_NODE",
+                                        "SLURM_STEP_NODELIST",
+                                        "SLURM_JOB_NODELIST",
+                                        "SLURM_JOB_ID",
+                                        "SLURM_STEP_ID"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        unsetenv(names[i]);
+}
+
+static void set_torchrun(const char *run_id)
+{
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "29400", 1);
+    setenv("RANK", "3", 1);
+    setenv("WORLD_SIZE", "8", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    setenv("LOCAL_WORLD_SIZE", "4", 1);
+    setenv("TORCHELASTIC_RUN_ID", run_id, 1);
+}
+
+static void read_env(struct boot_env *e)
+{
+    cr_assert_eq(boot_env_read(e), RESHARD_OK, "%s", rs_error_message());
+}
+
+static void assert_env(const struct boot_env *e, int rank, int size, int lrank, int lsize,
+                       const char *addr)
+{
+    char got[80];
+    cr_assert_eq(e->rank, rank);
+    cr_assert_eq(e->size, size);
+    cr_assert_eq(e->local_rank, lrank);
+    cr_assert_eq(e->local_size, lsize);
+    cr_assert_str_eq(boot_id_addr(&e->id, got, sizeof(got)), addr);
+}
+
+TestSuite(bootstrap_env, .init = clear_launcher_env);
+
+Test(bootstrap_env, torchrun_variables_give_rank_and_master_port_plus_one)
+{
+    struct boot_env a, b, c;
+    set_torchrun("job-a");
+    read_env(&a);
+    assert_env(&a, 3, 8, 1, 4, "127.0.0.1:29401");
+    read_env(&b);
+    set_torchrun("job-b");
+    read_env(&c);
+    cr_assert_eq(memcmp(&a.id, &b.id, sizeof(a.id)), 0, "one job, one id");
+    cr_assert_neq(memcmp(&a.id, &c.id, sizeof(a.id)), 0, "another run, another secret");
+}
+
+Test(bootstrap_env, configured_port_and_secret_win)
+{
+    struct boot_env a, b;
+    boot_configure(&(struct boot_config){.port = 4242, .secret = "s3cret"});
+    set_torchrun("job-a");
+    read_env(&a);
+    assert_env(&a, 3, 8, 1, 4, "127.0.0.1:4242");
+    set_torchrun("job-b");
+    read_env(&b);
+    cr_assert_eq(memcmp(&a.id, &b.id, sizeof(a.id)), 0, "the configured secret is the secret");
+}
+
+Test(bootstrap_env, open_mpi_variables_are_read)
+{
+    struct boot_env e;
+    setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "1234", 1);
+    read_env(&e);
+    assert_env(&e, 2, 4, 0, 2, "127.0.0.1:1235");
+}
+
+Test(bootstrap_env, slurm_defaults_to_the_first_host_of_the_node_list_and_port_29500)
+{
+    struct boot_env e;
+    setenv("SLURM_PROCID", "5", 1);
+    setenv("SLURM_NTASKS", "8", 1);
+    setenv("SLURM_LOCALID", "1", 1);
+    setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2)", 1);
+    setenv("SLURM_JOB_NODELIST", "10.9.9.[1-2]", 1);
+    setenv("SLURM_STEP_NODELIST", "127.0.0.[1-4,7],10.0.0.9", 1);
+    read_env(&e);
+    assert_env(&e, 5, 8, 1, 4, "127.0.0.1:29501");
+    /* Zero-padded ranges and several bracket groups: "127.0.[0-1].[01-02]" is 127.0.0.01. */
+    unsetenv("SLURM_STEP_NODELIST");
+    setenv("SLURM_JOB_NODELIST", "127.0.[0-1].[01-02],10.0.0.9", 1);
+    setenv("SLURM_NTASKS_PER_NODE", "2", 1);
+    setenv("MASTER_PORT", "5000", 1);
+    read_env(&e);
+    assert_env(&e, 5, 8, 1, 2, "127.0.0.1:5001");
+}
+
+Test(bootstrap_env, missing_master_addr_is_named)
+{
+    struct boot_env e;
+    set_torchrun("job");
+    unsetenv("MASTER_ADDR");
+    cr_assert_eq(boot_env_read(&e), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(rs_error_message(), "MASTER_ADDR is not set"), "%s", rs_error_message());
+}
+
+Test(bootstrap_env, malformed_rank_is_named)
+{
+    struct boot_env e;
+    set_torchrun("job");
+    setenv("RANK", "3x", 1);
+    cr_assert_eq(boot_env_read(&e), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(rs_error_message(), "RANK=3x"), "%s", rs_error_message());
+    setenv("RANK", "8", 1);
+    cr_assert_eq(boot_env_read(&e), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(rs_error_message(), "RANK=8 is not an integer in [0, 7]"), "%s",
+              rs_error_message());
+}
+
+Test(bootstrap_env, no_launcher_says_what_to_set)
+{
+    struct boot_env e;
+    cr_assert_eq(boot_env_read(&e), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(rs_error_message(), "no launcher environment"), "%s", rs_error_message());
+}

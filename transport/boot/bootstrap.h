@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The bootstrap of a communicator: a TCP rendezvous at rank 0, and the few small collectives
+ * (allgather, bcast, barrier) that the communicator needs before its transports are up.
+ * Rank 0 listens; every other rank connects and proves it belongs to the job with the secret
+ * in the id. Every wait is bounded by the timeout given to boot_init, and every failure names
+ * the peer it concerns.
+ */
+#ifndef RS_BOOTSTRAP_H
+#define RS_BOOTSTRAP_H
+
+#include "base/reshard_status.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- configuration ---- */
+
+/* The bootstrap's tunables. transport/ may not include plugin/ headers, so the plugin layer
+ * hands them over from its parameter table; until it does, every field has its default. */
+struct boot_config {
+    const char *addr;              /* RESHARD_BOOT_ADDR: where boot_id_create listens ("": auto) */
+    int port;                      /* RESHARD_BOOT_PORT: 0 = any (id) or MASTER_PORT+1 (env) */
+    const char *secret;            /* RESHARD_SECRET: job secret for env launches ("": derived) */
+    void (*warn)(const char *msg); /* told of each refused peer (a WARN line); NULL: silent */
+};
+/* Copies cfg (strings included; NULL: the defaults); later calls replace it. Thread-safe. */
+void boot_configure(const struct boot_config *cfg);
+
+/* ---- ids ---- */
+
+#define BOOT_ID_BYTES 128
+/* opaque: magic, IPv4/IPv6 sockaddr of rank 0, 32-byte random secret */
+struct boot_id {
+    unsigned char bytes[BOOT_ID_BYTES];
+};
+
+/* Makes an id: opens a listening TCP socket (address: config addr if set, else the first
+ * non-loopback IPv4 of the host, else 127.0.0.1; port: config port, 0 = any) and keeps it in a
+ * process-wide registry keyed by the id, so that boot_init(rank 0) in this process, or in a
+ * child forked after this call, uses it. The secret comes from getrandom(). */
+reshard_status_t boot_id_create(struct boot_id *id);
+/* Forgets the listening socket of an id made here (closes this process's copy): for a parent
+ * that forked its ranks. boot_init(rank 0) releases it by itself. No-op for other ids. */
+void boot_id_release(const struct boot_id *id);
+/* Builds an id from host:port and a secret string (hashed to 32 bytes); used for environment
+ * launches. Does not listen. */
+reshard_status_t boot_id_from_addr(const char *host, int port, const char *secret,
+                                   struct boot_id *id);
+/* The same address with a secret mixed from the id's and salt: a new job at the same place. A
+ * listener that boot_id_create or boot_spare_id made here for id answers to the new one. */
+reshard_status_t boot_id_derive(const struct boot_id *id, const void *salt, size_t n,
+                                struct boot_id *out);
+/* "10.0.0.1:29501": where rank 0 of this id listens, for messages and logs. */
+const char *boot_id_addr(const struct boot_id *id, char *buf, size_t n);
+
+/* ---- launcher environment ---- */
+
+/* torchrun (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), else Open
+ * MPI (OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE), else Slurm (SLURM_PROCID,
+ * SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or the first number of
+ * SLURM_STEP_TASKS_PER_NODE). MASTER_ADDR and MASTER_PORT are needed in every case, except that
+ * under Slurm they default to the first host of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) and
+ * 29500. Rank 0 listens on MASTER_PORT+1 unless the config port is set. The secret is the
+ * config secret, else one derived from the job's identity. local_rank and local_size are -1
+ * when the launcher does not give them. */
+struct boot_env {
+    int rank, size, local_rank, local_size;
+    struct boot_id id;
+};
+reshard_status_t boot_env_read(struct boot_env *env);
+
+/* ---- the bootstrap itself ---- */
+
+struct boot; /* opaque */
+
+/* Collective over size ranks: rank 0 admits size-1 peers that show the id's secret, refusing
+ * others (RESHARD_ERR_REFUSED at the refused peer); returns once every rank has arrived. On
+ * timeout rank 0 fails with RESHARD_ERR_TIMEOUT naming the missing ranks and tells the others,
+ * which fail with RESHARD_ERR_REMOTE carrying its message. A peer that cannot reach rank 0
+ * fails with RESHARD_ERR_TIMEOUT naming its address. A peer waits for rank 0's verdict up to a
+ * quarter of timeout_ms (at most 5 s) longer than rank 0 waits for it, so that it hears why. */
+reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int timeout_ms,
+                           struct boot **out);
+/* buf holds size*bytes; this rank's slot (rank*bytes) is filled by the caller; on return all
+ * slots are filled. Each collective is bounded by the timeout given to boot_init; a failure
+ * names the peer (rank and address). After a failure the bootstrap is unusable: later calls
+ * fail at once, and the other ranks are told (best effort) so they fail fast too. */
+/* The same, with label[r] (copied) the number rank r goes by in messages, timeouts and failure
+ * reports (NULL: r): for a bootstrap over a subset of another job's ranks. */
+reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size, const int *label,
+                                   int timeout_ms, struct boot **out);
+/* An id for a later bootstrap that this rank will be rank 0 of: listens on the address this
+ * rank reaches the others from (any port), with a fresh secret, registered as boot_id_create
+ * does. Lets survivors of a job meet again without a new rendezvous address. */
+reshard_status_t boot_spare_id(const struct boot *b, struct boot_id *id);
+/* Collectives end with RESHARD_ERR_ABORTED (and tell the others) within milliseconds of *flag
+ * turning non-zero, set from any thread: reshard_comm_abort during an exchange. */
+void boot_set_cancel(struct boot *b, const atomic_int *flag);
+reshard_status_t boot_allgather(struct boot *b, void *buf, size_t bytes);
+reshard_status_t boot_bcast(struct boot *b, void *buf, size_t bytes, int root);
+reshard_status_t boot_barrier(struct boot *b);
+/* After a local failure, tells the others (best effort) so they fail fast with
+ * RESHARD_ERR_REMOTE instead of timing out: rank 0 sends it to all, a peer to rank 0, which
+ * forwards it in its next collective. Leaves this thread's error message as it was. */
+void boot_abort(struct boot *b, reshard_status_t st, const char *msg);
+/* Between collectives (while a plan executes): whether a rank reported a failure, or closed
+ * its connection (ranks leave through a barrier, or after a failure: it died). Looks at
+ * what waits on the sockets without taking anything but ERROR frames, so frames of the next
+ * collective from ranks that are ahead stay for it. Rank 0 forwards what it hears to the
+ * others. RESHARD_ERR_REMOTE (the message names the rank and why) once one did; never
+ * blocks longer than a frame takes to read. */
+reshard_status_t boot_check(struct boot *b);
+int boot_rank(const struct boot *b);
+int boot_size(const struct boot *b);
+/* Rank 0: the last refusal during the rendezvous ("" when none), also passed to config warn. */
+const char *boot_refusal(const struct boot *b);
+void boot_close(struct boot *b);
+
+#endif

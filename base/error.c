@@ -2,6 +2,7 @@
 #include "error.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,32 @@ const char *rs_error_message(void)
 void rs_error_clear(void)
 {
     last_message[0] = '\0';
+}
+
+void rs_error_save(struct rs_saved_error *s)
+{
+    snprintf(s->msg, sizeof(s->msg), "%s", last_message);
+}
+
+void rs_error_restore(const struct rs_saved_error *s)
+{
+    snprintf(last_message, sizeof(last_message), "%s", s->msg);
+}
+
+static atomic_long fail_countdown;
+
+void rs_test_fail_alloc(long n)
+{
+    atomic_store(&fail_countdown, n);
+}
+
+/* True when the test hook says this allocation fails. */
+static int injected_failure(void)
+{
+    long n = atomic_load(&fail_countdown);
+    while (n > 0 && !atomic_compare_exchange_weak(&fail_countdown, &n, n - 1))
+        ;
+    return n == 1;
 }
 
 const char *rs_status_name(reshard_status_t st)
@@ -66,7 +93,7 @@ void rs_error_trace(const char *file, int line, const char *expr, reshard_status
 
 void *rs_calloc(size_t n, size_t size, const char *what)
 {
-    void *p = calloc(n ? n : 1, size ? size : 1);
+    void *p = injected_failure() ? NULL : calloc(n ? n : 1, size ? size : 1);
     if (!p)
         rs_error(RESHARD_ERR_NO_MEMORY, "out of memory allocating %zu x %zu bytes for %s", n, size,
                  what);
@@ -80,7 +107,7 @@ void *rs_realloc_array(void *p, size_t n, size_t size, const char *what)
         return NULL;
     }
     size_t bytes = n * size;
-    void *q = realloc(p, bytes ? bytes : 1);
+    void *q = injected_failure() ? NULL : realloc(p, bytes ? bytes : 1);
     if (!q)
         rs_error(RESHARD_ERR_NO_MEMORY, "out of memory growing %s to %zu entries", what, n);
     return q;

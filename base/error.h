@@ -22,6 +22,14 @@ reshard_status_t rs_error(reshard_status_t st, const char *fmt, ...)
 const char *rs_error_message(void);
 void rs_error_clear(void);
 
+/* The message a best-effort step (a question, a fallback, a courtesy send) may overwrite and
+ * must put back, so that asking is never reported as failing. */
+struct rs_saved_error {
+    char msg[RS_ERROR_MAX];
+};
+void rs_error_save(struct rs_saved_error *s);
+void rs_error_restore(const struct rs_saved_error *s);
+
 const char *rs_status_name(reshard_status_t st);
 const char *rs_status_string(reshard_status_t st);
 
@@ -55,5 +63,9 @@ void *rs_realloc_array(void *p, size_t n, size_t size, const char *what);
  * 64 entries). Returns the array, perhaps moved, and updates *cap; on failure returns NULL
  * with the error recorded, and p and *cap stay as they were. */
 void *rs_grow(void *p, size_t *cap, size_t need, size_t size, const char *what);
+
+/* Tests only: the n-th allocation through the helpers above from now on fails, as out of
+ * memory would (n = 0 turns it off). For the error paths of partial allocations. */
+void rs_test_fail_alloc(long n);
 
 #endif

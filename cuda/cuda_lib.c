@@ -103,10 +103,10 @@ reshard_status_t cuda_error(const char *what, cu_result r)
 
 enum cuda_mem_kind cuda_mem_kind(const void *p)
 {
-    char saved[RS_ERROR_MAX];
-    snprintf(saved, sizeof(saved), "%s", rs_error_message());
+    struct rs_saved_error saved;
+    rs_error_save(&saved);
     const struct cuda_fns *f = cuda_lib();
-    rs_error(RESHARD_OK, "%s", saved); /* asking is not failing */
+    rs_error_restore(&saved); /* asking is not failing */
     unsigned type = 0, managed = 0;
     if (!f || !p ||
         f->pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
@@ -131,13 +131,13 @@ const char *cuda_mem_kind_name(enum cuda_mem_kind k)
 
 void *cuda_host_alloc(size_t bytes)
 {
-    char saved[RS_ERROR_MAX];
-    snprintf(saved, sizeof(saved), "%s", rs_error_message());
+    struct rs_saved_error saved;
+    rs_error_save(&saved);
     const struct cuda_fns *f = cuda_lib();
     char *p = NULL;
     int pinned = f && cuda_current_context() == RESHARD_OK &&
                  f->mem_alloc_host((void **)&p, bytes + HOST_HEADER) == CU_SUCCESS;
-    rs_error(RESHARD_OK, "%s", saved); /* falling back is not failing */
+    rs_error_restore(&saved); /* falling back is not failing */
     if (!pinned && !(p = malloc(bytes + HOST_HEADER)))
         return NULL;
     p[0] = (char)pinned;

@@ -8,6 +8,7 @@
 
 #include "plan_build.h"
 #include "spec.h"
+#include "base/clock.h"
 #include "base/error.h"
 
 #include <stdio.h>
@@ -364,13 +365,6 @@ static reshard_status_t largest_first(const struct rs_plan *p, uint32_t *order)
     return RESHARD_OK;
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static void build_free(struct build *b)
 {
     overlap_free(&b->ov);
@@ -472,7 +466,7 @@ reshard_status_t plan_build(const struct plan_input *in, int ntensors, const str
     if (ntensors > PLAN_MAX_TENSORS)
         return rs_error(RESHARD_ERR_TOO_LARGE, "plan: %d tensors, more than the %d one plan holds",
                         ntensors, PLAN_MAX_TENSORS);
-    double t0 = now_ms();
+    double t0 = rs_now_ms_f();
     struct rs_plan *p = rs_calloc(1, sizeof(*p), "plan");
     if (!p)
         return RESHARD_ERR_NO_MEMORY;
@@ -480,7 +474,7 @@ reshard_status_t plan_build(const struct plan_input *in, int ntensors, const str
     RS_CHECK_GOTO(plan_init(p, in, ntensors, topo, opts), st, err_free_plan);
     RS_CHECK_GOTO(plan_tensors(p), st, err_free_plan);
     RS_CHECK_GOTO(plan_hash(p, &p->hash), st, err_free_plan);
-    p->plan_ms = now_ms() - t0;
+    p->plan_ms = rs_now_ms_f() - t0;
     *out = p;
     return RESHARD_OK;
 err_free_plan:

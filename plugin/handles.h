@@ -3,10 +3,10 @@
 #ifndef RS_HANDLES_H
 #define RS_HANDLES_H
 
+#include "reshard.h"
 #include "planner/layout.h"
 #include "planner/plan.h"
 #include "planner/topo.h"
-#include "reshard.h"
 
 struct reshard_layout {
     struct rs_layout l;

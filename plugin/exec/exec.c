@@ -19,6 +19,7 @@
 #include "exec_int.h"
 
 #include "exec_nccl.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/param.h"
@@ -108,13 +109,6 @@ struct run {
     } ipc_q[CUDA_IPC_EVENTS]; /* copies on the IPC stream, in order; event i % CUDA_IPC_EVENTS */
     size_t ipc_head, ipc_tail;
 };
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- buffers ---- */
 
@@ -354,7 +348,7 @@ static void arrived(struct run *r, long k, uint32_t chunk, const struct xfer *xf
         release_whole(r, xf->tensor);
     if (xf->dst_buf == XBUF_DST)
         r->dst_left[xf->tensor]--;
-    r->last_event_ms = now_ms();
+    r->last_event_ms = rs_now_ms();
 }
 
 static uint64_t chunk_bytes(const struct exec *x, const struct xfer *xf, uint32_t chunk)
@@ -447,7 +441,7 @@ static void on_send(struct tp_req *req, reshard_status_t st, size_t bytes)
         return;
     }
     r->out_left -= bundle ? r->x->out_b[c->chunk].n : 1;
-    r->last_event_ms = now_ms();
+    r->last_event_ms = rs_now_ms();
 }
 
 static void on_ack(struct tp_req *req, reshard_status_t st, size_t bytes)
@@ -467,7 +461,7 @@ static void on_ack(struct tp_req *req, reshard_status_t st, size_t bytes)
         r->acks_in_left--;
     else
         r->acks_out_left--;
-    r->last_event_ms = now_ms();
+    r->last_event_ms = rs_now_ms();
 }
 
 /* Everything bound for this rank arrived: tell each sender. */
@@ -659,12 +653,12 @@ static int ipc_kernels(const struct run *r, const struct xfer *xf, const struct 
     if (!dev_base(r, xf, 0) || (region_contiguous(a, &off) && region_contiguous(b, &off)))
         return 0;
     if (usable < 0) {
-        char saved[RS_ERROR_MAX];
-        snprintf(saved, sizeof(saved), "%s", rs_error_message());
+        struct rs_saved_error saved;
+        rs_error_save(&saved);
         usable = cuda_kernels() == RESHARD_OK;
         if (!usable)
             rs_log(RS_LOG_INFO, "strided CUDA IPC chunks copy run by run: %s", rs_error_message());
-        rs_error(RESHARD_OK, "%s", saved);
+        rs_error_restore(&saved);
     }
     return usable;
 }
@@ -771,7 +765,7 @@ static void poll_ipc(struct run *r)
             st = notify(r, c.pos, c.chunk);
         if (st != RESHARD_OK)
             fail(r, st);
-        r->last_event_ms = now_ms();
+        r->last_event_ms = rs_now_ms();
     }
 }
 
@@ -1071,8 +1065,8 @@ static reshard_status_t make_exports(struct exec *x, const struct run *r, uint32
             wanted[xf->tensor] = 1;
     }
     const struct cuda_fns *f = cuda_lib(); /* there: r->dev was staged with it */
-    char saved[RS_ERROR_MAX];
-    snprintf(saved, sizeof(saved), "%s", rs_error_message());
+    struct rs_saved_error saved;
+    rs_error_save(&saved);
     for (size_t t = 0; t < nt; t++) {
         const reshard_buffers_t *b = &r->dev[t];
         if (!wanted[t] || b->mem != RESHARD_MEM_CUDA || !b->dst || !b->dst_bytes)
@@ -1097,7 +1091,7 @@ static reshard_status_t make_exports(struct exec *x, const struct run *r, uint32
         if (x->exp_cache[t].tensor != UINT32_MAX)
             x->my_exp[(*n)++] = x->exp_cache[t];
     }
-    rs_error(RESHARD_OK, "%s", saved);
+    rs_error_restore(&saved);
     free(wanted);
     return RESHARD_OK;
 }
@@ -1435,18 +1429,18 @@ static reshard_status_t wait_done(struct run *r)
     struct exec *x = r->x;
     struct tp_ctx *net = x->comm->net;
     int timeout = comm_timeout_ms();
-    r->last_event_ms = now_ms();
+    r->last_event_ms = rs_now_ms();
     int64_t next_check = r->last_event_ms + BOOT_CHECK_MS;
     while (r->st == RESHARD_OK && !run_done(r)) {
         if (atomic_load(&x->comm->abort_req))
             return fail(r,
                         rs_error(RESHARD_ERR_ABORTED,
                                  "rank %d: execution aborted (reshard_comm_abort)", x->comm->rank));
-        if (now_ms() >= next_check) { /* a rank that failed or aborted says so here */
+        if (rs_now_ms() >= next_check) { /* a rank that failed or aborted says so here */
             reshard_status_t st = boot_check(x->comm->boot);
             if (st != RESHARD_OK)
                 return fail(r, st);
-            next_check = now_ms() + BOOT_CHECK_MS;
+            next_check = rs_now_ms() + BOOT_CHECK_MS;
         }
         poll_ipc(r);
         drain_ready(r);
@@ -1468,7 +1462,7 @@ static reshard_status_t wait_done(struct run *r)
             return fail(r,
                         rs_error(RESHARD_ERR_NETWORK, "rank %d: connection to rank %d failed: %s",
                                  x->comm->rank, net->failed_peer, net->failed_why));
-        int64_t idle = now_ms() - r->last_event_ms;
+        int64_t idle = rs_now_ms() - r->last_event_ms;
         if (idle >= timeout) {
             char what[192];
             describe_wait(r, what, sizeof(what));
@@ -1509,8 +1503,8 @@ static void drain_failed(struct run *r)
         (void)cuda_lib()->stream_synchronize(x->comm->ipc->stream);
         r->ipc_head = r->ipc_tail;
     }
-    int64_t until = now_ms() + DRAIN_MS;
-    while (r->posted > 0 && now_ms() < until)
+    int64_t until = rs_now_ms() + DRAIN_MS;
+    while (r->posted > 0 && rs_now_ms() < until)
         if (!net->ops->progress(net))
             (void)net->ops->wait(net, WAIT_CAP_MS);
 }
@@ -1525,8 +1519,9 @@ static int try_gdr(struct exec *x, const reshard_buffers_t *dev)
     struct tp_ctx *net = x->comm->net;
     const char *as_host = getenv("RESHARD_TEST_DEVICE_AS_HOST");
     enum tp_mem mem = as_host && !strcmp(as_host, "1") ? TP_MEM_HOST : TP_MEM_CUDA;
-    char why[RS_ERROR_MAX] = "", saved[RS_ERROR_MAX];
-    snprintf(saved, sizeof(saved), "%s", rs_error_message());
+    char why[RS_ERROR_MAX] = "";
+    struct rs_saved_error saved;
+    rs_error_save(&saved);
     int nt = x->plan->ntensors;
     if (!rs_param_int(RS_PARAM_GPUDIRECT))
         snprintf(why, sizeof(why), "RESHARD_GPUDIRECT=0");
@@ -1546,7 +1541,7 @@ static int try_gdr(struct exec *x, const reshard_buffers_t *dev)
         if (b->mem == RESHARD_MEM_CUDA && reg_one(x, &x->dreg[i], p, n, mem, id) != RESHARD_OK)
             snprintf(why, sizeof(why), "%s", rs_error_message());
     }
-    rs_error(RESHARD_OK, "%s", saved); /* falling back is not failing */
+    rs_error_restore(&saved); /* falling back is not failing */
     if (!x->gdr_reported++)
         rs_log(RS_LOG_INFO, "rank %d: network chunks of device buffers: %s%s", x->comm->rank,
                why[0] ? "staged through host memory: " : "GPUDirect RDMA", why);
@@ -1620,14 +1615,14 @@ static void remote_cause(struct exec *x, struct run *r)
 {
     if (r->st != RESHARD_ERR_NETWORK) /* a timeout names whom it waited for: more precise */
         return;
-    for (int64_t end = now_ms() + CAUSE_WAIT_MS;; usleep(5000)) {
+    for (int64_t end = rs_now_ms() + CAUSE_WAIT_MS;; usleep(5000)) {
         reshard_status_t st = boot_check(x->comm->boot);
         if (st != RESHARD_OK) {
             r->st = st;
             snprintf(r->why, sizeof(r->why), "%s", rs_error_message());
             return;
         }
-        if (now_ms() >= end)
+        if (rs_now_ms() >= end)
             return;
     }
 }
@@ -1844,16 +1839,17 @@ static reshard_status_t wait_stream(int on_stream, void *stream)
 {
     if (!on_stream)
         return RESHARD_OK;
-    char why[RS_ERROR_MAX];
-    snprintf(why, sizeof(why), "%s", rs_error_message());
+    struct rs_saved_error caller;
+    rs_error_save(&caller);
     const struct cuda_fns *f = cuda_lib();
     if (!f && !stream) {
-        rs_error(RESHARD_OK, "%s", why); /* the caller's message, as it was */
+        rs_error_restore(&caller); /* the caller's message, as it was */
         return RESHARD_OK;
     }
     if (!f) {
-        snprintf(why, sizeof(why), "%s", rs_error_message());
-        return rs_error(RESHARD_ERR_INVALID_ARG, "a CUDA stream, but %s", why);
+        struct rs_saved_error why;
+        rs_error_save(&why);
+        return rs_error(RESHARD_ERR_INVALID_ARG, "a CUDA stream, but %s", why.msg);
     }
     cu_result r = f->stream_synchronize(stream);
     return r == CU_SUCCESS ? RESHARD_OK : cuda_error("cuStreamSynchronize", r);

@@ -13,6 +13,7 @@
  */
 #include "net_int.h"
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/param.h"
@@ -106,7 +107,7 @@ static uint64_t stages_made;
 
 static int64_t deadline(void)
 {
-    return sock_now_ms() + 1000 * rs_param_int(RS_PARAM_TIMEOUT);
+    return rs_now_ms() + 1000 * rs_param_int(RS_PARAM_TIMEOUT);
 }
 
 /* ---- comms ---- */
@@ -423,7 +424,7 @@ reshard_status_t net_accept(void *listen_comm, void **recv_comm)
         return RESHARD_OK;
     }
     if (!l->reply || l->sent < l->reply_len) {
-        if (sock_now_ms() > l->deadline_ms)
+        if (rs_now_ms() > l->deadline_ms)
             accept_drop(l, "it did not finish the handshake within RESHARD_TIMEOUT");
         return RESHARD_OK;
     }
@@ -703,7 +704,7 @@ reshard_status_t net_connect(struct net_ctx *ctx, int dev, void *handle, void **
     int more = 0;
     struct net_comm *c = NULL;
     reshard_status_t st = connect_step(s, &more);
-    if (st == RESHARD_OK && more && sock_now_ms() > s->deadline_ms)
+    if (st == RESHARD_OK && more && rs_now_ms() > s->deadline_ms)
         st = rs_error(RESHARD_ERR_TIMEOUT,
                       "NET/Reshard: no handshake with %s within RESHARD_TIMEOUT=%lld s", s->peer,
                       (long long)rs_param_int(RS_PARAM_TIMEOUT));

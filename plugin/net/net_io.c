@@ -7,6 +7,7 @@
  */
 #include "net_int.h"
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 
@@ -98,7 +99,7 @@ void net_comm_watch(struct net_comm *c, int force)
 {
     if (c->failed != RESHARD_OK || c->fd < 0)
         return;
-    int64_t now = sock_now_ms();
+    int64_t now = rs_now_ms();
     if (!force && now < c->next_check_ms)
         return;
     c->next_check_ms = now + WATCH_PERIOD_MS;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "bootstrap.h"
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "transport/sock/sock.h"
 
@@ -486,17 +487,6 @@ struct coll {
     struct frame_error err; /* what a failed rank reported (origin -1: nothing) */
 };
 
-/* Best-effort sends must not replace the message of the error being reported. */
-static void message_save(char *saved)
-{
-    snprintf(saved, RS_ERROR_MAX, "%s", rs_error_message());
-}
-
-static void message_restore(const char *saved)
-{
-    rs_error(RESHARD_OK, "%s", saved);
-}
-
 static int min_int(int a, int b)
 {
     return a < b ? a : b;
@@ -550,12 +540,12 @@ static void tell_others(struct boot *b, int origin, reshard_status_t st, const c
     unsigned char payload[8 + FRAME_TEXT_MAX];
     struct frame_hdr hdr = {.type = FRAME_ERROR, .len = frame_put_error(payload, origin, st, text)};
     struct xfer *x = calloc((size_t)b->size, sizeof(*x));
-    int64_t deadline = sock_now_ms() + min_int(b->timeout_ms, ABORT_MAX_MS);
-    char saved[RS_ERROR_MAX];
+    int64_t deadline = rs_now_ms() + min_int(b->timeout_ms, ABORT_MAX_MS);
+    struct rs_saved_error saved;
     int n = 0, failed;
     if (!x)
         return;
-    message_save(saved);
+    rs_error_save(&saved); /* best-effort sends must not replace the error being reported */
     for (int r = 0; r < b->size; r++) {
         struct conn *c = &b->conns[r];
         if (told(b, r, origin)) {
@@ -566,13 +556,13 @@ static void tell_others(struct boot *b, int origin, reshard_status_t st, const c
     }
     /* One peer failing to take it must not keep the others from hearing. */
     while (xfer_run(x, n, deadline, ABORT_MAX_MS, "abort", &failed, NULL) != RESHARD_OK &&
-           failed >= 0 && sock_now_ms() < deadline)
+           failed >= 0 && rs_now_ms() < deadline)
         x[failed].finished = 1;
     for (int r = 0, i = 0; r < b->size; r++)
         if (told(b, r, origin) && xfer_torn(&x[i++]))
             b->conns[r].send_torn = 1;
     free(x);
-    message_restore(saved);
+    rs_error_restore(&saved);
 }
 
 /* An exchange failed on this rank: the bootstrap is unusable from now on, and the others are
@@ -581,17 +571,17 @@ static void tell_others(struct boot *b, int origin, reshard_status_t st, const c
 static reshard_status_t boot_fail(struct boot *b, reshard_status_t st,
                                   const struct frame_error *err)
 {
-    char msg[RS_ERROR_MAX];
-    message_save(msg);
+    struct rs_saved_error msg;
+    rs_error_save(&msg);
     if (st == RESHARD_ERR_REMOTE && err && err->origin >= 0) {
         if (b->rank == 0)
             tell_others(b, err->origin, err->status, err->text);
     } else {
-        tell_others(b, b->label[b->rank], st, msg);
+        tell_others(b, b->label[b->rank], st, msg.msg);
     }
     b->failed = st;
-    snprintf(b->fail_msg, sizeof(b->fail_msg), "%s", msg);
-    return rs_error(st, "%s", msg);
+    snprintf(b->fail_msg, sizeof(b->fail_msg), "%s", msg.msg);
+    return rs_error(st, "%s", msg.msg);
 }
 
 /* Checks the arguments (before the turn counts, so that a caller's mistake leaves the ranks in
@@ -614,7 +604,7 @@ static reshard_status_t coll_begin(struct boot *b, enum frame_op op, const void 
     b->seq++;
     *c = (struct coll){.b = b,
                        .hdr = {.type = FRAME_DATA, .op = (uint16_t)op, .seq = b->seq},
-                       .deadline = sock_now_ms() + b->timeout_ms,
+                       .deadline = rs_now_ms() + b->timeout_ms,
                        .err = {.origin = -1}};
     snprintf(c->what, sizeof(c->what), "%s #%u on rank %d", frame_op_name(op), b->seq,
              b->label[b->rank]);
@@ -715,7 +705,7 @@ reshard_status_t boot_check(struct boot *b)
         struct frame_error err = {.origin = -1};
         int failed;
         xfer_init(&x, c->fd, c->name, 0, (struct frame_hdr){0}, NULL);
-        reshard_status_t st = xfer_run(&x, 1, sock_now_ms() + ABORT_MAX_MS, ABORT_MAX_MS,
+        reshard_status_t st = xfer_run(&x, 1, rs_now_ms() + ABORT_MAX_MS, ABORT_MAX_MS,
                                        "failure report", &failed, &err);
         if (st == RESHARD_OK) /* (cannot be: an ERROR frame ends as a failure) */
             continue;
@@ -835,14 +825,15 @@ static void rv_refuse(struct rendezvous *rv, int *fd, const char *addr, const ch
                       const char *reason)
 {
     struct boot *b = rv->b;
-    char text[FRAME_TEXT_MAX], saved[RS_ERROR_MAX];
+    char text[FRAME_TEXT_MAX];
+    struct rs_saved_error saved;
     struct xfer x;
     int failed, n = snprintf(text, sizeof(text), "%s", reason);
-    message_save(saved);
+    rs_error_save(&saved);
     xfer_init(&x, *fd, addr, 1, (struct frame_hdr){.type = FRAME_REFUSE, .len = (uint64_t)n}, text);
     x.listen = 0;
-    xfer_run(&x, 1, sock_now_ms() + 200, 200, "refusal", &failed, NULL);
-    message_restore(saved);
+    xfer_run(&x, 1, rs_now_ms() + 200, 200, "refusal", &failed, NULL);
+    rs_error_restore(&saved);
     sock_close(fd);
     snprintf(b->refusal, sizeof(b->refusal), "bootstrap: rank 0 refused a peer at %s%s: %s", addr,
              claim, reason);
@@ -1068,7 +1059,7 @@ reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size,
                         rank);
     if (!(b = boot_alloc(rank, size, label, timeout_ms)))
         return RESHARD_ERR_NO_MEMORY;
-    int64_t deadline = sock_now_ms() + timeout_ms;
+    int64_t deadline = rs_now_ms() + timeout_ms;
     if (rank == 0)
         RS_CHECK_GOTO(rank0_rendezvous(b, id, &a, secret, deadline), st, err_close);
     else

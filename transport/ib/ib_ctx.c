@@ -32,6 +32,7 @@
 #include "transport/sock/sock.h"
 #include "transport/tp.h"
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/param.h"
@@ -708,7 +709,7 @@ static reshard_status_t matched(struct ib_ctx *x, struct ib_peer *p, struct ib_s
 static reshard_status_t hs_write(struct ib_peer *p, const void *buf, size_t n)
 {
     const char *b = buf;
-    int64_t deadline = sock_now_ms() + 5000;
+    int64_t deadline = rs_now_ms() + 5000;
     while (n) {
         ssize_t w = send(p->fd, b, n, MSG_NOSIGNAL);
         if (w > 0) {
@@ -782,7 +783,7 @@ static reshard_status_t on_hello(struct ib_ctx *x, struct ib_peer *p, int fd, co
     p->fd = fd;
     if (p->state == P_ADDR) {
         p->state = P_CONNECTING;
-        p->deadline_ms = sock_now_ms() + 1000 * rs_param_int(RS_PARAM_TIMEOUT);
+        p->deadline_ms = rs_now_ms() + 1000 * rs_param_int(RS_PARAM_TIMEOUT);
         x->handshakes++;
         RS_CHECK(peer_setup(x, p)); /* the caller fails the peer */
     }
@@ -833,7 +834,7 @@ static void stash_drop(struct ib_ctx *x, struct ib_stash **at, int close_fd)
 /* Accepted connections: read their HELLO, hand them to their peer once it is known. */
 static void serve_stash(struct ib_ctx *x)
 {
-    int64_t now = sock_now_ms();
+    int64_t now = rs_now_ms();
     for (struct ib_stash **at = &x->stash; *at;) {
         struct ib_stash *s = *at;
         int r = s->got < sizeof(s->buf) ? read_some(s->fd, s->buf, &s->got, sizeof(s->buf)) : 1;
@@ -887,7 +888,7 @@ static void accept_new(struct ib_ctx *x)
             return;
         }
         s->fd = fd;
-        s->since_ms = sock_now_ms();
+        s->since_ms = rs_now_ms();
         s->next = x->stash;
         x->stash = s;
         x->handshakes++;
@@ -959,7 +960,7 @@ static void serve_peer(struct ib_ctx *x, struct ib_peer *p)
 
 static void poll_sockets(struct ib_ctx *x)
 {
-    x->last_sock_poll = sock_now_ms();
+    x->last_sock_poll = rs_now_ms();
     accept_new(x);
     if (x->stash)
         serve_stash(x);
@@ -987,7 +988,7 @@ static reshard_status_t ensure(struct ib_ctx *x, struct ib_peer *p)
     if (p->state != P_ADDR)
         return RESHARD_OK;
     p->state = P_CONNECTING;
-    p->deadline_ms = sock_now_ms() + 1000 * rs_param_int(RS_PARAM_TIMEOUT);
+    p->deadline_ms = rs_now_ms() + 1000 * rs_param_int(RS_PARAM_TIMEOUT);
     x->handshakes++;
     p->initiator = 1;
     reshard_status_t st = peer_setup(x, p);
@@ -1257,7 +1258,7 @@ static reshard_status_t ib_address(struct tp_ctx *c, int peer, void *buf, size_t
             x->tokens_cap = cap;
         }
         if (getrandom(&token, sizeof(token), 0) != sizeof(token))
-            token = x->nonce ^ (uint64_t)sock_now_ms() << 20 ^ (uint64_t)peer;
+            token = x->nonce ^ (uint64_t)rs_now_ms() << 20 ^ (uint64_t)peer;
         x->tokens[peer] = token;
     }
     struct ib_wire_addr a = {
@@ -1578,7 +1579,7 @@ static int ib_progress(struct tp_ctx *c)
     int n = poll_cq(x);
     if (x->grave)
         reap_grave(x);
-    if (x->handshakes || sock_now_ms() - x->last_sock_poll >= SOCK_POLL_MS)
+    if (x->handshakes || rs_now_ms() - x->last_sock_poll >= SOCK_POLL_MS)
         poll_sockets(x);
     return n + deliver(x);
 }
@@ -1669,8 +1670,8 @@ static void ib_disconnect(struct tp_ctx *c)
     for (size_t i = 0; i < x->npeers; i++)
         if (x->peers[i])
             leave(x, x->peers[i]);
-    int64_t end = sock_now_ms() + 1000; /* flushes complete sends already on the wire */
-    while (in_flight(x) && sock_now_ms() < end)
+    int64_t end = rs_now_ms() + 1000; /* flushes complete sends already on the wire */
+    while (in_flight(x) && rs_now_ms() < end)
         if (!poll_cq(x))
             usleep(1000);
     deliver(x);

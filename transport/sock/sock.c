@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "sock.h"
 
+#include "base/clock.h"
 #include "base/error.h"
 
 #include <arpa/inet.h>
@@ -19,13 +20,6 @@
 #include <unistd.h>
 
 #define FRAME_MAGIC 0x52534231u /* "RSB1" */
-
-int64_t sock_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 const char *sock_ms_str(int ms, char *buf, size_t n)
 {
@@ -135,7 +129,7 @@ reshard_status_t sock_default_addr(union sock_addr *out)
 static int poll_until(struct pollfd *p, nfds_t n, int64_t deadline_ms)
 {
     for (;;) {
-        int64_t left = deadline_ms - sock_now_ms();
+        int64_t left = deadline_ms - rs_now_ms();
         int rc = poll(p, n, left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left);
         if (rc >= 0 || errno != EINTR)
             return rc;
@@ -329,7 +323,7 @@ reshard_status_t sock_connect(const union sock_addr *a, const char *who, int64_t
         if (!connect_retriable(err))
             return rs_error(RESHARD_ERR_NETWORK, "bootstrap: connect to %s at %s: %s", who, as,
                             strerror(err));
-        int64_t left = deadline_ms - sock_now_ms();
+        int64_t left = deadline_ms - rs_now_ms();
         if (left <= 0)
             break;
         poll(NULL, 0, (int)(left < backoff_ms ? left : backoff_ms));
@@ -619,8 +613,8 @@ reshard_status_t xfer_run_cancel(struct xfer *x, int n, int64_t deadline_ms, int
             break;
         int rc = 0;
         int64_t until = deadline_ms; /* with a cancel flag, look at it every CANCEL_POLL_MS */
-        if (cancel && until > sock_now_ms() + CANCEL_POLL_MS)
-            until = sock_now_ms() + CANCEL_POLL_MS;
+        if (cancel && until > rs_now_ms() + CANCEL_POLL_MS)
+            until = rs_now_ms() + CANCEL_POLL_MS;
         if ((st = sock_poll(p, active, until, &rc)) != RESHARD_OK) {
             *failed = idx[0];
             break;

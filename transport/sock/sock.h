@@ -26,8 +26,6 @@ union sock_addr {
     struct sockaddr_in6 in6;
 };
 
-/* Milliseconds on the monotonic clock, the unit of every deadline below. */
-int64_t sock_now_ms(void);
 /* "1 s", "1.5 s" or "250 ms": for messages about timeouts. */
 const char *sock_ms_str(int ms, char *buf, size_t n);
 

@@ -59,7 +59,18 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
       "1: local peers write device destinations through CUDA IPC; 0: through host staging")        \
     X(GPUDIRECT, RS_PARAM_INT, "1", 0,                                                             \
       "1: contiguous network chunks of device buffers move between the wire and the device "       \
-      "directly when the transport can (GPUDirect RDMA); 0: through host staging")
+      "directly when the transport can (GPUDirect RDMA); 0: through host staging")                 \
+    X(CUDA_LIB, RS_PARAM_STR, "libcuda.so.1", 0,                                                   \
+      "the CUDA driver to load (tests point it elsewhere to hide it)")                             \
+    X(NCCL_LIB, RS_PARAM_STR, "", 0,                                                               \
+      "the NCCL to load (empty: the one already in the process, else libnccl.so.2)")               \
+    X(IB_LIB, RS_PARAM_STR, "libibverbs.so.1", 0,                                                  \
+      "the verbs library to load (tests point it elsewhere to hide rdma-core)")                    \
+    X(UCX_LIB, RS_PARAM_STR, "libucp.so.0", 0,                                                     \
+      "the UCX library to load (tests point it elsewhere to hide UCX)")                            \
+    X(TEST_DEVICE_AS_HOST, RS_PARAM_INT, "0", 0,                                                   \
+      "tests only: 1 registers device buffers as host memory (the stand-in driver's device "       \
+      "memory is host memory), to run the GPUDirect path without a GPU")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

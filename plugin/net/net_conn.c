@@ -284,10 +284,10 @@ static void accept_drop(struct net_listen *l, const char *why)
 
 static void put_reply(unsigned char *w, enum reply_status st, uint32_t id, uint32_t len)
 {
-    wire_put(w, NET_REPLY_MAGIC, 4);
-    wire_put(w + 4, st, 4);
-    wire_put(w + 8, id, 4);
-    wire_put(w + 12, len, 4);
+    sock_wire_put(w, NET_REPLY_MAGIC, 4);
+    sock_wire_put(w + 4, st, 4);
+    sock_wire_put(w + 8, id, 4);
+    sock_wire_put(w + 12, len, 4);
 }
 
 /* The hello's header is in: a refusal (1: the connection is dropped), or room for the
@@ -295,11 +295,12 @@ static void put_reply(unsigned char *w, enum reply_status st, uint32_t id, uint3
 static int accept_refuse(struct net_listen *l)
 {
     enum reply_status refuse = REPLY_OK;
-    if (wire_get(l->hello, 4) != NET_HELLO_MAGIC || wire_get(l->hello + 4, 4) != NET_WIRE_VERSION)
+    if (sock_wire_get(l->hello, 4) != NET_HELLO_MAGIC ||
+        sock_wire_get(l->hello + 4, 4) != NET_WIRE_VERSION)
         refuse = REPLY_VERSION;
-    else if (wire_get(l->hello + 8, 8) != l->nonce)
+    else if (sock_wire_get(l->hello + 8, 8) != l->nonce)
         refuse = REPLY_UNKNOWN_NONCE;
-    size_t len = wire_get(l->hello + 16, 4);
+    size_t len = sock_wire_get(l->hello + 16, 4);
     if (refuse == REPLY_OK && (!len || len > NET_MAX_ADDR)) {
         accept_drop(l, "its transport address is empty or too long");
         return 1;
@@ -544,10 +545,10 @@ static reshard_status_t stage_new(struct net_dev *d, struct net_handle *h)
         return st;
     }
     s->hello_len = NET_HELLO_BYTES + len;
-    wire_put(s->hello, NET_HELLO_MAGIC, 4);
-    wire_put(s->hello + 4, NET_WIRE_VERSION, 4);
-    wire_put(s->hello + 8, h->nonce, 8);
-    wire_put(s->hello + 16, len, 4);
+    sock_wire_put(s->hello, NET_HELLO_MAGIC, 4);
+    sock_wire_put(s->hello + 4, NET_WIRE_VERSION, 4);
+    sock_wire_put(s->hello + 8, h->nonce, 8);
+    sock_wire_put(s->hello + 16, len, 4);
     memcpy(s->hello + NET_HELLO_BYTES, addr, len);
     pthread_mutex_lock(&stages_lock);
     s->next = stages;
@@ -587,11 +588,11 @@ static reshard_status_t move(struct net_connecting *s, unsigned char *buf, size_
 
 static reshard_status_t check_reply(struct net_connecting *s)
 {
-    if (wire_get(s->reply, 4) != NET_REPLY_MAGIC)
+    if (sock_wire_get(s->reply, 4) != NET_REPLY_MAGIC)
         return rs_error(RESHARD_ERR_NETWORK,
                         "NET/Reshard: %s answered with something that is not a Reshard reply",
                         s->peer);
-    uint64_t status = wire_get(s->reply + 4, 4);
+    uint64_t status = sock_wire_get(s->reply + 4, 4);
     if (status == REPLY_UNKNOWN_NONCE)
         return rs_error(RESHARD_ERR_REFUSED,
                         "NET/Reshard: listener %s refused the handle: it did not issue it "
@@ -601,8 +602,8 @@ static reshard_status_t check_reply(struct net_connecting *s)
         return rs_error(RESHARD_ERR_REFUSED,
                         "NET/Reshard: listener %s refused the connection (version mismatch)",
                         s->peer);
-    s->id = (uint32_t)wire_get(s->reply + 8, 4);
-    s->addr_len = wire_get(s->reply + 12, 4);
+    s->id = (uint32_t)sock_wire_get(s->reply + 8, 4);
+    s->addr_len = sock_wire_get(s->reply + 12, 4);
     if (!s->addr_len || s->addr_len > NET_MAX_ADDR)
         return rs_error(RESHARD_ERR_NETWORK,
                         "NET/Reshard: %s sent a transport address of %zu bytes (1 to %d allowed)",

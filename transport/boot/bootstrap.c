@@ -4,6 +4,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "transport/sock/sock.h"
+#include "transport/sock/sock_frame.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -79,13 +80,13 @@ static void config_warn(const char *msg)
 static void id_encode(const union sock_addr *a, const unsigned char *secret, struct boot_id *id)
 {
     memset(id, 0, sizeof(*id));
-    wire_put(id->bytes, BOOT_ID_MAGIC, 4);
+    sock_wire_put(id->bytes, BOOT_ID_MAGIC, 4);
     id->bytes[4] = BOOT_VERSION;
     id->bytes[5] = a->sa.sa_family == AF_INET6 ? 6 : 4;
-    wire_put(id->bytes + 6, (uint64_t)sock_addr_port(a), 2);
+    sock_wire_put(id->bytes + 6, (uint64_t)sock_addr_port(a), 2);
     if (a->sa.sa_family == AF_INET6) {
         memcpy(id->bytes + 8, &a->in6.sin6_addr, 16);
-        wire_put(id->bytes + 24, a->in6.sin6_scope_id, 4);
+        sock_wire_put(id->bytes + 24, a->in6.sin6_scope_id, 4);
     } else {
         memcpy(id->bytes + 8, &a->in.sin_addr, 4);
     }
@@ -96,18 +97,18 @@ static void id_encode(const union sock_addr *a, const unsigned char *secret, str
 static int id_decode(const struct boot_id *id, union sock_addr *a, unsigned char *secret)
 {
     const unsigned char *b = id->bytes;
-    if (wire_get(b, 4) != BOOT_ID_MAGIC || b[4] != BOOT_VERSION || (b[5] != 4 && b[5] != 6))
+    if (sock_wire_get(b, 4) != BOOT_ID_MAGIC || b[4] != BOOT_VERSION || (b[5] != 4 && b[5] != 6))
         return -1;
     memset(a, 0, sizeof(*a));
     if (b[5] == 6) {
         a->in6.sin6_family = AF_INET6;
         memcpy(&a->in6.sin6_addr, b + 8, 16);
-        a->in6.sin6_scope_id = (uint32_t)wire_get(b + 24, 4);
+        a->in6.sin6_scope_id = (uint32_t)sock_wire_get(b + 24, 4);
     } else {
         a->in.sin_family = AF_INET;
         memcpy(&a->in.sin_addr, b + 8, 4);
     }
-    sock_addr_set_port(a, (int)wire_get(b + 6, 2));
+    sock_addr_set_port(a, (int)sock_wire_get(b + 6, 2));
     if (secret)
         memcpy(secret, b + 28, SECRET_BYTES);
     return 0;
@@ -134,7 +135,7 @@ static void secret_hash(const char *s, unsigned char *out)
             h = (h ^ *p) * 0x100000001b3ull;
         h = (h ^ h >> 33) * 0xff51afd7ed558ccdull;
         h = (h ^ h >> 33) * 0xc4ceb9fe1a85ec53ull;
-        wire_put(out + 8 * lane, h ^ h >> 33, 8);
+        sock_wire_put(out + 8 * lane, h ^ h >> 33, 8);
     }
 }
 
@@ -252,7 +253,7 @@ static void secret_mix(const unsigned char *secret, const void *salt, size_t n, 
             h = (h ^ ((const unsigned char *)salt)[i]) * 0x100000001b3ull;
         h = (h ^ h >> 33) * 0xff51afd7ed558ccdull;
         h = (h ^ h >> 33) * 0xc4ceb9fe1a85ec53ull;
-        wire_put(mixed + 8 * lane, h ^ h >> 33, 8);
+        sock_wire_put(mixed + 8 * lane, h ^ h >> 33, 8);
     }
     memcpy(out, mixed, SECRET_BYTES);
 }
@@ -481,10 +482,10 @@ struct boot {
 /* One exchange in progress: the frame header its frames carry and when it must end. */
 struct coll {
     struct boot *b;
-    struct frame_hdr hdr;
+    struct sock_frame_hdr hdr;
     int64_t deadline;
-    char what[64];          /* "allgather #3 on rank 2", for messages */
-    struct frame_error err; /* what a failed rank reported (origin -1: nothing) */
+    char what[64];               /* "allgather #3 on rank 2", for messages */
+    struct sock_frame_error err; /* what a failed rank reported (origin -1: nothing) */
 };
 
 static int min_int(int a, int b)
@@ -504,23 +505,23 @@ static reshard_status_t exchange(struct coll *c, int only, int skip, int send, u
 {
     struct boot *b = c->b;
     int first = only >= 0 ? only : 1, last = only >= 0 ? only : b->size - 1, n = 0, failed;
-    struct xfer *x = rs_calloc((size_t)(last - first + 1), sizeof(*x), "bootstrap transfers");
+    struct sock_xfer *x = rs_calloc((size_t)(last - first + 1), sizeof(*x), "bootstrap transfers");
     if (!x)
         return RESHARD_ERR_NO_MEMORY;
-    struct frame_hdr hdr = c->hdr;
+    struct sock_frame_hdr hdr = c->hdr;
     /* A peer waiting on rank 0 waits a little longer than rank 0 waits on anyone, so that it
      * hears which rank rank 0 gave up on, rather than timing out on its own. */
     int64_t deadline = c->deadline + (b->rank != 0 && !send ? peer_grace(b) : 0);
     hdr.len = len;
     for (int r = first; r <= last; r++)
         if (r != skip)
-            xfer_init(&x[n++], b->conns[r].fd, b->conns[r].name, send, hdr,
-                      base + (size_t)r * stride);
+            sock_xfer_init(&x[n++], b->conns[r].fd, b->conns[r].name, send, hdr,
+                           base + (size_t)r * stride);
     reshard_status_t st =
-        xfer_run_cancel(x, n, deadline, b->timeout_ms, c->what, b->cancel, &failed, &c->err);
+        sock_xfer_run_cancel(x, n, deadline, b->timeout_ms, c->what, b->cancel, &failed, &c->err);
     /* The same walk as above, to find each transfer's connection again. */
     for (int r = first, i = 0; r <= last; r++)
-        if (r != skip && xfer_torn(&x[i++]) && send)
+        if (r != skip && sock_xfer_torn(&x[i++]) && send)
             b->conns[r].send_torn = 1;
     free(x);
     return st;
@@ -537,9 +538,10 @@ static int told(const struct boot *b, int r, int origin)
  * forwards it). Best effort, within ABORT_MAX_MS; the thread's message is left alone. */
 static void tell_others(struct boot *b, int origin, reshard_status_t st, const char *text)
 {
-    unsigned char payload[8 + FRAME_TEXT_MAX];
-    struct frame_hdr hdr = {.type = FRAME_ERROR, .len = frame_put_error(payload, origin, st, text)};
-    struct xfer *x = calloc((size_t)b->size, sizeof(*x));
+    unsigned char payload[8 + SOCK_FRAME_TEXT_MAX];
+    struct sock_frame_hdr hdr = {.type = SOCK_FRAME_ERROR,
+                                 .len = sock_frame_put_error(payload, origin, st, text)};
+    struct sock_xfer *x = calloc((size_t)b->size, sizeof(*x));
     int64_t deadline = rs_now_ms() + min_int(b->timeout_ms, ABORT_MAX_MS);
     struct rs_saved_error saved;
     int n = 0, failed;
@@ -550,16 +552,16 @@ static void tell_others(struct boot *b, int origin, reshard_status_t st, const c
         struct conn *c = &b->conns[r];
         if (told(b, r, origin)) {
             /* What the peer sent may lie unread after a failure: do not take it for a reply. */
-            xfer_init(&x[n], c->fd, c->name, 1, hdr, payload);
+            sock_xfer_init(&x[n], c->fd, c->name, 1, hdr, payload);
             x[n++].listen = 0;
         }
     }
     /* One peer failing to take it must not keep the others from hearing. */
-    while (xfer_run(x, n, deadline, ABORT_MAX_MS, "abort", &failed, NULL) != RESHARD_OK &&
+    while (sock_xfer_run(x, n, deadline, ABORT_MAX_MS, "abort", &failed, NULL) != RESHARD_OK &&
            failed >= 0 && rs_now_ms() < deadline)
         x[failed].finished = 1;
     for (int r = 0, i = 0; r < b->size; r++)
-        if (told(b, r, origin) && xfer_torn(&x[i++]))
+        if (told(b, r, origin) && sock_xfer_torn(&x[i++]))
             b->conns[r].send_torn = 1;
     free(x);
     rs_error_restore(&saved);
@@ -569,7 +571,7 @@ static void tell_others(struct boot *b, int origin, reshard_status_t st, const c
  * told. A failure another rank reported (err->origin >= 0) is forwarded by rank 0 and kept
  * quiet by a peer, which heard it from rank 0. */
 static reshard_status_t boot_fail(struct boot *b, reshard_status_t st,
-                                  const struct frame_error *err)
+                                  const struct sock_frame_error *err)
 {
     struct rs_saved_error msg;
     rs_error_save(&msg);
@@ -586,33 +588,33 @@ static reshard_status_t boot_fail(struct boot *b, reshard_status_t st,
 
 /* Checks the arguments (before the turn counts, so that a caller's mistake leaves the ranks in
  * step) and starts the turn's clock. `slots` buffers of `bytes` each must fit in memory. */
-static reshard_status_t coll_begin(struct boot *b, enum frame_op op, const void *buf, size_t bytes,
-                                   int slots, struct coll *c)
+static reshard_status_t coll_begin(struct boot *b, enum sock_frame_op op, const void *buf,
+                                   size_t bytes, int slots, struct coll *c)
 {
     if (!b)
         return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: %s on a NULL bootstrap",
-                        frame_op_name(op));
+                        sock_frame_op_name(op));
     if (b->failed)
         return rs_error(b->failed, "bootstrap: unusable after an earlier failure (%s)",
                         b->fail_msg);
     if (bytes && !buf)
         return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: %s of %zu bytes from a NULL buffer",
-                        frame_op_name(op), bytes);
+                        sock_frame_op_name(op), bytes);
     if (bytes > SIZE_MAX / (size_t)slots)
         return rs_error(RESHARD_ERR_TOO_LARGE, "bootstrap: %s of %d x %zu bytes overflows",
-                        frame_op_name(op), slots, bytes);
+                        sock_frame_op_name(op), slots, bytes);
     b->seq++;
     *c = (struct coll){.b = b,
-                       .hdr = {.type = FRAME_DATA, .op = (uint16_t)op, .seq = b->seq},
+                       .hdr = {.type = SOCK_FRAME_DATA, .op = (uint16_t)op, .seq = b->seq},
                        .deadline = rs_now_ms() + b->timeout_ms,
                        .err = {.origin = -1}};
-    snprintf(c->what, sizeof(c->what), "%s #%u on rank %d", frame_op_name(op), b->seq,
+    snprintf(c->what, sizeof(c->what), "%s #%u on rank %d", sock_frame_op_name(op), b->seq,
              b->label[b->rank]);
     return RESHARD_OK;
 }
 
 /* Star through rank 0: it collects every slot, then sends the whole array to each peer. */
-static reshard_status_t gather_all(struct boot *b, void *buf, size_t bytes, enum frame_op op)
+static reshard_status_t gather_all(struct boot *b, void *buf, size_t bytes, enum sock_frame_op op)
 {
     static unsigned char none;
     unsigned char *base = buf ? buf : &none;
@@ -635,12 +637,12 @@ err_fail:
 
 reshard_status_t boot_allgather(struct boot *b, void *buf, size_t bytes)
 {
-    return gather_all(b, buf, bytes, OP_ALLGATHER);
+    return gather_all(b, buf, bytes, SOCK_OP_ALLGATHER);
 }
 
 reshard_status_t boot_barrier(struct boot *b)
 {
-    return gather_all(b, NULL, 0, OP_BARRIER);
+    return gather_all(b, NULL, 0, SOCK_OP_BARRIER);
 }
 
 reshard_status_t boot_bcast(struct boot *b, void *buf, size_t bytes, int root)
@@ -652,7 +654,7 @@ reshard_status_t boot_bcast(struct boot *b, void *buf, size_t bytes, int root)
     if (b && (root < 0 || root >= b->size))
         return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: bcast root %d is not a rank of %d",
                         root, b->size);
-    RS_CHECK(coll_begin(b, OP_BCAST, buf, bytes, 1, &c));
+    RS_CHECK(coll_begin(b, SOCK_OP_BCAST, buf, bytes, 1, &c));
     if (b->rank == 0) {
         /* A root other than 0 hands its buffer to rank 0, which passes it on. */
         if (root != 0)
@@ -685,9 +687,9 @@ reshard_status_t boot_check(struct boot *b)
         return rs_error(b->failed, "bootstrap: %s", b->fail_msg);
     for (int r = 0; r < b->size; r++) {
         struct conn *c = &b->conns[r];
-        unsigned char w[FRAME_HDR_BYTES];
-        struct frame_hdr h;
-        ssize_t n = c->fd < 0 ? -1 : recv(c->fd, w, sizeof(w), MSG_PEEK | MSG_DONTWAIT);
+        unsigned char w[SOCK_FRAME_HDR_BYTES];
+        struct sock_frame_hdr h;
+        int n = sock_peek(c->fd, w, sizeof(w));
         if (n == 0) { /* a rank leaves only through a barrier, or after a failure: it died */
             reshard_status_t st = rs_error(
                 RESHARD_ERR_NETWORK, "bootstrap: %s closed the connection (did it die?)", c->name);
@@ -699,14 +701,14 @@ reshard_status_t boot_check(struct boot *b)
             snprintf(b->fail_msg, sizeof(b->fail_msg), "%s", sock_msg_body(why));
             return rs_error(st, "%s", why);
         }
-        if (n != (ssize_t)sizeof(w) || frame_get_hdr(w, &h) != 0 || h.type != FRAME_ERROR)
+        if (n != (int)sizeof(w) || sock_frame_get_hdr(w, &h) != 0 || h.type != SOCK_FRAME_ERROR)
             continue;
-        struct xfer x;
-        struct frame_error err = {.origin = -1};
+        struct sock_xfer x;
+        struct sock_frame_error err = {.origin = -1};
         int failed;
-        xfer_init(&x, c->fd, c->name, 0, (struct frame_hdr){0}, NULL);
-        reshard_status_t st = xfer_run(&x, 1, rs_now_ms() + ABORT_MAX_MS, ABORT_MAX_MS,
-                                       "failure report", &failed, &err);
+        sock_xfer_init(&x, c->fd, c->name, 0, (struct sock_frame_hdr){0}, NULL);
+        reshard_status_t st = sock_xfer_run(&x, 1, rs_now_ms() + ABORT_MAX_MS, ABORT_MAX_MS,
+                                            "failure report", &failed, &err);
         if (st == RESHARD_OK) /* (cannot be: an ERROR frame ends as a failure) */
             continue;
         char why[RS_ERROR_MAX];
@@ -723,10 +725,9 @@ reshard_status_t boot_check(struct boot *b)
 reshard_status_t boot_spare_id(const struct boot *b, struct boot_id *id)
 {
     union sock_addr a;
-    socklen_t len = sizeof(a);
     int via = b->rank == 0 ? (b->size > 1 ? 1 : -1) : 0;
-    memset(&a, 0, sizeof(a));
-    if (via < 0 || getsockname(b->conns[via].fd, &a.sa, &len) != 0) {
+    if (via < 0 || sock_local_addr(b->conns[via].fd, &a) != 0) {
+        memset(&a, 0, sizeof(a));
         a.in.sin_family = AF_INET; /* alone: nobody will dial it but this process */
         a.in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     }
@@ -807,7 +808,7 @@ struct pending {
     int fd;
     char addr[SOCK_ADDR_STR];
     unsigned char hello[HELLO_BYTES];
-    struct xfer x;
+    struct sock_xfer x;
 };
 
 /* Rank 0's state while the ranks arrive. */
@@ -825,14 +826,15 @@ static void rv_refuse(struct rendezvous *rv, int *fd, const char *addr, const ch
                       const char *reason)
 {
     struct boot *b = rv->b;
-    char text[FRAME_TEXT_MAX];
+    char text[SOCK_FRAME_TEXT_MAX];
     struct rs_saved_error saved;
-    struct xfer x;
+    struct sock_xfer x;
     int failed, n = snprintf(text, sizeof(text), "%s", reason);
     rs_error_save(&saved);
-    xfer_init(&x, *fd, addr, 1, (struct frame_hdr){.type = FRAME_REFUSE, .len = (uint64_t)n}, text);
+    sock_xfer_init(&x, *fd, addr, 1,
+                   (struct sock_frame_hdr){.type = SOCK_FRAME_REFUSE, .len = (uint64_t)n}, text);
     x.listen = 0;
-    xfer_run(&x, 1, rs_now_ms() + 200, 200, "refusal", &failed, NULL);
+    sock_xfer_run(&x, 1, rs_now_ms() + 200, 200, "refusal", &failed, NULL);
     rs_error_restore(&saved);
     sock_close(fd);
     snprintf(b->refusal, sizeof(b->refusal), "bootstrap: rank 0 refused a peer at %s%s: %s", addr,
@@ -860,9 +862,9 @@ static void rv_hello(struct rendezvous *rv, int i)
 {
     struct boot *b = rv->b;
     struct pending *p = &rv->p[i];
-    unsigned version = (unsigned)wire_get(p->hello, 4);
-    int rank = (int)(int32_t)wire_get(p->hello + 4 + SECRET_BYTES, 4);
-    int size = (int)(int32_t)wire_get(p->hello + 8 + SECRET_BYTES, 4);
+    unsigned version = (unsigned)sock_wire_get(p->hello, 4);
+    int rank = (int)(int32_t)sock_wire_get(p->hello + 4 + SECRET_BYTES, 4);
+    int size = (int)(int32_t)sock_wire_get(p->hello + 8 + SECRET_BYTES, 4);
     char claim[64], why[160] = "";
     snprintf(claim, sizeof(claim), " claiming rank %d of %d", rank, size);
     if (version != BOOT_VERSION)
@@ -889,7 +891,7 @@ static void rv_hello(struct rendezvous *rv, int i)
 static void rv_step(struct rendezvous *rv, int i)
 {
     struct pending *p = &rv->p[i];
-    if (xfer_step(&p->x, NULL) != RESHARD_OK) {
+    if (sock_xfer_step(&p->x, NULL) != RESHARD_OK) {
         char why[RS_ERROR_MAX];
         snprintf(why, sizeof(why), "no valid hello (%s)", sock_msg_body(rs_error_message()));
         rv_refuse(rv, &p->fd, p->addr, "", why);
@@ -917,8 +919,9 @@ static reshard_status_t rv_accept(struct rendezvous *rv)
         struct pending *p = &rv->p[rv->np++];
         p->fd = fd;
         memcpy(p->addr, addr, sizeof(addr));
-        xfer_init(&p->x, fd, "the peer", 0,
-                  (struct frame_hdr){.type = FRAME_HELLO, .len = HELLO_BYTES}, p->hello);
+        sock_xfer_init(&p->x, fd, "the peer", 0,
+                       (struct sock_frame_hdr){.type = SOCK_FRAME_HELLO, .len = HELLO_BYTES},
+                       p->hello);
     }
 }
 
@@ -987,7 +990,7 @@ static reshard_status_t rank0_rendezvous(struct boot *b, const struct boot_id *i
                             .lfd = registry_take(id),
                             .cap = b->size - 1 + PENDING_EXTRA};
     struct coll c = {.b = b,
-                     .hdr = {.type = FRAME_WELCOME},
+                     .hdr = {.type = SOCK_FRAME_WELCOME},
                      .deadline = deadline,
                      .what = "rendezvous on rank 0",
                      .err = {.origin = -1}};
@@ -1020,17 +1023,17 @@ static reshard_status_t peer_join(struct boot *b, const union sock_addr *a,
     unsigned char hello[HELLO_BYTES];
     char addr[SOCK_ADDR_STR];
     struct coll c = {
-        .b = b, .hdr = {.type = FRAME_HELLO}, .deadline = deadline, .err = {.origin = -1}};
+        .b = b, .hdr = {.type = SOCK_FRAME_HELLO}, .deadline = deadline, .err = {.origin = -1}};
     snprintf(c0->name, sizeof(c0->name), "rank %d (%s)", b->label[0],
              sock_addr_str(a, addr, sizeof(addr)));
     snprintf(c.what, sizeof(c.what), "rendezvous on rank %d", b->label[b->rank]);
     RS_CHECK(sock_connect(a, "rank 0", deadline, b->timeout_ms, &c0->fd));
-    wire_put(hello, BOOT_VERSION, 4);
+    sock_wire_put(hello, BOOT_VERSION, 4);
     memcpy(hello + 4, secret, SECRET_BYTES);
-    wire_put(hello + 4 + SECRET_BYTES, (uint32_t)b->rank, 4);
-    wire_put(hello + 8 + SECRET_BYTES, (uint32_t)b->size, 4);
+    sock_wire_put(hello + 4 + SECRET_BYTES, (uint32_t)b->rank, 4);
+    sock_wire_put(hello + 8 + SECRET_BYTES, (uint32_t)b->size, 4);
     RS_CHECK(exchange(&c, 0, -1, 1, HELLO_BYTES, hello, 0));
-    c.hdr.type = FRAME_WELCOME;
+    c.hdr.type = SOCK_FRAME_WELCOME;
     return exchange(&c, 0, -1, 0, 0, hello, 0);
 }
 

@@ -90,27 +90,11 @@ reshard_status_t reshard_layout_shard_bytes(const reshard_layout_t *layout, int 
 
 /* ---- communicators ---- */
 
-static void warn_line(const char *msg)
-{
-    rs_log(RS_LOG_WARN, "%s", msg);
-}
-
-/* The bootstrap cannot read our parameters (it sits below this layer): hand them over. */
-static void configure_boot(void)
-{
-    struct boot_config cfg = {.addr = rs_param_str(RS_PARAM_BOOT_ADDR),
-                              .port = (int)rs_param_int(RS_PARAM_BOOT_PORT),
-                              .secret = rs_param_str(RS_PARAM_SECRET),
-                              .warn = warn_line};
-    boot_configure(&cfg);
-}
-
 reshard_status_t reshard_get_unique_id(reshard_unique_id_t *id)
 {
     api_enter();
     if (!id)
         return api_null_arg(__func__, "id");
-    configure_boot();
     struct boot_id b;
     reshard_status_t st = boot_id_create(&b);
     if (st == RESHARD_OK)
@@ -124,7 +108,6 @@ reshard_status_t reshard_comm_init_rank(const reshard_unique_id_t *id, int rank,
     api_enter();
     if (!id || !comm)
         return api_null_arg(__func__, id ? "comm" : "id");
-    configure_boot();
     struct boot_id b;
     memcpy(&b, id, sizeof(b));
     return api_leave(__func__, comm_create(&b, rank, size, -1, comm));
@@ -135,7 +118,6 @@ reshard_status_t reshard_comm_init_env(reshard_comm_t **comm)
     api_enter();
     if (!comm)
         return api_null_arg(__func__, "comm");
-    configure_boot();
     struct boot_env env;
     reshard_status_t st = boot_env_read(&env);
     if (st == RESHARD_OK)

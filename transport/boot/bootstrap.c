@@ -3,6 +3,8 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/log.h"
+#include "base/param.h"
 #include "transport/sock/sock.h"
 #include "transport/sock/sock_frame.h"
 
@@ -27,50 +29,15 @@
 
 /* ---- configuration ---- */
 
-static pthread_mutex_t config_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-    char *addr, *secret;
-    int port;
-    void (*warn)(const char *msg);
-} config;
-
-void boot_configure(const struct boot_config *cfg)
+/* RESHARD_BOOT_PORT, checked to be a port (0: any). */
+static reshard_status_t param_port(int *port)
 {
-    static const struct boot_config defaults;
-    if (!cfg)
-        cfg = &defaults;
-    pthread_mutex_lock(&config_lock);
-    free(config.addr);
-    free(config.secret);
-    /* A string that cannot be copied reads as unset: the default is a safe fallback. */
-    config.addr = cfg->addr && *cfg->addr ? strdup(cfg->addr) : NULL;
-    config.secret = cfg->secret && *cfg->secret ? strdup(cfg->secret) : NULL;
-    config.port = cfg->port;
-    config.warn = cfg->warn;
-    pthread_mutex_unlock(&config_lock);
-}
-
-/* Copies of the address (if addr) and port, so that no lock is held across network calls. */
-static reshard_status_t config_read(char *addr, size_t n, int *port)
-{
-    pthread_mutex_lock(&config_lock);
-    if (addr)
-        snprintf(addr, n, "%s", config.addr ? config.addr : "");
-    *port = config.port;
-    pthread_mutex_unlock(&config_lock);
-    if (*port < 0 || *port > 65535)
-        return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: RESHARD_BOOT_PORT=%d is not a port",
-                        *port);
+    int64_t p = rs_param_int(RS_PARAM_BOOT_PORT);
+    if (p < 0 || p > 65535)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: RESHARD_BOOT_PORT=%lld is not a port",
+                        (long long)p);
+    *port = (int)p;
     return RESHARD_OK;
-}
-
-static void config_warn(const char *msg)
-{
-    pthread_mutex_lock(&config_lock);
-    void (*warn)(const char *) = config.warn;
-    pthread_mutex_unlock(&config_lock);
-    if (warn)
-        warn(msg);
 }
 
 /* ---- ids ---- */
@@ -204,10 +171,10 @@ reshard_status_t boot_id_create(struct boot_id *id)
     union sock_addr a;
     unsigned char secret[SECRET_BYTES];
     struct boot_id made;
-    char host[256];
-    int port, fd;
+    const char *host = rs_param_str(RS_PARAM_BOOT_ADDR);
+    int port = 0, fd;
     reshard_status_t st;
-    RS_CHECK(config_read(host, sizeof(host), &port));
+    RS_CHECK(param_port(&port));
     /* A name in RESHARD_BOOT_ADDR is looked up here, so the id carries what peers dial. */
     if (host[0])
         RS_CHECK(sock_resolve(host, port, &a));
@@ -403,14 +370,12 @@ static reshard_status_t env_master(const struct launcher *l, char *host, size_t 
 static void env_secret(const struct launcher *l, const char *host, int port, int size,
                        unsigned char *secret)
 {
+    const char *configured = rs_param_str(RS_PARAM_SECRET);
     char job[256] = "", s[1024];
-    pthread_mutex_lock(&config_lock);
-    if (config.secret) {
-        secret_hash(config.secret, secret);
-        pthread_mutex_unlock(&config_lock);
+    if (configured[0]) {
+        secret_hash(configured, secret);
         return;
     }
-    pthread_mutex_unlock(&config_lock);
     if (l == &torchrun && env("TORCHELASTIC_RUN_ID"))
         snprintf(job, sizeof(job), "%s", env("TORCHELASTIC_RUN_ID"));
     else if (l == &ompi && (env("OMPI_MCA_orte_ess_jobid") || env("PMIX_NAMESPACE")))
@@ -431,7 +396,7 @@ reshard_status_t boot_env_read(struct boot_env *out)
     unsigned char secret[SECRET_BYTES];
     union sock_addr a;
     char host[256];
-    int master_port, port;
+    int master_port = 0, port = 0;
     if (!l)
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "bootstrap: no launcher environment: set RANK and WORLD_SIZE (as "
@@ -439,7 +404,7 @@ reshard_status_t boot_env_read(struct boot_env *out)
                         "MASTER_PORT name rank 0's host");
     RS_CHECK(env_ranks(l, &e));
     RS_CHECK(env_master(l, host, sizeof(host), &master_port));
-    RS_CHECK(config_read(NULL, 0, &port));
+    RS_CHECK(param_port(&port));
     /* torchrun's own store holds MASTER_PORT. */
     port = port ? port : master_port + 1;
     if (port > 65535)
@@ -821,7 +786,7 @@ struct rendezvous {
     struct pollfd *pf;
 };
 
-/* Answers a refusal (best effort), closes, and says so: in b->refusal and to config warn. */
+/* Answers a refusal (best effort), closes, and says so: in b->refusal and as a warning. */
 static void rv_refuse(struct rendezvous *rv, int *fd, const char *addr, const char *claim,
                       const char *reason)
 {
@@ -839,7 +804,7 @@ static void rv_refuse(struct rendezvous *rv, int *fd, const char *addr, const ch
     sock_close(fd);
     snprintf(b->refusal, sizeof(b->refusal), "bootstrap: rank 0 refused a peer at %s%s: %s", addr,
              claim, reason);
-    config_warn(b->refusal);
+    rs_log(RS_LOG_WARN, "%s", b->refusal);
 }
 
 static void rv_remove(struct rendezvous *rv, int i)

@@ -4,7 +4,8 @@
  * (allgather, bcast, barrier) that the communicator needs before its transports are up.
  * Rank 0 listens; every other rank connects and proves it belongs to the job with the secret
  * in the id. Every wait is bounded by the timeout given to boot_init, and every failure names
- * the peer it concerns.
+ * the peer it concerns. The tunables RESHARD_BOOT_ADDR, RESHARD_BOOT_PORT and RESHARD_SECRET
+ * (base/param.h) say where ids listen and what secret an environment launch uses.
  */
 #ifndef RS_BOOTSTRAP_H
 #define RS_BOOTSTRAP_H
@@ -15,19 +16,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- configuration ---- */
-
-/* The bootstrap's tunables. transport/ may not include plugin/ headers, so the plugin layer
- * hands them over from its parameter table; until it does, every field has its default. */
-struct boot_config {
-    const char *addr;              /* RESHARD_BOOT_ADDR: where boot_id_create listens ("": auto) */
-    int port;                      /* RESHARD_BOOT_PORT: 0 = any (id) or MASTER_PORT+1 (env) */
-    const char *secret;            /* RESHARD_SECRET: job secret for env launches ("": derived) */
-    void (*warn)(const char *msg); /* told of each refused peer (a WARN line); NULL: silent */
-};
-/* Copies cfg (strings included; NULL: the defaults); later calls replace it. Thread-safe. */
-void boot_configure(const struct boot_config *cfg);
-
 /* ---- ids ---- */
 
 #define BOOT_ID_BYTES 128
@@ -36,10 +24,10 @@ struct boot_id {
     unsigned char bytes[BOOT_ID_BYTES];
 };
 
-/* Makes an id: opens a listening TCP socket (address: config addr if set, else the first
- * non-loopback IPv4 of the host, else 127.0.0.1; port: config port, 0 = any) and keeps it in a
- * process-wide registry keyed by the id, so that boot_init(rank 0) in this process, or in a
- * child forked after this call, uses it. The secret comes from getrandom(). */
+/* Makes an id: opens a listening TCP socket (address: RESHARD_BOOT_ADDR if set, else the first
+ * non-loopback IPv4 of the host, else 127.0.0.1; port: RESHARD_BOOT_PORT, 0 = any) and keeps it in
+ * a process-wide registry keyed by the id, so that boot_init(rank 0) in this process, or in a child
+ * forked after this call, uses it. The secret comes from getrandom(). */
 reshard_status_t boot_id_create(struct boot_id *id);
 /* Forgets the listening socket of an id made here (closes this process's copy): for a parent
  * that forked its ranks. boot_init(rank 0) releases it by itself. No-op for other ids. */
@@ -62,8 +50,8 @@ const char *boot_id_addr(const struct boot_id *id, char *buf, size_t n);
  * SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or the first number of
  * SLURM_STEP_TASKS_PER_NODE). MASTER_ADDR and MASTER_PORT are needed in every case, except that
  * under Slurm they default to the first host of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) and
- * 29500. Rank 0 listens on MASTER_PORT+1 unless the config port is set. The secret is the
- * config secret, else one derived from the job's identity. local_rank and local_size are -1
+ * 29500. Rank 0 listens on MASTER_PORT+1 unless RESHARD_BOOT_PORT is set. The secret is
+ * RESHARD_SECRET, else one derived from the job's identity. local_rank and local_size are -1
  * when the launcher does not give them. */
 struct boot_env {
     int rank, size, local_rank, local_size;
@@ -114,7 +102,7 @@ void boot_abort(struct boot *b, reshard_status_t st, const char *msg);
 reshard_status_t boot_check(struct boot *b);
 int boot_rank(const struct boot *b);
 int boot_size(const struct boot *b);
-/* Rank 0: the last refusal during the rendezvous ("" when none), also passed to config warn. */
+/* Rank 0: the last refusal during the rendezvous ("" when none), also logged as a warning. */
 const char *boot_refusal(const struct boot *b);
 void boot_close(struct boot *b);
 

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The TCP bootstrap (transport/bootstrap.c): ranks are threads, or forked processes, of the test
+/* The TCP bootstrap (transport/boot/): ranks are threads, or forked processes, of the test
  * process, meeting on loopback with ports the kernel picks, so that tests may run in parallel. */
 #include "base/error.h"
+#include "base/log.h"
+#include "base/param.h"
 #include "transport/boot/bootstrap.h"
 
 #include <criterion/criterion.h>
@@ -55,6 +57,17 @@ static int free_port(void)
     close(fd);
     return ntohs(a.sin_port);
 }
+
+/* The tunables the bootstrap reads, back to their defaults whatever the test's environment. */
+static void clear_boot_params(void)
+{
+    unsetenv("RESHARD_BOOT_ADDR");
+    unsetenv("RESHARD_BOOT_PORT");
+    unsetenv("RESHARD_SECRET");
+    rs_param_reload();
+}
+
+TestSuite(bootstrap, .init = clear_boot_params);
 
 static void loopback_id(int port, const char *secret, struct boot_id *id)
 {
@@ -345,20 +358,27 @@ Test(bootstrap, configured_address_and_port_are_where_the_id_listens, .timeout =
 {
     struct boot_id id;
     char got[80], want[32];
+    char port_str[16];
     int port = free_port();
-    boot_configure(&(struct boot_config){.addr = "127.0.0.1", .port = port});
+    snprintf(port_str, sizeof(port_str), "%d", port);
+    setenv("RESHARD_BOOT_ADDR", "127.0.0.1", 1);
+    setenv("RESHARD_BOOT_PORT", port_str, 1);
+    rs_param_reload();
     cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
     snprintf(want, sizeof(want), "127.0.0.1:%d", port);
     cr_assert_str_eq(boot_id_addr(&id, got, sizeof(got)), want);
     run_job_ok(&id, 2);
 }
 
-/* Every warning the bootstrap gives, one a line. */
+/* Every warning logged (base/log's sink), one a line. */
 static pthread_mutex_t warned_lock = PTHREAD_MUTEX_INITIALIZER;
 static char warned[4 * RS_ERROR_MAX];
 
-static void capture_warning(const char *msg)
+static void capture_warning(enum rs_log_level level, unsigned long flags, const char *msg)
 {
+    (void)flags;
+    if (level != RS_LOG_WARN)
+        return;
     pthread_mutex_lock(&warned_lock);
     size_t used = strlen(warned);
     snprintf(warned + used, sizeof(warned) - used, "%s\n", msg);
@@ -383,7 +403,9 @@ Test(bootstrap, stray_connections_neither_stall_nor_join_the_rendezvous, .timeou
     struct boot_id id;
     struct rank_run r[2];
     static const char junk[32] = "GET / HTTP/1.0\r\n\r\n";
-    boot_configure(&(struct boot_config){.addr = "127.0.0.1", .warn = capture_warning});
+    setenv("RESHARD_BOOT_ADDR", "127.0.0.1", 1);
+    rs_param_reload();
+    rs_log_set_sink(capture_warning);
     cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
     /* One says nothing at all; one speaks another protocol. Both reach the listener first. */
     int silent = raw_connect(&id), noisy = raw_connect(&id);
@@ -407,7 +429,7 @@ Test(bootstrap, wrong_secret_is_refused_and_the_job_still_completes, .timeout = 
     struct rank_run r[2];
     struct boot *intruder = NULL;
     int port = free_port();
-    boot_configure(&(struct boot_config){.warn = capture_warning});
+    rs_log_set_sink(capture_warning);
     loopback_id(port, SECRET, &id);
     loopback_id(port, "another job", &bad);
     start(&r[0], &id, 0, 2, 10000, WORK_COLLECTIVES);
@@ -640,7 +662,13 @@ static void assert_env(const struct boot_env *e, int rank, int size, int lrank, 
     cr_assert_str_eq(boot_id_addr(&e->id, got, sizeof(got)), addr);
 }
 
-TestSuite(bootstrap_env, .init = clear_launcher_env);
+static void clear_env(void)
+{
+    clear_launcher_env();
+    clear_boot_params();
+}
+
+TestSuite(bootstrap_env, .init = clear_env);
 
 Test(bootstrap_env, torchrun_variables_give_rank_and_master_port_plus_one)
 {
@@ -658,7 +686,9 @@ Test(bootstrap_env, torchrun_variables_give_rank_and_master_port_plus_one)
 Test(bootstrap_env, configured_port_and_secret_win)
 {
     struct boot_env a, b;
-    boot_configure(&(struct boot_config){.port = 4242, .secret = "s3cret"});
+    setenv("RESHARD_BOOT_PORT", "4242", 1);
+    setenv("RESHARD_SECRET", "s3cret", 1);
+    rs_param_reload();
     set_torchrun("job-a");
     read_env(&a);
     assert_env(&a, 3, 8, 1, 4, "127.0.0.1:4242");

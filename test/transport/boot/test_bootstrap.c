@@ -45,17 +45,32 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* A port nobody listens on now: the kernel's pick, let go again. */
+/* A port of the kernel's pick that nobody listens on, held until the test's process ends: the
+ * socket bound to it (port 0, read back) never listens, so that a connect to it is refused
+ * until the bootstrap listens there too (SO_REUSEADDR on both lets it), and no other process
+ * can take the port meanwhile. */
+static int held_port(int family)
+{
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr *a = family == AF_INET6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4;
+    socklen_t len = family == AF_INET6 ? sizeof(a6) : sizeof(a4);
+    int one = 1, fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 || bind(fd, a, len) != 0 ||
+        getsockname(fd, a, &len) != 0) {
+        close(fd);
+        return -1;
+    }
+    return ntohs(family == AF_INET6 ? a6.sin6_port : a4.sin_port);
+}
+
 static int free_port(void)
 {
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
+    int port = held_port(AF_INET);
+    cr_assert_gt(port, 0, "no loopback port to hold: %m");
+    return port;
 }
 
 /* The tunables the bootstrap reads, back to their defaults whatever the test's environment. */
@@ -335,21 +350,13 @@ Test(bootstrap, peers_started_before_rank_0_wait_for_it, .timeout = 30)
 
 Test(bootstrap, ipv6_loopback_works, .timeout = 30)
 {
-    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
-    socklen_t len = sizeof(a);
     struct boot_id id;
     char got[80], want[32];
-    int fd = socket(AF_INET6, SOCK_STREAM, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        if (fd >= 0)
-            close(fd);
+    int port = held_port(AF_INET6);
+    if (port < 0)
         cr_skip_test("no IPv6 loopback on this host");
-    }
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    cr_assert_eq(boot_id_from_addr("::1", ntohs(a.sin6_port), SECRET, &id), RESHARD_OK, "%s",
-                 rs_error_message());
-    snprintf(want, sizeof(want), "[::1]:%d", ntohs(a.sin6_port));
+    cr_assert_eq(boot_id_from_addr("::1", port, SECRET, &id), RESHARD_OK, "%s", rs_error_message());
+    snprintf(want, sizeof(want), "[::1]:%d", port);
     cr_assert_str_eq(boot_id_addr(&id, got, sizeof(got)), want);
     run_job_ok(&id, 3);
 }

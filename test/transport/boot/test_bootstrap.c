@@ -290,6 +290,37 @@ Test(bootstrap, sixty_four_ranks_allgather_64_kib_each, .timeout = 60)
     free(r);
 }
 
+Test(bootstrap, out_of_memory_at_any_allocation_of_init_or_a_collective_fails_cleanly,
+     .timeout = 30)
+{
+    int failed = 0;
+    long n;
+    for (n = 1; n < 64; n++) {
+        struct boot_id id;
+        struct boot *b = NULL;
+        unsigned char slot[8] = {1, 2, 3};
+        cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+        rs_test_fail_alloc(n);
+        reshard_status_t st = boot_init(&id, 0, 1, 1000, &b);
+        if (st == RESHARD_OK)
+            st = boot_allgather(b, slot, sizeof(slot));
+        rs_test_fail_alloc(0);
+        boot_id_release(&id);
+        if (st == RESHARD_OK) {
+            cr_assert_eq(slot[2], 3);
+            boot_close(b);
+            break;
+        }
+        cr_assert_eq(st, RESHARD_ERR_NO_MEMORY, "allocation %ld: %s", n, rs_error_message());
+        cr_assert(strstr(rs_error_message(), "out of memory"), "allocation %ld: %s", n,
+                  rs_error_message());
+        boot_close(b); /* NULL when init failed: its output is written on success only */
+        failed++;
+    }
+    cr_assert_lt(n, 64, "the run never got through");
+    cr_assert_geq(failed, 5, "only %d allocations were tried", failed);
+}
+
 /* A forked child: rank `rank` of `size` at id; exits 0 when the allgather came out right. */
 static void child_rank(const struct boot_id *id, int rank, int size)
 {

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * reshard-plan: explains the plan of one reshard (DESIGN.md section 10). Uses only the public
- * API. Exit status: 0 valid plan, 1 invalid plan, 2 bad input.
+ * reshard-plan: explains the plan of one reshard (docs/figures.md defines what it prints). Uses
+ * only the public API. Exit status: 0 valid plan, 1 invalid plan, 2 bad input, 3 data lost.
  */
 #include "plugin/reshard.h"
 
@@ -29,7 +29,7 @@ static const char usage[] =
     "  --domain-size N     NVLink domains of N consecutive ranks (default 8)\n"
     "  --domains LIST      the domain id of every rank, comma separated\n"
     "  --world-size N      ranks in the communicator (default: past the highest rank used)\n"
-    "  --manifest FILE     a whole model (JSON, DESIGN.md section 4): every tensor in one plan;\n"
+    "  --manifest FILE     a whole model (JSON, docs/manifest.md): every tensor in one plan;\n"
     "                      its domains unless --domain-size or --domains says otherwise\n"
     "  --json              the same report as JSON\n"
     "  --cluster SPEC      also predict the refit's time for reshard, direct and bcast on a\n"
@@ -43,7 +43,10 @@ static const char usage[] =
     "\n"
     "The report ends with net_bytes, min_net_bytes, gather_bcast_bytes, local_bytes,\n"
     "max_nic_bytes, lb_nic_bytes, plan_ms and valid. Exit status: 0 valid, 1 invalid,\n"
-    "2 bad input, 3 data lost (only excluded ranks held a piece that is needed).\n";
+    "2 bad input, 3 data lost (only excluded ranks held a piece that is needed).\n"
+    "\n"
+    "Documentation, in the source tree's docs/: layouts.md (the SPEC grammar),\n"
+    "manifest.md (the FILE schema), figures.md (every figure printed here).\n";
 
 struct args {
     const char *src, *dst, *domains, *manifest, *cluster, *exclude;

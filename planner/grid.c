@@ -140,10 +140,53 @@ void grid_cell_box(const struct rs_grid *g, const struct grid_cursor *c, int64_t
     }
 }
 
+reshard_status_t grid_sub_build(const struct rs_grid *g, const struct rs_shardmap *map,
+                                enum grid_side side, int tuple, struct grid_sub *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->ndim = g->ndim;
+    s->ncells = 1;
+    const int *stride = side == GRID_SRC ? g->src_stride : g->dst_stride;
+    for (int j = 0; j < g->ndim; j++) {
+        int group = tuple / stride[j] % map->dim[j].ngroups, n = 0;
+        for (int i = 0; i < g->n[j]; i++)
+            n += (side == GRID_SRC ? g->iv[j][i].sg : g->iv[j][i].dg) == group;
+        if (!(s->iv[j] = rs_calloc((size_t)n, sizeof(int), "grid cells"))) {
+            grid_sub_free(s);
+            return RESHARD_ERR_NO_MEMORY;
+        }
+        for (int i = 0; i < g->n[j]; i++)
+            if ((side == GRID_SRC ? g->iv[j][i].sg : g->iv[j][i].dg) == group)
+                s->iv[j][s->n[j]++] = i;
+        s->ncells *= n;
+    }
+    return RESHARD_OK;
+}
+
+void grid_sub_free(struct grid_sub *s)
+{
+    for (int j = 0; j < RS_MAX_DIMS; j++)
+        free(s->iv[j]);
+    memset(s, 0, sizeof(*s));
+}
+
+void grid_sub_cell(const struct rs_grid *g, const struct grid_sub *s, int64_t k,
+                   struct grid_cursor *c)
+{
+    c->cell = 0;
+    for (int j = s->ndim - 1; j >= 0; j--) {
+        c->idx[j] = s->iv[j][k % s->n[j]];
+        k /= s->n[j];
+    }
+    for (int j = 0; j < g->ndim; j++)
+        c->cell = c->cell * g->n[j] + c->idx[j];
+    cursor_fill(g, c);
+}
+
 /* ---- tuples by domain ---- */
 
 struct tdr {
-    int tuple, domain, rank;
+    int tuple, domain, rank; /* domain: the rail, when sorting by rail */
 };
 
 static int cmp_tdr(const void *a, const void *b)
@@ -156,18 +199,43 @@ static int cmp_tdr(const void *a, const void *b)
     return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
+/* Sorted entries v[0 .. m) into ranks and runs of equal (tuple, key): run_first[t] .. run_first[t
+ * + 1] index the runs of tuple t. */
+static void group_runs(const struct tdr *v, int m, int ntuples, int *rank, int *run_first,
+                       struct tdom_run *runs)
+{
+    int nruns = 0;
+    for (int i = 0; i < m; i++) {
+        rank[i] = v[i].rank;
+        if (i == 0 || v[i].tuple != v[i - 1].tuple || v[i].domain != v[i - 1].domain) {
+            runs[nruns++] = (struct tdom_run){v[i].domain, i, i + 1};
+            run_first[v[i].tuple + 1] = nruns;
+        } else {
+            runs[nruns - 1].end = i + 1;
+        }
+    }
+    for (int t = 0; t < ntuples; t++) /* a tuple whose ranks are all absent has no runs */
+        if (run_first[t + 1] < run_first[t])
+            run_first[t + 1] = run_first[t];
+}
+
 reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo *topo,
                             struct tuple_domains *td)
 {
     const struct rs_layout *l = map->layout;
     int n = l->nranks;
+    size_t nt = (size_t)map->ntuples + 1;
     memset(td, 0, sizeof(*td));
     td->ntuples = map->ntuples;
     struct tdr *v = rs_calloc((size_t)n, sizeof(*v), "tuple domains");
     td->rank = rs_calloc((size_t)n, sizeof(int), "tuple domains");
-    td->run_first = rs_calloc((size_t)map->ntuples + 1, sizeof(int), "tuple domains");
+    td->run_first = rs_calloc(nt, sizeof(int), "tuple domains");
     td->runs = rs_calloc((size_t)n, sizeof(*td->runs), "tuple domains");
-    if (!v || !td->rank || !td->run_first || !td->runs) {
+    td->rail_rank = rs_calloc((size_t)n, sizeof(int), "tuple rails");
+    td->rail_first = rs_calloc(nt, sizeof(int), "tuple rails");
+    td->rail_runs = rs_calloc((size_t)n, sizeof(*td->rail_runs), "tuple rails");
+    if (!v || !td->rank || !td->run_first || !td->runs || !td->rail_rank || !td->rail_first ||
+        !td->rail_runs) {
         free(v);
         tdom_free(td);
         return RESHARD_ERR_NO_MEMORY;
@@ -177,20 +245,12 @@ reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo 
         if (!topo_absent(topo, l->ranks[p]))
             v[m++] = (struct tdr){map->tuple[p], topo->domain[l->ranks[p]], l->ranks[p]};
     qsort(v, (size_t)m, sizeof(*v), cmp_tdr);
-    int nruns = 0;
-    for (int i = 0; i < m; i++) {
-        td->rank[i] = v[i].rank;
-        if (i == 0 || v[i].tuple != v[i - 1].tuple || v[i].domain != v[i - 1].domain) {
-            td->runs[nruns++] = (struct tdom_run){v[i].domain, i, i + 1};
-            td->run_first[v[i].tuple + 1] = nruns;
-        } else {
-            td->runs[nruns - 1].end = i + 1;
-        }
-    }
+    group_runs(v, m, td->ntuples, td->rank, td->run_first, td->runs);
+    for (int i = 0; i < m; i++)
+        v[i].domain = topo->local_index[v[i].rank];
+    qsort(v, (size_t)m, sizeof(*v), cmp_tdr);
+    group_runs(v, m, td->ntuples, td->rail_rank, td->rail_first, td->rail_runs);
     free(v);
-    for (int t = 0; t < td->ntuples; t++) /* a tuple whose ranks are all absent has no runs */
-        if (td->run_first[t + 1] < td->run_first[t])
-            td->run_first[t + 1] = td->run_first[t];
     return RESHARD_OK;
 }
 
@@ -199,22 +259,49 @@ void tdom_free(struct tuple_domains *td)
     free(td->rank);
     free(td->run_first);
     free(td->runs);
+    free(td->rail_rank);
+    free(td->rail_first);
+    free(td->rail_runs);
     memset(td, 0, sizeof(*td));
 }
 
-int tdom_find(const struct tuple_domains *td, int t, int d)
+/* Index of the run of tuple t whose key (domain or rail) is k, or -1. */
+static int find_run(const int *first, const struct tdom_run *runs, int t, int k)
 {
-    int lo = td->run_first[t], hi = td->run_first[t + 1] - 1;
+    int lo = first[t], hi = first[t + 1] - 1;
     while (lo <= hi) {
         int mid = lo + (hi - lo) / 2;
-        if (td->runs[mid].domain == d)
+        if (runs[mid].domain == k)
             return mid;
-        if (td->runs[mid].domain < d)
+        if (runs[mid].domain < k)
             lo = mid + 1;
         else
             hi = mid - 1;
     }
     return -1;
+}
+
+int tdom_find(const struct tuple_domains *td, int t, int d)
+{
+    return find_run(td->run_first, td->runs, t, d);
+}
+
+const int *tdom_ranks(const struct tuple_domains *td, int t, int *n)
+{
+    int a = td->run_first[t], b = td->run_first[t + 1];
+    if (a == b) {
+        *n = 0;
+        return td->rank;
+    }
+    *n = td->runs[b - 1].end - td->runs[a].begin;
+    return td->rank + td->runs[a].begin;
+}
+
+const int *tdom_rail(const struct tuple_domains *td, int t, int rail, int *n)
+{
+    int r = find_run(td->rail_first, td->rail_runs, t, rail);
+    *n = r < 0 ? 0 : td->rail_runs[r].end - td->rail_runs[r].begin;
+    return r < 0 ? NULL : td->rail_rank + td->rail_runs[r].begin;
 }
 
 /* ---- a tensor's overlap on a topology ---- */

@@ -47,6 +47,22 @@ int grid_next(const struct rs_grid *g, struct grid_cursor *c); /* 0 when past th
 void grid_cell_box(const struct rs_grid *g, const struct grid_cursor *c, int64_t *start,
                    int64_t *len);
 
+/* The cells of one tuple of one side: per dim, the intervals inside that tuple's group. A
+ * rank's own cells, visited without walking the whole grid. */
+struct grid_sub {
+    int ndim;
+    int n[RS_MAX_DIMS];
+    int *iv[RS_MAX_DIMS]; /* interval indices, ascending */
+    int64_t ncells;
+};
+enum grid_side { GRID_SRC, GRID_DST };
+reshard_status_t grid_sub_build(const struct rs_grid *g, const struct rs_shardmap *map,
+                                enum grid_side side, int tuple, struct grid_sub *s);
+void grid_sub_free(struct grid_sub *s);
+/* k in [0, s->ncells): the k-th cell of the sub-grid, in row-major order of the grid. */
+void grid_sub_cell(const struct rs_grid *g, const struct grid_sub *s, int64_t k,
+                   struct grid_cursor *c);
+
 /* The present ranks of each tuple grouped by domain: run r of tuple t covers
  * rank[begin .. end). A tuple whose ranks are all absent has no runs. */
 struct tdom_run {
@@ -58,6 +74,11 @@ struct tuple_domains {
     int *rank;      /* [nranks]: by tuple, then domain, then rank */
     int *run_first; /* [ntuples + 1] into runs */
     struct tdom_run *runs;
+    /* The same ranks by tuple, then rail (local index), then rank: rail run r of tuple t
+     * covers rail_rank[rail_runs[r].begin .. end), its domain field holding the rail. */
+    int *rail_rank;
+    int *rail_first; /* [ntuples + 1] into rail_runs */
+    struct tdom_run *rail_runs;
 };
 
 reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo *topo,
@@ -65,6 +86,11 @@ reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo 
 void tdom_free(struct tuple_domains *td);
 /* Index of tuple t's run in domain d, or -1 when no rank of t lives in d. */
 int tdom_find(const struct tuple_domains *td, int t, int d);
+/* The present ranks of tuple t (*n of them), by domain then rank. */
+const int *tdom_ranks(const struct tuple_domains *td, int t, int *n);
+/* The present ranks of tuple t on rail `rail` (*n of them, by rank); NULL with *n = 0 when
+ * none is. */
+const int *tdom_rail(const struct tuple_domains *td, int t, int rail, int *n);
 
 /* Everything the planner and the bounds need about one tensor on a topology. */
 struct overlap {

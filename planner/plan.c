@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Plan builder, first half: checks the inputs, finds the overlap cells of every tensor, serves
- * each destination domain from inside itself where a source there holds the cell (local first)
- * and queues the rest as network units for plan_net.c.
+ * The plan object: checks the inputs, hashes them, runs the passes of every tensor at the
+ * plan's scope (plan_cells.c, plan_net.c) and holds the ops, within RESHARD_PLAN_MAX_OPS.
  */
 #include "plan.h"
 
@@ -14,7 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+/* Changes whenever the rule that decides the ops does: ranks running different libraries then
+ * disagree on the hash instead of on the ops. */
+#define PLAN_RULE_VERSION 2
 
 const char *plan_op_kind_name(enum plan_op_kind k)
 {
@@ -38,48 +40,62 @@ static uint64_t mix(uint64_t h, uint64_t v)
     return h ^ (h >> 29);
 }
 
-reshard_status_t plan_push_box(struct rs_plan *p, int ndim, const int64_t *start,
-                               const int64_t *len, uint32_t *box)
+uint64_t plan_rule_mix(uint64_t salt, uint64_t a, uint64_t b)
 {
-    size_t need = p->ncoords + 2 * (size_t)ndim;
-    if (need > UINT32_MAX)
-        return rs_error(RESHARD_ERR_TOO_LARGE, "plan: more than 2^32 box coordinates");
-    if (need > p->coords_cap) {
-        int64_t *c = rs_grow(p->coords, &p->coords_cap, need, sizeof(int64_t), "plan boxes");
-        if (!c)
-            return RESHARD_ERR_NO_MEMORY;
-        p->coords = c;
-    }
-    memcpy(p->coords + p->ncoords, start, (size_t)ndim * sizeof(int64_t));
-    memcpy(p->coords + p->ncoords + ndim, len, (size_t)ndim * sizeof(int64_t));
-    *box = (uint32_t)p->ncoords;
-    p->ncoords = need;
-    return RESHARD_OK;
+    uint64_t h = mix(mix(mix(UINT64_C(0x72756c65), salt), a), b);
+    h ^= h >> 31;
+    h *= UINT64_C(0xbf58476d1ce4e5b9);
+    return h ^ (h >> 27);
 }
 
-reshard_status_t plan_push_op(struct rs_plan *p, enum plan_op_kind kind, uint32_t tensor, int src,
-                              int dst, uint32_t box, uint32_t parent)
+int plan_keeps(const struct build *b, enum plan_op_kind kind, int src, int dst)
 {
-    if (p->nops == UINT32_MAX) /* FWD ops name their parent by a 32-bit index */
-        return rs_error(RESHARD_ERR_TOO_LARGE, "plan: more than 2^32 ops");
+    switch (b->keep) {
+    case KEEP_ALL:
+        return 1;
+    case KEEP_INTO:
+        return dst == b->me || (kind == PLAN_OP_FWD && src == b->me);
+    case KEEP_OUT_OF:
+        return src == b->me && dst != b->me && kind != PLAN_OP_FWD;
+    }
+    return 0;
+}
+
+reshard_status_t plan_emit(struct build *b, enum plan_op_kind kind, int src, int dst, uint32_t box,
+                           uint32_t parent, int *kept)
+{
+    struct rs_plan *p = b->plan;
+    if (kept)
+        *kept = 0;
+    if (!plan_keeps(b, kind, src, dst))
+        return RESHARD_OK;
+    if ((int64_t)p->nops >= p->opts.max_ops)
+        return rs_error(RESHARD_ERR_TOO_LARGE,
+                        "plan: more than %lld transfers%s (RESHARD_PLAN_MAX_OPS, at tensor '%s'): "
+                        "coarsen the layouts or raise the limit",
+                        (long long)p->opts.max_ops,
+                        p->scope == PLAN_ALL_RANKS ? "" : " on this rank", b->pt->name);
     if (p->nops == p->ops_cap) {
         struct plan_op *o = rs_grow(p->ops, &p->ops_cap, p->nops + 1, sizeof(*o), "plan ops");
         if (!o)
             return RESHARD_ERR_NO_MEMORY;
         p->ops = o;
     }
-    uint64_t h = mix(p->hash, (uint64_t)kind << 32 | tensor);
-    h = mix(h, (uint64_t)(uint32_t)src << 32 | (uint32_t)dst);
-    h = mix(h, parent);
-    for (int k = 0; k < 2 * p->tensors[tensor].dst.ndim; k++)
-        h = mix(h, (uint64_t)p->coords[box + k]);
-    p->hash = h;
     p->ops[p->nops++] = (struct plan_op){.box = box,
-                                         .tensor = tensor,
+                                         .tensor = b->tensor,
                                          .parent = parent,
                                          .src = src,
                                          .dst = dst,
                                          .kind = (uint8_t)kind};
+    if (kept)
+        *kept = 1;
+    return RESHARD_OK;
+}
+
+reshard_status_t plan_cell_box(struct build *b, struct plan_cell *cell)
+{
+    if (cell->box == PLAN_NO_BOX)
+        return boxes_push(&b->plan->boxes, b->ndim, cell->start, cell->len, &cell->box);
     return RESHARD_OK;
 }
 
@@ -112,64 +128,14 @@ static reshard_status_t check_pair(const struct plan_tensor *t, const struct rs_
                         dtype_name(s->dtype), dtype_name(d->dtype));
     for (int side = 0; side < 2; side++) {
         const struct rs_layout *l = side ? d : s;
-        for (int i = 0; i < l->nranks; i++)
-            if (l->ranks[i] >= topo->nranks)
-                return rs_error(RESHARD_ERR_RANK_RANGE,
-                                "tensor '%s': %s rank %d is outside the communicator of %d ranks",
-                                t->name, side ? "destination" : "source", l->ranks[i],
-                                topo->nranks);
+        const struct rs_shardmap *m = side ? &t->dst_map : &t->src_map;
+        int highest = l->ranks[m->by_rank[l->nranks - 1]];
+        if (highest >= topo->nranks)
+            return rs_error(RESHARD_ERR_RANK_RANGE,
+                            "tensor '%s': %s rank %d is outside the communicator of %d ranks",
+                            t->name, side ? "destination" : "source", highest, topo->nranks);
     }
     return RESHARD_OK;
-}
-
-/* Prefixes the message of a failed layout check with the tensor and side. */
-static reshard_status_t blame(reshard_status_t st, const char *name, const char *side)
-{
-    char msg[RS_ERROR_MAX];
-    snprintf(msg, sizeof(msg), "%s", rs_error_message());
-    return rs_error(st, "tensor '%s' %s: %s", name, side, msg);
-}
-
-static int same_layout(const struct rs_layout *a, const struct rs_layout *b)
-{
-    if (a->ndim != b->ndim || a->dtype != b->dtype || a->nranks != b->nranks ||
-        a->mesh_ndim != b->mesh_ndim ||
-        memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(a->shape[0])) ||
-        memcmp(a->mesh, b->mesh, (size_t)a->mesh_ndim * sizeof(a->mesh[0])) ||
-        memcmp(a->ranks, b->ranks, (size_t)a->nranks * sizeof(a->ranks[0])))
-        return 0;
-    for (int m = 0; m < a->mesh_ndim; m++)
-        if (a->place[m].kind != b->place[m].kind || a->place[m].dim != b->place[m].dim ||
-            a->place[m].k != b->place[m].k)
-            return 0;
-    const struct rs_view *u = &a->view, *v = &b->view;
-    return !strcmp(u->buffer, v->buffer) && u->offset == v->offset && u->ndim == v->ndim &&
-           u->nstrides == v->nstrides &&
-           !memcmp(u->shape, v->shape, (size_t)u->ndim * sizeof(u->shape[0])) &&
-           !memcmp(u->strides, v->strides, (size_t)u->nstrides * sizeof(u->strides[0]));
-}
-
-#define MAP_LOOKBACK 16 /* earlier tensors whose maps a new one may share */
-
-/* Tensor i's map of one side (dst when dst): an earlier tensor's when their layouts are
- * equal, else built. */
-static reshard_status_t side_map(struct rs_plan *p, int i, int dst)
-{
-    struct plan_tensor *t = &p->tensors[i];
-    struct rs_layout *l = dst ? &t->dst : &t->src;
-    for (int j = i - 1; j >= 0 && j >= i - MAP_LOOKBACK; j--) {
-        const struct plan_tensor *u = &p->tensors[j];
-        for (int side = 0; side < 2; side++) {
-            const struct rs_shardmap *m = side ? &u->dst_map : &u->src_map;
-            if (m->layout && same_layout(side ? &u->dst : &u->src, l)) {
-                *(dst ? &t->dst_map : &t->src_map) = *m; /* its layout is equal to ours */
-                *(dst ? &t->dst_shared : &t->src_shared) = 1;
-                return RESHARD_OK;
-            }
-        }
-    }
-    reshard_status_t st = shardmap_build(l, dst ? &t->dst_map : &t->src_map, NULL);
-    return st == RESHARD_OK ? st : blame(st, t->name, dst ? "destination" : "source");
 }
 
 static reshard_status_t add_tensor(struct rs_plan *p, int i, const struct plan_input *in)
@@ -185,56 +151,49 @@ static reshard_status_t add_tensor(struct rs_plan *p, int i, const struct plan_i
     if (!in->src || !in->dst)
         return rs_error(RESHARD_ERR_INVALID_ARG, "tensor '%s': missing %s layout", t->name,
                         in->src ? "destination" : "source");
-    RS_CHECK(layout_copy(in->src, &t->src));
-    RS_CHECK(layout_copy(in->dst, &t->dst));
-    RS_CHECK(side_map(p, i, 0));
-    RS_CHECK(side_map(p, i, 1));
+    RS_CHECK(plan_cache_side(p, in->src, t->name, "source", &t->src_side));
+    RS_CHECK(plan_cache_side(p, in->dst, t->name, "destination", &t->dst_side));
+    t->src = t->src_side->layout;
+    t->dst = t->dst_side->layout;
+    t->src_map = t->src_side->map;
+    t->dst_map = t->dst_side->map;
     return check_pair(t, &p->topo);
 }
 
-static reshard_status_t push_unit(struct build *b, const struct net_unit *u)
+reshard_status_t plan_tensor_tdoms(struct rs_plan *p, int t, const struct tuple_domains **src,
+                                   const struct tuple_domains **dst)
 {
-    struct net_unit *v =
-        rs_grow(b->units, &b->units_cap, b->nunits + 1, sizeof(*v), "network units");
-    if (!v)
-        return RESHARD_ERR_NO_MEMORY;
-    b->units = v;
-    b->units[b->nunits++] = *u;
-    return RESHARD_OK;
+    RS_CHECK(plan_side_tdoms(p, p->tensors[t].src_side, src));
+    return plan_side_tdoms(p, p->tensors[t].dst_side, dst);
 }
 
-/* The cell is held inside the needers' domain: each needer copies it from itself when it
- * holds it already, else from the least busy holder there. */
-static reshard_status_t serve_locally(struct build *b, uint32_t t, const struct grid_cursor *c,
-                                      const struct tdom_run *need, const struct tdom_run *have,
-                                      uint32_t box, int64_t bytes)
+/* What every rank must agree on: the tensors, the topology, the options and the rule. The ops
+ * follow from them, so a rank's plan of its own ops has the same hash as the whole world's. */
+static uint64_t inputs_hash(const struct rs_plan *p)
 {
-    const struct overlap *w = &b->ov;
-    const struct rs_shardmap *src_map = &b->plan->tensors[t].src_map;
-    for (int i = need->begin; i < need->end; i++) {
-        int n = w->dst_td.rank[i];
-        int pos = shardmap_position(src_map, n);
-        if (pos >= 0 && src_map->tuple[pos] == c->src_tuple) {
-            RS_CHECK(plan_push_op(b->plan, PLAN_OP_SELF, t, n, n, box, PLAN_NO_PARENT));
-            continue;
+    uint64_t h = mix(UINT64_C(0x7265736861726421), PLAN_RULE_VERSION);
+    h = mix(mix(h, (uint64_t)p->ntensors), (uint64_t)p->opts.split_min_bytes);
+    for (int r = 0; r < p->topo.nranks; r++)
+        h = mix(h, (uint64_t)p->topo.domain[r] << 1 | (uint64_t)topo_absent(&p->topo, r));
+    for (int t = 0; t < p->ntensors; t++) {
+        const struct plan_tensor *pt = &p->tensors[t];
+        size_t n = strlen(pt->name);
+        for (size_t i = 0; i < n; i += 8) {
+            uint64_t w = 0;
+            memcpy(&w, pt->name + i, n - i < 8 ? n - i : 8);
+            h = mix(h, w);
         }
-        int best = w->src_td.rank[have->begin];
-        for (int k = have->begin + 1; k < have->end; k++) {
-            int h = w->src_td.rank[k];
-            if (b->local_out[h] < b->local_out[best])
-                best = h;
-        }
-        b->local_out[best] += bytes;
-        RS_CHECK(plan_push_op(b->plan, PLAN_OP_LOCAL, t, best, n, box, PLAN_NO_PARENT));
+        h = mix(h, n);
+        h = mix(mix(h, plan_side_hash(pt->src_side)), plan_side_hash(pt->dst_side));
     }
-    return RESHARD_OK;
+    return h;
 }
 
 /* Tensor t needs a piece that only the (absent) ranks of source tuple `tuple` held: named in
  * the error, the first one with its holders. */
-static void note_lost(struct build *b, uint32_t t, int tuple)
+static void note_lost(struct build *b, int tuple)
 {
-    const struct plan_tensor *pt = &b->plan->tensors[t];
+    const struct plan_tensor *pt = b->pt;
     size_t n = strlen(b->lost);
     if (b->nlost++ == 0) {
         const struct rs_shardmap *m = &pt->src_map;
@@ -253,173 +212,77 @@ static void note_lost(struct build *b, uint32_t t, int tuple)
     }
 }
 
-/* Finds the cells of tensor t (its overlap already built): serves what is held locally,
- * queues the rest as units. */
-static reshard_status_t plan_tensor_cells(struct build *b, uint32_t t)
+/* The world's plan of tensor t would pass the op limit: refused before building it. */
+static reshard_status_t check_op_bound(struct build *b)
 {
-    struct overlap *w = &b->ov;
-    const struct plan_tensor *pt = &b->plan->tensors[t];
-    int ndim = pt->dst.ndim;
-
-    int lost_tuple = -1;
-    struct grid_cursor c;
-    grid_first(&w->grid, &c);
-    do {
-        int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS];
-        int64_t bytes = c.volume * b->esize;
-        uint32_t box = PLAN_NO_BOX; /* pushed once, shared by every op that moves the whole cell */
-        for (int r = w->dst_td.run_first[c.dst_tuple]; r < w->dst_td.run_first[c.dst_tuple + 1];
-             r++) {
-            const struct tdom_run *need = &w->dst_td.runs[r];
-            if (box == PLAN_NO_BOX) {
-                grid_cell_box(&w->grid, &c, start, len);
-                RS_CHECK(plan_push_box(b->plan, ndim, start, len, &box));
-            }
-            int h = tdom_find(&w->src_td, c.src_tuple, need->domain);
-            if (h >= 0) {
-                RS_CHECK(serve_locally(b, t, &c, need, &w->src_td.runs[h], box, bytes));
-            } else if (w->src_td.run_first[c.src_tuple] == w->src_td.run_first[c.src_tuple + 1]) {
-                lost_tuple = c.src_tuple; /* its holders are all absent */
-            } else {
-                struct net_unit u = {bytes, box, t, c.src_tuple, r};
-                RS_CHECK(push_unit(b, &u));
-            }
-        }
-    } while (grid_next(&w->grid, &c));
-    if (lost_tuple >= 0)
-        note_lost(b, t, lost_tuple);
+    struct rs_plan *p = b->plan;
+    struct overlap o = {.grid = b->grid, .src_td = *b->src_td, .dst_td = *b->dst_td};
+    int64_t least = overlap_pairs(&o, &b->pt->dst_map), left = p->opts.max_ops - (int64_t)p->nops;
+    if (least > left)
+        return rs_error(
+            RESHARD_ERR_TOO_LARGE,
+            "plan: tensor '%s' needs at least %lld transfers, more than the %lld left of "
+            "RESHARD_PLAN_MAX_OPS; coarsen the layouts or raise the limit",
+            b->pt->name, (long long)least, (long long)left);
     return RESHARD_OK;
 }
 
-static uint64_t mix_string(uint64_t h, const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i += 8) {
-        uint64_t w = 0;
-        memcpy(&w, s + i, n - i < 8 ? n - i : 8);
-        h = mix(h, w);
-    }
-    return mix(h, n);
-}
-
-/* The canonical spec covers all of a layout: ranks, mesh, placements and the local view
- * (an executor addresses buffers through it). */
-static reshard_status_t mix_layout(uint64_t *h, const struct rs_layout *l)
-{
-    char small[512], *buf = small;
-    size_t n = spec_format(l, small, sizeof(small));
-    if (n >= sizeof(small)) {
-        if (!(buf = rs_calloc(n + 1, 1, "plan hash")))
-            return RESHARD_ERR_NO_MEMORY;
-        spec_format(l, buf, n + 1);
-    }
-    *h = mix_string(*h, buf, n);
-    if (buf != small)
-        free(buf);
-    return RESHARD_OK;
-}
-
-/* What every rank must agree on: the ops (hashed as they are pushed, while they are in
- * cache), the topology and the tensors. */
-static reshard_status_t plan_hash(const struct rs_plan *p, uint64_t *out)
-{
-    uint64_t h = mix(p->hash, (uint64_t)p->ntensors);
-    for (int r = 0; r < p->topo.nranks; r++)
-        h = mix(h, (uint64_t)p->topo.domain[r] << 1 | (uint64_t)topo_absent(&p->topo, r));
-    for (int t = 0; t < p->ntensors; t++) {
-        const struct plan_tensor *pt = &p->tensors[t];
-        h = mix_string(h, pt->name, strlen(pt->name));
-        RS_CHECK(mix_layout(&h, &pt->src));
-        RS_CHECK(mix_layout(&h, &pt->dst));
-    }
-    *out = h;
-    return RESHARD_OK;
-}
-
-struct size_index {
-    int64_t bytes;
-    uint32_t index;
-};
-
-static int cmp_size_index(const void *a, const void *b)
-{
-    const struct size_index *x = a, *y = b;
-    if (x->bytes != y->bytes)
-        return x->bytes < y->bytes ? 1 : -1;
-    return (x->index > y->index) - (x->index < y->index);
-}
-
-/* Tensors largest first (ties in input order), so the greedy places big pieces first. */
-static reshard_status_t largest_first(const struct rs_plan *p, uint32_t *order)
-{
-    struct size_index *v = rs_calloc((size_t)p->ntensors, sizeof(*v), "plan order");
-    if (!v)
-        return RESHARD_ERR_NO_MEMORY;
-    for (int t = 0; t < p->ntensors; t++) {
-        const struct rs_layout *l = &p->tensors[t].dst;
-        v[t] = (struct size_index){layout_numel(l) * (int64_t)dtype_size(l->dtype), (uint32_t)t};
-    }
-    qsort(v, (size_t)p->ntensors, sizeof(*v), cmp_size_index);
-    for (int t = 0; t < p->ntensors; t++)
-        order[t] = v[t].index;
-    free(v);
-    return RESHARD_OK;
-}
-
-static void build_free(struct build *b)
-{
-    overlap_free(&b->ov);
-    free(b->units);
-    free(b->net_out);
-    free(b->net_in);
-    free(b->local_out);
-}
-
-/* Plans tensor t: its overlap, the local copies and the network units, then the network ops.
- * Refuses up front a tensor whose plan would pass the op limit. */
+/* Plans tensor t at the plan's scope. A rank that neither holds nor needs any of it skips it
+ * before building anything. */
 static reshard_status_t plan_tensor(struct build *b, uint32_t t)
 {
     struct rs_plan *p = b->plan;
     const struct plan_tensor *pt = &p->tensors[t];
-    RS_CHECK(overlap_build(&pt->src_map, &pt->dst_map, &p->topo, &b->ov));
+    int src_pos = -1, dst_pos = -1;
+    if (p->scope != PLAN_ALL_RANKS) {
+        src_pos = shardmap_position(&pt->src_map, p->scope);
+        dst_pos = shardmap_position(&pt->dst_map, p->scope);
+        if ((src_pos < 0 && dst_pos < 0) || topo_absent(&p->topo, p->scope))
+            return RESHARD_OK;
+    }
+    b->tensor = t;
+    b->pt = pt;
+    b->ndim = pt->dst.ndim;
     b->esize = (int64_t)dtype_size(pt->dst.dtype);
-    int64_t least = overlap_pairs(&b->ov, &pt->dst_map);
-    reshard_status_t st = RESHARD_OK;
-    if (least > p->opts.max_ops - (int64_t)p->nops)
-        st = rs_error(RESHARD_ERR_TOO_LARGE,
-                      "plan: tensor '%s' needs at least %lld transfers, more than the %lld "
-                      "left of RESHARD_PLAN_MAX_OPS; coarsen the layouts or raise the limit",
-                      pt->name, (long long)least, (long long)(p->opts.max_ops - (int64_t)p->nops));
-    if (st == RESHARD_OK)
-        st = plan_tensor_cells(b, t);
-    if (st == RESHARD_OK)
-        st = plan_assign_net(b);
-    overlap_free(&b->ov);
+    b->salt = plan_rule_mix((uint64_t)t, 0, 0);
+    RS_CHECK(plan_tensor_tdoms(p, (int)t, &b->src_td, &b->dst_td));
+    RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, &b->grid));
+    int lost = -1;
+    reshard_status_t st;
+    if (p->scope == PLAN_ALL_RANKS) {
+        b->keep = KEEP_ALL;
+        RS_CHECK_GOTO(check_op_bound(b), st, out_free_grid);
+        RS_CHECK_GOTO(plan_cells_all(b, &lost), st, out_free_grid);
+    } else {
+        b->me = p->scope;
+        if (dst_pos >= 0) {
+            b->keep = KEEP_INTO;
+            RS_CHECK_GOTO(plan_cells_into(b, pt->dst_map.tuple[dst_pos], &lost), st, out_free_grid);
+        }
+        if (src_pos >= 0) {
+            b->keep = KEEP_OUT_OF;
+            RS_CHECK_GOTO(plan_cells_out_of(b, pt->src_map.tuple[src_pos]), st, out_free_grid);
+        }
+    }
+    if (lost >= 0)
+        note_lost(b, lost);
+    st = RESHARD_OK;
+out_free_grid:
+    grid_free(&b->grid);
     return st;
 }
 
 static reshard_status_t plan_tensors(struct rs_plan *p)
 {
-    int n = p->topo.nranks;
     struct build b = {.plan = p};
-    uint32_t *order = rs_calloc((size_t)p->ntensors, sizeof(uint32_t), "plan order");
-    b.net_out = rs_calloc((size_t)n, sizeof(int64_t), "plan loads");
-    b.net_in = rs_calloc((size_t)n, sizeof(int64_t), "plan loads");
-    b.local_out = rs_calloc((size_t)n, sizeof(int64_t), "plan loads");
-    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
-    if (!order || !b.net_out || !b.net_in || !b.local_out)
-        goto free_build;
-    RS_CHECK_GOTO(largest_first(p, order), st, free_build);
-    for (int i = 0; i < p->ntensors; i++)
-        RS_CHECK_GOTO(plan_tensor(&b, order[i]), st, free_build);
+    for (int t = 0; t < p->ntensors; t++)
+        RS_CHECK(plan_tensor(&b, (uint32_t)t));
     if (b.nlost)
-        st = rs_error(RESHARD_ERR_DATA_LOST,
-                      "plan: %d tensor%s cannot be refit: a piece that a destination needs was "
-                      "held only by ranks that left, and no replica remains: %s",
-                      b.nlost, b.nlost == 1 ? "" : "s", b.lost);
-free_build:
-    free(order);
-    build_free(&b);
-    return st;
+        return rs_error(RESHARD_ERR_DATA_LOST,
+                        "plan: %d tensor%s cannot be refit: a piece that a destination needs was "
+                        "held only by ranks that left, and no replica remains: %s",
+                        b.nlost, b.nlost == 1 ? "" : "s", b.lost);
+    return RESHARD_OK;
 }
 
 /* Counters hold sums over every destination copy of every tensor: keep them below 2^62. */
@@ -447,7 +310,6 @@ static reshard_status_t plan_init(struct rs_plan *p, const struct plan_input *in
         p->opts.split_min_bytes = opts->split_min_bytes;
     if (opts && opts->max_ops > 0)
         p->opts.max_ops = opts->max_ops;
-    p->hash = UINT64_C(0x7265736861726421); /* the running hash of the ops */
     RS_CHECK(topo_copy(topo, &p->topo));
     p->tensors = rs_calloc((size_t)ntensors, sizeof(*p->tensors), "plan tensors");
     if (!p->tensors)
@@ -455,25 +317,30 @@ static reshard_status_t plan_init(struct rs_plan *p, const struct plan_input *in
     p->ntensors = ntensors;
     for (int t = 0; t < ntensors; t++)
         RS_CHECK(add_tensor(p, t, &in[t]));
-    return check_volume(p);
+    RS_CHECK(check_volume(p));
+    p->hash = inputs_hash(p);
+    return RESHARD_OK;
 }
 
 reshard_status_t plan_build(const struct plan_input *in, int ntensors, const struct rs_topo *topo,
-                            const struct plan_opts *opts, struct rs_plan **out)
+                            const struct plan_opts *opts, int scope, struct rs_plan **out)
 {
     if (!in || ntensors < 1 || !topo || !out)
         return rs_error(RESHARD_ERR_INVALID_ARG, "plan: needs at least one tensor and a topology");
     if (ntensors > PLAN_MAX_TENSORS)
         return rs_error(RESHARD_ERR_TOO_LARGE, "plan: %d tensors, more than the %d one plan holds",
                         ntensors, PLAN_MAX_TENSORS);
+    if (scope != PLAN_ALL_RANKS && (scope < 0 || scope >= topo->nranks))
+        return rs_error(RESHARD_ERR_RANK_RANGE, "plan: rank %d is outside the topology of %d ranks",
+                        scope, topo->nranks);
     double t0 = rs_now_ms_f();
     struct rs_plan *p = rs_calloc(1, sizeof(*p), "plan");
     if (!p)
         return RESHARD_ERR_NO_MEMORY;
+    p->scope = scope;
     reshard_status_t st;
     RS_CHECK_GOTO(plan_init(p, in, ntensors, topo, opts), st, err_free_plan);
     RS_CHECK_GOTO(plan_tensors(p), st, err_free_plan);
-    RS_CHECK_GOTO(plan_hash(p, &p->hash), st, err_free_plan);
     p->plan_ms = rs_now_ms_f() - t0;
     *out = p;
     return RESHARD_OK;
@@ -486,19 +353,12 @@ void plan_free(struct rs_plan *p)
 {
     if (!p)
         return;
-    for (int t = 0; p->tensors && t < p->ntensors; t++) {
-        struct plan_tensor *pt = &p->tensors[t];
-        if (!pt->src_shared)
-            shardmap_free(&pt->src_map);
-        if (!pt->dst_shared)
-            shardmap_free(&pt->dst_map);
-        layout_free(&pt->src);
-        layout_free(&pt->dst);
-        free(pt->name);
-    }
+    for (int t = 0; p->tensors && t < p->ntensors; t++)
+        free(p->tensors[t].name);
     free(p->tensors);
+    plan_cache_free(p->cache);
     topo_free(&p->topo);
     free(p->ops);
-    free(p->coords);
+    boxes_free(&p->boxes);
     free(p);
 }

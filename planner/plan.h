@@ -1,8 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A plan: the ops that move every tensor of a reshard from its source layout to its
- * destination layout on a topology (DESIGN.md section 5). Every rank builds the same plan from
- * the same inputs; the hash lets ranks prove it before any byte moves.
+ * destination layout on a topology (docs/architecture.md, "The planner").
+ *
+ * One rule decides every op from the layouts and the topology alone (no running loads), so a
+ * plan can be built at two scopes that agree op for op: the whole world's (every op, what
+ * reshard-plan reports and validates) and one rank's (only the ops that rank sends, receives
+ * or forwards, what a communicator plan holds: its cost does not grow with the world). The
+ * hash covers the plan's inputs and the rule's version, so ranks that agree on it plan alike.
  *
  * Op kinds, all writing a box of one tensor into the destination shard of `dst`:
  *   SELF  src == dst holds the box in its source shard (a copy inside one process);
@@ -13,6 +18,7 @@
 #ifndef RS_PLAN_H
 #define RS_PLAN_H
 
+#include "boxes.h"
 #include "dtype.h"
 #include "layout.h"
 #include "topo.h"
@@ -27,22 +33,28 @@ enum plan_op_kind { PLAN_OP_SELF, PLAN_OP_LOCAL, PLAN_OP_NET, PLAN_OP_FWD };
 /* 20 bytes: a plan of a large model holds millions, and writing them is most of the time it
  * takes to plan one; the byte count follows from the box (plan_op_bytes). */
 struct plan_op {
-    uint32_t box; /* plan->coords[box ..]: start[ndim], then len[ndim] */
+    uint32_t box; /* plan->boxes.coords[box ..]: start[ndim], then len[ndim] */
     uint32_t tensor : 30;
     uint32_t kind : 2;
-    uint32_t parent; /* FWD: index of the NET op that delivered the box */
+    /* FWD: index of the NET op that delivered the box to src; in a rank's plan, PLAN_NO_PARENT
+     * when that op is not the rank's own (the rank receives the forward) */
+    uint32_t parent;
     int32_t src, dst;
 };
 
 #define PLAN_MAX_TENSORS (1 << 30) /* the width of plan_op.tensor */
 
+struct plan_side;
+
+/* The layouts, maps and tuple domains of a tensor live in the plan's cache, shared by every
+ * tensor of equal layout (a whole model repeats a few layouts over thousands of tensors), and
+ * equal rank lists are stored once: a plan of a model on 8,192 ranks holds each list once, not
+ * once per tensor. */
 struct plan_tensor {
-    char *name;                /* owned */
-    struct rs_layout src, dst; /* owned copies */
-    /* A map equal to an earlier tensor's is that tensor's (shared: not freed here), since
-     * whole models repeat a few layouts over thousands of tensors. */
-    struct rs_shardmap src_map, dst_map;
-    uint8_t src_shared, dst_shared;
+    char *name;                          /* owned */
+    struct rs_layout src, dst;           /* copies whose rank lists are the cache's */
+    struct rs_shardmap src_map, dst_map; /* copies of the cache's */
+    struct plan_side *src_side, *dst_side;
 };
 
 struct plan_opts { /* a field <= 0 takes its default */
@@ -63,39 +75,50 @@ struct plan_input {
     const struct rs_layout *src, *dst;
 };
 
+#define PLAN_ALL_RANKS (-1)
+
+struct plan_cache;
+struct tuple_domains;
+
 struct rs_plan {
     int ntensors;
     struct plan_tensor *tensors;
     struct rs_topo topo;
     struct plan_opts opts;
+    int scope; /* PLAN_ALL_RANKS, or the rank whose ops alone the plan holds */
     struct plan_op *ops;
     size_t nops, ops_cap;
-    int64_t *coords;
-    size_t ncoords, coords_cap;
-    uint64_t hash;
+    struct rs_boxes boxes;
+    struct plan_cache *cache;
+    uint64_t hash;  /* of the inputs and the rule: equal on every rank that plans alike */
     double plan_ms; /* wall time of plan_build */
 };
 
-/* Checks the inputs (matching shape and dtype, ranks inside the topology) and plans. */
+/* Checks the inputs (matching shape and dtype, ranks inside the topology) and plans every
+ * rank's ops (scope PLAN_ALL_RANKS) or only rank `scope`'s: the ops it sends, receives or
+ * forwards, in time and memory that depend on its own ops and the tensors, not on the world. */
 reshard_status_t plan_build(const struct plan_input *in, int ntensors, const struct rs_topo *topo,
-                            const struct plan_opts *opts, struct rs_plan **out);
+                            const struct plan_opts *opts, int scope, struct rs_plan **out);
 void plan_free(struct rs_plan *plan);
+/* The tuple domains of a tensor's side (built once per distinct layout and kept). */
+reshard_status_t plan_tensor_tdoms(struct rs_plan *p, int t, const struct tuple_domains **src,
+                                   const struct tuple_domains **dst);
 
 static inline const int64_t *plan_op_start(const struct rs_plan *p, const struct plan_op *op)
 {
-    return p->coords + op->box;
+    return p->boxes.coords + op->box;
 }
 
 static inline const int64_t *plan_op_len(const struct rs_plan *p, const struct plan_op *op)
 {
-    return p->coords + op->box + p->tensors[op->tensor].dst.ndim;
+    return p->boxes.coords + op->box + p->tensors[op->tensor].dst.ndim;
 }
 
 /* The bytes an op moves, in the destination dtype. */
 static inline int64_t plan_op_bytes(const struct rs_plan *p, const struct plan_op *op)
 {
     const struct rs_layout *l = &p->tensors[op->tensor].dst;
-    const int64_t *len = p->coords + op->box + l->ndim;
+    const int64_t *len = p->boxes.coords + op->box + l->ndim;
     int64_t v = (int64_t)dtype_size(l->dtype);
     for (int d = 0; d < l->ndim; d++)
         v *= len[d];
@@ -103,13 +126,5 @@ static inline int64_t plan_op_bytes(const struct rs_plan *p, const struct plan_o
 }
 
 const char *plan_op_kind_name(enum plan_op_kind k);
-
-/* ---- used by the builder's parts (plan.c, plan_net.c) ---- */
-
-/* Appends a box; *box is its index in coords. */
-reshard_status_t plan_push_box(struct rs_plan *p, int ndim, const int64_t *start,
-                               const int64_t *len, uint32_t *box);
-reshard_status_t plan_push_op(struct rs_plan *p, enum plan_op_kind kind, uint32_t tensor, int src,
-                              int dst, uint32_t box, uint32_t parent);
 
 #endif

@@ -1,40 +1,88 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* State shared by the parts of the plan builder (plan.c, plan_net.c); not used elsewhere. */
+/*
+ * What the parts of the plan builder share; not used elsewhere.
+ *   plan.c        the plan object: inputs, checks, the hash, the driver, ops and their limit
+ *   plan_cache.c  layouts, shard maps and tuple domains, each stored once per distinct value
+ *   plan_cells.c  which cells of a tensor a scope visits, and serving them inside a domain
+ *   plan_net.c    the rule for cells that cross the network: slices, senders, forwards
+ */
 #ifndef RS_PLAN_BUILD_H
 #define RS_PLAN_BUILD_H
 
 #include "grid.h"
 #include "plan.h"
 
-/* One cell that must cross the network into one domain: the destination run of its tuple
- * that lives there, and the source tuple whose ranks (all in other domains) hold it. */
-struct net_unit {
-    int64_t bytes;
-    uint32_t box;
-    uint32_t tensor;
-    int32_t src_tuple;
-    int32_t run;
+/* A side of a tensor: one distinct layout with its map and, once asked for, tuple domains. */
+struct plan_side {
+    struct rs_layout layout; /* ranks: an interned list */
+    uint64_t key;
+    struct rs_shardmap map;
+    struct tuple_domains td;
+    int has_td;
 };
 
-#define PLAN_NO_BOX UINT32_MAX
+/* The side for layout l, from the cache or built there; blames `name` and `what` on error. */
+reshard_status_t plan_cache_side(struct rs_plan *p, const struct rs_layout *l, const char *name,
+                                 const char *what, struct plan_side **out);
+/* Its tuple domains on the plan's topology, built on first use. */
+reshard_status_t plan_side_tdoms(struct rs_plan *p, struct plan_side *s,
+                                 const struct tuple_domains **out);
+/* A hash of a layout's canonical form, rank list included (hashed once per list). */
+uint64_t plan_side_hash(const struct plan_side *s);
+void plan_cache_free(struct plan_cache *c);
 
-/* Tensors are planned one at a time (largest first), so the grid and the units of only one
- * tensor are alive; the loads carry over from tensor to tensor. */
+/* Which ops a pass keeps (a plan of one rank makes two passes over a tensor). */
+enum plan_keep {
+    KEEP_ALL,   /* every op: the whole world's plan */
+    KEEP_INTO,  /* ops into the scope rank, and the forwards out of it */
+    KEEP_OUT_OF /* the scope rank's sends of what it holds (LOCAL and NET) to others */
+};
+
+/* The tensor being planned. */
 struct build {
     struct rs_plan *plan;
-    struct overlap ov;      /* of the tensor being planned */
-    int64_t esize;          /* ... and the size of its elements */
-    struct net_unit *units; /* ... and its network units */
-    size_t nunits, units_cap;
-    int64_t *net_out, *net_in, *local_out; /* bytes per rank so far */
+    enum plan_keep keep;
+    int me;          /* the scope rank (KEEP_INTO, KEEP_OUT_OF) */
+    uint32_t tensor; /* ... and the tensor */
+    const struct plan_tensor *pt;
+    int ndim;
+    int64_t esize;
+    uint64_t salt; /* the tensor's rotation, from its index */
+    struct rs_grid grid;
+    const struct tuple_domains *src_td, *dst_td;
     /* Tensors with a piece that a destination needs and only absent ranks held: the plan
      * goes on to find them all, then fails naming them. */
     int nlost;
     char lost[256];
 };
 
-/* Cuts the current tensor's units into per-rank slices, largest first, picks senders and
- * emits NET and FWD ops. */
-reshard_status_t plan_assign_net(struct build *b);
+/* One cell of the tensor and the run (ranks of its destination tuple in one domain) that needs
+ * it. */
+struct plan_cell {
+    struct grid_cursor c;
+    int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS];
+    uint32_t box; /* PLAN_NO_BOX until an op needs it */
+    int64_t bytes;
+};
+
+#define PLAN_NO_BOX UINT32_MAX
+
+/* Pushes the cell's box once, for every op that moves the whole cell. */
+reshard_status_t plan_cell_box(struct build *b, struct plan_cell *cell);
+/* Appends an op if the pass keeps it (kept: 1 when it did, when asked). */
+reshard_status_t plan_emit(struct build *b, enum plan_op_kind kind, int src, int dst, uint32_t box,
+                           uint32_t parent, int *kept);
+/* Is the op kept by this pass? */
+int plan_keeps(const struct build *b, enum plan_op_kind kind, int src, int dst);
+/* The passes over a tensor's cells: every cell (KEEP_ALL); the cells of the scope rank's
+ * destination tuple (KEEP_INTO); the cells of its source tuple (KEEP_OUT_OF). *lost becomes a
+ * source tuple that a destination needs and no present rank holds. */
+reshard_status_t plan_cells_all(struct build *b, int *lost);
+reshard_status_t plan_cells_into(struct build *b, int dst_tuple, int *lost);
+reshard_status_t plan_cells_out_of(struct build *b, int src_tuple);
+/* The cell enters the domain of destination run `run` over the network (no source there). */
+reshard_status_t plan_net_unit(struct build *b, struct plan_cell *cell, int run);
+/* A small rotation from a tensor and two more words, the same on every rank. */
+uint64_t plan_rule_mix(uint64_t salt, uint64_t a, uint64_t b);
 
 #endif

@@ -46,7 +46,7 @@ static reshard_status_t check_op(const struct rs_plan *p, size_t i)
         return invalid(p, i, "an absent rank sends or receives");
     const struct plan_tensor *t = &p->tensors[op->tensor];
     int ndim = t->dst.ndim;
-    if (op->box + 2 * (uint64_t)ndim > p->ncoords)
+    if (op->box + 2 * (uint64_t)ndim > p->boxes.n)
         return invalid(p, i, "box outside the plan");
     const int64_t *s = plan_op_start(p, op), *l = plan_op_len(p, op);
     for (int d = 0; d < ndim; d++)

@@ -179,7 +179,7 @@ reshard_status_t api_plan_build(const char *fn, const reshard_tensor_t *tensors,
     for (int i = 0; i < ntensors; i++)
         in[i] = (struct plan_input){tensors[i].name, tensors[i].src ? &tensors[i].src->l : NULL,
                                     tensors[i].dst ? &tensors[i].dst->l : NULL};
-    reshard_status_t st = plan_build(in, ntensors, topo, &opts, out);
+    reshard_status_t st = plan_build(in, ntensors, topo, &opts, PLAN_ALL_RANKS, out);
     free(in);
     if (st == RESHARD_OK)
         rs_log(RS_LOG_INFO, "planned %d tensor(s) on %d ranks in %d domains: %zu ops in %.3f ms",

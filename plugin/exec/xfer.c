@@ -55,7 +55,7 @@ static reshard_status_t push_box(struct xfer_set *s, int ndim, const int64_t *st
 static reshard_status_t from_ops(const struct rs_plan *ops, const struct rs_topo *real,
                                  struct xfer_set *s)
 {
-    s->coords = ops->coords;
+    s->coords = ops->boxes.coords;
     for (size_t i = 0; i < ops->nops; i++) {
         const struct plan_op *o = &ops->ops[i];
         int fwd = o->kind == PLAN_OP_FWD;
@@ -84,7 +84,8 @@ static reshard_status_t build_direct(const struct rs_plan *plan, struct xfer_set
     for (int t = 0; t < plan->ntensors; t++)
         in[t] = (struct plan_input){plan->tensors[t].name, &plan->tensors[t].src,
                                     &plan->tensors[t].dst};
-    RS_CHECK_GOTO(plan_build(in, plan->ntensors, &single, &plan->opts, &s->aux), st, out);
+    RS_CHECK_GOTO(plan_build(in, plan->ntensors, &single, &plan->opts, plan->scope, &s->aux), st,
+                  out);
     RS_CHECK_GOTO(from_ops(s->aux, &plan->topo, s), st, out);
 out:
     free(in);
@@ -204,7 +205,7 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
         w->place[0].kind = RS_PLACE_R;
         in[t] = (struct plan_input){plan->tensors[t].name, src, w};
     }
-    RS_CHECK_GOTO(plan_build(in, nt, &plan->topo, &plan->opts, &s->aux), st, out);
+    RS_CHECK_GOTO(plan_build(in, nt, &plan->topo, &plan->opts, plan->scope, &s->aux), st, out);
     /* The gather: the ops into the first source rank's whole-tensor buffer. */
     for (size_t i = 0; i < s->aux->nops; i++) {
         const struct plan_op *o = &s->aux->ops[i];

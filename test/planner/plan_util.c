@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <stdlib.h>
+#include <string.h>
 
 static reshard_status_t build(int n, const char *const *src, const char *const *dst, int world,
                               int domain_size, const int *domain_of, int64_t split_min,
@@ -24,7 +25,7 @@ static reshard_status_t build(int n, const char *const *src, const char *const *
     struct rs_topo topo;
     cr_assert_eq(topo_create(world, domain_size, domain_of, &topo), RESHARD_OK);
     struct plan_opts opts = {.split_min_bytes = split_min};
-    reshard_status_t st = plan_build(in, n, &topo, &opts, out);
+    reshard_status_t st = plan_build(in, n, &topo, &opts, PLAN_ALL_RANKS, out);
     topo_free(&topo);
     for (int i = 0; i < 2 * n; i++)
         layout_free(&l[i]);
@@ -61,4 +62,89 @@ struct plan_stats stats_of(const struct rs_plan *p, struct plan_rank_stats *per_
     struct plan_stats s;
     cr_assert_eq(plan_stats_compute(p, &s, per_rank), RESHARD_OK, "%s", rs_error_message());
     return s;
+}
+
+/* An op as both scopes can state it: kind, ranks, box, and for a forward the op that delivered
+ * what it forwards, when that op belongs to the plan (the forwarder's). */
+struct canon_op {
+    int32_t tensor, kind, src, dst;
+    int64_t box[2 * RS_MAX_DIMS];
+    int32_t parent_src, parent_dst;
+    int64_t parent_box[2 * RS_MAX_DIMS];
+};
+
+static int cmp_canon(const void *a, const void *b)
+{
+    return memcmp(a, b, sizeof(struct canon_op));
+}
+
+static void canon_box(const struct rs_plan *p, const struct plan_op *o, int64_t *out)
+{
+    int ndim = p->tensors[o->tensor].dst.ndim;
+    memcpy(out, p->boxes.coords + o->box, 2 * (size_t)ndim * sizeof(int64_t));
+}
+
+/* The ops of p that involve rank r (every op of a plan of r alone), canonical and sorted. */
+static struct canon_op *canon_ops(const struct rs_plan *p, int r, size_t *n)
+{
+    struct canon_op *v = calloc(p->nops + 1, sizeof(*v));
+    cr_assert_not_null(v);
+    size_t k = 0;
+    for (size_t i = 0; i < p->nops; i++) {
+        const struct plan_op *o = &p->ops[i];
+        if (o->src != r && o->dst != r)
+            continue;
+        struct canon_op *c = &v[k++];
+        c->tensor = (int32_t)o->tensor;
+        c->kind = (int32_t)o->kind;
+        c->src = o->src;
+        c->dst = o->dst;
+        canon_box(p, o, c->box);
+        c->parent_src = c->parent_dst = -1;
+        if (o->kind == PLAN_OP_FWD && o->src == r) {
+            cr_assert_neq(o->parent, PLAN_NO_PARENT, "rank %d forwards without a parent", r);
+            const struct plan_op *q = &p->ops[o->parent];
+            c->parent_src = q->src;
+            c->parent_dst = q->dst;
+            canon_box(p, q, c->parent_box);
+        }
+    }
+    qsort(v, k, sizeof(*v), cmp_canon);
+    *n = k;
+    return v;
+}
+
+void check_rank_scopes(const struct rs_plan *whole, const char *why)
+{
+    int nt = whole->ntensors;
+    struct plan_input *in = calloc((size_t)nt, sizeof(*in));
+    cr_assert_not_null(in);
+    for (int t = 0; t < nt; t++)
+        in[t] = (struct plan_input){whole->tensors[t].name, &whole->tensors[t].src,
+                                    &whole->tensors[t].dst};
+    for (int r = 0; r < whole->topo.nranks; r++) {
+        struct rs_plan *mine = NULL;
+        cr_assert_eq(plan_build(in, nt, &whole->topo, &whole->opts, r, &mine), RESHARD_OK,
+                     "%s\nrank %d: %s", why, r, rs_error_message());
+        cr_assert_eq(mine->hash, whole->hash, "%s\nrank %d: the hash depends on the scope", why, r);
+        size_t na, nb;
+        struct canon_op *a = canon_ops(whole, r, &na), *b = canon_ops(mine, r, &nb);
+        cr_assert_eq(nb, mine->nops, "%s\nrank %d's plan holds an op of others", why, r);
+        cr_assert_eq(na, nb, "%s\nrank %d: %zu ops in the whole plan, %zu in its own", why, r, na,
+                     nb);
+        for (size_t i = 0; i < na; i++)
+            cr_assert(!memcmp(&a[i], &b[i], sizeof(a[i])),
+                      "%s\nrank %d: op %zu differs (%s %d->%d in the whole plan, %s %d->%d in its "
+                      "own)",
+                      why, r, i, plan_op_kind_name((enum plan_op_kind)a[i].kind), a[i].src,
+                      a[i].dst, plan_op_kind_name((enum plan_op_kind)b[i].kind), b[i].src,
+                      b[i].dst);
+        for (size_t i = 0; i < mine->nops; i++) /* a forward's parent is its own NET op */
+            if (mine->ops[i].kind == PLAN_OP_FWD && mine->ops[i].src == r)
+                cr_assert_eq(mine->ops[mine->ops[i].parent].dst, r, "%s\nrank %d", why, r);
+        free(a);
+        free(b);
+        plan_free(mine);
+    }
+    free(in);
 }

@@ -178,16 +178,17 @@ Test(plan, bad_layout_structs_name_tensor_and_side)
     cr_assert_eq(topo_create(2, 2, NULL, &topo), RESHARD_OK);
     struct plan_input in = {"w", &ok, &bad};
     struct rs_plan *p;
-    cr_assert_eq(plan_build(&in, 1, &topo, NULL, &p), RESHARD_ERR_MESH_SIZE);
+    cr_assert_eq(plan_build(&in, 1, &topo, NULL, PLAN_ALL_RANKS, &p), RESHARD_ERR_MESH_SIZE);
     cr_assert_str_eq(rs_error_message(),
                      "tensor 'w' destination: mesh: 3 holds 3 ranks but ranks lists 2");
     in.dst = NULL;
-    cr_assert_eq(plan_build(&in, 1, &topo, NULL, &p), RESHARD_ERR_INVALID_ARG);
+    cr_assert_eq(plan_build(&in, 1, &topo, NULL, PLAN_ALL_RANKS, &p), RESHARD_ERR_INVALID_ARG);
     cr_assert_str_eq(rs_error_message(), "tensor 'w': missing destination layout");
-    cr_assert_eq(plan_build(&in, 0, &topo, NULL, &p), RESHARD_ERR_INVALID_ARG);
-    cr_assert_eq(plan_build(&in, 1, NULL, NULL, &p), RESHARD_ERR_INVALID_ARG);
+    cr_assert_eq(plan_build(&in, 0, &topo, NULL, PLAN_ALL_RANKS, &p), RESHARD_ERR_INVALID_ARG);
+    cr_assert_eq(plan_build(&in, 1, NULL, NULL, PLAN_ALL_RANKS, &p), RESHARD_ERR_INVALID_ARG);
     /* refused before the list is read: an op names its tensor in 30 bits */
-    cr_assert_eq(plan_build(&in, PLAN_MAX_TENSORS + 1, &topo, NULL, &p), RESHARD_ERR_TOO_LARGE);
+    cr_assert_eq(plan_build(&in, PLAN_MAX_TENSORS + 1, &topo, NULL, PLAN_ALL_RANKS, &p),
+                 RESHARD_ERR_TOO_LARGE);
     cr_assert_str_eq(rs_error_message(),
                      "plan: 1073741825 tensors, more than the 1073741824 one plan holds");
     topo_free(&topo);
@@ -219,12 +220,13 @@ Test(plan, the_op_limit_refuses_before_building)
     struct plan_input in = {"w", &l[0], &l[1]};
     struct plan_opts opts = {.max_ops = 15}; /* 4 x 4 cells, one destination domain: 16 */
     struct rs_plan *p;
-    cr_assert_eq(plan_build(&in, 1, &topo, &opts, &p), RESHARD_ERR_TOO_LARGE);
+    cr_assert_eq(plan_build(&in, 1, &topo, &opts, PLAN_ALL_RANKS, &p), RESHARD_ERR_TOO_LARGE);
     cr_assert_str_eq(rs_error_message(),
                      "plan: tensor 'w' needs at least 16 transfers, more than the 15 left of "
                      "RESHARD_PLAN_MAX_OPS; coarsen the layouts or raise the limit");
     opts.max_ops = 16;
-    cr_assert_eq(plan_build(&in, 1, &topo, &opts, &p), RESHARD_OK, "%s", rs_error_message());
+    cr_assert_eq(plan_build(&in, 1, &topo, &opts, PLAN_ALL_RANKS, &p), RESHARD_OK, "%s",
+                 rs_error_message());
     cr_assert_eq(p->nops, 16, "the estimate is exact here: one NET op per cell");
     plan_free(p);
     topo_free(&topo);
@@ -261,7 +263,7 @@ Test(plan, a_missing_source_is_named)
     cr_assert_eq(topo_create(1, 1, NULL, &topo), RESHARD_OK);
     struct plan_input in = {NULL, NULL, &ok};
     struct rs_plan *p;
-    cr_assert_eq(plan_build(&in, 1, &topo, NULL, &p), RESHARD_ERR_INVALID_ARG);
+    cr_assert_eq(plan_build(&in, 1, &topo, NULL, PLAN_ALL_RANKS, &p), RESHARD_ERR_INVALID_ARG);
     cr_assert_str_eq(rs_error_message(), "tensor 't0': missing source layout");
     topo_free(&topo);
 }
@@ -283,8 +285,8 @@ Test(plan, the_hash_covers_views_and_names)
     struct rs_topo topo;
     cr_assert_eq(topo_create(4, 2, NULL, &topo), RESHARD_OK);
     struct plan_input x = {"x", &l[0], &l[1]}, y = {"y", &l[0], &l[1]};
-    cr_assert_eq(plan_build(&x, 1, &topo, NULL, &a), RESHARD_OK);
-    cr_assert_eq(plan_build(&y, 1, &topo, NULL, &b), RESHARD_OK);
+    cr_assert_eq(plan_build(&x, 1, &topo, NULL, PLAN_ALL_RANKS, &a), RESHARD_OK);
+    cr_assert_eq(plan_build(&y, 1, &topo, NULL, PLAN_ALL_RANKS, &b), RESHARD_OK);
     cr_assert_neq(a->hash, b->hash, "tensor names are part of the agreement");
     plan_free(a);
     plan_free(b);

@@ -5,10 +5,12 @@
  * 1-8 domains). Every plan must validate, move exactly min_net_bytes over the network, and
  * agree with the brute-force oracle on every element and on every bound; so must the plan of
  * each pair with one source rank absent, unless the oracle finds data that only that rank held
- * (then the plan fails with DATA_LOST). A failure prints the
+ * (then the plan fails with DATA_LOST). Every rank's own plan of each pair (and of the pair with
+ * the rank absent) equals its slice of the whole plan op for op. A failure prints the
  * seed and both specs; RESHARD_TEST_SEED=N replays one seed.
  */
 #include "oracle.h"
+#include "plan_util.h"
 #include "base/error.h"
 #include "planner/spec.h"
 #include "planner/stats.h"
@@ -47,7 +49,7 @@ static void run_absent(const struct random_case *c, uint64_t seed, const struct 
     cr_assert_geq(lost, 0, "%s", why);
     struct plan_opts opts = {.split_min_bytes = c->split_min_bytes};
     struct rs_plan *p = NULL;
-    reshard_status_t st = plan_build(in, 1, &t, &opts, &p);
+    reshard_status_t st = plan_build(in, 1, &t, &opts, PLAN_ALL_RANKS, &p);
     if (lost) {
         cr_assert_eq(st, RESHARD_ERR_DATA_LOST, "%s\nrank %d absent: expected DATA_LOST, got %s",
                      why, gone, rs_status_string(st));
@@ -70,6 +72,7 @@ static void run_absent(const struct random_case *c, uint64_t seed, const struct 
     char msg[256] = "";
     cr_assert_eq(oracle_check_plan(p, msg, sizeof(msg)), 0, "%s\nrank %d absent: %s", why, gone,
                  msg);
+    check_rank_scopes(p, why);
     plan_free(p);
     topo_free(&t);
 }
@@ -100,7 +103,7 @@ static void run_case(uint64_t seed)
     struct plan_input in = {"t", &parsed[0], &parsed[1]};
     struct plan_opts opts = {.split_min_bytes = c.split_min_bytes};
     struct rs_plan *p;
-    reshard_status_t st = plan_build(&in, 1, &topo, &opts, &p);
+    reshard_status_t st = plan_build(&in, 1, &topo, &opts, PLAN_ALL_RANKS, &p);
     cr_assert_eq(st, RESHARD_OK, "%s\nplan_build: %s", why, rs_error_message());
 
     st = plan_validate(p);
@@ -124,6 +127,7 @@ static void run_case(uint64_t seed)
 
     char msg[256] = "";
     cr_assert_eq(oracle_check_plan(p, msg, sizeof(msg)), 0, "%s\noracle: %s", why, msg);
+    check_rank_scopes(p, why);
     run_absent(&c, seed, &in, &topo, why);
 
     plan_free(p);

@@ -108,7 +108,7 @@ Test(validate, forward_of_what_another_rank_received)
 Test(validate, box_outside_the_tensor)
 {
     struct rs_plan *p = fresh();
-    p->coords[p->ops[0].box] = 7; /* start 7, len >= 2 */
+    p->boxes.coords[p->ops[0].box] = 7; /* start 7, len >= 2 */
     expect_invalid(p, "box empty or outside the tensor");
 }
 

@@ -1,0 +1,274 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The plan's cache: every distinct rank list, and every distinct layout with its shard map and
+ * tuple domains, stored once. A model repeats a few layouts over thousands of tensors, and the
+ * lists grow with the world (an inference side of 4,096 ranks names them all in every tensor):
+ * kept per tensor, they would make a rank's plan grow with the world.
+ */
+#include "plan_build.h"
+
+#include "spec.h"
+#include "base/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct rank_list {
+    int n;
+    int *ranks; /* owned */
+    uint64_t hash;
+};
+
+/* Open addressing: slot holds an item's index + 1, 0 when empty; cap is a power of two. */
+struct table {
+    uint32_t *slot;
+    size_t cap;
+};
+
+struct plan_cache {
+    struct rank_list **lists;
+    size_t nlists, lists_cap;
+    struct table list_index;
+    struct plan_side **sides;
+    size_t nsides, sides_cap;
+    struct table side_index;
+    /* the last rank array asked for and its list: consecutive tensors often share one */
+    const int *last_ranks;
+    int last_n;
+    struct rank_list *last_list;
+};
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h = (h ^ v) * UINT64_C(0x9e3779b97f4a7c15);
+    return h ^ (h >> 29);
+}
+
+static uint64_t mix_string(uint64_t h, const char *s)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t w = 0;
+        memcpy(&w, s + i, n - i < 8 ? n - i : 8);
+        h = mix(h, w);
+    }
+    return mix(h, n);
+}
+
+/* Makes room for one more item of `count`: doubles and re-inserts when half full. */
+static reshard_status_t table_fit(struct table *t, size_t count, uint64_t (*hash_of)(void *, size_t),
+                                  void *arg)
+{
+    if (2 * (count + 1) <= t->cap)
+        return RESHARD_OK;
+    size_t cap = t->cap ? 2 * t->cap : 64;
+    uint32_t *slot = rs_calloc(cap, sizeof(*slot), "plan cache");
+    if (!slot)
+        return RESHARD_ERR_NO_MEMORY;
+    for (size_t i = 0; i < count; i++) {
+        size_t at = hash_of(arg, i) & (cap - 1);
+        while (slot[at])
+            at = (at + 1) & (cap - 1);
+        slot[at] = (uint32_t)i + 1;
+    }
+    free(t->slot);
+    t->slot = slot;
+    t->cap = cap;
+    return RESHARD_OK;
+}
+
+static uint64_t list_hash_of(void *arg, size_t i)
+{
+    return ((struct plan_cache *)arg)->lists[i]->hash;
+}
+
+static uint64_t side_hash_of(void *arg, size_t i)
+{
+    return ((struct plan_cache *)arg)->sides[i]->key;
+}
+
+static uint64_t hash_ranks(const int *r, int n)
+{
+    uint64_t h = mix(UINT64_C(0x72616e6b73), (uint64_t)n);
+    for (int i = 0; i < n; i++)
+        h = mix(h, (uint64_t)(uint32_t)r[i]);
+    return h;
+}
+
+static reshard_status_t cache_get(struct rs_plan *p, struct plan_cache **out)
+{
+    if (!p->cache && !(p->cache = rs_calloc(1, sizeof(*p->cache), "plan cache")))
+        return RESHARD_ERR_NO_MEMORY;
+    *out = p->cache;
+    return RESHARD_OK;
+}
+
+/* The interned list equal to ranks[0 .. n). */
+static reshard_status_t intern_ranks(struct plan_cache *c, const int *ranks, int n,
+                                     struct rank_list **out)
+{
+    if (c->last_list && c->last_ranks == ranks && c->last_n == n) {
+        *out = c->last_list;
+        return RESHARD_OK;
+    }
+    uint64_t h = hash_ranks(ranks, n);
+    RS_CHECK(table_fit(&c->list_index, c->nlists, list_hash_of, c));
+    size_t at = h & (c->list_index.cap - 1);
+    for (; c->list_index.slot[at]; at = (at + 1) & (c->list_index.cap - 1)) {
+        struct rank_list *l = c->lists[c->list_index.slot[at] - 1];
+        if (l->hash == h && l->n == n && !memcmp(l->ranks, ranks, (size_t)n * sizeof(int)))
+            goto found;
+    }
+    struct rank_list **v =
+        rs_grow(c->lists, &c->lists_cap, c->nlists + 1, sizeof(*v), "plan rank lists");
+    if (!v)
+        return RESHARD_ERR_NO_MEMORY;
+    c->lists = v;
+    struct rank_list *l = rs_calloc(1, sizeof(*l), "plan rank list");
+    int *copy = l ? rs_calloc((size_t)n, sizeof(int), "plan rank list") : NULL;
+    if (!copy) {
+        free(l);
+        return RESHARD_ERR_NO_MEMORY;
+    }
+    memcpy(copy, ranks, (size_t)n * sizeof(int));
+    *l = (struct rank_list){n, copy, h};
+    c->lists[c->nlists++] = l;
+    c->list_index.slot[at] = (uint32_t)c->nlists;
+found:
+    c->last_ranks = ranks;
+    c->last_n = n;
+    c->last_list = c->lists[c->list_index.slot[at] - 1];
+    *out = c->last_list;
+    return RESHARD_OK;
+}
+
+/* Layouts compare field by field; rank lists by their interned pointer. */
+static int same_layout(const struct rs_layout *a, const struct rs_layout *b)
+{
+    if (a->ndim != b->ndim || a->dtype != b->dtype || a->nranks != b->nranks ||
+        a->ranks != b->ranks || a->mesh_ndim != b->mesh_ndim ||
+        memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof(a->shape[0])) ||
+        memcmp(a->mesh, b->mesh, (size_t)a->mesh_ndim * sizeof(a->mesh[0])))
+        return 0;
+    for (int m = 0; m < a->mesh_ndim; m++)
+        if (a->place[m].kind != b->place[m].kind || a->place[m].dim != b->place[m].dim ||
+            a->place[m].k != b->place[m].k)
+            return 0;
+    const struct rs_view *u = &a->view, *v = &b->view;
+    return !strcmp(u->buffer, v->buffer) && u->offset == v->offset && u->ndim == v->ndim &&
+           u->nstrides == v->nstrides &&
+           !memcmp(u->shape, v->shape, (size_t)u->ndim * sizeof(u->shape[0])) &&
+           !memcmp(u->strides, v->strides, (size_t)u->nstrides * sizeof(u->strides[0]));
+}
+
+/* Every field of the canonical form; the rank list by its hash. The same on every rank. */
+static uint64_t layout_key(const struct rs_layout *l, uint64_t ranks_hash)
+{
+    uint64_t h = mix(UINT64_C(0x6c61796f7574), (uint64_t)l->ndim);
+    for (int d = 0; d < l->ndim; d++)
+        h = mix(h, (uint64_t)l->shape[d]);
+    h = mix(mix(h, (uint64_t)l->dtype), ranks_hash);
+    h = mix(h, (uint64_t)l->mesh_ndim);
+    for (int m = 0; m < l->mesh_ndim; m++) {
+        h = mix(h, (uint64_t)l->mesh[m]);
+        h = mix(h, (uint64_t)l->place[m].kind << 32 | (uint32_t)l->place[m].dim);
+        h = mix(h, (uint64_t)l->place[m].k);
+    }
+    const struct rs_view *v = &l->view;
+    h = mix(mix_string(h, v->buffer), (uint64_t)v->offset);
+    h = mix(h, (uint64_t)v->ndim << 32 | (uint32_t)v->nstrides);
+    for (int d = 0; d < v->ndim; d++)
+        h = mix(h, (uint64_t)v->shape[d]);
+    for (int d = 0; d < v->nstrides; d++)
+        h = mix(h, (uint64_t)v->strides[d]);
+    return h;
+}
+
+/* Prefixes the message of a failed layout check with the tensor and side. */
+static reshard_status_t blame(reshard_status_t st, const char *name, const char *what)
+{
+    struct rs_saved_error msg;
+    rs_error_save(&msg);
+    return rs_error(st, "tensor '%s' %s: %s", name, what, msg.msg);
+}
+
+reshard_status_t plan_cache_side(struct rs_plan *p, const struct rs_layout *l, const char *name,
+                                 const char *what, struct plan_side **out)
+{
+    struct plan_cache *c;
+    struct rank_list *list;
+    RS_CHECK(cache_get(p, &c));
+    if (l->nranks < 1 || !l->ranks) { /* the layout check says so, with its message */
+        struct rs_shardmap none;
+        return blame(shardmap_build(l, &none, NULL), name, what);
+    }
+    RS_CHECK(intern_ranks(c, l->ranks, l->nranks, &list));
+    struct rs_layout probe = *l;
+    probe.ranks = list->ranks;
+    uint64_t key = layout_key(&probe, list->hash);
+    RS_CHECK(table_fit(&c->side_index, c->nsides, side_hash_of, c));
+    size_t at = key & (c->side_index.cap - 1);
+    for (; c->side_index.slot[at]; at = (at + 1) & (c->side_index.cap - 1)) {
+        struct plan_side *s = c->sides[c->side_index.slot[at] - 1];
+        if (s->key == key && same_layout(&s->layout, &probe)) {
+            *out = s;
+            return RESHARD_OK;
+        }
+    }
+    struct plan_side **v =
+        rs_grow(c->sides, &c->sides_cap, c->nsides + 1, sizeof(*v), "plan layouts");
+    if (!v)
+        return RESHARD_ERR_NO_MEMORY;
+    c->sides = v;
+    struct plan_side *s = rs_calloc(1, sizeof(*s), "plan layout");
+    if (!s)
+        return RESHARD_ERR_NO_MEMORY;
+    s->layout = probe;
+    s->key = key;
+    reshard_status_t st = shardmap_build(&s->layout, &s->map, NULL);
+    if (st != RESHARD_OK) {
+        free(s);
+        return blame(st, name, what);
+    }
+    c->sides[c->nsides++] = s;
+    c->side_index.slot[at] = (uint32_t)c->nsides;
+    *out = s;
+    return RESHARD_OK;
+}
+
+reshard_status_t plan_side_tdoms(struct rs_plan *p, struct plan_side *s,
+                                 const struct tuple_domains **out)
+{
+    if (!s->has_td) {
+        RS_CHECK(tdom_build(&s->map, &p->topo, &s->td));
+        s->has_td = 1;
+    }
+    *out = &s->td;
+    return RESHARD_OK;
+}
+
+uint64_t plan_side_hash(const struct plan_side *s)
+{
+    return s->key;
+}
+
+void plan_cache_free(struct plan_cache *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->nsides; i++) {
+        shardmap_free(&c->sides[i]->map);
+        tdom_free(&c->sides[i]->td);
+        free(c->sides[i]);
+    }
+    for (size_t i = 0; i < c->nlists; i++) {
+        free(c->lists[i]->ranks);
+        free(c->lists[i]);
+    }
+    free(c->sides);
+    free(c->lists);
+    free(c->side_index.slot);
+    free(c->list_index.slot);
+    free(c);
+}

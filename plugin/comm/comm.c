@@ -1,5 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A communicator's life: made from a bootstrap id or from an NCCL communicator, formed by one
+ * exchange of hellos and network addresses, held one collective at a time, aborted, and
+ * destroyed. Its shrink is comm_shrink.c.
+ */
 #include "comm.h"
+#include "comm_int.h"
 
 #include "nccl_lib.h"
 #include "base/error.h"
@@ -100,8 +106,9 @@ static reshard_status_t inherit_topo(struct reshard_comm *c, const struct rs_top
     return RESHARD_OK;
 }
 
-/* Everyone's hostname, pid, domain and spare id, then everyone's network address. */
-static reshard_status_t exchange(struct reshard_comm *c, const struct rs_topo *parent)
+/* Everyone's hello (hostname, pid, domain and spare id), then everyone's network address. */
+static reshard_status_t comm_exchange_hellos_and_addresses(struct reshard_comm *c,
+                                                           const struct rs_topo *parent)
 {
     struct comm_hello *h = rs_calloc((size_t)c->size, sizeof(*h), "hello");
     char *addrs = NULL;
@@ -114,11 +121,11 @@ static reshard_status_t exchange(struct reshard_comm *c, const struct rs_topo *p
     me->domain = (int32_t)rs_param_int(RS_PARAM_DOMAIN);
     char addr[COMM_ADDR_MAX];
     size_t len = sizeof(addr);
-    RS_CHECK_GOTO(c->net->ops->address(c->net, -1, addr, &len), st, out);
+    RS_CHECK_GOTO(c->net->ops->address(c->net, -1, addr, &len), st, free_hellos);
     me->addr_len = (uint32_t)len;
     snprintf(me->transport, sizeof(me->transport), "%s", c->net->ops->name);
     me->spare = c->spare;
-    RS_CHECK_GOTO(comm_allgather(c, h, sizeof(*h)), st, out);
+    RS_CHECK_GOTO(comm_allgather(c, h, sizeof(*h)), st, free_hellos);
     size_t slot = 0;
     int first = c->member[0];
     for (int r = 0; r < c->size; r++) {
@@ -130,38 +137,39 @@ static reshard_status_t exchange(struct reshard_comm *c, const struct rs_topo *p
                           "to the same value everywhere (auto takes ib only where an RDMA port "
                           "is active)",
                           r, h[r].transport, first, h[first].transport);
-            goto out;
+            goto free_hellos;
         }
         if (h[r].addr_len > COMM_ADDR_MAX) { /* every rank sees the same: all fail alike */
             st = rs_error(RESHARD_ERR_INTERNAL, "rank %d announced a %u-byte address (at most %d)",
                           r, h[r].addr_len, COMM_ADDR_MAX);
-            goto out;
+            goto free_hellos;
         }
         slot = h[r].addr_len > slot ? h[r].addr_len : slot;
     }
     if (!(addrs = rs_calloc((size_t)c->size, slot, "addresses"))) {
         st = RESHARD_ERR_NO_MEMORY;
-        goto out;
+        goto free_hellos;
     }
     memcpy(addrs + (size_t)c->rank * slot, addr, len);
-    RS_CHECK_GOTO(comm_allgather(c, addrs, slot), st, out);
+    RS_CHECK_GOTO(comm_allgather(c, addrs, slot), st, free_addrs);
     for (int r = 0; r < c->size; r++) {
         c->pid[r] = h[r].pid;
         c->spares[r] = h[r].spare;
         if (r != c->rank && comm_has(c, r))
             RS_CHECK_GOTO(c->net->ops->set_peer(c->net, r, addrs + (size_t)r * slot, h[r].addr_len),
-                          st, out);
+                          st, free_addrs);
     }
     number_hosts(c, h, c->node);
     st = parent ? inherit_topo(c, parent) : make_topo(c, h);
-out:
+free_addrs:
     free(addrs);
+free_hellos:
     free(h);
     return st;
 }
 
 /* A communicator of `size` ranks, every one a member until the caller says otherwise. */
-static struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
+struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
 {
     struct reshard_comm *c = rs_calloc(1, sizeof(*c), "communicator");
     if (!c)
@@ -184,7 +192,7 @@ static struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
 }
 
 /* With the bootstrap up: the network context, then the exchange that forms the communicator. */
-static reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent)
+reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent)
 {
     boot_set_cancel(c->boot, &c->abort_req);
     struct tp_config cfg = {.rank = c->rank,
@@ -203,7 +211,7 @@ static reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *
         boot_abort(c->boot, st, rs_error_message());
         return st;
     }
-    RS_CHECK(exchange(c, parent));
+    RS_CHECK(comm_exchange_hellos_and_addresses(c, parent));
     cma_allow_peers();
     rs_log(RS_LOG_INFO, "comm: rank %d of %d (%d present), %d domains, network transport %s",
            c->rank, c->size, c->nmembers, c->topo.t.ndomains, c->net->ops->name);
@@ -220,11 +228,11 @@ reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int l
     if (!c)
         return RESHARD_ERR_NO_MEMORY;
     reshard_status_t st;
-    RS_CHECK_GOTO(boot_init(id, rank, size, comm_timeout_ms(), &c->boot), st, err);
-    RS_CHECK_GOTO(comm_join(c, NULL), st, err);
+    RS_CHECK_GOTO(boot_init(id, rank, size, comm_timeout_ms(), &c->boot), st, err_destroy_comm);
+    RS_CHECK_GOTO(comm_join(c, NULL), st, err_destroy_comm);
     *out = c;
     return RESHARD_OK;
-err:
+err_destroy_comm:
     comm_destroy(c);
     return st;
 }
@@ -295,58 +303,6 @@ reshard_status_t comm_create_nccl(void *nc, struct reshard_comm **out)
         boot_id_release(&mine); /* taken by rank 0's rendezvous, unless it failed first */
     if (st == RESHARD_OK)
         (*out)->nccl = nc;
-    return st;
-}
-
-reshard_status_t comm_shrink(struct reshard_comm *old, const int *exclude, int n,
-                             struct reshard_comm **out)
-{
-    for (int i = 0; i < n; i++) {
-        if (exclude[i] < 0 || exclude[i] >= old->size)
-            return rs_error(RESHARD_ERR_INVALID_ARG,
-                            "shrink: excluded rank %d is outside the communicator (0..%d)",
-                            exclude[i], old->size - 1);
-        if (exclude[i] == old->rank)
-            return rs_error(RESHARD_ERR_INVALID_ARG,
-                            "shrink: rank %d excludes itself: only the ranks that stay call "
-                            "reshard_comm_shrink",
-                            old->rank);
-    }
-    struct reshard_comm *c = comm_alloc(old->rank, old->size, old->local_rank);
-    if (!c)
-        return RESHARD_ERR_NO_MEMORY;
-    c->shrinks = old->shrinks + 1;
-    c->nmembers = 0;
-    for (int r = 0; r < old->size; r++) {
-        int stays = comm_has(old, r);
-        for (int i = 0; i < n && stays; i++)
-            stays = exclude[i] != r;
-        c->boot_of[r] = stays ? c->nmembers : -1;
-        if (stays)
-            c->member[c->nmembers++] = r;
-    }
-    /* Ranks with another view of who stays, or of how often the job shrank, derive another
-     * secret: the lowest member refuses them by name instead of forming a wrong group. */
-    size_t salt_len = sizeof(uint32_t) + (size_t)c->nmembers * sizeof(int);
-    char *salt = rs_calloc(1, salt_len, "shrink");
-    struct boot_id id;
-    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
-    if (!salt)
-        goto err;
-    memcpy(salt, &c->shrinks, sizeof(uint32_t));
-    memcpy(salt + sizeof(uint32_t), c->member, (size_t)c->nmembers * sizeof(int));
-    st = boot_id_derive(&old->spares[c->member[0]], salt, salt_len, &id);
-    free(salt);
-    if (st != RESHARD_OK)
-        goto err;
-    RS_CHECK_GOTO(boot_init_labeled(&id, c->boot_of[c->rank], c->nmembers, c->member,
-                                    comm_timeout_ms(), &c->boot),
-                  st, err);
-    RS_CHECK_GOTO(comm_join(c, &old->topo.t), st, err);
-    *out = c;
-    return RESHARD_OK;
-err:
-    comm_destroy(c);
     return st;
 }
 
@@ -424,9 +380,10 @@ reshard_status_t comm_staging(struct reshard_comm *c, int64_t slot_bytes, int ns
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     if (!base || !slots) {
         rs_error(st, "no memory for %d staging slots of %lld bytes", nslots, (long long)slot_bytes);
-        goto err;
+        goto err_free_staging;
     }
-    RS_CHECK_GOTO(c->net->ops->mem_reg(c->net, base, bytes, TP_MEM_HOST, &mh), st, err);
+    RS_CHECK_GOTO(c->net->ops->mem_reg(c->net, base, bytes, TP_MEM_HOST, &mh), st,
+                  err_free_staging);
     for (int i = 0; i < nslots; i++)
         slots[i] = i;
     c->staging = base;
@@ -435,7 +392,7 @@ reshard_status_t comm_staging(struct reshard_comm *c, int64_t slot_bytes, int ns
     c->nslots = c->nfree = nslots;
     c->slot_bytes = slot_bytes;
     return RESHARD_OK;
-err:
+err_free_staging:
     free(slots);
     free(base);
     return st;

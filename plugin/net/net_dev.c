@@ -345,3 +345,19 @@ void net_dev_reap(struct net_dev *d)
         net_comm_free(c);
     }
 }
+
+/* dev->lock held. Transport peer numbers: a closed comm's number serves the next one. */
+int net_dev_peer_take(struct net_dev *d)
+{
+    return d->n_free ? d->free_peers[--d->n_free] : d->next_peer++;
+}
+
+void net_dev_peer_give(struct net_dev *d, int peer)
+{
+    int *grown = rs_grow(d->free_peers, &d->free_cap, d->n_free + 1, sizeof(int),
+                         "NET/Reshard peer indices");
+    if (grown) { /* else the index is not reused, which only costs a table entry */
+        d->free_peers = grown;
+        d->free_peers[d->n_free++] = peer;
+    }
+}

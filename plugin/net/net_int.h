@@ -92,9 +92,20 @@ int net_dev_count(void);
 reshard_status_t net_dev_tp(struct net_dev *d);
 /* Releases the closed comms whose transfers have all completed; dev->lock held. */
 void net_dev_reap(struct net_dev *d);
+/* Transport peer numbers, dev->lock held: a closed comm's number serves the next one. */
+int net_dev_peer_take(struct net_dev *d);
+void net_dev_peer_give(struct net_dev *d, int peer);
+
+/* net_comm.c */
+/* A send or receive comm (magic) on the handshake socket fd, with its request pool; NULL when
+ * out of memory. */
+struct net_comm *net_comm_new(struct net_dev *d, uint32_t magic, int fd, const char *peer);
+/* Closes c (dev->lock held): says goodbye, gives its peer back, and frees it, or leaves it on
+ * d->dead while the transport still holds its transfers. */
+void net_comm_retire(struct net_comm *c);
+void net_comm_free(struct net_comm *c);
 
 /* net_io.c */
-reshard_status_t net_comm_alloc_reqs(struct net_comm *c, int nreqs, int subs_per_req);
 /* Fails every transfer of c (the peer is gone): receives are cancelled, requests report why. */
 void net_comm_fail(struct net_comm *c, reshard_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -102,6 +113,5 @@ void net_comm_fail(struct net_comm *c, reshard_status_t st, const char *fmt, ...
  * unless forced), and fails the comm when its peer is gone with transfers outstanding; called
  * while a request waits, dev->lock held. */
 void net_comm_watch(struct net_comm *c, int force);
-void net_comm_free(struct net_comm *c);
 
 #endif

@@ -27,38 +27,6 @@
  * outstanding this long after the goodbye will never complete. */
 #define CLOSE_GRACE_MS 10000
 
-reshard_status_t net_comm_alloc_reqs(struct net_comm *c, int nreqs, int subs_per_req)
-{
-    c->reqs = rs_calloc((size_t)nreqs, sizeof(*c->reqs), "NET/Reshard requests");
-    struct net_sub *subs =
-        rs_calloc((size_t)nreqs * (size_t)subs_per_req, sizeof(*subs), "NET/Reshard transfers");
-    if (!c->reqs || !subs) {
-        free(c->reqs);
-        free(subs);
-        c->reqs = NULL;
-        return RESHARD_ERR_NO_MEMORY;
-    }
-    c->nreqs = nreqs;
-    for (int i = 0; i < nreqs; i++) {
-        c->reqs[i].magic = NET_MAGIC_REQ;
-        c->reqs[i].comm = c;
-        c->reqs[i].sub = subs + (size_t)i * (size_t)subs_per_req;
-    }
-    return RESHARD_OK;
-}
-
-void net_comm_free(struct net_comm *c)
-{
-    if (c->reqs) {
-        free(c->reqs[0].sub);
-        for (int i = 0; i < c->nreqs; i++)
-            c->reqs[i].magic = NET_MAGIC_DEAD;
-    }
-    free(c->reqs);
-    sock_close(&c->fd);
-    free(c);
-}
-
 static const char *comm_kind(const struct net_comm *c)
 {
     return c->magic == NET_MAGIC_SEND ? "send" : "receive";

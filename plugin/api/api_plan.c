@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The public planning API (reshard.h): argument checks, logging and the mapping from public
- * handles to the planner's objects. The planner records what went wrong; this boundary logs
- * it once and leaves it to reshard_last_error().
+ * The public planning API (reshard.h): the topology a plan is made on, plans made without a
+ * communicator, and what any plan can be asked (validity, hash, predicted time, statistics).
+ * The planner records what went wrong; the guard (api_guard.c) logs it once and leaves it to
+ * reshard_last_error().
  */
 #include "plugin/reshard.h"
 
@@ -11,112 +12,12 @@
 #include "base/log.h"
 #include "base/param.h"
 #include "planner/plan.h"
-#include "planner/spec.h"
 #include "planner/stats.h"
 #include "planner/validate.h"
 #include "plugin/exec/exec.h"
 #include "plugin/exec/predict.h"
 
 #include <stdlib.h>
-#include <string.h>
-
-_Static_assert(RS_MAX_DIMS == sizeof(((reshard_layout_info_t *)0)->shape) / sizeof(int64_t),
-               "reshard_layout_info_t.shape must hold RS_MAX_DIMS dims");
-
-/* Entry of every call that can fail: start the logger (so breadcrumbs reach it) and forget
- * the previous error. */
-void api_enter(void)
-{
-    rs_log_enabled(RS_LOG_WARN);
-    rs_error_clear();
-}
-
-/* Misuse and bad input are the caller's to report: logged at INFO. Failures of the system,
- * the network or a peer at WARN. */
-reshard_status_t api_leave(const char *fn, reshard_status_t st)
-{
-    if (st != RESHARD_OK) {
-        int system =
-            st == RESHARD_ERR_NO_MEMORY || st == RESHARD_ERR_INTERNAL || st >= RESHARD_ERR_TIMEOUT;
-        int caller = !system || st == RESHARD_ERR_BUSY || st == RESHARD_ERR_BUFFER ||
-                     st == RESHARD_ERR_PLAN_MISMATCH;
-        rs_log(caller ? RS_LOG_INFO : RS_LOG_WARN, "%s: %s", fn, rs_error_message());
-    }
-    return st;
-}
-
-reshard_status_t api_null_arg(const char *fn, const char *what)
-{
-    return api_leave(fn, rs_error(RESHARD_ERR_INVALID_ARG, "%s: %s is NULL", fn, what));
-}
-
-const char *reshard_strerror(reshard_status_t status)
-{
-    return rs_status_string(status);
-}
-
-const char *reshard_last_error(void)
-{
-    return rs_error_message();
-}
-
-void reshard_config_print(FILE *out)
-{
-    rs_log_enabled(RS_LOG_WARN); /* the logger reports rejected values once */
-    rs_param_print(out ? out : stdout);
-}
-
-reshard_status_t reshard_layout_parse(const char *spec, int world_size, reshard_layout_t **layout)
-{
-    api_enter();
-    if (!spec || !layout)
-        return api_null_arg(__func__, spec ? "layout" : "spec");
-    struct reshard_layout *h = rs_calloc(1, sizeof(*h), "layout");
-    if (!h)
-        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
-    struct spec_opts opts = {.world_size = world_size};
-    reshard_status_t st = spec_parse(spec, &opts, &h->l);
-    if (st != RESHARD_OK) {
-        free(h);
-        return api_leave(__func__, st);
-    }
-    *layout = h;
-    return RESHARD_OK;
-}
-
-size_t reshard_layout_format(const reshard_layout_t *layout, char *buf, size_t size)
-{
-    if (!layout) {
-        if (buf && size)
-            buf[0] = '\0';
-        return 0;
-    }
-    return spec_format(&layout->l, buf, size);
-}
-
-reshard_status_t reshard_layout_info(const reshard_layout_t *layout, reshard_layout_info_t *info)
-{
-    api_enter();
-    if (!layout || !info)
-        return api_null_arg(__func__, layout ? "info" : "layout");
-    const struct rs_layout *l = &layout->l;
-    reshard_layout_info_t out = {
-        .ndim = l->ndim, .elem_size = dtype_size(l->dtype), .nranks = l->nranks, .max_rank = -1};
-    memcpy(out.shape, l->shape, (size_t)l->ndim * sizeof(int64_t));
-    for (int i = 0; i < l->nranks; i++)
-        if (l->ranks[i] > out.max_rank)
-            out.max_rank = l->ranks[i];
-    *info = out;
-    return RESHARD_OK;
-}
-
-void reshard_layout_destroy(reshard_layout_t *layout)
-{
-    if (!layout)
-        return;
-    layout_free(&layout->l);
-    free(layout);
-}
 
 reshard_status_t reshard_topo_create(int world_size, int domain_size, const int *domain_of,
                                      reshard_topo_t **topo)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Connections of the network plugin: listen, connect and accept, none of which blocks.
+ * The handshake of the network plugin: connect and accept, neither of which blocks.
  *
  * The handle carries the listener's address and a random nonce. The connector sends
  * hello {magic, version, nonce, length} and its transport address; the listener answers
@@ -11,7 +11,7 @@
  * call must return before the exchange is over, the connector keeps its progress in the handle
  * itself (NCCL calls again with the same handle) and the listener in its listen comm.
  */
-#include "net_int.h"
+#include "net_listen.h"
 
 #include "base/clock.h"
 #include "base/error.h"
@@ -22,32 +22,14 @@
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <unistd.h>
 
-#define NET_HANDLE_MAGIC 0x52534841u /* RSHA */
-#define NET_STAGE_MAGIC  0x52535447u /* RSTG */
-#define NET_HELLO_MAGIC  0x52534c4fu /* RSLO */
-#define NET_REPLY_MAGIC  0x52535250u /* RSRP */
-#define NET_WIRE_VERSION 2
-#define NET_HELLO_BYTES  20
-#define NET_REPLY_BYTES  16
-#define NET_MAX_ADDR     4096 /* a transport address longer than this is refused */
+#define NET_STAGE_MAGIC 0x52535447u /* RSTG */
+#define NET_HELLO_MAGIC 0x52534c4fu /* RSLO */
+#define NET_REPLY_MAGIC 0x52535250u /* RSRP */
+#define NET_REPLY_BYTES 16
+#define NET_MAX_ADDR    4096 /* a transport address longer than this is refused */
 
 enum reply_status { REPLY_OK, REPLY_UNKNOWN_NONCE, REPLY_VERSION };
-
-struct net_connecting;
-
-/* What travels out of band. The stage fields are the connector's, zero until it starts. */
-struct net_handle {
-    uint32_t magic, version;
-    uint64_t nonce;
-    union sock_addr addr;
-    uint32_t stage_magic;
-    struct net_connecting *stage;
-    uint64_t stage_gen; /* with the pointer: a stale copy never matches a reused address */
-};
-_Static_assert(sizeof(struct net_handle) <= NET_HANDLE_BYTES, "handle fits NCCL's 128 bytes");
 
 enum connect_phase { PHASE_CONNECT, PHASE_HELLO, PHASE_REPLY, PHASE_ADDR };
 
@@ -67,25 +49,6 @@ struct net_connecting {
     char peer[SOCK_ADDR_STR];
     uint64_t gen;
     struct net_connecting *next; /* every connection in progress, to vet handles against */
-};
-
-struct net_listen {
-    uint32_t magic;
-    struct net_dev *dev;
-    int fd;
-    uint64_t nonce;
-    char name[SOCK_ADDR_STR];
-    /* the connection being accepted */
-    int afd;
-    char apeer[SOCK_ADDR_STR];
-    unsigned char hello[NET_HELLO_BYTES];
-    size_t got;
-    unsigned char *caddr; /* the connector's transport address */
-    size_t caddr_len, caddr_got;
-    unsigned char *reply;
-    size_t reply_len, sent;
-    struct net_comm *comm;
-    int64_t deadline_ms;
 };
 
 /* The comm's socket carries nothing after the handshake, so without keepalive a host that
@@ -110,164 +73,7 @@ static int64_t deadline(void)
     return rs_now_ms() + 1000 * rs_param_int(RS_PARAM_TIMEOUT);
 }
 
-/* ---- comms ---- */
-
-static struct net_comm *comm_new(struct net_dev *d, uint32_t magic, int fd, const char *peer)
-{
-    struct net_comm *c = rs_calloc(1, sizeof(*c), "NET/Reshard comm");
-    if (!c)
-        return NULL;
-    c->magic = magic;
-    c->dev = d;
-    c->fd = fd;
-    c->peer = -1;
-    snprintf(c->peer_name, sizeof(c->peer_name), "%s", peer);
-    int send = magic == NET_MAGIC_SEND;
-    if (net_comm_alloc_reqs(c, send ? NET_MAX_REQUESTS * NET_MAX_RECVS : NET_MAX_REQUESTS,
-                            send ? 1 : NET_MAX_RECVS) != RESHARD_OK) {
-        free(c);
-        return NULL;
-    }
-    return c;
-}
-
-/* Tells the peer this end closes on purpose, so that its watch does not take the socket's
- * end for a death. Best effort: a full or broken socket changes nothing here. */
-static void say_goodbye(int fd)
-{
-    if (fd >= 0 && send(fd, "B", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN)
-        rs_log(RS_LOG_TRACE, "NET/Reshard: goodbye not sent: %m");
-}
-
-/* dev->lock held. Transport peer numbers: a closed comm's number serves the next one. */
-static int peer_take(struct net_dev *d)
-{
-    return d->n_free ? d->free_peers[--d->n_free] : d->next_peer++;
-}
-
-static void peer_give(struct net_dev *d, int peer)
-{
-    int *grown = rs_grow(d->free_peers, &d->free_cap, d->n_free + 1, sizeof(int),
-                         "NET/Reshard peer indices");
-    if (grown) { /* else the index is not reused, which only costs a table entry */
-        d->free_peers = grown;
-        d->free_peers[d->n_free++] = peer;
-    }
-}
-
-/* dev->lock held. A comm whose transfers the transport still holds waits on dev->dead. */
-static void comm_retire(struct net_comm *c)
-{
-    struct net_dev *d = c->dev;
-    say_goodbye(c->fd);
-    sock_close(&c->fd);
-    if (d->tp && c->magic == NET_MAGIC_RECV)
-        for (int i = 0; i < c->nreqs; i++)
-            for (int j = 0; c->reqs[i].state != REQ_FREE && j < c->reqs[i].n; j++)
-                d->tp->ops->cancel(d->tp, &c->reqs[i].sub[j].tp);
-    if (d->tp && c->peer >= 0) {
-        d->tp->ops->close_peer(d->tp, c->peer);
-        peer_give(d, c->peer);
-    }
-    c->magic = NET_MAGIC_DEAD;
-    d->users--;
-    if (d->tp)
-        d->tp->ops->progress(d->tp);
-    if (c->in_transport) {
-        rs_log(RS_LOG_INFO,
-               "NET/Reshard: the transport still holds %d transfer(s) of the comm "
-               "with %s; it is released when they end",
-               c->in_transport, c->peer_name);
-        c->next_dead = d->dead;
-        d->dead = c;
-    } else {
-        net_comm_free(c);
-    }
-    net_dev_reap(d);
-}
-
-static reshard_status_t close_comm(void *comm, uint32_t magic, const char *what)
-{
-    struct net_comm *c = comm;
-    if (!c || c->magic != magic)
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "NET/Reshard: close%s of %p, which is not an "
-                        "open %s comm",
-                        what, comm, what);
-    struct net_dev *d = c->dev;
-    pthread_mutex_lock(&d->lock);
-    if (c->active)
-        rs_log(RS_LOG_INFO, "NET/Reshard: %s comm with %s closed with %d requests in flight", what,
-               c->peer_name, c->active);
-    comm_retire(c);
-    pthread_mutex_unlock(&d->lock);
-    return RESHARD_OK;
-}
-
-reshard_status_t net_close_send(void *comm)
-{
-    return close_comm(comm, NET_MAGIC_SEND, "Send");
-}
-
-reshard_status_t net_close_recv(void *comm)
-{
-    return close_comm(comm, NET_MAGIC_RECV, "Recv");
-}
-
-/* ---- listen ---- */
-
-reshard_status_t net_listen(struct net_ctx *ctx, int dev, void *handle, void **listen_comm)
-{
-    RS_CHECK(net_check_ctx(ctx));
-    struct net_dev *d = net_dev_get(dev);
-    if (!d)
-        return RESHARD_ERR_INVALID_ARG;
-    if (!handle || !listen_comm)
-        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: listen without a handle");
-    struct net_listen *l = rs_calloc(1, sizeof(*l), "NET/Reshard listen comm");
-    if (!l)
-        return RESHARD_ERR_NO_MEMORY;
-    l->magic = NET_MAGIC_LISTEN;
-    l->dev = d;
-    l->afd = -1;
-    union sock_addr a = d->addr;
-    sock_addr_set_port(&a, 0);
-    reshard_status_t st;
-    RS_CHECK_GOTO(sock_listen(&a, &l->fd), st, err_free);
-    if (getrandom(&l->nonce, sizeof(l->nonce), 0) != sizeof(l->nonce)) {
-        st = rs_error(RESHARD_ERR_NETWORK, "NET/Reshard: getrandom: %m");
-        goto err_close;
-    }
-    sock_addr_str(&a, l->name, sizeof(l->name));
-    struct net_handle *h = handle;
-    memset(handle, 0, NET_HANDLE_BYTES);
-    h->magic = NET_HANDLE_MAGIC;
-    h->version = NET_WIRE_VERSION;
-    h->nonce = l->nonce;
-    h->addr = a;
-    pthread_mutex_lock(&d->lock);
-    d->users++;
-    pthread_mutex_unlock(&d->lock);
-    rs_log(RS_LOG_INFO, "NET/Reshard: listening on %s (%s)", l->name, d->name);
-    *listen_comm = l;
-    return RESHARD_OK;
-err_close:
-    sock_close(&l->fd);
-err_free:
-    free(l);
-    return st;
-}
-
-static void accept_reset(struct net_listen *l)
-{
-    sock_close(&l->afd);
-    free(l->reply);
-    free(l->caddr);
-    l->reply = NULL;
-    l->caddr = NULL;
-    l->got = l->sent = l->reply_len = l->caddr_len = l->caddr_got = 0;
-    l->comm = NULL;
-}
+/* ---- accept ---- */
 
 /* Drops the connection being accepted, saying why once. */
 static void accept_drop(struct net_listen *l, const char *why)
@@ -276,10 +82,10 @@ static void accept_drop(struct net_listen *l, const char *why)
            l->apeer, why);
     if (l->comm) {
         pthread_mutex_lock(&l->dev->lock);
-        comm_retire(l->comm);
+        net_comm_retire(l->comm);
         pthread_mutex_unlock(&l->dev->lock);
     }
-    accept_reset(l);
+    net_listen_reset_accept(l);
 }
 
 static void put_reply(unsigned char *w, enum reply_status st, uint32_t id, uint32_t len)
@@ -332,36 +138,37 @@ static reshard_status_t accept_answer(struct net_listen *l)
     unsigned char addr[NET_MAX_ADDR];
     size_t len = sizeof(addr);
     reshard_status_t st = RESHARD_OK;
+    struct rs_saved_error why; /* retiring the comm may log and set messages of its own */
     pthread_mutex_lock(&d->lock);
-    RS_CHECK_GOTO(net_dev_tp(d), st, out);
-    if (!(l->comm = comm_new(d, NET_MAGIC_RECV, -1, l->apeer))) {
+    RS_CHECK_GOTO(net_dev_tp(d), st, err_unlock_dev);
+    if (!(l->comm = net_comm_new(d, NET_MAGIC_RECV, -1, l->apeer))) {
         st = RESHARD_ERR_NO_MEMORY;
-        goto out;
+        goto err_unlock_dev;
     }
     l->comm->id = ++d->next_id;
     d->users++;
-    l->comm->peer = peer_take(d);
-    RS_CHECK_GOTO(d->tp->ops->set_peer(d->tp, l->comm->peer, l->caddr, l->caddr_len), st, out);
-    RS_CHECK_GOTO(d->tp->ops->connect(d->tp, l->comm->peer), st, out);
-    RS_CHECK_GOTO(d->tp->ops->address(d->tp, l->comm->peer, addr, &len), st, out);
+    l->comm->peer = net_dev_peer_take(d);
+    RS_CHECK_GOTO(d->tp->ops->set_peer(d->tp, l->comm->peer, l->caddr, l->caddr_len), st,
+                  err_retire_comm);
+    RS_CHECK_GOTO(d->tp->ops->connect(d->tp, l->comm->peer), st, err_retire_comm);
+    RS_CHECK_GOTO(d->tp->ops->address(d->tp, l->comm->peer, addr, &len), st, err_retire_comm);
     if (!(l->reply = rs_calloc(1, NET_REPLY_BYTES + len, "NET/Reshard handshake"))) {
         st = RESHARD_ERR_NO_MEMORY;
-        goto out;
+        goto err_retire_comm;
     }
     put_reply(l->reply, REPLY_OK, l->comm->id, (uint32_t)len);
     memcpy(l->reply + NET_REPLY_BYTES, addr, len);
     l->reply_len = NET_REPLY_BYTES + len;
-out:
-    if (st != RESHARD_OK && l->comm) {
-        char why[RS_ERROR_MAX]; /* retiring the comm may log and set messages of its own */
-        snprintf(why, sizeof(why), "%s", rs_error_message());
-        comm_retire(l->comm);
-        l->comm = NULL;
-        rs_error(st, "%s", why);
-    }
     pthread_mutex_unlock(&d->lock);
-    if (st != RESHARD_OK)
-        accept_reset(l); /* the connector sees the socket close and fails too */
+    return RESHARD_OK;
+err_retire_comm:
+    rs_error_save(&why);
+    net_comm_retire(l->comm);
+    l->comm = NULL;
+    rs_error_restore(&why);
+err_unlock_dev:
+    pthread_mutex_unlock(&d->lock);
+    net_listen_reset_accept(l); /* the connector sees the socket close and fails too */
     return st;
 }
 
@@ -434,33 +241,10 @@ reshard_status_t net_accept(void *listen_comm, void **recv_comm)
     keepalive(c->fd);
     l->afd = -1;
     l->comm = NULL;
-    accept_reset(l);
+    net_listen_reset_accept(l);
     rs_log(RS_LOG_INFO, "NET/Reshard: accepted %s on %s as receive comm %u", c->peer_name, l->name,
            c->id);
     *recv_comm = c;
-    return RESHARD_OK;
-}
-
-reshard_status_t net_close_listen(void *listen_comm)
-{
-    struct net_listen *l = listen_comm;
-    if (!l || l->magic != NET_MAGIC_LISTEN)
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "NET/Reshard: closeListen of %p, which is not an open listen comm",
-                        listen_comm);
-    if (l->comm) {
-        pthread_mutex_lock(&l->dev->lock);
-        comm_retire(l->comm);
-        pthread_mutex_unlock(&l->dev->lock);
-        l->comm = NULL;
-    }
-    accept_reset(l);
-    sock_close(&l->fd);
-    pthread_mutex_lock(&l->dev->lock);
-    l->dev->users--;
-    pthread_mutex_unlock(&l->dev->lock);
-    l->magic = NET_MAGIC_DEAD;
-    free(l);
     return RESHARD_OK;
 }
 
@@ -479,7 +263,7 @@ static void stage_free(struct net_handle *h)
     sock_close(&s->fd);
     if (s->peer_index >= 0) { /* never made a comm */
         pthread_mutex_lock(&s->dev->lock);
-        peer_give(s->dev, s->peer_index);
+        net_dev_peer_give(s->dev, s->peer_index);
         pthread_mutex_unlock(&s->dev->lock);
     }
     free(s->addr);
@@ -522,10 +306,10 @@ static reshard_status_t stage_new(struct net_dev *d, struct net_handle *h)
     pthread_mutex_lock(&d->lock);
     reshard_status_t st = net_dev_tp(d);
     if (st == RESHARD_OK) {
-        s->peer_index = peer_take(d);
+        s->peer_index = net_dev_peer_take(d);
         st = d->tp->ops->address(d->tp, s->peer_index, addr, &len);
         if (st != RESHARD_OK) {
-            peer_give(d, s->peer_index);
+            net_dev_peer_give(d, s->peer_index);
             s->peer_index = -1;
         }
     }
@@ -537,7 +321,7 @@ static reshard_status_t stage_new(struct net_dev *d, struct net_handle *h)
     if (st != RESHARD_OK) {
         if (s->peer_index >= 0) {
             pthread_mutex_lock(&d->lock);
-            peer_give(d, s->peer_index);
+            net_dev_peer_give(d, s->peer_index);
             pthread_mutex_unlock(&d->lock);
         }
         free(s->hello);
@@ -650,12 +434,13 @@ static reshard_status_t send_comm_make(struct net_connecting *s, struct net_comm
 {
     struct net_dev *d = s->dev;
     reshard_status_t st = RESHARD_OK;
+    struct rs_saved_error why; /* retiring the comm may log and set messages of its own */
     pthread_mutex_lock(&d->lock);
-    RS_CHECK_GOTO(net_dev_tp(d), st, out);
-    struct net_comm *c = comm_new(d, NET_MAGIC_SEND, s->fd, s->peer);
+    RS_CHECK_GOTO(net_dev_tp(d), st, err_unlock_dev);
+    struct net_comm *c = net_comm_new(d, NET_MAGIC_SEND, s->fd, s->peer);
     if (!c) {
         st = RESHARD_ERR_NO_MEMORY;
-        goto out;
+        goto err_unlock_dev;
     }
     c->id = s->id;
     c->peer = s->peer_index;
@@ -663,20 +448,21 @@ static reshard_status_t send_comm_make(struct net_connecting *s, struct net_comm
     st = d->tp->ops->set_peer(d->tp, c->peer, s->addr, s->addr_len);
     if (st == RESHARD_OK)
         st = d->tp->ops->connect(d->tp, c->peer);
-    if (st != RESHARD_OK) {
-        char why[RS_ERROR_MAX];
-        snprintf(why, sizeof(why), "%s", rs_error_message());
-        c->fd = -1; /* still the stage's to close */
-        d->users++;
-        comm_retire(c);
-        rs_error(st, "%s", why);
-        goto out;
-    }
+    if (st != RESHARD_OK)
+        goto err_retire_comm;
     s->fd = -1;
     keepalive(c->fd);
     d->users++;
     *out = c;
-out:
+    pthread_mutex_unlock(&d->lock);
+    return RESHARD_OK;
+err_retire_comm:
+    rs_error_save(&why);
+    c->fd = -1; /* still the stage's to close */
+    d->users++;
+    net_comm_retire(c);
+    rs_error_restore(&why);
+err_unlock_dev:
     pthread_mutex_unlock(&d->lock);
     return st;
 }

@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The guard around every public entry point (reshard.h): entering clears the last error,
+ * leaving logs a failure once, at the level its cause deserves, and leaves the message to
+ * reshard_last_error(). Also the entries that only read the library's own state: status
+ * strings, the last error, the configuration.
+ */
+#include "plugin/reshard.h"
+
+#include "api.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/param.h"
+
+/* Entry of every call that can fail: start the logger (so breadcrumbs reach it) and forget
+ * the previous error. */
+void api_enter(void)
+{
+    rs_log_enabled(RS_LOG_WARN);
+    rs_error_clear();
+}
+
+/* Misuse and bad input are the caller's to report: logged at INFO. Failures of the system,
+ * the network or a peer at WARN. */
+reshard_status_t api_leave(const char *fn, reshard_status_t st)
+{
+    if (st != RESHARD_OK) {
+        int system =
+            st == RESHARD_ERR_NO_MEMORY || st == RESHARD_ERR_INTERNAL || st >= RESHARD_ERR_TIMEOUT;
+        int caller = !system || st == RESHARD_ERR_BUSY || st == RESHARD_ERR_BUFFER ||
+                     st == RESHARD_ERR_PLAN_MISMATCH;
+        rs_log(caller ? RS_LOG_INFO : RS_LOG_WARN, "%s: %s", fn, rs_error_message());
+    }
+    return st;
+}
+
+reshard_status_t api_null_arg(const char *fn, const char *what)
+{
+    return api_leave(fn, rs_error(RESHARD_ERR_INVALID_ARG, "%s: %s is NULL", fn, what));
+}
+
+const char *reshard_strerror(reshard_status_t status)
+{
+    return rs_status_string(status);
+}
+
+const char *reshard_last_error(void)
+{
+    return rs_error_message();
+}
+
+void reshard_config_print(FILE *out)
+{
+    rs_log_enabled(RS_LOG_WARN); /* the logger reports rejected values once */
+    rs_param_print(out ? out : stdout);
+}

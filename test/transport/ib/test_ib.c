@@ -168,6 +168,7 @@ Test(ib, device_memory_registration_says_what_it_lacks, .init = pair_up, .fini =
                       strstr(c->device_mem_why, "no ibv_reg_dmabuf_mr"),
                   "%s", c->device_mem_why);
     setenv("RESHARD_CUDA_LIB", "libcuda-not-here.so.1", 1);
+    rs_param_reload(); /* the loader reads the table, which pair_up read already */
     char buf[4096];
     void *mh = NULL;
     cr_assert_eq(c->ops->mem_reg(c, buf, sizeof(buf), TP_MEM_CUDA, &mh), RESHARD_ERR_UNAVAILABLE);

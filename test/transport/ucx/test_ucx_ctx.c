@@ -144,8 +144,7 @@ Test(ucx_ctx, a_small_tagged_message_lands, .init = pair_up, .fini = tear_down, 
     cr_assert_eq(ctx[0]->failed_peer, -1);
 }
 
-Test(ucx_ctx, a_large_registered_message_lands, .init = pair_up, .fini = tear_down,
-     .timeout = 60)
+Test(ucx_ctx, a_large_registered_message_lands, .init = pair_up, .fini = tear_down, .timeout = 60)
 {
     send_and_check(4 << 20, 1); /* past the eager limit: UCX's rendezvous */
     cr_assert_eq(ctx[1]->counters.bytes_in, 4 << 20);
@@ -155,10 +154,8 @@ Test(ucx_ctx, tags_match_whatever_the_order, .init = pair_up, .fini = tear_down,
 {
     int a = 1, b = 2, got_a = 0, got_b = 0;
     struct xfer sa = new_xfer(), sb = new_xfer(), ra = new_xfer(), rb = new_xfer();
-    cr_assert_eq(ctx[1]->ops->recv(ctx[1], 0, 20, &got_b, sizeof(int), NULL, &rb.req),
-                 RESHARD_OK);
-    cr_assert_eq(ctx[1]->ops->recv(ctx[1], 0, 10, &got_a, sizeof(int), NULL, &ra.req),
-                 RESHARD_OK);
+    cr_assert_eq(ctx[1]->ops->recv(ctx[1], 0, 20, &got_b, sizeof(int), NULL, &rb.req), RESHARD_OK);
+    cr_assert_eq(ctx[1]->ops->recv(ctx[1], 0, 10, &got_a, sizeof(int), NULL, &ra.req), RESHARD_OK);
     cr_assert_eq(ctx[0]->ops->send(ctx[0], 1, 10, &a, sizeof(int), NULL, 1, &sa.req), RESHARD_OK);
     cr_assert_eq(ctx[0]->ops->send(ctx[0], 1, 20, &b, sizeof(int), NULL, 1, &sb.req), RESHARD_OK);
     struct xfer *all[] = {&sa, &sb, &ra, &rb};
@@ -169,8 +166,7 @@ Test(ucx_ctx, tags_match_whatever_the_order, .init = pair_up, .fini = tear_down,
     cr_assert_eq(ctx[0]->counters.bytes_out, 0);
 }
 
-Test(ucx_ctx, a_scatter_list_receives_in_place, .init = pair_up, .fini = tear_down,
-     .timeout = 60)
+Test(ucx_ctx, a_scatter_list_receives_in_place, .init = pair_up, .fini = tear_down, .timeout = 60)
 {
     unsigned char out[300], first[100] = {0}, second[200] = {0};
     fill(out, sizeof(out), 9);
@@ -215,8 +211,8 @@ Test(ucx_ctx, an_address_larger_than_its_room_is_refused_with_its_size, .init = 
 
 /* A peer closed on this side has no address until set_peer gives it one again; the index
  * then serves as before. */
-Test(ucx_ctx, a_peer_closed_here_is_refused_until_given_again, .init = pair_up,
-     .fini = tear_down, .timeout = 60)
+Test(ucx_ctx, a_peer_closed_here_is_refused_until_given_again, .init = pair_up, .fini = tear_down,
+     .timeout = 60)
 {
     send_and_check(64, 0);
     ctx[0]->ops->close_peer(ctx[0], 1);
@@ -227,6 +223,19 @@ Test(ucx_ctx, a_peer_closed_here_is_refused_until_given_again, .init = pair_up,
     cr_assert_str_eq(rs_error_message(), "UCX: no address for rank 1");
     cr_assert_eq(s.done, 0, "a refused post never completes");
     set_peers();
+    send_and_check(64, 0);
+}
+
+/* Out of memory copying a new address: the peer keeps the one it had. */
+Test(ucx_ctx, a_peer_address_that_cannot_be_copied_keeps_the_old_one, .init = pair_up,
+     .fini = tear_down, .timeout = 60)
+{
+    char addr[4096];
+    size_t len = sizeof(addr);
+    cr_assert_eq(ctx[1]->ops->address(ctx[1], -1, addr, &len), RESHARD_OK);
+    rs_test_fail_alloc(1);
+    cr_assert_eq(ctx[0]->ops->set_peer(ctx[0], 1, addr, len), RESHARD_ERR_NO_MEMORY);
+    cr_assert(strstr(rs_error_message(), "a UCX peer address"), "%s", rs_error_message());
     send_and_check(64, 0);
 }
 

@@ -1,67 +1,71 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "cuda_lib.h"
 
+#include "base/dl.h"
 #include "base/error.h"
 
-#include <dlfcn.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 static struct cuda_fns fns;
-static reshard_status_t load_status = RESHARD_ERR_UNAVAILABLE;
-static char load_error[256];
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 
-static void load(void)
+static const struct rs_dl_sym cuda_syms[] = {
+    {"cuMemGetHandleForAddressRange", offsetof(struct cuda_fns, get_handle_for_address_range),
+     RS_DL_OPTIONAL},
+    {"cuFlushGPUDirectRDMAWrites", offsetof(struct cuda_fns, flush_gpu_direct_rdma_writes),
+     RS_DL_OPTIONAL},
+#define CUDA_SYM_(field, symbol, ret, params)                                                      \
+    {symbol, offsetof(struct cuda_fns, field), RS_DL_REQUIRED},
+    CUDA_FN_MAP(CUDA_SYM_)
+#undef CUDA_SYM_
+#define CUDA_VMM_SYM_(field, symbol, ret, params)                                                  \
+    {symbol, offsetof(struct cuda_fns, field), RS_DL_OPTIONAL},
+    /* clang-format off: it cannot see that the map above ends its rows with a comma */
+    CUDA_VMM_FN_MAP(CUDA_VMM_SYM_)
+/* clang-format on */
+#undef CUDA_VMM_SYM_
+};
+
+/* The driver serves when cuInit finds a device; the VMM path needs all of its entries. */
+static int cuda_ready(void *table, char *why, size_t cap)
 {
-    const char *file = getenv("RESHARD_CUDA_LIB");
-    if (!file || !*file)
-        file = "libcuda.so.1";
-    void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(load_error, sizeof(load_error), "cuda: no driver: %s", dlerror());
-        return;
-    }
-#define CUDA_FN_LOAD_(field, symbol, ret, params)                                                  \
-    if (!(*(void **)&fns.field = dlsym(h, symbol))) {                                              \
-        snprintf(load_error, sizeof(load_error), "cuda: %s lacks %s", file, symbol);               \
-        return;                                                                                    \
-    }
-    CUDA_FN_MAP(CUDA_FN_LOAD_)
-#undef CUDA_FN_LOAD_
-    *(void **)&fns.get_handle_for_address_range = dlsym(h, "cuMemGetHandleForAddressRange");
-    *(void **)&fns.flush_gpu_direct_rdma_writes = dlsym(h, "cuFlushGPUDirectRDMAWrites");
-    fns.has_vmm = 1;
-#define CUDA_VMM_LOAD_(field, symbol, ret, params)                                                 \
-    fns.has_vmm &= (*(void **)&fns.field = dlsym(h, symbol)) != NULL;
-    CUDA_VMM_FN_MAP(CUDA_VMM_LOAD_)
-#undef CUDA_VMM_LOAD_
+    struct cuda_fns *f = table;
+    f->has_vmm = 1;
+#define CUDA_VMM_HAS_(field, symbol, ret, params) f->has_vmm &= f->field != NULL;
+    CUDA_VMM_FN_MAP(CUDA_VMM_HAS_)
+#undef CUDA_VMM_HAS_
     int n = 0;
-    cu_result r = fns.init(0);
+    cu_result r = f->init(0);
     if (r == CU_SUCCESS)
-        r = fns.device_get_count(&n);
+        r = f->device_get_count(&n);
     if (r == CU_ERROR_NO_DEVICE || (r == CU_SUCCESS && n == 0)) {
-        snprintf(load_error, sizeof(load_error), "cuda: no CUDA device");
-        return;
+        snprintf(why, cap, "cuda: no CUDA device");
+        return -1;
     }
     if (r != CU_SUCCESS) {
         const char *s = NULL;
-        fns.get_error_string(r, &s);
-        snprintf(load_error, sizeof(load_error), "cuda: cuInit: %s (%d)", s ? s : "?", r);
-        return;
+        f->get_error_string(r, &s);
+        snprintf(why, cap, "cuda: cuInit: %s (%d)", s ? s : "?", r);
+        return -1;
     }
-    load_status = RESHARD_OK;
+    return 0;
 }
+
+static struct rs_dl cuda_dl = {
+    .what = "cuda",
+    .file = RS_PARAM_CUDA_LIB,
+    .fallback = "libcuda.so.1",
+    .open_prefix = "no driver: ",
+    .syms = cuda_syms,
+    .nsyms = sizeof(cuda_syms) / sizeof(cuda_syms[0]),
+    .table = &fns,
+    .table_size = sizeof(fns),
+    .ready = cuda_ready,
+};
 
 const struct cuda_fns *cuda_lib(void)
 {
-    pthread_once(&load_once, load);
-    if (load_status != RESHARD_OK) {
-        rs_error(load_status, "%s", load_error);
-        return NULL;
-    }
-    return &fns;
+    return rs_dl_load(&cuda_dl);
 }
 
 reshard_status_t cuda_current_context(void)

@@ -9,6 +9,7 @@
 #include "ucx_lib.h"
 #include "transport/tp.h"
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 
@@ -17,7 +18,6 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 struct ucx_peer {
     ucp_ep_h ep;
@@ -134,12 +134,12 @@ static reshard_status_t ucx_init(const struct tp_config *cfg, struct tp_ctx **ou
     u->peers_cap = cfg->size > 0 ? (size_t)cfg->size : 1;
     u->peers = rs_calloc(u->peers_cap, sizeof(*u->peers), "UCX peers");
     if (!u->peers)
-        goto err;
-    RS_CHECK_GOTO(make_context(u, cfg), st, err);
-    RS_CHECK_GOTO(make_worker(u, cfg->serialized), st, err);
+        goto err_close;
+    RS_CHECK_GOTO(make_context(u, cfg), st, err_close);
+    RS_CHECK_GOTO(make_worker(u, cfg->serialized), st, err_close);
     *out = &u->super;
     return RESHARD_OK;
-err:
+err_close: /* ucx_close undoes whatever part was made */
     ucx_close(&u->super);
     return st;
 }
@@ -180,9 +180,9 @@ static reshard_status_t ucx_set_peer(struct tp_ctx *c, int peer, const void *add
     }
     if (peer >= u->size)
         u->size = peer + 1;
-    void *copy = malloc(len);
+    void *copy = rs_calloc(1, len, "a UCX peer address");
     if (!copy)
-        return rs_error(RESHARD_ERR_NO_MEMORY, "UCX: no memory for a peer address");
+        return RESHARD_ERR_NO_MEMORY;
     memcpy(copy, addr, len);
     free(u->peers[peer].addr);
     u->peers[peer].addr = copy;
@@ -461,13 +461,11 @@ static void close_eps(struct ucx_ctx *u)
     for (int r = 0; r < u->size; r++)
         if (u->peers[r].ep)
             start_close(u, r);
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int64_t start = rs_now_ms();
     for (;;) {
         u->f->ucp_worker_progress(u->worker);
         reap_closing(u, 0);
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if (!u->n_closing || t.tv_sec - t0.tv_sec > 5)
+        if (!u->n_closing || rs_now_ms() - start > 5000)
             break;
         if (u->f->ucp_worker_arm(u->worker) == UCS_OK) { /* sleep, do not spin, meanwhile */
             struct pollfd pfd = {.fd = u->efd, .events = POLLIN};

@@ -1,43 +1,31 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "ucx_lib.h"
 
-#include "base/error.h"
-
-#include <dlfcn.h>
-#include <pthread.h>
+#include "base/dl.h"
 
 static struct ucx_fns fns;
-static reshard_status_t load_status = RESHARD_ERR_UNAVAILABLE;
-static char load_error[256];
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 
-static void load(void)
-{
-    /* RTLD_LOCAL keeps libucp's symbols out of the global scope; an application that already
-     * loaded UCX shares its copy with us (same soname). */
-    void *h = dlopen("libucp.so.0", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(load_error, sizeof(load_error), "UCX: %s (install libucx0)", dlerror());
-        return;
-    }
-#define UCX_FN_LOAD_(name)                                                                         \
-    if (!(*(void **)&fns.name = dlsym(h, #name))) {                                                \
-        snprintf(load_error, sizeof(load_error), "UCX: libucp.so.0 lacks %s", #name);              \
-        return;                                                                                    \
-    }
-    UCX_FN_MAP(UCX_FN_LOAD_)
-#undef UCX_FN_LOAD_
-    load_status = RESHARD_OK;
-}
+static const struct rs_dl_sym ucx_syms[] = {
+#define UCX_SYM_(name) {#name, offsetof(struct ucx_fns, name), RS_DL_REQUIRED},
+    UCX_FN_MAP(UCX_SYM_)
+#undef UCX_SYM_
+};
+
+/* An application that already loaded UCX shares its copy with us (the same soname). */
+static struct rs_dl ucx_dl = {
+    .what = "UCX",
+    .file = RS_PARAM_UCX_LIB,
+    .fallback = "libucp.so.0",
+    .open_hint = " (install libucx0)",
+    .syms = ucx_syms,
+    .nsyms = sizeof(ucx_syms) / sizeof(ucx_syms[0]),
+    .table = &fns,
+    .table_size = sizeof(fns),
+};
 
 const struct ucx_fns *ucx_lib(void)
 {
-    pthread_once(&load_once, load);
-    if (load_status != RESHARD_OK) {
-        rs_error(load_status, "%s", load_error);
-        return NULL;
-    }
-    return &fns;
+    return rs_dl_load(&ucx_dl);
 }
 
 reshard_status_t ucx_status(ucs_status_t st)

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libucp, loaded at run time so that the library loads (and plans) on hosts without UCX. The
- * types come from UCX's headers; the functions from dlsym, once per process.
+ * types come from UCX's headers; the functions from dlsym, once per process (RESHARD_UCX_LIB
+ * names another file).
  */
 #ifndef RS_UCX_LIB_H
 #define RS_UCX_LIB_H

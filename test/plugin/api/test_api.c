@@ -3,7 +3,6 @@
 #include "plugin/reshard.h"
 
 #include <criterion/criterion.h>
-#include <criterion/redirect.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,15 +65,12 @@ Test(api, last_error_describes_the_last_failure_and_resets)
     reshard_layout_destroy(l);
 }
 
-Test(api, strerror_covers_every_status)
+/* The public face of the status list (test/base/test_error.c checks the list itself). */
+Test(api, strerror_gives_each_status_its_message)
 {
-    const char *seen[RESHARD_ERR_ABORTED + 1];
-    for (int s = RESHARD_OK; s <= RESHARD_ERR_ABORTED; s++) {
-        seen[s] = reshard_strerror((reshard_status_t)s);
-        cr_assert(seen[s] && *seen[s]);
-        for (int t = 0; t < s; t++)
-            cr_assert_str_neq(seen[s], seen[t]);
-    }
+    cr_assert_str_eq(reshard_strerror(RESHARD_OK), "success");
+    cr_assert_str_eq(reshard_strerror(RESHARD_ERR_DATA_LOST),
+                     "data was held only by ranks that left (no replica remains)");
     cr_assert_str_eq(reshard_strerror((reshard_status_t)1000), "unknown status");
 }
 
@@ -202,15 +198,6 @@ static char *config_text(void)
     return text;
 }
 
-static char *stderr_text(void)
-{
-    static char log[2048];
-    fflush(stderr);
-    size_t n = fread(log, 1, sizeof(log) - 1, cr_get_redirected_stderr());
-    log[n] = '\0';
-    return log;
-}
-
 Test(api, config_sets_the_replica_split)
 {
     reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
@@ -236,32 +223,6 @@ Test(api, environment_sets_the_replica_split)
     cr_assert(strstr(text, "RESHARD_PLAN_SPLIT_MIN_BYTES   4096         env"), "%s", text);
     cr_assert(strstr(text, "RESHARD_DEBUG                  WARN         default"), "%s", text);
     free(text);
-}
-
-Test(api, a_malformed_environment_value_keeps_the_default, .init = cr_redirect_stderr)
-{
-    setenv("RESHARD_PLAN_SPLIT_MIN_BYTES", "lots", 1);
-    char *text = config_text();
-    cr_assert(strstr(text, "RESHARD_PLAN_SPLIT_MIN_BYTES   1048576      default"), "%s", text);
-    free(text);
-    const char *log = stderr_text();
-    cr_assert(strstr(log, "RESHARD WARN RESHARD_PLAN_SPLIT_MIN_BYTES=lots is not an integer; the "
-                          "default stays"),
-              "%s", log);
-}
-
-Test(api, tunables_below_their_minimum_keep_the_default, .init = cr_redirect_stderr)
-{
-    setenv("RESHARD_PLAN_SPLIT_MIN_BYTES", "0", 1);
-    setenv("RESHARD_DEBUG", "loud", 1);
-    char *text = config_text();
-    cr_assert(strstr(text, "RESHARD_PLAN_SPLIT_MIN_BYTES   1048576      default"), "%s", text);
-    free(text);
-    const char *log = stderr_text();
-    cr_assert(strstr(log, "RESHARD_PLAN_SPLIT_MIN_BYTES=0 is below 1; the default stays"), "%s",
-              log);
-    cr_assert(strstr(log, "RESHARD_DEBUG=loud is not NONE, WARN, INFO or TRACE; using WARN"), "%s",
-              log);
 }
 
 Test(api, config_and_environment_cap_the_ops)

@@ -12,15 +12,15 @@
  */
 #include "predict.h"
 
-#include "exec_int.h"
+#include "exec_chunk.h"
 #include "base/error.h"
 #include "base/param.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define IN_FLIGHT      16 /* the executor's send window (exec.c SEND_WINDOW) */
-#define PEER_IN_FLIGHT 2  /* ... and per peer (exec.c PEER_WINDOW) */
+#define IN_FLIGHT      16 /* the executor's send window (exec.h EXEC_SEND_WINDOW) */
+#define PEER_IN_FLIGHT 2  /* ... and per peer (exec.h EXEC_PEER_WINDOW) */
 
 struct rank_load {
     uint64_t net_out, net_in, local_out, local_in, msgs, peers;
@@ -61,15 +61,13 @@ static uint64_t div_up(uint64_t a, uint64_t b)
 }
 
 /* Per rank: bytes over each path, and the messages the executor sends, counted with its own
- * chunking (exec_share.c) on a shell executor: a chunk each, except the packable ones
+ * chunking (exec_chunk.c): a chunk each, except the packable ones
  * (exec_coalesce_bytes), which fill bundles of at most a chunk per peer in transfer order. */
 static reshard_status_t loads_of(const struct rs_plan *plan, const struct xfer_set *xs, int nranks,
                                  struct rank_load *l)
 {
-    struct exec shell = {.plan = plan,
-                         .xs = *xs,
-                         .chunk_bytes = exec_chunk_bytes(),
-                         .coalesce_bytes = exec_coalesce_bytes()};
+    struct exec_cut shell;
+    exec_cut_init(&shell, plan, xs);
     struct cand *small = NULL, *pairs = NULL;
     size_t nsmall = 0, capsmall = 0, npairs = 0, cappairs = 0;
     reshard_status_t st = RESHARD_OK;

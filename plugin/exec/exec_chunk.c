@@ -75,8 +75,8 @@ int64_t exec_nchunks(const struct exec_cut *cut, const struct xfer *xf)
     return cut_of(cut, xf).n;
 }
 
-static void chunk_box(const struct exec_cut *cut, const struct xfer *xf, uint32_t chunk,
-                      int64_t *s, int64_t *l)
+static void chunk_box(const struct exec_cut *cut, const struct xfer *xf, uint32_t chunk, int64_t *s,
+                      int64_t *l)
 {
     int ndim = xfer_ndim(cut, xf);
     const int64_t *start = xfer_start(cut, xf), *len = start + ndim;

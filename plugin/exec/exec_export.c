@@ -13,13 +13,23 @@
 
 #include <stdlib.h>
 
-/* The per-tensor tables, made on the first run with device buffers. */
+/* The per-tensor tables, made on the first run with device buffers: all or none, so that a run
+ * after an allocation failed finds either. */
 static reshard_status_t tables_init(struct exec_exports *e, size_t nt)
 {
-    if (!e->cache && (!(e->cache = rs_calloc(nt, sizeof(*e->cache), "CUDA IPC exports")) ||
-                      !(e->mine = rs_calloc(nt, sizeof(*e->mine), "CUDA IPC exports")) ||
-                      !(e->key = rs_calloc(2 * nt, sizeof(uint64_t), "CUDA IPC exports"))))
+    if (e->cache)
+        return RESHARD_OK;
+    struct cuda_ipc_export *cache = rs_calloc(nt, sizeof(*cache), "CUDA IPC exports");
+    struct cuda_ipc_export *mine = cache ? rs_calloc(nt, sizeof(*mine), "CUDA IPC exports") : NULL;
+    uint64_t *key = mine ? rs_calloc(2 * nt, sizeof(*key), "CUDA IPC exports") : NULL;
+    if (!key) {
+        free(cache);
+        free(mine);
         return RESHARD_ERR_NO_MEMORY;
+    }
+    e->cache = cache;
+    e->mine = mine;
+    e->key = key;
     return RESHARD_OK;
 }
 

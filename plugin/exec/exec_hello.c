@@ -225,14 +225,15 @@ reshard_status_t exec_hello_exchange(struct exec *x, const reshard_buffers_t *bu
 {
     struct reshard_comm *c = x->comm;
     size_t hb = hello_bytes(x);
+    uint32_t nexp = 0;
+    /* The exports first: a failure to make them is one more reason this rank cannot run. */
+    if (local == RESHARD_OK)
+        local = exec_exports_make(x, r ? r->dev : NULL, &nexp);
     char *all = rs_calloc((size_t)c->size, hb, "hello");
     if (!all)
         local = RESHARD_ERR_NO_MEMORY; /* still join, with a zero-sized view of our own */
     char mine[sizeof(struct hello)];
     struct hello *me = all ? (struct hello *)(all + (size_t)c->rank * hb) : (struct hello *)mine;
-    uint32_t nexp = 0;
-    if (local == RESHARD_OK)
-        local = exec_exports_make(x, r ? r->dev : NULL, &nexp);
     *me = (struct hello){.hash = x->plan->hash,
                          .seq = seq,
                          .status = local,

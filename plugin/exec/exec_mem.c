@@ -23,8 +23,8 @@ reshard_status_t exec_regs_init(struct exec_regs *g, int ntensors)
     return g->host ? RESHARD_OK : RESHARD_ERR_NO_MEMORY;
 }
 
-reshard_status_t exec_reg_one(struct tp_ctx *net, struct exec_reg *g, const void *addr,
-                              size_t len, enum tp_mem mem, uint64_t id)
+reshard_status_t exec_reg_one(struct tp_ctx *net, struct exec_reg *g, const void *addr, size_t len,
+                              enum tp_mem mem, uint64_t id)
 {
     if (g->addr == addr && g->len == len && g->id == id)
         return RESHARD_OK;
@@ -97,10 +97,12 @@ static void release(char **buf, int n, void (*free_fn)(void *), struct reshard_c
 reshard_status_t exec_tmp_alloc(struct exec_tmp *t, const struct rs_plan *plan,
                                 const struct xfer_set *xs, int rank)
 {
-    if (!xs->needs_tmp || t->buf)
+    if (!xs->needs_tmp)
         return RESHARD_OK;
-    if (!(t->buf = rs_calloc((size_t)plan->ntensors + 1, sizeof(char *), "tensor buffers")))
+    if (!t->buf &&
+        !(t->buf = rs_calloc((size_t)plan->ntensors + 1, sizeof(char *), "tensor buffers")))
         return RESHARD_ERR_NO_MEMORY;
+    /* Every buffer this rank uses, also after a run that could make only some of them. */
     for (size_t i = 0; i < xs->n; i++) {
         const struct xfer *xf = &xs->x[i];
         int mine = (xf->src == rank && xf->src_buf == XBUF_TMP) ||
@@ -109,8 +111,8 @@ reshard_status_t exec_tmp_alloc(struct exec_tmp *t, const struct rs_plan *plan,
             continue;
         const struct rs_layout *l = &plan->tensors[xf->tensor].dst;
         size_t n = (size_t)layout_numel(l) * dtype_size(l->dtype);
-        if (!(t->buf[xf->tensor] = malloc(n ? n : 1)))
-            return rs_error(RESHARD_ERR_NO_MEMORY, "no memory for a %zu-byte tensor buffer", n);
+        if (!(t->buf[xf->tensor] = rs_calloc(n ? n : 1, 1, "a whole-tensor buffer")))
+            return RESHARD_ERR_NO_MEMORY;
     }
     return RESHARD_OK;
 }
@@ -124,9 +126,16 @@ void exec_tmp_fini(struct exec_tmp *t, int ntensors, struct reshard_comm *c)
 reshard_status_t exec_shadows_stage(struct exec_shadows *s, int ntensors,
                                     const reshard_buffers_t *bufs, reshard_buffers_t *host)
 {
-    if (!s->buf && (!(s->buf = rs_calloc(2 * (size_t)ntensors + 1, sizeof(char *), "staging")) ||
-                    !(s->cap = rs_calloc(2 * (size_t)ntensors, sizeof(size_t), "staging"))))
-        return RESHARD_ERR_NO_MEMORY;
+    if (!s->buf) { /* both or neither, so that a later run never finds half of them */
+        char **buf = rs_calloc(2 * (size_t)ntensors + 1, sizeof(char *), "staging");
+        size_t *cap = buf ? rs_calloc(2 * (size_t)ntensors, sizeof(size_t), "staging") : NULL;
+        if (!cap) {
+            free(buf);
+            return RESHARD_ERR_NO_MEMORY;
+        }
+        s->buf = buf;
+        s->cap = cap;
+    }
     for (int t = 0; t < ntensors; t++) {
         host[t] = bufs[t];
         if (bufs[t].mem != RESHARD_MEM_CUDA)

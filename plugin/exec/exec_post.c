@@ -125,8 +125,8 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
                                       "rank %d: packed message %u from rank %d: %s (%zu bytes, "
                                       "expected %llu)",
                                       x->comm->rank, b->id, b->peer,
-                                      st != RESHARD_OK ? rs_status_string(st) : "wrong size",
-                                      bytes, (unsigned long long)b->bytes));
+                                      st != RESHARD_OK ? rs_status_string(st) : "wrong size", bytes,
+                                      (unsigned long long)b->bytes));
             return;
         }
         for (uint32_t i = b->first; i < b->first + b->n; i++) {
@@ -137,9 +137,9 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
     }
     const struct xfer *xf = &x->xs.x[s->in[c->pos]];
     if (st != RESHARD_OK) {
-        exec_run_fail(r, rs_error(st,
-                                  "rank %d: receiving chunk %u of transfer %u from rank %d failed",
-                                  x->comm->rank, c->chunk, s->in[c->pos], req->peer));
+        exec_run_fail(r,
+                      rs_error(st, "rank %d: receiving chunk %u of transfer %u from rank %d failed",
+                               x->comm->rank, c->chunk, s->in[c->pos], req->peer));
         return;
     }
     uint64_t want = exec_chunk_bytes_of(&x->cut, xf, c->chunk);
@@ -205,9 +205,9 @@ static void on_ack(struct tp_req *req, reshard_status_t st, size_t bytes)
     if (r->draining)
         return;
     if (st != RESHARD_OK) {
-        exec_run_fail(r, rs_error(st, "rank %d: the acknowledgement %s rank %d failed",
-                                  r->comm->rank, c->kind == EXEC_REQ_RECV_CTRL ? "from" : "to",
-                                  req->peer));
+        exec_run_fail(r,
+                      rs_error(st, "rank %d: the acknowledgement %s rank %d failed", r->comm->rank,
+                               c->kind == EXEC_REQ_RECV_CTRL ? "from" : "to", req->peer));
         return;
     }
     if (c->kind == EXEC_REQ_RECV_CTRL)
@@ -256,8 +256,8 @@ static reshard_status_t post_recv(struct run *r, size_t k, uint32_t chunk)
     reshard_status_t st;
     if (xf->path == XFER_LOCAL) {
         c->kind = EXEC_REQ_RECV_CTRL;
-        st = net->ops->recv(net, xf->src, exec_tag(EXEC_TAG_CTRL, r->seq, s->in[k], chunk), NULL,
-                            0, NULL, &c->req);
+        st = net->ops->recv(net, xf->src, exec_tag(EXEC_TAG_CTRL, r->seq, s->in[k], chunk), NULL, 0,
+                            NULL, &c->req);
     } else {
         c->kind = EXEC_REQ_RECV_DATA;
         struct region rg;
@@ -266,8 +266,8 @@ static reshard_status_t post_recv(struct run *r, size_t k, uint32_t chunk)
         char *base = exec_post_base(r, xf, 1), *direct = exec_dev_gdr_at(r, xf, 1, &rg);
         uint64_t tag = exec_tag(EXEC_TAG_DATA, r->seq, s->in[k], chunk);
         if (direct) { /* GPUDirect: straight into the device buffer */
-            st = net->ops->recv(net, xf->src, tag, direct, region_bytes(&rg),
-                                exec_dev_mh(r, xf, 1), &c->req);
+            st = net->ops->recv(net, xf->src, tag, direct, region_bytes(&rg), exec_dev_mh(r, xf, 1),
+                                &c->req);
         } else if (region_contiguous(&rg, &off)) {
             st = net->ops->recv(net, xf->src, tag, base + off, region_bytes(&rg), my_mh(r, xf, 1),
                                 &c->req);
@@ -347,12 +347,12 @@ static reshard_status_t send_acks(struct run *r)
     r->acked = 1;
     for (int i = 0; i < s->nrecv_peers; i++) {
         struct exec_req *c = &r->ack_out[i];
-        *c = (struct exec_req){
-            .req.done = on_ack, .run = r, .slot = -1, .kind = EXEC_REQ_SEND_CTRL};
-        RS_CHECK(net->ops->send(net, s->recv_peers[i],
-                                exec_tag(EXEC_TAG_CTRL, r->seq, EXEC_ACK_XFER,
-                                         (uint32_t)x->comm->rank),
-                                NULL, 0, NULL, 1, &c->req));
+        *c =
+            (struct exec_req){.req.done = on_ack, .run = r, .slot = -1, .kind = EXEC_REQ_SEND_CTRL};
+        RS_CHECK(
+            net->ops->send(net, s->recv_peers[i],
+                           exec_tag(EXEC_TAG_CTRL, r->seq, EXEC_ACK_XFER, (uint32_t)x->comm->rank),
+                           NULL, 0, NULL, 1, &c->req));
         r->posted++;
     }
     return RESHARD_OK;
@@ -448,9 +448,9 @@ static int do_bundle(struct run *r, uint32_t bi)
         at += region_bytes(&a);
     }
     struct tp_ctx *net = comm->net;
-    reshard_status_t st = net->ops->send(
-        net, b->peer, exec_tag(EXEC_TAG_PACK, r->seq, b->id, (uint32_t)comm->rank), buf, b->bytes,
-        comm->staging_mh, 0, &c->req);
+    reshard_status_t st =
+        net->ops->send(net, b->peer, exec_tag(EXEC_TAG_PACK, r->seq, b->id, (uint32_t)comm->rank),
+                       buf, b->bytes, comm->staging_mh, 0, &c->req);
     if (st != RESHARD_OK) {
         comm->free_slots[comm->nfree++] = c->slot;
         exec_run_fail(r, st);
@@ -545,8 +545,7 @@ static void drain_ready(struct run *r)
 {
     struct exec *x = r->x;
     drain_net(r);
-    for (struct exec_queue *q = &r->local_q; q->head < q->tail && r->st == RESHARD_OK;
-         q->head++) {
+    for (struct exec_queue *q = &r->local_q; q->head < q->tail && r->st == RESHARD_OK; q->head++) {
         struct exec_ready w = q->q[q->head];
         const struct xfer *xf = &x->xs.x[x->share.out[w.pos]];
         if (xf->path == XFER_SELF && !exec_dev_self(r, xf)) {
@@ -583,8 +582,8 @@ reshard_status_t exec_post_start(struct run *r)
     for (int i = 0; i < s->nsend_peers; i++) {
         struct exec_req *c = &r->ack_in[i];
         int peer = s->send_peers[i];
-        *c = (struct exec_req){
-            .req.done = on_ack, .run = r, .slot = -1, .kind = EXEC_REQ_RECV_CTRL};
+        *c =
+            (struct exec_req){.req.done = on_ack, .run = r, .slot = -1, .kind = EXEC_REQ_RECV_CTRL};
         RS_CHECK(net->ops->recv(net, peer,
                                 exec_tag(EXEC_TAG_CTRL, r->seq, EXEC_ACK_XFER, (uint32_t)peer),
                                 NULL, 0, NULL, &c->req));

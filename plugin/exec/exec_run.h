@@ -11,7 +11,12 @@
 
 #include <sys/uio.h>
 
-enum exec_req_kind { EXEC_REQ_SEND_DATA, EXEC_REQ_SEND_CTRL, EXEC_REQ_RECV_DATA, EXEC_REQ_RECV_CTRL };
+enum exec_req_kind {
+    EXEC_REQ_SEND_DATA,
+    EXEC_REQ_SEND_CTRL,
+    EXEC_REQ_RECV_DATA,
+    EXEC_REQ_RECV_CTRL
+};
 
 struct run;
 
@@ -47,10 +52,10 @@ struct run {
     uint32_t seq;
     reshard_status_t st;
     char why[RS_ERROR_MAX];
-    int draining;                     /* failed: completions now only count down */
+    int draining;                      /* failed: completions now only count down */
     struct exec_req *in_req, *out_req; /* by chunk, via in_off / out_off */
     size_t nin_req;
-    uint32_t *in_arrived; /* [nin] */
+    uint32_t *in_arrived;             /* [nin] */
     struct exec_queue net_q, local_q; /* network sends wait for the window; local work never */
     size_t in_left, out_left;
     /* Acknowledgements: received from send_peers, sent to recv_peers once all arrived. */

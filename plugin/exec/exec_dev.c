@@ -18,7 +18,6 @@
 #include "cuda/pack_desc.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 /* Rows at least this wide copy well on the copy engines, which leave the SMs to the caller's
  * kernels; narrower ones go through the pack kernels (see pack_bench). */
@@ -54,7 +53,8 @@ void *exec_dev_mh(const struct run *r, const struct xfer *xf, int side)
 
 /* When the run registered its device buffers and the chunk is contiguous there. Both ends of a
  * message decide on their own. */
-char *exec_dev_gdr_at(const struct run *r, const struct xfer *xf, int side, const struct region *rg)
+char *exec_dev_gdr_at(const struct run *r, const struct xfer *xf, int side,
+                      const struct region *rg)
 {
     uint64_t off;
     char *d = r->gdr ? dev_base(r, xf, side) : NULL;
@@ -317,8 +317,7 @@ int exec_dev_try_gdr(struct exec *x, const reshard_buffers_t *dev)
 {
     struct tp_ctx *net = x->comm->net;
     struct exec_regs *g = &x->regs;
-    const char *as_host = getenv("RESHARD_TEST_DEVICE_AS_HOST");
-    enum tp_mem mem = as_host && !strcmp(as_host, "1") ? TP_MEM_HOST : TP_MEM_CUDA;
+    enum tp_mem mem = rs_param_int(RS_PARAM_TEST_DEVICE_AS_HOST) == 1 ? TP_MEM_HOST : TP_MEM_CUDA;
     char why[RS_ERROR_MAX] = "";
     struct rs_saved_error saved;
     rs_error_save(&saved);

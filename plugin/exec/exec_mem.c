@@ -12,7 +12,6 @@
 #include "cuda/cuda_lib.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 /* ---- registrations ---- */
 

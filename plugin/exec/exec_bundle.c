@@ -117,6 +117,18 @@ reshard_status_t exec_bundles_build(const struct exec_cut *cut, const uint32_t *
     return RESHARD_OK;
 }
 
+reshard_status_t exec_bundles_count(const struct exec_cut *cut, const uint32_t *list, size_t n,
+                                    int send, size_t *nbundles, size_t *npieces)
+{
+    struct cand *c;
+    size_t ncand;
+    RS_CHECK(candidates(cut, list, n, send, &c, &ncand));
+    *nbundles = fill(cut, c, ncand, NULL, NULL);
+    *npieces = ncand;
+    free(c);
+    return RESHARD_OK;
+}
+
 void exec_bundles_fini(struct exec_bundles *b)
 {
     free(b->b);

@@ -4,6 +4,9 @@
  * buffer at the start travel to each peer packed into messages of at most chunk_bytes, which
  * sender and receiver group alike: per peer, by transfer index, then chunk, each message filled
  * greedily. A bundle's pieces are (position in the side's list of transfers, chunk).
+ *
+ * The same code counts without building (exec_bundles_count), for the cost model: what it
+ * predicts is what the executor sends.
  */
 #ifndef RS_EXEC_BUNDLE_H
 #define RS_EXEC_BUNDLE_H
@@ -35,6 +38,9 @@ struct exec_bundles {
  * first chunks, the peer of each its dst (send) or its src (receive). */
 reshard_status_t exec_bundles_build(const struct exec_cut *cut, const uint32_t *list, size_t n,
                                     const size_t *off, int send, struct exec_bundles *out);
+/* Count-only: the bundles exec_bundles_build would make, and the chunks packed into them. */
+reshard_status_t exec_bundles_count(const struct exec_cut *cut, const uint32_t *list, size_t n,
+                                    int send, size_t *nbundles, size_t *npieces);
 void exec_bundles_fini(struct exec_bundles *b);
 
 #endif

@@ -53,8 +53,7 @@ void *exec_dev_mh(const struct run *r, const struct xfer *xf, int side)
 
 /* When the run registered its device buffers and the chunk is contiguous there. Both ends of a
  * message decide on their own. */
-char *exec_dev_gdr_at(const struct run *r, const struct xfer *xf, int side,
-                      const struct region *rg)
+char *exec_dev_gdr_at(const struct run *r, const struct xfer *xf, int side, const struct region *rg)
 {
     uint64_t off;
     char *d = r->gdr ? dev_base(r, xf, side) : NULL;

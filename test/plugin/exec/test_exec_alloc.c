@@ -29,10 +29,10 @@
 
 /* What rank 0 saw, for the test process (a shared page: the ranks are forked). */
 struct sweep {
-    int clean;   /* armed executions that failed before any byte moved */
-    int ended;   /* the n the sweep stopped at */
-    int broken;  /* it stopped at a failure in flight */
-    int swept;   /* it stopped because the armed execution succeeded STREAK times */
+    int clean;  /* armed executions that failed before any byte moved */
+    int ended;  /* the n the sweep stopped at */
+    int broken; /* it stopped at a failure in flight */
+    int swept;  /* it stopped because the armed execution succeeded STREAK times */
 };
 
 static struct sweep *seen;
@@ -141,8 +141,8 @@ static reshard_status_t sweep_allocations(int rank, int size, reshard_comm_t *co
             return st;
         if (next != RESHARD_OK) { /* the communicator broke: fine only after a failure */
             if (rank == 0 && armed == RESHARD_OK)
-                return rs_error(next, "rank 0: n = %d succeeded, the next execution did not: %s",
-                                n, reshard_last_error());
+                return rs_error(next, "rank 0: n = %d succeeded, the next execution did not: %s", n,
+                                reshard_last_error());
             if (rank == 0)
                 *seen = (struct sweep){.clean = seen->clean, .ended = n, .broken = 1};
             return reshard_last_error()[0] ? RESHARD_OK

@@ -80,13 +80,13 @@ static reshard_status_t build_direct(const struct rs_plan *plan, struct xfer_set
     struct plan_input *in = rs_calloc((size_t)plan->ntensors, sizeof(*in), "plan inputs");
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     if (!in)
-        goto out;
+        goto free_inputs;
     for (int t = 0; t < plan->ntensors; t++)
         in[t] = (struct plan_input){plan->tensors[t].name, &plan->tensors[t].src,
                                     &plan->tensors[t].dst};
-    RS_CHECK_GOTO(plan_build(in, plan->ntensors, &single, &plan->opts, &s->aux), st, out);
-    RS_CHECK_GOTO(from_ops(s->aux, &plan->topo, s), st, out);
-out:
+    RS_CHECK_GOTO(plan_build(in, plan->ntensors, &single, &plan->opts, &s->aux), st, free_inputs);
+    RS_CHECK_GOTO(from_ops(s->aux, &plan->topo, s), st, free_inputs);
+free_inputs:
     free(in);
     topo_free(&single);
     return st;
@@ -162,7 +162,7 @@ static reshard_status_t push_ring(struct xfer_set *s, const struct rs_plan *plan
     int64_t bytes = (int64_t)dtype_size(pt->dst.dtype) * layout_numel(&pt->dst);
     uint32_t box, prev = XFER_AFTER_INPUTS;
     reshard_status_t st;
-    RS_CHECK_GOTO(push_box(s, ndim, start, pt->dst.shape, &box), st, out);
+    RS_CHECK_GOTO(push_box(s, ndim, start, pt->dst.shape, &box), st, free_chain);
     for (int i = 0; i + 1 < n; i++) {
         struct xfer x = {.bytes = bytes,
                          .box = box,
@@ -174,11 +174,11 @@ static reshard_status_t push_ring(struct xfer_set *s, const struct rs_plan *plan
                          .src_buf = XBUF_TMP,
                          .dst_buf = XBUF_TMP};
         prev = (uint32_t)s->n;
-        RS_CHECK_GOTO(push(s, x), st, out);
+        RS_CHECK_GOTO(push(s, x), st, free_chain);
     }
     for (int i = 0; i < n; i++)
-        RS_CHECK_GOTO(push_extracts(s, pt, t, chain[i]), st, out);
-out:
+        RS_CHECK_GOTO(push_extracts(s, pt, t, chain[i]), st, free_chain);
+free_chain:
     free(chain);
     return st;
 }
@@ -190,7 +190,7 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
     struct rs_layout *whole = rs_calloc((size_t)nt, sizeof(*whole), "gather layouts");
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     if (!in || !whole)
-        goto out;
+        goto free_inputs;
     for (int t = 0; t < nt; t++) {
         const struct rs_layout *src = &plan->tensors[t].src;
         struct rs_layout *w = &whole[t];
@@ -204,14 +204,14 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
         w->place[0].kind = RS_PLACE_R;
         in[t] = (struct plan_input){plan->tensors[t].name, src, w};
     }
-    RS_CHECK_GOTO(plan_build(in, nt, &plan->topo, &plan->opts, &s->aux), st, out);
+    RS_CHECK_GOTO(plan_build(in, nt, &plan->topo, &plan->opts, &s->aux), st, free_inputs);
     /* The gather: the ops into the first source rank's whole-tensor buffer. */
     for (size_t i = 0; i < s->aux->nops; i++) {
         const struct plan_op *o = &s->aux->ops[i];
         uint32_t box;
         int ndim = plan->tensors[o->tensor].dst.ndim;
         RS_CHECK_GOTO(push_box(s, ndim, plan_op_start(s->aux, o), plan_op_len(s->aux, o), &box), st,
-                      out);
+                      free_inputs);
         struct xfer x = {.bytes = plan_op_bytes(s->aux, o),
                          .box = box,
                          .tensor = o->tensor,
@@ -221,12 +221,12 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
                          .path = (uint8_t)path_between(&plan->topo, o->src, o->dst),
                          .src_buf = XBUF_SRC,
                          .dst_buf = XBUF_TMP};
-        RS_CHECK_GOTO(push(s, x), st, out);
+        RS_CHECK_GOTO(push(s, x), st, free_inputs);
     }
     for (int t = 0; t < nt; t++)
-        RS_CHECK_GOTO(push_ring(s, plan, (uint32_t)t), st, out);
+        RS_CHECK_GOTO(push_ring(s, plan, (uint32_t)t), st, free_inputs);
     s->needs_tmp = 1;
-out:
+free_inputs:
     free(whole);
     free(in);
     return st;

@@ -28,7 +28,7 @@
 
 /* This rank's device buffer behind a transfer's side, or NULL when that buffer is host memory
  * (whole-tensor buffers always are). */
-static char *dev_base(const struct run *r, const struct xfer *xf, int side)
+static char *dev_base(const struct exec_run *r, const struct xfer *xf, int side)
 {
     int buf = side ? xf->dst_buf : xf->src_buf;
     const reshard_buffers_t *b = r->dev ? &r->dev[xf->tensor] : NULL;
@@ -39,13 +39,13 @@ static char *dev_base(const struct run *r, const struct xfer *xf, int side)
 
 /* Both sides answer alike: the destination exported its buffer and the source has device
  * buffers (so a driver and a context). */
-int exec_dev_via_ipc(const struct run *r, const struct xfer *xf)
+int exec_dev_via_ipc(const struct exec_run *r, const struct xfer *xf)
 {
     return r->peer_exp && xf->path == XFER_LOCAL && xf->dst_buf == XBUF_DST &&
            r->peer_exp[exec_slot(r->x, xf->dst, xf->tensor)] && r->peer_cuda[xf->src];
 }
 
-void *exec_dev_mh(const struct run *r, const struct xfer *xf, int side)
+void *exec_dev_mh(const struct exec_run *r, const struct xfer *xf, int side)
 {
     int buf = side ? xf->dst_buf : xf->src_buf;
     return r->x->regs.dev[2 * xf->tensor + (buf == XBUF_DST)].mh;
@@ -53,14 +53,15 @@ void *exec_dev_mh(const struct run *r, const struct xfer *xf, int side)
 
 /* When the run registered its device buffers and the chunk is contiguous there. Both ends of a
  * message decide on their own. */
-char *exec_dev_gdr_at(const struct run *r, const struct xfer *xf, int side, const struct region *rg)
+char *exec_dev_gdr_at(const struct exec_run *r, const struct xfer *xf, int side,
+                      const struct region *rg)
 {
     uint64_t off;
     char *d = r->gdr ? dev_base(r, xf, side) : NULL;
     return d && region_contiguous(rg, &off) ? d + off : NULL;
 }
 
-int exec_dev_self(const struct run *r, const struct xfer *xf)
+int exec_dev_self(const struct exec_run *r, const struct xfer *xf)
 {
     return xf->path == XFER_SELF && dev_base(r, xf, 0) && dev_base(r, xf, 1);
 }
@@ -94,7 +95,7 @@ static int region_rows(const struct region *rg, uint64_t *first, uint64_t *w, ui
 /* In its host shadow (from the network, a copy inside the rank, or a peer's cross-memory
  * write), which the device then gets; or in the device buffer itself (a peer's IPC write, or
  * GPUDirect), which the shadow then gets only if the chunk is forwarded from there. */
-reshard_status_t exec_dev_land(struct run *r, long k, uint32_t chunk, const struct xfer *xf)
+reshard_status_t exec_dev_land(struct exec_run *r, long k, uint32_t chunk, const struct xfer *xf)
 {
     char *dev = dev_base(r, xf, 1);
     if (!dev || exec_dev_self(r, xf)) /* copied on the device; nothing forwards from it */
@@ -185,7 +186,7 @@ static int rows_2d(const struct region *a, const struct region *b, const char *s
 
 /* Does a chunk go through the pack kernels? When it is strided on either side, its source is
  * on this GPU, and the kernels load (not on the stand-in driver, nor without nvcc at build). */
-static int ipc_kernels(const struct run *r, const struct xfer *xf, const struct region *a,
+static int ipc_kernels(const struct exec_run *r, const struct xfer *xf, const struct region *a,
                        const struct region *b)
 {
     static int usable = -1;
@@ -205,7 +206,7 @@ static int ipc_kernels(const struct run *r, const struct xfer *xf, const struct 
 
 /* Copies on the IPC stream and an event after them, which exec_dev_poll waits for before it
  * tells the peer (or counts the chunk arrived). */
-int exec_dev_copy(struct run *r, uint32_t o, uint32_t chunk)
+int exec_dev_copy(struct exec_run *r, uint32_t o, uint32_t chunk)
 {
     struct exec *x = r->x;
     struct reshard_comm *comm = x->comm;
@@ -280,7 +281,7 @@ int exec_dev_copy(struct run *r, uint32_t o, uint32_t chunk)
     return 1;
 }
 
-void exec_dev_poll(struct run *r)
+void exec_dev_poll(struct exec_run *r)
 {
     while (r->ipc_head < r->ipc_tail && r->st == RESHARD_OK) {
         struct cuda_ipc *ipc = r->x->comm->ipc;
@@ -348,7 +349,7 @@ int exec_dev_try_gdr(struct exec *x, const reshard_buffers_t *dev)
 
 /* Does network transfer out[o] leave from the device buffer for every chunk (GPUDirect, each
  * chunk contiguous there and none packed with others)? */
-static int net_direct(const struct run *r, size_t o)
+static int net_direct(const struct exec_run *r, size_t o)
 {
     const struct exec *x = r->x;
     const struct exec_share *s = &x->share;
@@ -368,7 +369,7 @@ static int net_direct(const struct run *r, size_t o)
  * the rank into host memory. Before the exchange (after 0) local peers are taken to be written
  * through CUDA IPC when it is on; after it, the ones that turned out not to be get their
  * sources too. */
-reshard_status_t exec_dev_stage_sources(struct run *r, int after)
+reshard_status_t exec_dev_stage_sources(struct exec_run *r, int after)
 {
     struct exec *x = r->x;
     for (size_t o = 0; o < x->share.nout; o++) {

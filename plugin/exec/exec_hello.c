@@ -134,8 +134,8 @@ static reshard_status_t break_comm(struct reshard_comm *c, reshard_status_t st)
 
 /* After a good verdict: every rank's exports, gathered again only when some rank's changed,
  * and what the run makes of them. */
-static reshard_status_t gather_exports(struct exec *x, struct run *r, const char *all, size_t hb,
-                                       uint32_t mine)
+static reshard_status_t gather_exports(struct exec *x, struct exec_run *r, const char *all,
+                                       size_t hb, uint32_t mine)
 {
     struct reshard_comm *c = x->comm;
     struct exec_exports *ex = &x->exp;
@@ -221,7 +221,7 @@ static reshard_status_t verdict(struct exec *x, const char *all, size_t hb, uint
 }
 
 reshard_status_t exec_hello_exchange(struct exec *x, const reshard_buffers_t *bufs, uint32_t seq,
-                                     reshard_status_t local, struct run *r, int on_nccl)
+                                     reshard_status_t local, struct exec_run *r, int on_nccl)
 {
     struct reshard_comm *c = x->comm;
     size_t hb = hello_bytes(x);

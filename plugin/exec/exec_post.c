@@ -36,7 +36,7 @@ static uint64_t exec_tag(uint64_t kind, uint32_t seq, uint32_t xfer, uint32_t ch
 
 /* ---- buffers ---- */
 
-char *exec_post_base(const struct run *r, const struct xfer *xf, int side)
+char *exec_post_base(const struct exec_run *r, const struct xfer *xf, int side)
 {
     int buf = side ? xf->dst_buf : xf->src_buf;
     const reshard_buffers_t *b = &r->bufs[xf->tensor];
@@ -45,7 +45,7 @@ char *exec_post_base(const struct run *r, const struct xfer *xf, int side)
     return buf == XBUF_SRC ? (char *)b->src : (char *)b->dst;
 }
 
-static void *my_mh(const struct run *r, const struct xfer *xf, int side)
+static void *my_mh(const struct exec_run *r, const struct xfer *xf, int side)
 {
     int buf = side ? xf->dst_buf : xf->src_buf;
     return buf == XBUF_TMP ? NULL : r->x->regs.host[2 * xf->tensor + (buf == XBUF_DST)].mh;
@@ -53,7 +53,7 @@ static void *my_mh(const struct run *r, const struct xfer *xf, int side)
 
 /* ---- the ready queues ---- */
 
-static reshard_status_t push_ready(struct run *r, uint32_t pos, uint32_t chunk)
+static reshard_status_t push_ready(struct exec_run *r, uint32_t pos, uint32_t chunk)
 {
     int net = pos == EXEC_BUNDLE_POS || r->x->xs.x[r->x->share.out[pos]].path == XFER_NET;
     struct exec_queue *q = net ? &r->net_q : &r->local_q;
@@ -74,7 +74,7 @@ static reshard_status_t push_ready(struct run *r, uint32_t pos, uint32_t chunk)
 }
 
 /* Tensor t arrived whole in this rank's buffer: start what waited for it. */
-static void release_whole(struct run *r, uint32_t t)
+static void release_whole(struct exec_run *r, uint32_t t)
 {
     const struct exec_share *s = &r->x->share;
     for (uint32_t i = s->after_first[t]; i < s->after_first[t + 1]; i++) {
@@ -84,7 +84,7 @@ static void release_whole(struct run *r, uint32_t t)
     }
 }
 
-void exec_post_arrived(struct run *r, long k, uint32_t chunk, const struct xfer *xf)
+void exec_post_arrived(struct exec_run *r, long k, uint32_t chunk, const struct xfer *xf)
 {
     const struct exec_share *s = &r->x->share;
     reshard_status_t st = r->dev ? exec_dev_land(r, k, chunk, xf) : RESHARD_OK;
@@ -110,7 +110,7 @@ void exec_post_arrived(struct run *r, long k, uint32_t chunk, const struct xfer 
 static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
 {
     struct exec_req *c = container_of(req, struct exec_req, req);
-    struct run *r = c->run;
+    struct exec_run *r = c->run;
     r->posted--;
     free(c->iov);
     c->iov = NULL;
@@ -168,7 +168,7 @@ static void on_send(struct tp_req *req, reshard_status_t st, size_t bytes)
 {
     (void)bytes;
     struct exec_req *c = container_of(req, struct exec_req, req);
-    struct run *r = c->run;
+    struct exec_run *r = c->run;
     struct reshard_comm *comm = r->comm;
     r->posted--;
     if (c->kind == EXEC_REQ_SEND_DATA) {
@@ -200,7 +200,7 @@ static void on_ack(struct tp_req *req, reshard_status_t st, size_t bytes)
 {
     (void)bytes;
     struct exec_req *c = container_of(req, struct exec_req, req);
-    struct run *r = c->run;
+    struct exec_run *r = c->run;
     r->posted--;
     if (r->draining)
         return;
@@ -244,7 +244,7 @@ static reshard_status_t chunk_iov(const struct region *rg, char *base, struct io
     return RESHARD_OK;
 }
 
-static reshard_status_t post_recv(struct run *r, size_t k, uint32_t chunk)
+static reshard_status_t post_recv(struct exec_run *r, size_t k, uint32_t chunk)
 {
     struct exec *x = r->x;
     const struct exec_share *s = &x->share;
@@ -287,7 +287,7 @@ static reshard_status_t post_recv(struct run *r, size_t k, uint32_t chunk)
 }
 
 /* A packed message: one receive scattering straight into every piece's destination. */
-static reshard_status_t post_bundle_recv(struct run *r, uint32_t bi)
+static reshard_status_t post_bundle_recv(struct exec_run *r, uint32_t bi)
 {
     struct exec *x = r->x;
     const struct exec_share *s = &x->share;
@@ -339,7 +339,7 @@ static reshard_status_t post_bundle_recv(struct run *r, uint32_t bi)
 /* ---- sends ---- */
 
 /* Everything bound for this rank arrived: tell each sender. */
-static reshard_status_t send_acks(struct run *r)
+static reshard_status_t send_acks(struct exec_run *r)
 {
     struct exec *x = r->x;
     const struct exec_share *s = &x->share;
@@ -358,7 +358,7 @@ static reshard_status_t send_acks(struct run *r)
     return RESHARD_OK;
 }
 
-reshard_status_t exec_post_notify(struct run *r, uint32_t o, uint32_t chunk)
+reshard_status_t exec_post_notify(struct exec_run *r, uint32_t o, uint32_t chunk)
 {
     struct exec *x = r->x;
     const struct exec_share *s = &x->share;
@@ -378,7 +378,7 @@ reshard_status_t exec_post_notify(struct run *r, uint32_t o, uint32_t chunk)
 }
 
 /* A local transfer: write the chunk into the peer's memory, then tell it. */
-static reshard_status_t do_local(struct run *r, uint32_t o, uint32_t chunk)
+static reshard_status_t do_local(struct exec_run *r, uint32_t o, uint32_t chunk)
 {
     struct exec *x = r->x;
     const struct xfer *xf = &x->xs.x[x->share.out[o]];
@@ -407,7 +407,7 @@ static reshard_status_t do_local(struct run *r, uint32_t o, uint32_t chunk)
     return exec_post_notify(r, o, chunk);
 }
 
-static void do_self(struct run *r, uint32_t o, uint32_t chunk)
+static void do_self(struct exec_run *r, uint32_t o, uint32_t chunk)
 {
     struct exec *x = r->x;
     const struct xfer *xf = &x->xs.x[x->share.out[o]];
@@ -422,7 +422,7 @@ static void do_self(struct run *r, uint32_t o, uint32_t chunk)
 
 /* A packed message: every piece packed into one staging slot, one send. Returns 0 when it
  * must wait for a slot or the window. */
-static int do_bundle(struct run *r, uint32_t bi)
+static int do_bundle(struct exec_run *r, uint32_t bi)
 {
     struct exec *x = r->x;
     struct reshard_comm *comm = x->comm;
@@ -464,7 +464,7 @@ static int do_bundle(struct run *r, uint32_t bi)
 
 /* A network send: straight from the source when contiguous, else packed into staging.
  * Returns 0 when it must wait for a slot or the window. */
-static int do_net(struct run *r, uint32_t o, uint32_t chunk)
+static int do_net(struct exec_run *r, uint32_t o, uint32_t chunk)
 {
     if (o == EXEC_BUNDLE_POS)
         return do_bundle(r, chunk);
@@ -522,7 +522,7 @@ static int do_net(struct run *r, uint32_t o, uint32_t chunk)
 
 /* Posts queued network sends in order, passing over (at most SEND_SCAN) ones whose peer has
  * its window full; those keep their place. */
-static void drain_net(struct run *r)
+static void drain_net(struct exec_run *r)
 {
     struct exec_queue *q = &r->net_q;
     size_t keep = q->head, i = q->head;
@@ -541,7 +541,7 @@ static void drain_net(struct run *r)
 
 /* Works through the ready queues: network sends first, while the window and the staging
  * slots allow (posting is cheap and keeps the wire busy), then local work to the end. */
-static void drain_ready(struct run *r)
+static void drain_ready(struct exec_run *r)
 {
     struct exec *x = r->x;
     drain_net(r);
@@ -563,7 +563,7 @@ static void drain_ready(struct run *r)
     }
 }
 
-reshard_status_t exec_post_drain(struct run *r)
+reshard_status_t exec_post_drain(struct exec_run *r)
 {
     drain_ready(r);
     if (!r->in_left && !r->acked) {
@@ -574,7 +574,7 @@ reshard_status_t exec_post_drain(struct run *r)
     return RESHARD_OK;
 }
 
-reshard_status_t exec_post_start(struct run *r)
+reshard_status_t exec_post_start(struct exec_run *r)
 {
     struct exec *x = r->x;
     const struct exec_share *s = &x->share;

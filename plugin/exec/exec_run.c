@@ -23,7 +23,7 @@
 #define BOOT_CHECK_MS 20   /* how often a run looks for failures the others report */
 #define CAUSE_WAIT_MS 100  /* how long a failed run listens for another rank's report */
 
-reshard_status_t exec_run_fail(struct run *r, reshard_status_t st)
+reshard_status_t exec_run_fail(struct exec_run *r, reshard_status_t st)
 {
     if (r->st == RESHARD_OK) {
         r->st = st;
@@ -34,7 +34,7 @@ reshard_status_t exec_run_fail(struct run *r, reshard_status_t st)
 
 /* ---- the run's memory ---- */
 
-static void run_free(struct run *r)
+static void run_free(struct exec_run *r)
 {
     if (!r)
         return;
@@ -65,10 +65,11 @@ static void run_free_any(void *r)
 }
 
 static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs,
-                                   const reshard_buffers_t *dev, uint32_t seq, struct run **out)
+                                   const reshard_buffers_t *dev, uint32_t seq,
+                                   struct exec_run **out)
 {
     const struct exec_share *s = &x->share;
-    struct run *r = rs_calloc(1, sizeof(*r), "execution");
+    struct exec_run *r = rs_calloc(1, sizeof(*r), "execution");
     if (!r)
         return RESHARD_ERR_NO_MEMORY;
     r->x = x;
@@ -123,7 +124,7 @@ static reshard_status_t staging_init(struct exec *x)
 
 /* Everything this rank prepares before the others hear from it. */
 static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs,
-                                const reshard_buffers_t *dev, uint32_t seq, struct run **r)
+                                const reshard_buffers_t *dev, uint32_t seq, struct exec_run **r)
 {
     struct tp_ctx *net = x->comm->net;
     RS_CHECK(staging_init(x));
@@ -143,7 +144,7 @@ static reshard_status_t prepare(struct exec *x, const reshard_buffers_t *bufs,
 /* ---- the wait ---- */
 
 /* Who this rank still waits for, for the timeout message. */
-static void describe_wait(const struct run *r, char *buf, size_t n)
+static void describe_wait(const struct exec_run *r, char *buf, size_t n)
 {
     const struct exec *x = r->x;
     const struct exec_share *s = &x->share;
@@ -179,12 +180,12 @@ static void describe_wait(const struct run *r, char *buf, size_t n)
         snprintf(buf, n, "%zu send(s) to complete", r->out_left);
 }
 
-static int run_done(const struct run *r)
+static int run_done(const struct exec_run *r)
 {
     return !r->in_left && !r->out_left && r->acked && !r->acks_in_left && !r->acks_out_left;
 }
 
-static reshard_status_t wait_done(struct run *r)
+static reshard_status_t wait_done(struct exec_run *r)
 {
     struct exec *x = r->x;
     struct tp_ctx *net = x->comm->net;
@@ -247,7 +248,7 @@ static reshard_status_t wait_done(struct run *r)
 /* Cancel the receives and let the callbacks run, for a while. Sends to a failed peer fail by
  * themselves (endpoints are in peer error mode); force-closing endpoints here instead made UCX
  * 1.13's TCP transport assert on a peer that had just died. */
-static void drain_failed(struct run *r)
+static void drain_failed(struct exec_run *r)
 {
     struct exec *x = r->x;
     const struct exec_share *s = &x->share;
@@ -271,7 +272,7 @@ static void drain_failed(struct run *r)
 
 /* A network failure here may be the echo of another rank's (its connections closed as it
  * stopped): that rank's own report, if it comes within CAUSE_WAIT_MS, names the cause. */
-static void remote_cause(struct exec *x, struct run *r)
+static void remote_cause(struct exec *x, struct exec_run *r)
 {
     if (r->st != RESHARD_ERR_NETWORK) /* a timeout names whom it waited for: more precise */
         return;
@@ -288,7 +289,7 @@ static void remote_cause(struct exec *x, struct run *r)
 }
 
 /* A failure once bytes may be moving: the transports are in an unknown state. */
-static void break_comm(struct exec *x, struct run *r)
+static void break_comm(struct exec *x, struct exec_run *r)
 {
     struct reshard_comm *c = x->comm;
     c->broken = r->st;
@@ -309,7 +310,7 @@ static void break_comm(struct exec *x, struct run *r)
 
 /* A chunk counts once its receive (or copy) completed; one still in flight may be partly
  * written, so its tensor is torn. */
-void exec_run_record(struct exec *x, const struct run *r)
+void exec_run_record(struct exec *x, const struct exec_run *r)
 {
     for (int t = 0; t < x->plan->ntensors; t++) {
         reshard_tensor_state_t s = RESHARD_TENSOR_UNTOUCHED;
@@ -341,7 +342,7 @@ reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
 {
     struct reshard_comm *c = x->comm;
     uint32_t seq = c->seq++; /* every rank counts every execution, failed or not */
-    struct run *r = NULL;
+    struct exec_run *r = NULL;
     reshard_status_t local = pre != RESHARD_OK ? pre : prepare(x, bufs, dev, seq, &r);
     struct rs_saved_error why;
     rs_error_save(&why);

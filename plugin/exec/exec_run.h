@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * One execution of an executor (struct run) and the steps that share it: its life and failure
+ * One execution of an executor (struct exec_run) and the steps that share it: its life and failure
  * handling (exec_run.c), the start-up exchange and vote (exec_hello.c), the queues and posting
  * (exec_post.c) and the device path (exec_dev.c).
  */
@@ -18,7 +18,7 @@ enum exec_req_kind {
     EXEC_REQ_RECV_CTRL
 };
 
-struct run;
+struct exec_run;
 
 /* A ready entry naming a bundle (its index in chunk) rather than a transfer's chunk. */
 #define EXEC_BUNDLE_POS UINT32_MAX
@@ -26,7 +26,7 @@ struct run;
 /* One posted message. */
 struct exec_req {
     struct tp_req req;
-    struct run *run;
+    struct exec_run *run;
     uint32_t pos;   /* index in the share's in[] (receives) or out[] (sends), or EXEC_BUNDLE_POS */
     uint32_t chunk; /* or the bundle's index */
     int slot;       /* staging slot, or -1 */
@@ -44,7 +44,7 @@ struct exec_queue {
 };
 
 /* The state of one execution. */
-struct run {
+struct exec_run {
     struct exec *x; /* not to be touched once draining: a kept run may outlive its plan */
     struct reshard_comm *comm;
     const reshard_buffers_t *bufs;
@@ -91,7 +91,7 @@ static inline size_t exec_slot(const struct exec *x, int rank, uint32_t tensor)
 /* ---- exec_run.c ---- */
 
 /* Records the run's first failure (and its message); returns st. */
-reshard_status_t exec_run_fail(struct run *r, reshard_status_t st);
+reshard_status_t exec_run_fail(struct exec_run *r, reshard_status_t st);
 /* The native executor on host buffers bufs, or on their shadows when dev (the caller's device
  * buffers) is not NULL. pre: a failure found before (staging device buffers), with which this
  * rank still joins the start, so every rank reaches the same verdict. */
@@ -102,7 +102,7 @@ reshard_status_t exec_run_nccl(struct exec *x, const reshard_buffers_t *bufs, in
                                void *stream);
 /* What the execution left in this rank's destination buffers: r NULL when it failed before
  * any byte moved. */
-void exec_run_record(struct exec *x, const struct run *r);
+void exec_run_record(struct exec *x, const struct exec_run *r);
 
 /* ---- exec_hello.c ---- */
 
@@ -111,46 +111,46 @@ void exec_run_record(struct exec *x, const struct run *r);
  * so that all reach the verdict instead of waiting for it. On success the run (r, NULL on the
  * NCCL executor) knows where its peers' buffers and exports are. */
 reshard_status_t exec_hello_exchange(struct exec *x, const reshard_buffers_t *bufs, uint32_t seq,
-                                     reshard_status_t local, struct run *r, int on_nccl);
+                                     reshard_status_t local, struct exec_run *r, int on_nccl);
 
 /* ---- exec_post.c ---- */
 
 /* This rank's buffer behind a transfer's side (host memory: the shadow of a device buffer). */
-char *exec_post_base(const struct run *r, const struct xfer *xf, int side);
+char *exec_post_base(const struct exec_run *r, const struct xfer *xf, int side);
 /* Posts every receive and queues the first sends. */
-reshard_status_t exec_post_start(struct run *r);
+reshard_status_t exec_post_start(struct exec_run *r);
 /* Works through the ready queues, and acknowledges once everything arrived. */
-reshard_status_t exec_post_drain(struct run *r);
+reshard_status_t exec_post_drain(struct exec_run *r);
 /* A chunk reached this rank (k: its position in in[], -1 for a copy inside the rank): release
  * what waits for it. */
-void exec_post_arrived(struct run *r, long k, uint32_t chunk, const struct xfer *xf);
+void exec_post_arrived(struct exec_run *r, long k, uint32_t chunk, const struct xfer *xf);
 /* Tells the receiver of out[o] that the chunk is in its memory. */
-reshard_status_t exec_post_notify(struct run *r, uint32_t o, uint32_t chunk);
+reshard_status_t exec_post_notify(struct exec_run *r, uint32_t o, uint32_t chunk);
 
 /* ---- exec_dev.c ---- */
 
 /* Does this local transfer write through CUDA IPC? Both sides answer alike. */
-int exec_dev_via_ipc(const struct run *r, const struct xfer *xf);
+int exec_dev_via_ipc(const struct exec_run *r, const struct xfer *xf);
 /* A copy inside this rank between two device buffers: on the GPU, never through the shadows. */
-int exec_dev_self(const struct run *r, const struct xfer *xf);
+int exec_dev_self(const struct exec_run *r, const struct xfer *xf);
 /* The device address a network chunk moves from (side 0) or into (side 1) directly, with
  * GPUDirect, or NULL (host staging); mh its registration. */
-char *exec_dev_gdr_at(const struct run *r, const struct xfer *xf, int side,
+char *exec_dev_gdr_at(const struct exec_run *r, const struct xfer *xf, int side,
                       const struct region *rg);
-void *exec_dev_mh(const struct run *r, const struct xfer *xf, int side);
+void *exec_dev_mh(const struct exec_run *r, const struct xfer *xf, int side);
 /* A chunk landed in a device destination of this rank: what the device (or the shadow) then
  * gets. k as for exec_post_arrived. */
-reshard_status_t exec_dev_land(struct run *r, long k, uint32_t chunk, const struct xfer *xf);
+reshard_status_t exec_dev_land(struct exec_run *r, long k, uint32_t chunk, const struct xfer *xf);
 /* A copy on the IPC stream (to a local peer's device buffer, or inside the rank). Returns 0
  * when every event is in use (the chunk waits). */
-int exec_dev_copy(struct run *r, uint32_t o, uint32_t chunk);
+int exec_dev_copy(struct exec_run *r, uint32_t o, uint32_t chunk);
 /* Tells the peers about the IPC copies that have completed, in stream order. */
-void exec_dev_poll(struct run *r);
+void exec_dev_poll(struct exec_run *r);
 /* Registers the device buffers for GPUDirect: whether the run may use them. */
 int exec_dev_try_gdr(struct exec *x, const reshard_buffers_t *dev);
 /* Copies device sources to their shadows where something reads them there. after: the start's
  * exchange is done (local peers that do not take IPC writes are known). */
-reshard_status_t exec_dev_stage_sources(struct run *r, int after);
+reshard_status_t exec_dev_stage_sources(struct exec_run *r, int after);
 /* Does bufs hold a device buffer? */
 int exec_dev_any(const struct exec *x, const reshard_buffers_t *bufs);
 /* The native executor on device buffers, through their host shadows. */

@@ -57,8 +57,8 @@ static uint64_t mix_string(uint64_t h, const char *s)
 }
 
 /* Makes room for one more item of `count`: doubles and re-inserts when half full. */
-static reshard_status_t table_fit(struct table *t, size_t count, uint64_t (*hash_of)(void *, size_t),
-                                  void *arg)
+static reshard_status_t table_fit(struct table *t, size_t count,
+                                  uint64_t (*hash_of)(void *, size_t), void *arg)
 {
     if (2 * (count + 1) <= t->cap)
         return RESHARD_OK;

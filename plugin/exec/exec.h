@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The executor (DESIGN.md section 6): runs a transfer list on one rank. Network transfers
- * first, then the local fan-out of each received chunk to the other replicas of the domain,
- * so the fan-out of chunk i overlaps the network transfer of chunk i+1; sends start at a
- * rotated peer. The memory kind of the buffers is a parameter here and in the transports, so
- * device memory only adds an implementation.
+ * The executor: runs a transfer list on one rank. Network transfers first, then the local
+ * fan-out of each received chunk to the other replicas of the domain, so the fan-out of chunk i
+ * overlaps the network transfer of chunk i+1; sends start at a rotated peer. The memory kind of
+ * the buffers is a parameter here and in the transports, so device memory only adds an
+ * implementation.
  */
 #ifndef RS_EXEC_H
 #define RS_EXEC_H
@@ -13,6 +13,12 @@
 #include "planner/plan.h"
 #include "plugin/comm/comm.h"
 
+/* Network sends in flight: per rank, and per peer. More than 2 to one peer let UCX interleave
+ * them, so that none ends early and the receiver's fan-out (or a ring's next hop) waits for
+ * the last. The cost model counts latencies with the same window. */
+#define EXEC_SEND_WINDOW 16
+#define EXEC_PEER_WINDOW 2
+
 struct exec;
 
 /* Takes over xs. plan stays the caller's and must outlive the executor. */
@@ -20,8 +26,8 @@ reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *pl
                              struct xfer_set *xs, struct exec **out);
 /* One execution at a time per communicator (RESHARD_ERR_BUSY otherwise). A failure found
  * before any byte moves (buffers, plan mismatch) leaves the communicator usable; one after
- * breaks it (comm_usable). */
-/* on_stream: ordered on stream (NULL: the default stream), as reshard_plan_execute_stream. */
+ * breaks it (comm_usable). on_stream: ordered on stream (NULL: the default stream), as
+ * reshard_plan_execute_stream. */
 reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs, int on_stream,
                           void *stream);
 /* The chunk size this process cuts transfers with (RESHARD_CHUNK_BYTES, capped). */
@@ -33,11 +39,10 @@ void exec_destroy(struct exec *x);
  * (reshard_tensor_state_t); RESHARD_ERR_INVALID_ARG before the first execution. */
 reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *states);
 
+/* The transfer list the executor runs. */
+const struct xfer_set *exec_xfers(const struct exec *x);
 /* Replaces the op figures of *stats (and of ranks[], when not NULL) with what the transfer list
  * moves: the algorithm's promise, which the transports' counters must match. */
-/* The transfer list the executor runs. */
-struct xfer_set;
-const struct xfer_set *exec_xfers(const struct exec *x);
 reshard_status_t exec_stats(const struct exec *x, reshard_plan_stats_t *stats,
                             reshard_rank_stats_t *ranks);
 

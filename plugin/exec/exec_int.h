@@ -1,39 +1,23 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The executor's insides, shared by exec_share.c (this rank's share of a transfer list, its
- * chunks and regions) and exec.c (running it).
+ * The executor's insides: struct exec and the objects it is made of, each with its own init and
+ * fini, so that exec_create and exec_destroy (exec.c) read as a list of them.
  */
 #ifndef RS_EXEC_INT_H
 #define RS_EXEC_INT_H
 
 #include "exec.h"
-#include "region.h"
+#include "exec_bundle.h"
+#include "exec_chunk.h"
 #include "cuda/ipc.h"
 
 #include <stdint.h>
 
-/* Tags: kind (2 bits) | execution (10) | transfer (32) | chunk (20). A packed message (TAG_PACK)
- * puts its number among the sender's bundles to that peer in the transfer field and the
- * sender's rank in the chunk field. */
-#define TAG_DATA        UINT64_C(1)
-#define TAG_CTRL        UINT64_C(2)
-#define TAG_PACK        UINT64_C(3)
-#define MAX_CHUNKS      (INT64_C(1) << 20)
-#define MAX_CHUNK_BYTES (INT64_C(1) << 30)
-#define ACK_XFER        UINT32_MAX /* the transfer field of an acknowledgement's tag */
+/* ---- this rank's share of the transfer list (exec_share.c) ---- */
 
-static inline uint64_t make_tag(uint64_t kind, uint32_t seq, uint32_t xfer, uint32_t chunk)
-{
-    return kind << 62 | (uint64_t)(seq & 1023) << 52 | (uint64_t)xfer << 20 | chunk;
-}
-
-struct exec {
-    struct reshard_comm *comm;
-    const struct rs_plan *plan;
-    struct xfer_set xs;
-    int64_t chunk_bytes;
-    /* This rank's share: outgoing transfers (src == me) in rotated peer order, incoming ones
-     * (dst == me, src != me) by index, and which outgoing ones each incoming one releases. */
+struct exec_share {
+    /* Outgoing transfers (src == me) in rotated peer order, incoming ones (dst == me, src !=
+     * me) by index, and which outgoing ones each incoming one releases. */
     uint32_t *out, *in;
     size_t nout, nin;
     size_t *out_off, *in_off; /* first chunk of each, then the total */
@@ -47,66 +31,119 @@ struct exec {
      * chunks must reach this rank's whole-tensor buffer first. */
     uint32_t *after_first, *after; /* [ntensors + 1], [nout] */
     size_t *tmp_chunks;            /* [ntensors] */
-    /* Per tensor: chunks that land in this rank's destination buffer (from peers or itself),
-     * and what the last execution left there (reshard_tensor_state_t; NULL before the first). */
+    /* Per tensor: chunks that land in this rank's destination buffer (from peers or itself). */
     size_t *dst_chunks;
-    uint8_t *outcome;
-    int executed;
-    int on_nccl; /* the last execution was enqueued on NCCL (RESHARD_EXECUTOR=nccl) */
-    /* Registrations of the caller's buffers, redone when a pointer changes. */
-    struct reg {
-        const void *addr;
-        size_t len;
-        uint64_t id; /* device memory: the allocation's id (new memory, new registration) */
-        void *mh;
-    } * reg;          /* [2 * ntensors]: src, dst */
-    struct reg *dreg; /* the same for device buffers, with GPUDirect (NULL until then) */
-    int gdr_reported;
-    char **tmp; /* [ntensors]: whole-tensor buffers (bcast), kept across runs */
-    /* Device buffers on the native executor are staged through host copies: [2 * ntensors]
-     * (source, destination) shadows and their sizes, kept across runs. */
-    char **shadow;
-    size_t *shadow_cap;
-    int staged_before;
-    /* CUDA IPC: this rank's exports of its device destinations that local peers write, by
-     * tensor (exp_cache, made again when a buffer or its allocation changes: exp_key holds the
-     * pointer and allocation id of each) and in a row (my_exp); and every rank's from the last
-     * gathering: exp_n[q] at exports + q * exp_max, that table's checksum exp_table (0:
-     * none). exp_refused counts allocations that would not export. */
-    struct cuda_ipc_export *exp_cache, *my_exp, *exports;
-    uint64_t *exp_key; /* [2 * ntensors] */
-    uint32_t exp_max;
-    uint32_t *exp_n; /* [size] */
-    uint64_t exp_table;
-    int exp_refused;
-    struct cuda_ipc_maps maps; /* the peers' allocations this plan writes, mapped here */
-    /* Coalescing (RESHARD_COALESCE_BYTES): network chunks of at most coalesce_bytes that leave
-     * a source buffer at the start travel to each peer packed into messages of at most
-     * chunk_bytes (bundles), which sender and receiver group alike: per peer, by transfer
-     * index, then chunk. A bundle's pieces are (position in out[] or in[], chunk). */
-    int64_t coalesce_bytes;
-    struct bundle {
-        int32_t peer;
-        uint32_t id, first, n; /* id among this pair's bundles; pieces[first .. first + n) */
-        uint64_t bytes;
-    } * out_b, *in_b;
-    size_t nout_b, nin_b;
-    struct piece {
-        uint32_t pos, chunk;
-    } * out_p, *in_p;
-    uint8_t *out_bundled, *in_bundled; /* by chunk, via out_off / in_off */
 };
 
-/* ---- exec_share.c ---- */
+/* The share of rank `rank` of a communicator of `size` ranks in cut's transfer list. */
+reshard_status_t exec_share_init(struct exec_share *s, const struct exec_cut *cut, int rank,
+                                 int size);
+/* Connects to every peer the share exchanges messages with, so that a rank that only receives
+ * also hears when a sender's connection fails. */
+reshard_status_t exec_share_connect(const struct exec_share *s, const struct xfer_set *xs,
+                                    struct tp_ctx *net);
+void exec_share_fini(struct exec_share *s);
+/* Position of an incoming transfer in s->in, or -1. */
+long exec_share_in_pos(const struct exec_share *s, uint32_t xfer);
 
-/* Chunks of a transfer: as many on both sides, since both derive them alike. */
-int64_t exec_nchunks(const struct exec *x, const struct xfer *xf);
-/* The chunk inside the buffer `side` (0 source, 1 destination) of the transfer. */
-void exec_chunk_region(const struct exec *x, const struct xfer *xf, uint32_t chunk, int side,
-                       struct region *r);
-/* Position of an incoming transfer in x->in, or -1. */
-long exec_in_pos(const struct exec *x, uint32_t xfer);
-/* Bytes of a chunk (alike on both sides). */
-uint64_t exec_chunk_bytes_of(const struct exec *x, const struct xfer *xf, uint32_t chunk);
+/* ---- memory the executor keeps across runs (exec_mem.c) ---- */
+
+/* After a failed execution, requests may still use its registrations and peers may still write
+ * into its buffers: every fini below then hands them to the communicator, which frees them once
+ * its network context is closed. */
+
+/* Registrations of the caller's buffers, redone when a pointer changes. */
+struct exec_reg {
+    const void *addr;
+    size_t len;
+    uint64_t id; /* device memory: the allocation's id (new memory, new registration) */
+    void *mh;
+};
+
+struct exec_regs {
+    int n; /* 2 * ntensors: src, dst */
+    struct exec_reg *host;
+    struct exec_reg *dev; /* the same for device buffers, with GPUDirect (NULL until then) */
+    int dev_reported;     /* the first run said whether device buffers use GPUDirect */
+};
+
+reshard_status_t exec_regs_init(struct exec_regs *g, int ntensors);
+/* Registers a buffer, once per pointer, size and allocation (id: 0 for host memory, or when
+ * the driver cannot tell). */
+reshard_status_t exec_reg_one(struct tp_ctx *net, struct exec_reg *g, const void *addr, size_t len,
+                              enum tp_mem mem, uint64_t id);
+void exec_regs_fini(struct exec_regs *g, struct reshard_comm *c);
+
+/* Whole-tensor buffers for the broadcast baseline, on the ranks that use one; made by the
+ * first run, kept for the next (fresh pages would fault in under every cross-memory write). */
+struct exec_tmp {
+    char **buf; /* [ntensors + 1]: NULL where this rank holds none */
+};
+
+reshard_status_t exec_tmp_alloc(struct exec_tmp *t, const struct rs_plan *plan,
+                                const struct xfer_set *xs, int rank);
+void exec_tmp_fini(struct exec_tmp *t, int ntensors, struct reshard_comm *c);
+
+/* Device buffers on the native executor are staged through host copies (pinned when the driver
+ * allows): [2 * ntensors] (source, destination) shadows and their sizes, kept across runs. */
+struct exec_shadows {
+    char **buf;   /* [2 * ntensors + 1] */
+    size_t *cap;  /* [2 * ntensors] */
+    int reported; /* the first staged run said where the shadows live */
+};
+
+/* host[] is bufs with every device buffer replaced by its shadow, grown to the buffer's size
+ * (the device's bytes are not copied here). */
+reshard_status_t exec_shadows_stage(struct exec_shadows *s, int ntensors,
+                                    const reshard_buffers_t *bufs, reshard_buffers_t *host);
+void exec_shadows_fini(struct exec_shadows *s, int ntensors, struct reshard_comm *c);
+
+/* ---- CUDA IPC exports (exec_export.c) ---- */
+
+/* This rank's exports of its device destinations that local peers write, by tensor (cache,
+ * made again when a buffer or its allocation changes: key holds the pointer and allocation id
+ * of each) and in a row (mine); and every rank's from the last gathering (exec_hello.c): n[q] at
+ * all + q * max, that table's checksum `table` (0: none). refused counts allocations that
+ * would not export. */
+struct exec_exports {
+    struct cuda_ipc_export *cache, *mine; /* [ntensors] */
+    uint64_t *key;                        /* [2 * ntensors] */
+    int refused;
+    struct cuda_ipc_export *all;
+    uint32_t max;
+    uint32_t *n; /* [size] */
+    uint64_t table;
+    struct cuda_ipc_maps maps; /* the peers' allocations this plan writes, mapped here */
+};
+
+struct exec;
+/* The exports of this rank's device destinations in dev[] (NULL: none) that local peers write,
+ * when CUDA IPC is on: in e->mine, *n of them. */
+reshard_status_t exec_exports_make(struct exec *x, const reshard_buffers_t *dev, uint32_t *n);
+void exec_exports_fini(struct exec_exports *e, int ntensors);
+
+/* ---- what the last execution left (exec_run.c records it) ---- */
+
+struct exec_last {
+    uint8_t *state; /* [ntensors]: reshard_tensor_state_t */
+    int executed;   /* 0 before the first execution */
+    int on_nccl;    /* it was enqueued on NCCL (RESHARD_EXECUTOR=nccl): the stream knows */
+};
+
+/* ---- the executor ---- */
+
+struct exec {
+    struct reshard_comm *comm;
+    const struct rs_plan *plan;
+    struct xfer_set xs;
+    struct exec_cut cut;             /* how each transfer is cut into chunks */
+    struct exec_share share;         /* what this rank sends and receives */
+    struct exec_bundles out_b, in_b; /* the small chunks it packs, each way */
+    struct exec_regs regs;
+    struct exec_tmp tmp;
+    struct exec_shadows shadows;
+    struct exec_exports exp;
+    struct exec_last last;
+};
 
 #endif

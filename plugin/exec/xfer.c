@@ -34,20 +34,8 @@ static reshard_status_t push(struct xfer_set *s, struct xfer x)
 static reshard_status_t push_box(struct xfer_set *s, int ndim, const int64_t *start,
                                  const int64_t *len, uint32_t *box)
 {
-    size_t need = s->ncoords + 2 * (size_t)ndim;
-    if (need > UINT32_MAX)
-        return rs_error(RESHARD_ERR_TOO_LARGE, "transfers: more than 2^32 box coordinates");
-    if (need > s->coords_cap) {
-        int64_t *c = rs_grow(s->own_coords, &s->coords_cap, need, sizeof(int64_t), "boxes");
-        if (!c)
-            return RESHARD_ERR_NO_MEMORY;
-        s->own_coords = c;
-    }
-    memcpy(s->own_coords + s->ncoords, start, (size_t)ndim * sizeof(int64_t));
-    memcpy(s->own_coords + s->ncoords + ndim, len, (size_t)ndim * sizeof(int64_t));
-    *box = (uint32_t)s->ncoords;
-    s->ncoords = need;
-    s->coords = s->own_coords;
+    RS_CHECK(boxes_push(&s->own, ndim, start, len, box));
+    s->coords = s->own.coords;
     return RESHARD_OK;
 }
 
@@ -80,14 +68,14 @@ static reshard_status_t build_direct(const struct rs_plan *plan, struct xfer_set
     struct plan_input *in = rs_calloc((size_t)plan->ntensors, sizeof(*in), "plan inputs");
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     if (!in)
-        goto out;
+        goto free_inputs;
     for (int t = 0; t < plan->ntensors; t++)
         in[t] = (struct plan_input){plan->tensors[t].name, &plan->tensors[t].src,
                                     &plan->tensors[t].dst};
     RS_CHECK_GOTO(plan_build(in, plan->ntensors, &single, &plan->opts, plan->scope, &s->aux), st,
-                  out);
-    RS_CHECK_GOTO(from_ops(s->aux, &plan->topo, s), st, out);
-out:
+                  free_inputs);
+    RS_CHECK_GOTO(from_ops(s->aux, &plan->topo, s), st, free_inputs);
+free_inputs:
     free(in);
     topo_free(&single);
     return st;
@@ -163,7 +151,7 @@ static reshard_status_t push_ring(struct xfer_set *s, const struct rs_plan *plan
     int64_t bytes = (int64_t)dtype_size(pt->dst.dtype) * layout_numel(&pt->dst);
     uint32_t box, prev = XFER_AFTER_INPUTS;
     reshard_status_t st;
-    RS_CHECK_GOTO(push_box(s, ndim, start, pt->dst.shape, &box), st, out);
+    RS_CHECK_GOTO(push_box(s, ndim, start, pt->dst.shape, &box), st, free_chain);
     for (int i = 0; i + 1 < n; i++) {
         struct xfer x = {.bytes = bytes,
                          .box = box,
@@ -175,11 +163,11 @@ static reshard_status_t push_ring(struct xfer_set *s, const struct rs_plan *plan
                          .src_buf = XBUF_TMP,
                          .dst_buf = XBUF_TMP};
         prev = (uint32_t)s->n;
-        RS_CHECK_GOTO(push(s, x), st, out);
+        RS_CHECK_GOTO(push(s, x), st, free_chain);
     }
     for (int i = 0; i < n; i++)
-        RS_CHECK_GOTO(push_extracts(s, pt, t, chain[i]), st, out);
-out:
+        RS_CHECK_GOTO(push_extracts(s, pt, t, chain[i]), st, free_chain);
+free_chain:
     free(chain);
     return st;
 }
@@ -191,7 +179,7 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
     struct rs_layout *whole = rs_calloc((size_t)nt, sizeof(*whole), "gather layouts");
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     if (!in || !whole)
-        goto out;
+        goto free_inputs;
     for (int t = 0; t < nt; t++) {
         const struct rs_layout *src = &plan->tensors[t].src;
         struct rs_layout *w = &whole[t];
@@ -205,14 +193,15 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
         w->place[0].kind = RS_PLACE_R;
         in[t] = (struct plan_input){plan->tensors[t].name, src, w};
     }
-    RS_CHECK_GOTO(plan_build(in, nt, &plan->topo, &plan->opts, plan->scope, &s->aux), st, out);
+    RS_CHECK_GOTO(plan_build(in, nt, &plan->topo, &plan->opts, plan->scope, &s->aux), st,
+                  free_inputs);
     /* The gather: the ops into the first source rank's whole-tensor buffer. */
     for (size_t i = 0; i < s->aux->nops; i++) {
         const struct plan_op *o = &s->aux->ops[i];
         uint32_t box;
         int ndim = plan->tensors[o->tensor].dst.ndim;
         RS_CHECK_GOTO(push_box(s, ndim, plan_op_start(s->aux, o), plan_op_len(s->aux, o), &box), st,
-                      out);
+                      free_inputs);
         struct xfer x = {.bytes = plan_op_bytes(s->aux, o),
                          .box = box,
                          .tensor = o->tensor,
@@ -222,12 +211,12 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
                          .path = (uint8_t)path_between(&plan->topo, o->src, o->dst),
                          .src_buf = XBUF_SRC,
                          .dst_buf = XBUF_TMP};
-        RS_CHECK_GOTO(push(s, x), st, out);
+        RS_CHECK_GOTO(push(s, x), st, free_inputs);
     }
     for (int t = 0; t < nt; t++)
-        RS_CHECK_GOTO(push_ring(s, plan, (uint32_t)t), st, out);
+        RS_CHECK_GOTO(push_ring(s, plan, (uint32_t)t), st, free_inputs);
     s->needs_tmp = 1;
-out:
+free_inputs:
     free(whole);
     free(in);
     return st;
@@ -262,7 +251,7 @@ reshard_status_t xfer_build(const struct rs_plan *plan, reshard_algo_t algo, str
 void xfer_free(struct xfer_set *s)
 {
     free(s->x);
-    free(s->own_coords);
+    boxes_free(&s->own);
     plan_free(s->aux);
     memset(s, 0, sizeof(*s));
 }

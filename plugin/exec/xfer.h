@@ -34,9 +34,8 @@ struct xfer {
 struct xfer_set {
     struct xfer *x;
     size_t n, cap;
-    const int64_t *coords; /* the plan's, or own_coords */
-    int64_t *own_coords;
-    size_t ncoords, coords_cap;
+    const int64_t *coords; /* the plan's boxes, or own's */
+    struct rs_boxes own;
     struct rs_plan *aux; /* direct: the singleton-domain plan; bcast: the gather plan */
     int needs_tmp;       /* bcast: ranks holding a whole-tensor buffer */
 };

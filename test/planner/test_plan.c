@@ -113,17 +113,50 @@ Test(plan, ties_go_to_the_sender_on_the_receivers_rail)
     plan_free(p);
 }
 
-Test(plan, load_beats_the_rail)
+Test(plan, the_receivers_rail_sends_every_tensor)
 {
-    /* two equal tensors: the first goes on-rail to rank 1, the second to idle rank 0 */
+    /* rank 3 is rail 1 of domain 1; of the holders 0 (rail 0) and 1 (rail 1), 1 sends both */
     const char *src[] = {"shape=4 ranks=0-1 place=R", "shape=4 ranks=0-1 place=R"};
     const char *dst[] = {"shape=4 ranks=3 place=R", "shape=4 ranks=3 place=R"};
     struct rs_plan *p = plan_specs(2, src, dst, 4, 2, NULL, 0);
     expect_valid(p);
     cr_assert_eq(p->nops, 2);
-    cr_assert_eq(p->ops[0].tensor, 0);
     cr_assert_eq(p->ops[0].src, 1);
-    cr_assert_eq(p->ops[1].src, 0);
+    cr_assert_eq(p->ops[1].src, 1);
+    plan_free(p);
+}
+
+Test(plan, replicas_take_the_domains_in_turn)
+{
+    /* two holders on rail 0 (domains 0 and 1) feed four domains: runs 0 and 2 from rank 0,
+     * runs 1 and 3 from rank 2, the same for every tensor of the layout */
+    const char *src[] = {"shape=8 ranks=0,2 place=R", "shape=6 ranks=0,2 place=R"};
+    const char *dst[] = {"shape=8 ranks=4,6,8,10 place=R", "shape=6 ranks=4,6,8,10 place=R"};
+    struct rs_plan *p = plan_specs(2, src, dst, 12, 2, NULL, 0);
+    expect_valid(p);
+    cr_assert_eq(p->nops, 8);
+    for (size_t i = 0; i < p->nops; i++) {
+        int want = (p->ops[i].dst - 4) / 2 % 2 ? 2 : 0;
+        cr_assert_eq(p->ops[i].src, want, "rank %d got tensor %u from %d", p->ops[i].dst,
+                     (unsigned)p->ops[i].tensor, p->ops[i].src);
+    }
+    plan_free(p);
+}
+
+Test(plan, a_large_slice_for_one_receiver_is_cut_among_its_replicas)
+{
+    /* 4 MiB for one receiver, four holders on its rail: four 1 MiB pieces, one from each */
+    struct rs_plan *p =
+        plan_specs(1, (const char *[]){"shape=1024x1024 dtype=f32 ranks=0,2,4,6"},
+                   (const char *[]){"shape=1024x1024 dtype=f32 ranks=8"}, 10, 2, NULL, 0);
+    expect_valid(p);
+    cr_assert_eq(p->nops, 4);
+    int seen = 0;
+    for (size_t i = 0; i < p->nops; i++) {
+        cr_assert_eq(plan_op_bytes(p, &p->ops[i]), 1 << 20);
+        seen |= 1 << p->ops[i].src;
+    }
+    cr_assert_eq(seen, 1 << 0 | 1 << 2 | 1 << 4 | 1 << 6);
     plan_free(p);
 }
 

@@ -178,40 +178,6 @@ Test(manifest, a_missing_file_is_an_error_naming_it)
     cr_assert_null(m);
 }
 
-/* reshard_plan_predict: the per-rank flow model, by hand for one case, and its bad input. */
-Test(manifest, prediction_is_the_busiest_ranks_bytes_over_its_link_plus_latency)
-{
-    reshard_layout_t *s, *d;
-    cr_assert_eq(reshard_layout_parse("shape=1024x1024 dtype=f32 ranks=0", 0, &s), RESHARD_OK);
-    cr_assert_eq(reshard_layout_parse("shape=1024x1024 dtype=f32 ranks=2-3 place=R", 0, &d),
-                 RESHARD_OK);
-    reshard_topo_t *topo;
-    cr_assert_eq(reshard_topo_create(4, 2, NULL, &topo), RESHARD_OK);
-    reshard_tensor_t t = {"w", s, d};
-    reshard_plan_t *plan;
-    cr_assert_eq(reshard_plan_create(&t, 1, topo, NULL, &plan), RESHARD_OK);
-    reshard_cluster_t c = {.nic_bytes_per_s = 1e9, .nvlink_bytes_per_s = 1e10, .latency_s = 1e-3};
-    reshard_prediction_t p;
-    cr_assert_eq(reshard_plan_predict(plan, &c, &p), RESHARD_OK, "%s", reshard_last_error());
-    /* reshard: 4 MiB once over rank 0's NIC, split between the destination domain's two rails
-     * (two messages, one latency), each half then forwarded over NVLink (2 MiB, hidden).
-     * direct: rank 0 sends both whole copies. */
-    double mib = 1048576.0;
-    cr_assert_float_eq(p.seconds[RESHARD_ALGO_RESHARD], 4 * mib / 1e9 + 1e-3, 1e-9);
-    cr_assert_eq(p.max_nic_bytes[RESHARD_ALGO_RESHARD], 4 << 20);
-    cr_assert_eq(p.max_nvlink_bytes[RESHARD_ALGO_RESHARD], 2 << 20);
-    cr_assert_eq(p.max_msgs[RESHARD_ALGO_RESHARD], 2);
-    cr_assert_float_eq(p.seconds[RESHARD_ALGO_DIRECT], 8 * mib / 1e9 + 1e-3, 1e-9);
-    cr_assert_eq(p.max_nvlink_bytes[RESHARD_ALGO_DIRECT], 0);
-    c.latency_s = -1;
-    cr_assert_eq(reshard_plan_predict(plan, &c, &p), RESHARD_ERR_INVALID_ARG);
-    cr_assert_eq(reshard_plan_predict(plan, NULL, &p), RESHARD_ERR_INVALID_ARG);
-    reshard_plan_destroy(plan);
-    reshard_topo_destroy(topo);
-    reshard_layout_destroy(s);
-    reshard_layout_destroy(d);
-}
-
 /* Views into one buffer: interleaved ones that share no element load; overlapping ones are an
  * error naming both tensors, the buffer and the rank. */
 Test(manifest, views_of_one_buffer_may_interleave_but_not_overlap, .fini = cleanup)

@@ -336,7 +336,7 @@ int64_t overlap_pairs(const struct overlap *o, const struct rs_shardmap *dst)
         count[j] = rs_calloc((size_t)dst->dim[j].ngroups, sizeof(int), "overlap count");
         if (!count[j]) {
             pairs = INT64_MAX; /* cannot count: let the caller refuse rather than guess low */
-            goto out;
+            goto free_counts;
         }
         for (int i = 0; i < g->n[j]; i++)
             count[j][g->iv[j][i].dg]++;
@@ -351,7 +351,7 @@ int64_t overlap_pairs(const struct overlap *o, const struct rs_shardmap *dst)
         if (__builtin_mul_overflow(cells, runs, &add) || __builtin_add_overflow(pairs, add, &pairs))
             pairs = INT64_MAX;
     }
-out:
+free_counts:
     for (int j = 0; j < g->ndim; j++)
         free(count[j]);
     return pairs;

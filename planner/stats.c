@@ -121,9 +121,9 @@ static reshard_status_t layout_bounds(const struct rs_plan *p, struct plan_stats
     };
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     if (!bd.in || !bd.forced || !bd.is_dst || !bd.stamp)
-        goto out;
+        goto free_bounds;
     for (int t = 0; t < p->ntensors; t++)
-        RS_CHECK_GOTO(tensor_bounds(p, t, &bd, s), st, out);
+        RS_CHECK_GOTO(tensor_bounds(p, t, &bd, s), st, free_bounds);
     /* receivers of a domain: its destination ranks; senders: what only they hold */
     memset(bd.stamp, 0, (size_t)topo->ndomains * sizeof(int));
     for (int r = 0; r < topo->nranks; r++)
@@ -139,7 +139,7 @@ static reshard_status_t layout_bounds(const struct rs_plan *p, struct plan_stats
         if (bd.forced[r] > s->lb_nic_bytes)
             s->lb_nic_bytes = bd.forced[r];
     st = RESHARD_OK;
-out:
+free_bounds:
     free(bd.in);
     free(bd.forced);
     free(bd.is_dst);

@@ -28,7 +28,7 @@ static reshard_status_t number_domains(struct rs_topo *t, const int *id)
     int *dense = rs_calloc((size_t)n, sizeof(int), "topology");
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     if (!v || !run_of || !dense)
-        goto out;
+        goto free_scratch;
     for (int r = 0; r < n; r++)
         v[r] = (struct id_rank){id[r], r};
     qsort(v, (size_t)n, sizeof(*v), cmp_id_rank);
@@ -45,7 +45,7 @@ static reshard_status_t number_domains(struct rs_topo *t, const int *id)
         t->domain[r] = *d;
     }
     st = RESHARD_OK;
-out:
+free_scratch:
     free(dense);
     free(run_of);
     free(v);

@@ -470,27 +470,27 @@ static int run_manifest(const struct args *a, const int *ids, int nids)
     if (nids && nids != world) {
         fprintf(stderr, "error: --domains lists %d ranks, the manifest's world has %d\n", nids,
                 world);
-        goto out;
+        goto free_manifest_run;
     }
     st = nids || a->domain_size ? reshard_topo_create(world, a->domain_size, ids, &topo)
                                 : reshard_manifest_topo(m, &topo);
     if (st != RESHARD_OK) {
         fprintf(stderr, "error: %s\n", reshard_last_error());
-        goto out;
+        goto free_manifest_run;
     }
     if ((rc = exclude_ranks(a, topo)) != 0)
-        goto out;
+        goto free_manifest_run;
     rc = 2;
     if ((st = reshard_plan_create(reshard_manifest_tensors(m), n, topo, NULL, &plan)) !=
         RESHARD_OK) {
         rc = plan_failed(st);
-        goto out;
+        goto free_manifest_run;
     }
     int valid;
     char why[512];
     reshard_plan_stats_t s;
     if (evaluate(plan, world, &valid, why, sizeof(why), &s, &ranks))
-        goto out;
+        goto free_manifest_run;
     if (a->json) {
         print_json(&s, ranks, a->manifest, "", reshard_plan_hash(plan), valid, why);
     } else {
@@ -509,7 +509,7 @@ static int run_manifest(const struct args *a, const int *ids, int nids)
     rc = valid ? 0 : 1;
     if (a->cluster && print_prediction(plan, a->cluster))
         rc = 2;
-out:
+free_manifest_run:
     free(ranks);
     reshard_plan_destroy(plan);
     reshard_topo_destroy(topo);
@@ -542,36 +542,36 @@ int main(int argc, char **argv)
     rc = 2;
     if (reshard_layout_parse(a.src, world, &src) != RESHARD_OK) {
         fprintf(stderr, "error: %s (in --src)\n", reshard_last_error());
-        goto out;
+        goto free_spec_run;
     }
     if (reshard_layout_parse(a.dst, world, &dst) != RESHARD_OK) {
         fprintf(stderr, "error: %s (in --dst)\n", reshard_last_error());
-        goto out;
+        goto free_spec_run;
     }
     int top = max_rank(src) > max_rank(dst) ? max_rank(src) : max_rank(dst);
     if (!world)
         world = top + 1;
     if (top >= world) {
         fprintf(stderr, "error: rank %d is outside the world of %d ranks\n", top, world);
-        goto out;
+        goto free_spec_run;
     }
     if (nids && nids != world) {
         fprintf(stderr, "error: --domains lists %d ranks, the world has %d\n", nids, world);
-        goto out;
+        goto free_spec_run;
     }
     int dsize = a.domain_size ? a.domain_size : DEFAULT_DOMAIN_SIZE;
     if (reshard_topo_create(world, dsize, ids, &topo) != RESHARD_OK) {
         fprintf(stderr, "error: %s\n", reshard_last_error());
-        goto out;
+        goto free_spec_run;
     }
     if ((rc = exclude_ranks(&a, topo)) != 0)
-        goto out;
+        goto free_spec_run;
     rc = 2;
     reshard_tensor_t t = {"tensor", src, dst};
     reshard_status_t st = reshard_plan_create(&t, 1, topo, NULL, &plan);
     if (st != RESHARD_OK) {
         rc = plan_failed(st);
-        goto out;
+        goto free_spec_run;
     }
     int valid;
     char why[512];
@@ -579,7 +579,7 @@ int main(int argc, char **argv)
     reshard_rank_stats_t *ranks = NULL;
     if (evaluate(plan, world, &valid, why, sizeof(why), &s, &ranks)) {
         free(ranks);
-        goto out;
+        goto free_spec_run;
     }
     char *sbuf = format_layout(src), *dbuf = format_layout(dst);
     if (!sbuf || !dbuf) {
@@ -587,7 +587,7 @@ int main(int argc, char **argv)
         free(sbuf);
         free(dbuf);
         free(ranks);
-        goto out;
+        goto free_spec_run;
     }
     if (a.json) {
         print_json(&s, ranks, sbuf, dbuf, reshard_plan_hash(plan), valid, why);
@@ -612,7 +612,7 @@ int main(int argc, char **argv)
     rc = valid ? 0 : 1;
     if (a.cluster && print_prediction(plan, a.cluster))
         rc = 2;
-out:
+free_spec_run:
     reshard_plan_destroy(plan);
     reshard_topo_destroy(topo);
     reshard_layout_destroy(src);

@@ -46,8 +46,7 @@ Test(scope, strided_shards_and_a_three_dim_tensor)
 Test(scope, overlapping_sides_and_several_tensors)
 {
     const char *src[] = {"shape=64x64 ranks=0-31 mesh=2x16 place=S(0),S(1)",
-                         "shape=100 dtype=u8 ranks=0-63 place=S(0)",
-                         "shape=33x5 ranks=5 place=R"};
+                         "shape=100 dtype=u8 ranks=0-63 place=S(0)", "shape=33x5 ranks=5 place=R"};
     const char *dst[] = {"shape=64x64 ranks=16-47 mesh=4x8 place=S(1),R",
                          "shape=100 dtype=u8 ranks=0-63 mesh=8x8 place=R,S(0)",
                          "shape=33x5 ranks=0-63 place=S(0)"};

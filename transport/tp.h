@@ -72,6 +72,10 @@ struct tp_ctx {
     char device_mem_why[160];
 };
 
+/* The bits of a message tag that belong to the caller; the transport owns the others. */
+#define TP_TAG_BITS 44
+#define TP_TAG_MASK ((UINT64_C(1) << TP_TAG_BITS) - 1)
+
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
 
 /* ---- for implementations ---- */
@@ -147,8 +151,9 @@ struct tp_ops {
     /* ctrl: a control message (counted apart from payload). mh may be NULL. */
     reshard_status_t (*send)(struct tp_ctx *ctx, int peer, uint64_t tag, const void *buf,
                              size_t len, void *mh, int ctrl, struct tp_req *req);
-    /* Matches the message from peer with exactly this tag (UCX matches the tag alone;
-     * receiver-driven transports ask peer for it, so peer must be the sender). */
+    /* Matches the message from peer with exactly this tag: a message from another peer never
+     * fills it, whatever its tag. Tags use the low TP_TAG_BITS bits; a transport may keep the
+     * rest for the sender's rank. */
     reshard_status_t (*recv)(struct tp_ctx *ctx, int peer, uint64_t tag, void *buf, size_t len,
                              void *mh, struct tp_req *req);
     /* The same into a scatter list (iov stays valid until completion): strided destinations

@@ -229,6 +229,30 @@ reshard_status_t boot_allgather(struct boot *b, void *buf, size_t bytes)
     return boot_gather_all(b, buf, bytes, SOCK_OP_ALLGATHER);
 }
 
+reshard_status_t boot_allreduce(struct boot *b, void *buf, size_t bytes, boot_combine_fn combine,
+                                void *arg)
+{
+    if (!bytes || !combine)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: allreduce of %zu bytes%s", bytes,
+                        combine ? "" : " without a combine function");
+    if (bytes > SIZE_MAX / (size_t)b->size)
+        return rs_error(RESHARD_ERR_TOO_LARGE, "bootstrap: allreduce of %zu bytes", bytes);
+    unsigned char *all = rs_calloc((size_t)b->size, bytes, "bootstrap allreduce");
+    if (!all) {
+        boot_abort(b, RESHARD_ERR_NO_MEMORY, "out of memory in an allreduce");
+        return RESHARD_ERR_NO_MEMORY;
+    }
+    memcpy(all + (size_t)b->rank * bytes, buf, bytes);
+    reshard_status_t st = boot_allgather(b, all, bytes);
+    if (st == RESHARD_OK) {
+        memcpy(buf, all, bytes);
+        for (int r = 1; r < b->size; r++)
+            combine(buf, all + (size_t)r * bytes, arg);
+    }
+    free(all);
+    return st;
+}
+
 reshard_status_t boot_barrier(struct boot *b)
 {
     return boot_gather_all(b, NULL, 0, SOCK_OP_BARRIER);

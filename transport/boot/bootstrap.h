@@ -88,6 +88,12 @@ reshard_status_t boot_spare_id(const struct boot *b, struct boot_id *id);
 void boot_set_cancel(struct boot *b, const atomic_int *flag);
 reshard_status_t boot_allgather(struct boot *b, void *buf, size_t bytes);
 reshard_status_t boot_bcast(struct boot *b, void *buf, size_t bytes, int root);
+/* Folds every rank's buf (bytes each) into one value that every rank gets back in buf:
+ * combine(acc, in, arg) merges in into acc, and must be associative and commutative (the
+ * order of folding is the bootstrap's). For votes and sums of a few bytes per rank. */
+typedef void (*boot_combine_fn)(void *acc, const void *in, void *arg);
+reshard_status_t boot_allreduce(struct boot *b, void *buf, size_t bytes, boot_combine_fn combine,
+                                void *arg);
 reshard_status_t boot_barrier(struct boot *b);
 /* After a local failure, tells the others (best effort) so they fail fast with
  * RESHARD_ERR_REMOTE instead of timing out: rank 0 sends it to all, a peer to rank 0, which

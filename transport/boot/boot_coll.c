@@ -102,6 +102,8 @@ reshard_status_t boot_coll_transfer(struct boot_coll *c, int only, int skip, int
                            base + (size_t)r * stride);
     reshard_status_t st =
         sock_xfer_run_cancel(x, n, deadline, b->timeout_ms, c->what, b->cancel, &failed, &c->err);
+    for (int i = 0; i < n; i++)
+        *(send ? &b->sent : &b->received) += x[i].hdr_done + x[i].done;
     /* The same walk as above, to find each transfer's connection again. */
     for (int r = first, i = 0; r <= last; r++)
         if (r != skip && sock_xfer_torn(&x[i++]) && send)
@@ -251,6 +253,12 @@ reshard_status_t boot_allreduce(struct boot *b, void *buf, size_t bytes, boot_co
     }
     free(all);
     return st;
+}
+
+void boot_bytes(const struct boot *b, uint64_t *sent, uint64_t *received)
+{
+    *sent = b->sent;
+    *received = b->received;
 }
 
 reshard_status_t boot_barrier(struct boot *b)

@@ -39,6 +39,7 @@ struct boot {
     reshard_status_t failed;  /* RESHARD_OK while usable */
     char fail_msg[RS_ERROR_MAX];
     char refusal[RS_ERROR_MAX];
+    uint64_t sent, received; /* bytes of collectives, headers included */
 };
 
 /* One exchange in progress: the frame header its frames carry and when it must end. */

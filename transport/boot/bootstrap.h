@@ -106,6 +106,9 @@ void boot_abort(struct boot *b, reshard_status_t st, const char *msg);
  * others. RESHARD_ERR_REMOTE (the message names the rank and why) once one did; never
  * blocks longer than a frame takes to read. */
 reshard_status_t boot_check(struct boot *b);
+/* Bytes this rank sent and received in collectives so far (frame headers included): what the
+ * control plane costs, for tools that report it. */
+void boot_bytes(const struct boot *b, uint64_t *sent, uint64_t *received);
 int boot_rank(const struct boot *b);
 int boot_size(const struct boot *b);
 /* Rank 0: the last refusal during the rendezvous ("" when none), also logged as a warning. */

@@ -142,6 +142,16 @@ RESHARD_API reshard_status_t reshard_plan_create(const reshard_tensor_t *tensors
                                                  const reshard_topo_t *topo,
                                                  const reshard_plan_config_t *config,
                                                  reshard_plan_t **plan);
+/* The same plan restricted to one rank: only the transfers `rank` sends, receives or forwards,
+ * exactly as in the plan of every rank (the same rule decides every op, and the hash is the
+ * same). It costs time and memory in the rank's own share and the tensors, not in the world's
+ * size: what a communicator rank plans, and how to look at one rank of a large world offline.
+ * reshard_plan_rank_stats reports it; reshard_plan_stats, reshard_plan_validate and
+ * reshard_plan_predict need the plan of every rank. */
+RESHARD_API reshard_status_t reshard_plan_create_rank(const reshard_tensor_t *tensors, int ntensors,
+                                                      const reshard_topo_t *topo,
+                                                      const reshard_plan_config_t *config, int rank,
+                                                      reshard_plan_t **plan);
 /* Proves the plan: every destination element written exactly once, from a rank that holds
  * it, crossing into each domain at most once. RESHARD_ERR_INVALID_PLAN otherwise. */
 RESHARD_API reshard_status_t reshard_plan_validate(const reshard_plan_t *plan);
@@ -176,6 +186,12 @@ typedef struct reshard_rank_stats {
 RESHARD_API reshard_status_t reshard_plan_stats(const reshard_plan_t *plan,
                                                 reshard_plan_stats_t *stats,
                                                 reshard_rank_stats_t *ranks);
+
+/* One rank's figures from a plan of every rank or of that rank alone; *nops counts the ops it
+ * takes part in and *plan_ms is what making the plan took (either may be NULL). */
+RESHARD_API reshard_status_t reshard_plan_rank_stats(const reshard_plan_t *plan, int rank,
+                                                     reshard_rank_stats_t *stats, uint64_t *nops,
+                                                     double *plan_ms);
 
 /* A flow-level prediction of a plan's refit time on a cluster (plugin/predict.c): from the
  * transfer lists each algorithm would run, every rank's bytes over its own NIC and NVLink

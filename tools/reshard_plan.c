@@ -21,7 +21,7 @@ static const char usage[] =
     "       reshard-plan --manifest FILE [--domain-size N | --domains LIST] [--json]\n"
     "                    [--all-ranks]\n"
     "       (either form) [--cluster nic=50GB/s,nvlink=450GB/s,latency=5us]\n"
-    "                     [--exclude RANKS]\n"
+    "                     [--exclude RANKS] [--rank R]\n"
     "       reshard-plan --dump-config\n"
     "\n"
     "  --src, --dst SPEC   layouts, e.g. 'shape=7168x2048 dtype=bf16 ranks=0-7 mesh=2x4 "
@@ -40,6 +40,9 @@ static const char usage[] =
     "  --all-ranks         list every rank with traffic (the table stops at 32 otherwise)\n"
     "  --exclude RANKS     plan as after reshard_comm_shrink: these ranks (comma separated)\n"
     "                      are gone, their pieces come from replicas\n"
+    "  --rank R            plan rank R alone, as its communicator rank would (only what it\n"
+    "                      sends, receives or forwards); the report ends with rank_ops,\n"
+    "                      plan_ms and peak_rss_mib\n"
     "\n"
     "The report ends with net_bytes, min_net_bytes, gather_bcast_bytes, local_bytes,\n"
     "max_nic_bytes, lb_nic_bytes, plan_ms and valid. Exit status: 0 valid, 1 invalid,\n"
@@ -51,6 +54,7 @@ static const char usage[] =
 struct args {
     const char *src, *dst, *domains, *manifest, *cluster, *exclude;
     int domain_size, world_size, json, all_ranks, dump_config;
+    int rank; /* --rank, or -1 */
 };
 
 static int bad_input(const char *what, const char *detail)
@@ -83,6 +87,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"manifest", required_argument, NULL, 'm'},
         {"cluster", required_argument, NULL, 'k'},
         {"exclude", required_argument, NULL, 'x'},
+        {"rank", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -125,6 +130,16 @@ static int parse_args(int argc, char **argv, struct args *a)
         case 'x':
             a->exclude = optarg;
             break;
+        case 'r': {
+            int r;
+            if (!strcmp(optarg, "0"))
+                a->rank = 0;
+            else if (parse_count(optarg, &r) == 0)
+                a->rank = r;
+            else
+                return bad_input("--rank: expected a rank number", optarg);
+            break;
+        }
         case 'h':
             fputs(usage, stdout);
             exit(0);
@@ -138,6 +153,9 @@ static int parse_args(int argc, char **argv, struct args *a)
         return bad_input("unexpected argument", argv[optind]);
     if (a->dump_config)
         return 0;
+    if (a->rank >= 0 && (a->cluster || a->all_ranks))
+        return bad_input("--rank plans one rank: --cluster and --all-ranks need every rank's plan",
+                         NULL);
     if (a->cluster && a->json)
         return bad_input("--cluster reports in text only: drop --json", NULL);
     if (a->manifest && (a->src || a->dst || a->world_size))
@@ -447,6 +465,45 @@ static int exclude_ranks(const struct args *a, reshard_topo_t *topo)
     return 0;
 }
 
+/* The plan of every rank, or of --rank alone. */
+static reshard_status_t make_plan(const struct args *a, const reshard_tensor_t *t, int n,
+                                  const reshard_topo_t *topo, reshard_plan_t **plan)
+{
+    if (a->rank >= 0)
+        return reshard_plan_create_rank(t, n, topo, NULL, a->rank, plan);
+    return reshard_plan_create(t, n, topo, NULL, plan);
+}
+
+/* --rank: what the rank's own plan holds and what making it cost. */
+static int report_rank(const struct args *a, reshard_plan_t *plan, int world, const char *what)
+{
+    reshard_rank_stats_t r;
+    uint64_t nops;
+    double ms;
+    if (reshard_plan_rank_stats(plan, a->rank, &r, &nops, &ms) != RESHARD_OK) {
+        fprintf(stderr, "error: %s\n", reshard_last_error());
+        return 2;
+    }
+    double rss = peak_rss_mib();
+    if (a->json) {
+        printf("{\"src\": \"%s\", \"world_size\": %d, \"rank\": %d, \"domain\": %d, "
+               "\"rail\": %d, \"plan_hash\": \"0x%016" PRIx64 "\", \"rank_ops\": %" PRIu64
+               ", \"net_out\": %" PRIu64 ", \"net_in\": %" PRIu64 ", \"local_out\": %" PRIu64
+               ", \"local_in\": %" PRIu64 ", \"self\": %" PRIu64 ", \"net_msgs\": %" PRIu64
+               ", \"plan_ms\": %.3f, \"peak_rss_mib\": %.1f}\n",
+               what, world, a->rank, r.domain, r.local_index, reshard_plan_hash(plan), nops,
+               r.net_out, r.net_in, r.local_out, r.local_in, r.self, r.net_msgs, ms, rss);
+        return 0;
+    }
+    printf("%s: rank %d of %d (domain %d, rail %d), plan hash 0x%016" PRIx64 "\n", what, a->rank,
+           world, r.domain, r.local_index, reshard_plan_hash(plan));
+    printf("net_out %" PRIu64 "\nnet_in %" PRIu64 "\nlocal_out %" PRIu64 "\nlocal_in %" PRIu64
+           "\nself %" PRIu64 "\nnet_msgs %" PRIu64 "\n",
+           r.net_out, r.net_in, r.local_out, r.local_in, r.self, r.net_msgs);
+    printf("rank_ops %" PRIu64 "\nplan_ms %.3f\npeak_rss_mib %.1f\n", nops, ms, rss);
+    return 0;
+}
+
 /* A plan that could not be made: exit 3 when only excluded ranks held what is needed. */
 static int plan_failed(reshard_status_t st)
 {
@@ -481,9 +538,12 @@ static int run_manifest(const struct args *a, const int *ids, int nids)
     if ((rc = exclude_ranks(a, topo)) != 0)
         goto free_manifest_run;
     rc = 2;
-    if ((st = reshard_plan_create(reshard_manifest_tensors(m), n, topo, NULL, &plan)) !=
-        RESHARD_OK) {
+    if ((st = make_plan(a, reshard_manifest_tensors(m), n, topo, &plan)) != RESHARD_OK) {
         rc = plan_failed(st);
+        goto free_manifest_run;
+    }
+    if (a->rank >= 0) {
+        rc = a->rank < world ? report_rank(a, plan, world, a->manifest) : 2;
         goto free_manifest_run;
     }
     int valid;
@@ -519,7 +579,7 @@ free_manifest_run:
 
 int main(int argc, char **argv)
 {
-    struct args a = {0};
+    struct args a = {.rank = -1};
     int rc = parse_args(argc, argv, &a);
     if (rc)
         return rc;
@@ -568,9 +628,13 @@ int main(int argc, char **argv)
         goto free_spec_run;
     rc = 2;
     reshard_tensor_t t = {"tensor", src, dst};
-    reshard_status_t st = reshard_plan_create(&t, 1, topo, NULL, &plan);
+    reshard_status_t st = make_plan(&a, &t, 1, topo, &plan);
     if (st != RESHARD_OK) {
         rc = plan_failed(st);
+        goto free_spec_run;
+    }
+    if (a.rank >= 0) {
+        rc = report_rank(&a, plan, world, "tensor");
         goto free_spec_run;
     }
     int valid;

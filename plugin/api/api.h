@@ -20,7 +20,7 @@ reshard_status_t api_null_arg(const char *fn, const char *what);
  * reshard_plan_create and reshard_comm_plan_create). */
 reshard_status_t api_plan_build(const char *fn, const reshard_tensor_t *tensors, int ntensors,
                                 const struct rs_topo *topo, const reshard_plan_config_t *config,
-                                struct rs_plan **out);
+                                int scope, struct rs_plan **out);
 
 /* manifest.c. reshard_manifest_load from memory (name stands for the file in messages): the fuzz
  * target's entry. */

@@ -93,7 +93,8 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     struct plan_vote mine = {.algo = (int32_t)algo,
                              .chunk_bytes = exec_chunk_bytes(),
                              .coalesce_bytes = exec_coalesce_bytes()};
-    mine.status = api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, &h->p);
+    mine.status =
+        api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, PLAN_ALL_RANKS, &h->p);
     if (mine.status == RESHARD_OK && algo != RESHARD_ALGO_RESHARD && comm->nmembers < comm->size)
         mine.status = rs_error(RESHARD_ERR_INVALID_ARG,
                                "%s: the direct and broadcast baselines need every rank; a shrunk "

@@ -57,7 +57,7 @@ void reshard_topo_destroy(reshard_topo_t *topo)
 
 reshard_status_t api_plan_build(const char *fn, const reshard_tensor_t *tensors, int ntensors,
                                 const struct rs_topo *topo, const reshard_plan_config_t *config,
-                                struct rs_plan **out)
+                                int scope, struct rs_plan **out)
 {
     if (ntensors < 1)
         return rs_error(RESHARD_ERR_INVALID_ARG, "%s: ntensors is %d", fn, ntensors);
@@ -80,11 +80,16 @@ reshard_status_t api_plan_build(const char *fn, const reshard_tensor_t *tensors,
     for (int i = 0; i < ntensors; i++)
         in[i] = (struct plan_input){tensors[i].name, tensors[i].src ? &tensors[i].src->l : NULL,
                                     tensors[i].dst ? &tensors[i].dst->l : NULL};
-    reshard_status_t st = plan_build(in, ntensors, topo, &opts, PLAN_ALL_RANKS, out);
+    reshard_status_t st = plan_build(in, ntensors, topo, &opts, scope, out);
     free(in);
-    if (st == RESHARD_OK)
+    if (st == RESHARD_OK && scope == PLAN_ALL_RANKS)
         rs_log(RS_LOG_INFO, "planned %d tensor(s) on %d ranks in %d domains: %zu ops in %.3f ms",
                ntensors, topo->nranks, topo->ndomains, (*out)->nops, (*out)->plan_ms);
+    else if (st == RESHARD_OK)
+        rs_log(RS_LOG_INFO,
+               "planned rank %d's share of %d tensor(s) on %d ranks in %d domains: %zu ops in "
+               "%.3f ms",
+               scope, ntensors, topo->nranks, topo->ndomains, (*out)->nops, (*out)->plan_ms);
     return st;
 }
 
@@ -98,7 +103,8 @@ reshard_status_t reshard_plan_create(const reshard_tensor_t *tensors, int ntenso
     struct reshard_plan *h = rs_calloc(1, sizeof(*h), "plan");
     if (!h)
         return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
-    reshard_status_t st = api_plan_build(__func__, tensors, ntensors, &topo->t, config, &h->p);
+    reshard_status_t st =
+        api_plan_build(__func__, tensors, ntensors, &topo->t, config, PLAN_ALL_RANKS, &h->p);
     if (st != RESHARD_OK) {
         free(h);
         return api_leave(__func__, st);
@@ -107,12 +113,49 @@ reshard_status_t reshard_plan_create(const reshard_tensor_t *tensors, int ntenso
     return RESHARD_OK;
 }
 
+reshard_status_t reshard_plan_create_rank(const reshard_tensor_t *tensors, int ntensors,
+                                          const reshard_topo_t *topo,
+                                          const reshard_plan_config_t *config, int rank,
+                                          reshard_plan_t **plan)
+{
+    api_enter();
+    if (!tensors || !topo || !plan)
+        return api_null_arg(__func__, !tensors ? "tensors" : !topo ? "topo" : "plan");
+    if (rank < 0 || rank >= topo->t.nranks)
+        return api_leave(__func__, rs_error(RESHARD_ERR_RANK_RANGE,
+                                            "%s: rank %d is outside the topology of %d ranks",
+                                            __func__, rank, topo->t.nranks));
+    struct reshard_plan *h = rs_calloc(1, sizeof(*h), "plan");
+    if (!h)
+        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
+    reshard_status_t st =
+        api_plan_build(__func__, tensors, ntensors, &topo->t, config, rank, &h->p);
+    if (st != RESHARD_OK) {
+        free(h);
+        return api_leave(__func__, st);
+    }
+    *plan = h;
+    return RESHARD_OK;
+}
+
+/* Whole-world questions of a plan that holds one rank's transfers. */
+static reshard_status_t needs_every_rank(const char *fn, const struct rs_plan *p)
+{
+    if (p->scope == PLAN_ALL_RANKS)
+        return RESHARD_OK;
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "%s: the plan holds rank %d's transfers only: ask reshard_plan_rank_stats, or "
+                    "plan every rank with reshard_plan_create",
+                    fn, p->scope);
+}
+
 reshard_status_t reshard_plan_validate(const reshard_plan_t *plan)
 {
     api_enter();
     if (!plan)
         return api_null_arg(__func__, "plan");
-    return api_leave(__func__, plan_validate(plan->p));
+    reshard_status_t st = needs_every_rank(__func__, plan->p);
+    return api_leave(__func__, st == RESHARD_OK ? plan_validate(plan->p) : st);
 }
 
 uint64_t reshard_plan_hash(const reshard_plan_t *plan)
@@ -155,7 +198,58 @@ reshard_status_t reshard_plan_predict(const reshard_plan_t *plan, const reshard_
     api_enter();
     if (!plan || !cluster || !out)
         return api_null_arg(__func__, !plan ? "plan" : !cluster ? "cluster" : "out");
-    return api_leave(__func__, predict_plan(plan->p, cluster, out));
+    reshard_status_t st = needs_every_rank(__func__, plan->p);
+    return api_leave(__func__, st == RESHARD_OK ? predict_plan(plan->p, cluster, out) : st);
+}
+
+reshard_status_t reshard_plan_rank_stats(const reshard_plan_t *plan, int rank,
+                                         reshard_rank_stats_t *stats, uint64_t *nops,
+                                         double *plan_ms)
+{
+    api_enter();
+    if (!plan || !stats)
+        return api_null_arg(__func__, plan ? "stats" : "plan");
+    const struct rs_plan *p = plan->p;
+    if (rank < 0 || rank >= p->topo.nranks || (p->scope != PLAN_ALL_RANKS && rank != p->scope))
+        return api_leave(
+            __func__,
+            rs_error(RESHARD_ERR_INVALID_ARG, "%s: rank %d: the plan holds %s transfers", __func__,
+                     rank,
+                     p->scope == PLAN_ALL_RANKS ? "ranks 0 .. world_size-1's" : "another rank's"));
+    reshard_rank_stats_t s = {.domain = p->topo.domain[rank],
+                              .local_index = p->topo.local_index[rank]};
+    uint64_t n = 0;
+    for (size_t i = 0; i < p->nops; i++) {
+        const struct plan_op *o = &p->ops[i];
+        uint64_t bytes = (uint64_t)plan_op_bytes(p, o);
+        if (o->src != rank && o->dst != rank)
+            continue;
+        n++;
+        if (o->kind == PLAN_OP_SELF)
+            s.self += bytes;
+        else if (o->kind == PLAN_OP_NET)
+            *(o->src == rank ? &s.net_out : &s.net_in) += bytes;
+        else
+            *(o->src == rank ? &s.local_out : &s.local_in) += bytes;
+    }
+    struct xfer_set xs;
+    reshard_status_t st = xfer_build(p, RESHARD_ALGO_RESHARD, &xs);
+    uint64_t *msgs =
+        st == RESHARD_OK ? rs_calloc((size_t)p->topo.nranks, sizeof(*msgs), "messages") : NULL;
+    if (st == RESHARD_OK && !msgs)
+        st = RESHARD_ERR_NO_MEMORY;
+    if (st == RESHARD_OK && (st = predict_msgs(p, &xs, p->topo.nranks, msgs)) == RESHARD_OK)
+        s.net_msgs = msgs[rank];
+    free(msgs);
+    xfer_free(&xs);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    *stats = s;
+    if (nops)
+        *nops = n;
+    if (plan_ms)
+        *plan_ms = p->plan_ms;
+    return RESHARD_OK;
 }
 
 reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_stats_t *stats,
@@ -165,6 +259,8 @@ reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_sta
     if (!plan || !stats)
         return api_null_arg(__func__, plan ? "stats" : "plan");
     const struct rs_plan *p = plan->p;
+    if (!plan->x && needs_every_rank(__func__, p) != RESHARD_OK)
+        return api_leave(__func__, RESHARD_ERR_INVALID_ARG);
     struct plan_stats s;
     struct plan_rank_stats *r = NULL;
     if (ranks && !(r = rs_calloc((size_t)p->topo.nranks, sizeof(*r), "rank stats")))

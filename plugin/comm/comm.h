@@ -68,6 +68,13 @@ reshard_status_t comm_create_nccl(void *nccl_comm, struct reshard_comm **out);
  * the lowest remaining rank's spare listener. c may have failed; it stays as it is. */
 reshard_status_t comm_shrink(struct reshard_comm *c, const int *exclude, int n,
                              struct reshard_comm **out);
+/* Whether this rank may write host memory of local peer `rank` (cross-memory attach): the
+ * kernel told us who that process is. Where it may not, local transfers to it go over the
+ * network transport instead. */
+static inline int comm_local_ok(const struct reshard_comm *c, int rank)
+{
+    return c->pid[rank] > 0;
+}
 static inline int comm_has(const struct reshard_comm *c, int rank)
 {
     return c->boot_of[rank] >= 0;

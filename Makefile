@@ -78,7 +78,7 @@ endif
 
 $(SO): $(LIB_OBJ) $(FATBIN_OBJ)
 	$(CC) -shared -Wl,-soname,libnccl-net-reshard.so -Wl,--no-undefined -o $@ $^ \
-	    $(LDFLAGS_ALL) -ljansson -lpthread -ldl
+	    $(LDFLAGS_ALL) -lpthread -ldl
 
 $(AR_LIB): $(LIB_OBJ)
 	@rm -f $@
@@ -93,7 +93,7 @@ $(PLAN_BIN): $(BUILD)/obj/tools/reshard_plan.o $(SO)
 # member out of an archive.
 $(UNIT_BIN): $(TEST_OBJ) $(AR_LIB) $(FATBIN_OBJ)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $(TEST_OBJ) $(FATBIN_OBJ) $(AR_LIB) -lcriterion -ljansson -lpthread -ldl -lm \
+	$(CC) -o $@ $(TEST_OBJ) $(FATBIN_OBJ) $(AR_LIB) -lcriterion -lpthread -ldl -lm \
 	    $(LDFLAGS_ALL)
 
 $(BENCH_BIN): $(BUILD)/obj/test/perf/plan_bench.o $(SO)
@@ -108,7 +108,7 @@ $(PERF_BIN): $(BUILD)/obj/test/perf/reshard_perf.o $(SO)
 # pack_bench: the pack kernels against cuMemcpyDtoD (scripts/gpu-check.sh; internals).
 $(PACK_BENCH): $(BUILD)/obj/test/perf/pack_bench.o $(AR_LIB) $(FATBIN_OBJ)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< $(FATBIN_OBJ) $(AR_LIB) -ljansson -lpthread -ldl $(LDFLAGS_ALL)
+	$(CC) -o $@ $< $(FATBIN_OBJ) $(AR_LIB) -lpthread -ldl $(LDFLAGS_ALL)
 
 # device_refit: 4 processes refit device buffers on one GPU (scripts/gpu-check.sh).
 $(DEVICE_REFIT): $(BUILD)/obj/test/perf/device_refit.o $(SO)
@@ -212,7 +212,7 @@ $(FUZZ)/obj/%.o: %.c
 	clang $(FUZZ_CFLAGS) -c $< -o $@
 
 $(FUZZ)/fuzz_%: $(FUZZ)/obj/test/fuzz/fuzz_%.o $(LIB_SRC:%.c=$(FUZZ)/obj/%.o)
-	clang $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $^ -ljansson -lpthread -ldl -lm
+	clang $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $^ -lpthread -ldl -lm
 
 fuzz-build: $(FUZZ_TARGETS:%=$(FUZZ)/fuzz_%)
 

@@ -68,6 +68,8 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
       "the verbs library to load (tests point it elsewhere to hide rdma-core)")                    \
     X(UCX_LIB, RS_PARAM_STR, "libucp.so.0", 0,                                                     \
       "the UCX library to load (tests point it elsewhere to hide UCX)")                            \
+    X(JANSSON_LIB, RS_PARAM_STR, "libjansson.so.4", 0,                                             \
+      "the JSON library manifests are read with (loaded on the first manifest)")                   \
     X(TEST_DEVICE_AS_HOST, RS_PARAM_INT, "0", 0,                                                   \
       "tests only: 1 registers device buffers as host memory (the stand-in driver's device "       \
       "memory is host memory), to run the GPUDirect path without a GPU")

@@ -33,10 +33,14 @@ struct plan_cache {
     struct plan_side **sides;
     size_t nsides, sides_cap;
     struct table side_index;
-    /* the last rank array asked for and its list: consecutive tensors often share one */
-    const int *last_ranks;
-    int last_n;
-    struct rank_list *last_list;
+    /* Input arrays already interned, by address: callers that share one array between
+     * layouts (a manifest does) pay for hashing it once. */
+    struct seen_array {
+        const int *ranks;
+        int n;
+        struct rank_list *list;
+    } *arrays;
+    size_t narrays, arrays_cap; /* cap: a power of two, at most half full */
 };
 
 static uint64_t mix(uint64_t h, uint64_t v)
@@ -104,13 +108,46 @@ static reshard_status_t cache_get(struct rs_plan *p, struct plan_cache **out)
     return RESHARD_OK;
 }
 
+static size_t array_slot(const struct plan_cache *c, const int *ranks)
+{
+    uint64_t h = mix(0, (uint64_t)(uintptr_t)ranks);
+    size_t at = h & (c->arrays_cap - 1);
+    while (c->arrays[at].ranks && c->arrays[at].ranks != ranks)
+        at = (at + 1) & (c->arrays_cap - 1);
+    return at;
+}
+
+/* Remembers that the array at ranks interned to list. */
+static reshard_status_t remember_array(struct plan_cache *c, const int *ranks, int n,
+                                       struct rank_list *list)
+{
+    if (2 * (c->narrays + 1) > c->arrays_cap) {
+        struct plan_cache grown = {.arrays_cap = c->arrays_cap ? 2 * c->arrays_cap : 64};
+        grown.arrays = rs_calloc(grown.arrays_cap, sizeof(*grown.arrays), "plan cache");
+        if (!grown.arrays)
+            return RESHARD_ERR_NO_MEMORY;
+        for (size_t i = 0; i < c->arrays_cap; i++)
+            if (c->arrays[i].ranks)
+                grown.arrays[array_slot(&grown, c->arrays[i].ranks)] = c->arrays[i];
+        free(c->arrays);
+        c->arrays = grown.arrays;
+        c->arrays_cap = grown.arrays_cap;
+    }
+    c->arrays[array_slot(c, ranks)] = (struct seen_array){ranks, n, list};
+    c->narrays++;
+    return RESHARD_OK;
+}
+
 /* The interned list equal to ranks[0 .. n). */
 static reshard_status_t intern_ranks(struct plan_cache *c, const int *ranks, int n,
                                      struct rank_list **out)
 {
-    if (c->last_list && c->last_ranks == ranks && c->last_n == n) {
-        *out = c->last_list;
-        return RESHARD_OK;
+    if (c->arrays_cap) {
+        const struct seen_array *a = &c->arrays[array_slot(c, ranks)];
+        if (a->ranks == ranks && a->n == n) {
+            *out = a->list;
+            return RESHARD_OK;
+        }
     }
     uint64_t h = hash_ranks(ranks, n);
     RS_CHECK(table_fit(&c->list_index, c->nlists, list_hash_of, c));
@@ -136,11 +173,8 @@ static reshard_status_t intern_ranks(struct plan_cache *c, const int *ranks, int
     c->lists[c->nlists++] = l;
     c->list_index.slot[at] = (uint32_t)c->nlists;
 found:
-    c->last_ranks = ranks;
-    c->last_n = n;
-    c->last_list = c->lists[c->list_index.slot[at] - 1];
-    *out = c->last_list;
-    return RESHARD_OK;
+    *out = c->lists[c->list_index.slot[at] - 1];
+    return remember_array(c, ranks, n, *out);
 }
 
 /* Layouts compare field by field; rank lists by their interned pointer. */
@@ -270,5 +304,6 @@ void plan_cache_free(struct plan_cache *c)
     free(c->lists);
     free(c->side_index.slot);
     free(c->list_index.slot);
+    free(c->arrays);
     free(c);
 }

@@ -154,7 +154,17 @@ static reshard_status_t check_view(const struct rs_layout *l, struct rs_fault *f
     return RESHARD_OK;
 }
 
+/* All checks, or all but the rank list's (a list already checked: its sort is the costly one). */
+static reshard_status_t check_layout(const struct rs_layout *l, int ranks_checked,
+                                     struct rs_fault *fault);
+
 reshard_status_t layout_check(const struct rs_layout *l, struct rs_fault *fault)
+{
+    return check_layout(l, 0, fault);
+}
+
+static reshard_status_t check_layout(const struct rs_layout *l, int ranks_checked,
+                                     struct rs_fault *fault)
 {
     if (l->ndim < 1 || l->ndim > RS_MAX_DIMS)
         return fail(fault, RS_ITEM_SHAPE, -1,
@@ -174,7 +184,8 @@ reshard_status_t layout_check(const struct rs_layout *l, struct rs_fault *fault)
                         rs_error(RESHARD_ERR_TOO_LARGE, "shape: the tensor exceeds 2^62 bytes"));
         bytes *= l->shape[d];
     }
-    RS_CHECK(check_ranks(l, fault));
+    if (!ranks_checked)
+        RS_CHECK(check_ranks(l, fault));
     RS_CHECK(check_mesh(l, fault));
     RS_CHECK(check_places(l, fault));
     RS_CHECK(check_view(l, fault));
@@ -488,16 +499,56 @@ err_free:
     return st;
 }
 
+int shardmap_same_ranks(const struct rs_layout *a, const struct rs_layout *b)
+{
+    if (a->nranks != b->nranks || a->ndim != b->ndim || a->mesh_ndim != b->mesh_ndim ||
+        (a->ranks != b->ranks && memcmp(a->ranks, b->ranks, (size_t)a->nranks * sizeof(int))))
+        return 0;
+    for (int i = 0; i < a->mesh_ndim; i++) {
+        int da = a->place[i].kind == RS_PLACE_R ? -1 : a->place[i].dim;
+        int db = b->place[i].kind == RS_PLACE_R ? -1 : b->place[i].dim;
+        if (a->mesh[i] != b->mesh[i] || da != db)
+            return 0;
+    }
+    return 1;
+}
+
+reshard_status_t shardmap_build_like(const struct rs_layout *l, const struct rs_shardmap *like,
+                                     struct rs_shardmap *map, struct rs_fault *fault)
+{
+    if (!shardmap_same_ranks(l, like->layout))
+        return rs_error(RESHARD_ERR_INTERNAL, "shard map: the donor map has other ranks");
+    memset(map, 0, sizeof(*map));
+    map->layout = l;
+    reshard_status_t st;
+    RS_CHECK_GOTO(check_layout(l, 1, fault), st, err_free);
+    for (int j = 0; j < l->ndim; j++)
+        RS_CHECK_GOTO(build_dim(l, j, &map->dim[j], fault), st, err_free);
+    map->ntuples = like->ntuples;
+    map->tuple = like->tuple;
+    map->tuple_first = like->tuple_first;
+    map->tuple_pos = like->tuple_pos;
+    map->by_rank = like->by_rank;
+    map->borrowed = 1;
+    RS_CHECK_GOTO(check_view_fits(map, fault), st, err_free);
+    return RESHARD_OK;
+err_free:
+    shardmap_free(map);
+    return st;
+}
+
 void shardmap_free(struct rs_shardmap *map)
 {
     for (int j = 0; j < RS_MAX_DIMS; j++) {
         free(map->dim[j].first);
         free(map->dim[j].segs);
     }
-    free(map->tuple);
-    free(map->tuple_first);
-    free(map->tuple_pos);
-    free(map->by_rank);
+    if (!map->borrowed) {
+        free(map->tuple);
+        free(map->tuple_first);
+        free(map->tuple_pos);
+        free(map->by_rank);
+    }
     memset(map, 0, sizeof(*map));
 }
 

@@ -99,6 +99,7 @@ struct rs_shardmap {
     int *tuple_first; /* [ntuples + 1] */
     int *tuple_pos;   /* positions grouped by tuple, ascending within a tuple */
     int *by_rank;     /* [nranks]: positions sorted by global rank, for lookups */
+    int borrowed;     /* the four arrays above belong to another map (shardmap_build_like) */
 };
 
 /* Structural checks that need no shard map: dims, shape, ranks, mesh, placements. */
@@ -106,6 +107,13 @@ reshard_status_t layout_check(const struct rs_layout *l, struct rs_fault *fault)
 /* Builds the shard map; also checks SS divisibility and the local view. */
 reshard_status_t shardmap_build(const struct rs_layout *l, struct rs_shardmap *map,
                                 struct rs_fault *fault);
+/* The same, taking the rank arrays (tuple .. by_rank, which depend only on the ranks, the mesh
+ * and which mesh dims shard which tensor dims) from `like`, a map of a layout for which
+ * shardmap_same_ranks holds; like must outlive map. What a whole model on thousands of ranks
+ * repeats in every tensor is built once. */
+reshard_status_t shardmap_build_like(const struct rs_layout *l, const struct rs_shardmap *like,
+                                     struct rs_shardmap *map, struct rs_fault *fault);
+int shardmap_same_ranks(const struct rs_layout *a, const struct rs_layout *b);
 void shardmap_free(struct rs_shardmap *map);
 
 reshard_status_t layout_copy(const struct rs_layout *from, struct rs_layout *to);

@@ -17,6 +17,9 @@ struct plan_side {
     struct rs_layout layout; /* ranks: an interned list */
     uint64_t key;
     struct rs_shardmap map;
+    /* The side whose rank arrays and tuple domains this one shares (same ranks, mesh and
+     * sharded dims: they do not depend on the shape), or NULL when they are its own. */
+    struct plan_side *like;
     struct tuple_domains td;
     int has_td;
 };

@@ -39,7 +39,7 @@ struct plan_cache {
         const int *ranks;
         int n;
         struct rank_list *list;
-    } *arrays;
+    } * arrays;
     size_t narrays, arrays_cap; /* cap: a power of two, at most half full */
 };
 
@@ -260,7 +260,11 @@ reshard_status_t plan_cache_side(struct rs_plan *p, const struct rs_layout *l, c
         return RESHARD_ERR_NO_MEMORY;
     s->layout = probe;
     s->key = key;
-    reshard_status_t st = shardmap_build(&s->layout, &s->map, NULL);
+    for (size_t i = c->nsides; i-- > 0 && !s->like;) /* the newest first: models repeat nearby */
+        if (!c->sides[i]->like && shardmap_same_ranks(&c->sides[i]->layout, &s->layout))
+            s->like = c->sides[i];
+    reshard_status_t st = s->like ? shardmap_build_like(&s->layout, &s->like->map, &s->map, NULL)
+                                  : shardmap_build(&s->layout, &s->map, NULL);
     if (st != RESHARD_OK) {
         free(s);
         return blame(st, name, what);
@@ -274,6 +278,8 @@ reshard_status_t plan_cache_side(struct rs_plan *p, const struct rs_layout *l, c
 reshard_status_t plan_side_tdoms(struct rs_plan *p, struct plan_side *s,
                                  const struct tuple_domains **out)
 {
+    if (s->like)
+        s = s->like;
     if (!s->has_td) {
         RS_CHECK(tdom_build(&s->map, &p->topo, &s->td));
         s->has_td = 1;
@@ -291,7 +297,7 @@ void plan_cache_free(struct plan_cache *c)
 {
     if (!c)
         return;
-    for (size_t i = 0; i < c->nsides; i++) {
+    for (size_t i = c->nsides; i-- > 0;) { /* borrowers before the maps they borrow from */
         shardmap_free(&c->sides[i]->map);
         tdom_free(&c->sides[i]->td);
         free(c->sides[i]);

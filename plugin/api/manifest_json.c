@@ -5,7 +5,10 @@
 
 static struct json_fns fns;
 
-#define JSON_SYM(field, symbol) {symbol, offsetof(struct json_fns, field), RS_DL_REQUIRED}
+#define JSON_SYM(field, symbol)                                                                    \
+    {                                                                                              \
+        symbol, offsetof(struct json_fns, field), RS_DL_REQUIRED                                   \
+    }
 static const struct rs_dl_sym json_syms[] = {
     JSON_SYM(load_file, "json_load_file"),
     JSON_SYM(loadb, "json_loadb"),

@@ -164,3 +164,96 @@ reshard_status_t plan_stats_compute(const struct rs_plan *p, struct plan_stats *
     free(r);
     return st;
 }
+
+/* Is the rank at this place the domain's lowest present rank? */
+static int domain_leader(const struct rs_topo *t, int rank)
+{
+    for (int r = rank - 1; r >= 0; r--)
+        if (t->domain[r] == t->domain[rank] && !topo_absent(t, r))
+            return 0;
+    return !topo_absent(t, rank);
+}
+
+/* Bytes of tensor t that must enter domain d: the cells of every destination tuple with ranks
+ * in d that no source in d holds. */
+static reshard_status_t tensor_in_domain(struct rs_plan *p, int t, int d, int64_t *in)
+{
+    const struct plan_tensor *pt = &p->tensors[t];
+    const struct tuple_domains *src, *dst;
+    RS_CHECK(plan_tensor_tdoms(p, t, &src, &dst));
+    struct rs_grid g;
+    RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, &g));
+    int64_t esize = (int64_t)dtype_size(pt->dst.dtype);
+    reshard_status_t st = RESHARD_OK;
+    for (int u = 0; u < pt->dst_map.ntuples && st == RESHARD_OK; u++) {
+        if (tdom_find(dst, u, d) < 0)
+            continue;
+        struct grid_sub sub;
+        if ((st = grid_sub_build(&g, &pt->dst_map, GRID_DST, u, &sub)) != RESHARD_OK)
+            break;
+        for (int64_t k = 0; k < sub.ncells; k++) {
+            struct grid_cursor c;
+            grid_sub_cell(&g, &sub, k, &c);
+            if (tdom_find(src, c.src_tuple, d) < 0)
+                *in += c.volume * esize;
+        }
+        grid_sub_free(&sub);
+    }
+    grid_free(&g);
+    return st;
+}
+
+/* What rank holds alone of tensor t, times the other domains that need it. */
+static reshard_status_t tensor_forced(struct rs_plan *p, int t, int rank, int64_t *forced)
+{
+    const struct plan_tensor *pt = &p->tensors[t];
+    int pos = shardmap_position(&pt->src_map, rank), n;
+    if (pos < 0)
+        return RESHARD_OK;
+    const struct tuple_domains *src, *dst;
+    RS_CHECK(plan_tensor_tdoms(p, t, &src, &dst));
+    int tuple = pt->src_map.tuple[pos];
+    tdom_ranks(src, tuple, &n);
+    if (n != 1)
+        return RESHARD_OK;
+    struct rs_grid g;
+    struct grid_sub sub;
+    RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, &g));
+    reshard_status_t st = grid_sub_build(&g, &pt->src_map, GRID_SRC, tuple, &sub);
+    int64_t esize = (int64_t)dtype_size(pt->dst.dtype);
+    int mine = p->topo.domain[rank];
+    for (int64_t k = 0; st == RESHARD_OK && k < sub.ncells; k++) {
+        struct grid_cursor c;
+        grid_sub_cell(&g, &sub, k, &c);
+        int elsewhere = 0;
+        for (int r = dst->run_first[c.dst_tuple]; r < dst->run_first[c.dst_tuple + 1]; r++)
+            elsewhere += dst->runs[r].domain != mine;
+        *forced += c.volume * esize * elsewhere;
+    }
+    grid_sub_free(&sub);
+    grid_free(&g);
+    return st;
+}
+
+reshard_status_t plan_rank_bounds(struct rs_plan *p, int rank, struct plan_rank_bounds *out)
+{
+    struct plan_rank_bounds b = {0};
+    const struct rs_topo *topo = &p->topo;
+    int leader = domain_leader(topo, rank), d = topo->domain[rank];
+    for (int t = 0; t < p->ntensors; t++) {
+        if (!topo_absent(topo, rank))
+            RS_CHECK(tensor_forced(p, t, rank, &b.forced));
+        if (leader)
+            RS_CHECK(tensor_in_domain(p, t, d, &b.in_domain));
+    }
+    for (int r = 0; leader && r < topo->nranks; r++) { /* the domain's destination ranks */
+        if (topo->domain[r] != d || topo_absent(topo, r))
+            continue;
+        int is_dst = 0;
+        for (int t = 0; t < p->ntensors && !is_dst; t++)
+            is_dst = shardmap_position(&p->tensors[t].dst_map, r) >= 0;
+        b.dst_ranks += is_dst;
+    }
+    *out = b;
+    return RESHARD_OK;
+}

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Plan statistics (DESIGN.md section 5). The byte counts of the ops come from the plan; the
- * bounds (min_net_bytes, lb_nic_bytes) and the gather-and-broadcast baseline come from the
- * layouts and the topology alone, so the plan can be judged against them.
+ * Plan statistics (docs/figures.md). The byte counts of the ops come from the plan; the bounds
+ * (min_net_bytes, lb_nic_bytes) and the gather-and-broadcast baseline come from the layouts and
+ * the topology alone, so the plan can be judged against them.
  */
 #ifndef RS_STATS_H
 #define RS_STATS_H
@@ -26,5 +26,18 @@ struct plan_stats {
 /* per_rank may be NULL; else it has topo.nranks entries. */
 reshard_status_t plan_stats_compute(const struct rs_plan *p, struct plan_stats *s,
                                     struct plan_rank_stats *per_rank);
+
+/* One rank's part of the layout bounds, in time and memory of its domain's share (for a
+ * communicator, whose ranks hold their own plans and sum these):
+ *   in_domain   when the rank is its domain's lowest present rank: the bytes that must enter
+ *               the domain (its in(D)), and dst_ranks the domain's destination ranks; else 0
+ *   forced      the bytes only this rank holds, times the other domains that need them
+ * Summed over ranks, in_domain is min_net_bytes; lb_nic_bytes is the largest, over ranks, of
+ * ceil(in_domain / dst_ranks) and of forced. */
+struct plan_rank_bounds {
+    int64_t in_domain, forced;
+    int dst_ranks;
+};
+reshard_status_t plan_rank_bounds(struct rs_plan *p, int rank, struct plan_rank_bounds *out);
 
 #endif

@@ -122,6 +122,7 @@ void check_rank_scopes(const struct rs_plan *whole, const char *why)
     for (int t = 0; t < nt; t++)
         in[t] = (struct plan_input){whole->tensors[t].name, &whole->tensors[t].src,
                                     &whole->tensors[t].dst};
+    int64_t min_net = 0, lb = 0;
     for (int r = 0; r < whole->topo.nranks; r++) {
         struct rs_plan *mine = NULL;
         cr_assert_eq(plan_build(in, nt, &whole->topo, &whole->opts, r, &mine), RESHARD_OK,
@@ -142,9 +143,23 @@ void check_rank_scopes(const struct rs_plan *whole, const char *why)
         for (size_t i = 0; i < mine->nops; i++) /* a forward's parent is its own NET op */
             if (mine->ops[i].kind == PLAN_OP_FWD && mine->ops[i].src == r)
                 cr_assert_eq(mine->ops[mine->ops[i].parent].dst, r, "%s\nrank %d", why, r);
+        struct plan_rank_bounds rb;
+        cr_assert_eq(plan_rank_bounds(mine, r, &rb), RESHARD_OK, "%s", rs_error_message());
+        min_net += rb.in_domain;
+        int64_t share = rb.dst_ranks ? (rb.in_domain + rb.dst_ranks - 1) / rb.dst_ranks : 0;
+        lb = share > lb ? share : lb;
+        lb = rb.forced > lb ? rb.forced : lb;
         free(a);
         free(b);
         plan_free(mine);
     }
+    struct plan_stats s;
+    cr_assert_eq(plan_stats_compute(whole, &s, NULL), RESHARD_OK);
+    cr_assert_eq(min_net, s.min_net_bytes,
+                 "%s\nthe ranks' shares of min_net_bytes sum to %lld, "
+                 "not %lld",
+                 why, (long long)min_net, (long long)s.min_net_bytes);
+    cr_assert_eq(lb, s.lb_nic_bytes, "%s\nthe ranks' bounds give lb_nic_bytes %lld, not %lld", why,
+                 (long long)lb, (long long)s.lb_nic_bytes);
     free(in);
 }

@@ -22,7 +22,8 @@ static inline struct rs_plan *plan_one(const char *src, const char *dst, int wor
 
 size_t count_ops(const struct rs_plan *p, enum plan_op_kind kind);
 /* Every rank's own plan (plan_build at its scope, from the same inputs) equals its slice of the
- * whole plan op for op, forwards' parents included, and has the same hash. */
+ * whole plan op for op, forwards' parents included, and has the same hash; and the ranks' parts
+ * of the layout bounds (plan_rank_bounds) add up to the whole plan's. */
 void check_rank_scopes(const struct rs_plan *whole, const char *why);
 
 struct plan_stats stats_of(const struct rs_plan *p, struct plan_rank_stats *per_rank);

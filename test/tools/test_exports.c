@@ -33,3 +33,28 @@ Test(exports, only_the_public_api_is_visible, .timeout = 60)
     for (int v = 8; v <= 12; v++)
         cr_assert(tables & 1 << v, "ncclNetPlugin_v%d is not exported", v);
 }
+
+/* The object needs only libc (and the loader, and the sanitizers in a sanitizer build): UCX,
+ * verbs, CUDA, NCCL and jansson are all opened at run time, so NCCL can load the plugin on a
+ * node that has none of them. */
+Test(exports, the_object_needs_only_libc, .timeout = 60)
+{
+    char cmd[512], out[1 << 14];
+    snprintf(cmd, sizeof(cmd), "readelf -d %s/libnccl-net-reshard.so", build_dir());
+    cr_assert_eq(run_capture(cmd, out, sizeof(out)), 0, "%s", out);
+    static const char *const allowed[] = {"libc.so.",     "ld-linux", "libasan.so.",
+                                          "libubsan.so.", "libm.so.", "libpthread.so.",
+                                          "libdl.so."};
+    int n = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        char *lib = strstr(line, "(NEEDED)");
+        if (!lib || !(lib = strchr(lib, '[')))
+            continue;
+        int ok = 0;
+        for (size_t i = 0; i < sizeof(allowed) / sizeof(allowed[0]); i++)
+            ok |= !strncmp(lib + 1, allowed[i], strlen(allowed[i]));
+        cr_assert(ok, "the object needs %s", lib);
+        n++;
+    }
+    cr_assert_gt(n, 0, "readelf listed no NEEDED entry:\n%s", out);
+}

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Manifests: a good one loads into layouts that plan, and every kind of bad input is an error
  * naming the tensor and the field. */
+#include "base/param.h"
 #include "plugin/reshard.h"
 
 #include <criterion/criterion.h>
@@ -276,4 +277,54 @@ Test(manifest, equal_layouts_plan_as_the_sum_of_their_plans)
     reshard_layout_destroy(a_dst);
     reshard_layout_destroy(b_src);
     reshard_layout_destroy(b_dst);
+}
+
+/* jansson is loaded on the first manifest: hidden, manifests fail saying what to install, and
+ * everything else still works in the same process. */
+Test(manifest, without_jansson_manifests_fail_saying_what_to_install, .fini = cleanup)
+{
+    setenv("RESHARD_JANSSON_LIB", "/nonexistent/libjansson.so.4", 1);
+    rs_param_reload();
+    write_manifest("{\"version\": 1, \"world_size\": 8, \"tensors\": [" GOOD_TENSOR("a") "]}");
+    reshard_manifest_t *m = NULL;
+    cr_assert_eq(reshard_manifest_load(path, &m), RESHARD_ERR_UNAVAILABLE);
+    cr_assert_null(m);
+    cr_assert(strstr(reshard_last_error(), "manifest: cannot read JSON") &&
+                  strstr(reshard_last_error(), "install libjansson4"),
+              "%s", reshard_last_error());
+    reshard_layout_t *l;
+    cr_assert_eq(reshard_layout_parse("shape=8 ranks=0-1 place=S(0)", 0, &l), RESHARD_OK);
+    reshard_layout_destroy(l);
+}
+
+Test(manifest, a_dash_reads_standard_input, .fini = cleanup)
+{
+    write_manifest("{\"version\": 1, \"world_size\": 8, \"tensors\": [" GOOD_TENSOR("a") "]}");
+    cr_assert_not_null(freopen(path, "r", stdin));
+    reshard_manifest_t *m = NULL;
+    cr_assert_eq(reshard_manifest_load("-", &m), RESHARD_OK, "%s", reshard_last_error());
+    cr_assert_eq(reshard_manifest_ntensors(m), 1);
+    reshard_manifest_destroy(m);
+    cr_assert_not_null(freopen("/dev/null", "r", stdin));
+    cr_assert_eq(reshard_manifest_load("-", &m), RESHARD_ERR_SPEC_SYNTAX);
+    cr_assert(strstr(reshard_last_error(), "manifest <stdin>"), "%s", reshard_last_error());
+}
+
+/* A model repeats its placements: tensors with equal sides share one layout, and the manifest
+ * holds each once. */
+Test(manifest, equal_sides_share_one_layout, .fini = cleanup)
+{
+    write_manifest(
+        "{\"version\": 1, \"world_size\": 8, \"tensors\": [" GOOD_TENSOR("a") "," GOOD_TENSOR(
+            "b") ","
+                 " {\"name\": \"c\", \"shape\": [64, 16], \"dtype\": \"bf16\", "
+                 "\"src\": \"ranks=0-3 mesh=4 place=S(0)\", \"dst\": \"ranks=4-5 mesh=2 "
+                 "place=S(1)\"}]}");
+    reshard_manifest_t *m = NULL;
+    cr_assert_eq(reshard_manifest_load(path, &m), RESHARD_OK, "%s", reshard_last_error());
+    const reshard_tensor_t *t = reshard_manifest_tensors(m);
+    cr_assert_eq(t[0].src, t[1].src, "same spec and shape: one layout");
+    cr_assert_eq(t[0].dst, t[1].dst);
+    cr_assert_neq(t[0].src, t[2].src, "another shape: another layout");
+    reshard_manifest_destroy(m);
 }

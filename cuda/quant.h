@@ -65,8 +65,8 @@ RS_QHD uint32_t rs_fp8_round(uint32_t ua, int mbits, int bias)
 {
     int e = (int)(ua >> 23) - 127 + bias; /* the FP8 biased exponent of a normal result */
     uint32_t mant = ua & 0x7fffff;
-    if (e <= 0) { /* a subnormal result: the grid is 2^(1 - bias - mbits) */
-        int shift = 23 - mbits + 1 - e;            /* bits dropped from the 24-bit significand */
+    if (e <= 0) {                       /* a subnormal result: the grid is 2^(1 - bias - mbits) */
+        int shift = 23 - mbits + 1 - e; /* bits dropped from the 24-bit significand */
         uint32_t sig = mant | (ua >> 23 ? 1u << 23 : 0); /* the implicit bit, when normal in f32 */
         if (shift > 24)
             return 0;

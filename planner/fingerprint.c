@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "fingerprint.h"
+
+#include "dtype.h"
+#include "base/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The element's bits, little-endian, as a number. */
+static inline uint64_t element_bits(const unsigned char *p, size_t esize)
+{
+    uint64_t v = 0;
+    memcpy(&v, p, esize);
+    return v;
+}
+
+/* One contiguous row: elements n, global indices gbase + g[i]. Cloned for AVX-512, where the
+ * two 64-bit multiplies of each element run eight at a time. */
+#define FP_ROW(T)                                                                                  \
+    for (int64_t i = 0; i < n; i++) {                                                             \
+        T x;                                                                                       \
+        memcpy(&x, row + i * (int64_t)sizeof(T), sizeof(T));                                       \
+        s += fp_mix((uint64_t)(gbase + g[i]), (uint64_t)x);                                        \
+    }
+
+__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default"),
+               optimize("tree-vectorize"))) static uint64_t
+row_sum(const unsigned char *row, size_t esize, int64_t gbase, const int64_t *g, int64_t n)
+{
+    uint64_t s = 0;
+    switch (esize) {
+    case 1:
+        FP_ROW(uint8_t)
+        break;
+    case 2:
+        FP_ROW(uint16_t)
+        break;
+    case 4:
+        FP_ROW(uint32_t)
+        break;
+    default:
+        FP_ROW(uint64_t)
+        break;
+    }
+    return s;
+}
+#undef FP_ROW
+
+int fingerprint_counts(const struct rs_shardmap *map, int pos, const struct rs_topo *topo)
+{
+    const struct rs_layout *l = map->layout;
+    int t = map->tuple[pos], me = l->ranks[pos];
+    if (topo && topo_absent(topo, me))
+        return 0;
+    for (int i = map->tuple_first[t]; i < map->tuple_first[t + 1]; i++) {
+        int r = l->ranks[map->tuple_pos[i]];
+        if (r < me && !(topo && topo_absent(topo, r)))
+            return 0;
+    }
+    return 1;
+}
+
+reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const void *buf,
+                                   size_t bytes, uint64_t *out)
+{
+    const struct rs_layout *l = map->layout;
+    int nd = l->ndim;
+    int64_t len[RS_MAX_DIMS], numel = 1, gstride[RS_MAX_DIMS];
+    int64_t *global[RS_MAX_DIMS] = {0}; /* local index -> global index, per dim */
+    for (int j = nd - 1; j >= 0; j--)
+        gstride[j] = j == nd - 1 ? 1 : gstride[j + 1] * l->shape[j + 1];
+    reshard_status_t st = RESHARD_OK;
+    for (int j = 0; j < nd; j++) {
+        const struct rs_dimmap *d = &map->dim[j];
+        int g = shardmap_group(map, pos, j);
+        len[j] = dimmap_group_len(d, g);
+        numel *= len[j];
+        if (!(global[j] = rs_calloc((size_t)len[j], sizeof(int64_t), "fingerprint"))) {
+            st = RESHARD_ERR_NO_MEMORY;
+            goto free_tables;
+        }
+        for (int s = d->first[g]; s < d->first[g + 1]; s++)
+            for (int64_t i = 0; i < d->segs[s].len; i++)
+                global[j][d->segs[s].pos + i] = (d->segs[s].start + i) * gstride[j];
+    }
+    /* The view: local element e (row-major) sits at offset + sum(v_k * vstride[k]), v being e
+     * unravelled over the view's shape. */
+    const struct rs_view *v = &l->view;
+    int vd = v->ndim ? v->ndim : nd;
+    const int64_t *vshape = v->ndim ? v->shape : len;
+    int64_t vstride[RS_MAX_DIMS], last = v->offset;
+    for (int k = vd - 1; k >= 0; k--)
+        vstride[k] = v->nstrides ? v->strides[k] : k == vd - 1 ? 1 : vstride[k + 1] * vshape[k + 1];
+    for (int k = 0; k < vd && numel; k++)
+        last += (vshape[k] - 1) * vstride[k];
+    size_t esize = dtype_size(l->dtype);
+    if (numel && (last + 1) * (int64_t)esize > (int64_t)bytes) {
+        st = rs_error(RESHARD_ERR_BUFFER,
+                      "fingerprint: the shard of rank %d reaches byte %lld of a %zu-byte buffer",
+                      l->ranks[pos], (long long)((last + 1) * (int64_t)esize), bytes);
+        goto free_tables;
+    }
+    const unsigned char *base = buf;
+    int64_t li[RS_MAX_DIMS] = {0}, vi[RS_MAX_DIMS] = {0}, gbase = 0, off = v->offset;
+    for (int j = 0; j < nd - 1; j++)
+        gbase += numel ? global[j][0] : 0;
+    uint64_t sum = 0;
+    int64_t inner = len[nd - 1], innerv = vshape[vd - 1], vs = vstride[vd - 1];
+    const int64_t *gin = global[nd - 1];
+    /* Rows the view keeps contiguous (no view, or one whose innermost dim is the row) go
+     * through a loop the compiler can keep tight; others element by element. */
+    int rows_contiguous = vs == 1 && innerv == inner;
+    for (int64_t e = 0; e < numel; e += inner) {
+        if (rows_contiguous) {
+            sum += row_sum(base + off * (int64_t)esize, esize, gbase, gin, inner);
+            vi[vd - 1] = innerv - 1; /* the row is done: carry below */
+        } else {
+            for (int64_t i = 0; i < inner; i++) {
+                sum += fp_mix((uint64_t)(gbase + gin[i]),
+                              element_bits(base + off * (int64_t)esize, esize));
+                if (++vi[vd - 1] < innerv) {
+                    off += vs;
+                    continue;
+                }
+                vi[vd - 1] = 0; /* carry into the view's outer dims */
+                int k = vd - 2;
+                while (k >= 0 && ++vi[k] == vshape[k])
+                    vi[k--] = 0;
+                off = v->offset;
+                for (int q = 0; q < vd; q++)
+                    off += vi[q] * vstride[q];
+            }
+        }
+        if (rows_contiguous) { /* the next row of the view */
+            vi[vd - 1] = 0;
+            int k = vd - 2;
+            while (k >= 0 && ++vi[k] == vshape[k])
+                vi[k--] = 0;
+            off = v->offset;
+            for (int q = 0; q < vd; q++)
+                off += vi[q] * vstride[q];
+        }
+        int j = nd - 2; /* the next row of the local shape */
+        while (j >= 0 && ++li[j] == len[j])
+            li[j--] = 0;
+        gbase = 0;
+        for (int q = 0; q < nd - 1; q++)
+            gbase += global[q][li[q]];
+    }
+    *out = sum;
+free_tables:
+    for (int j = 0; j < nd; j++)
+        free(global[j]);
+    return st;
+}

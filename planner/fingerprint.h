@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Fingerprints of a tensor in global index space, so that two sides holding the same weights
+ * in different layouts can show it without moving them. An element contributes
+ * fp_mix(global linear index, its bits); a shard's fingerprint is the sum (mod 2^64) of its
+ * elements' contributions, so shards combine by addition in any order, and the tensor's is the
+ * sum over one replica of every shard (fingerprint_counts says which). A value in the wrong
+ * place, a flipped bit or two elements swapped change the sum (unless 64-bit hashes collide).
+ */
+#ifndef RS_FINGERPRINT_H
+#define RS_FINGERPRINT_H
+
+#include "layout.h"
+#include "topo.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Two multiplies and two shifts: non-linear in the bits (a sum of linear terms would miss
+ * swaps), and cheap enough to run at memory speed when vectorized. */
+static inline uint64_t fp_mix(uint64_t index, uint64_t bits)
+{
+    uint64_t x = index * UINT64_C(0x9e3779b97f4a7c15) ^ bits;
+    x ^= x >> 29;
+    x *= UINT64_C(0xd6e8feb86659fd93);
+    return x ^ (x >> 32);
+}
+
+/* The fingerprint of the shard held at position pos of map, in buf (bytes long, laid out as
+ * the layout's view says). RESHARD_ERR_BUFFER when buf is shorter than the view reaches. */
+reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const void *buf,
+                                   size_t bytes, uint64_t *out);
+/* Whether the shard at position pos is the one of its replicas that counts: the lowest present
+ * rank of its tuple. */
+int fingerprint_counts(const struct rs_shardmap *map, int pos, const struct rs_topo *topo);
+
+#endif

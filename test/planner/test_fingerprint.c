@@ -1,0 +1,139 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Fingerprints: one replica of every shard adds up to the whole tensor's, whatever the layout
+ * (uneven, strided, 3-D, views), and a flipped bit or two swapped elements change it. */
+#include "base/error.h"
+#include "planner/fingerprint.h"
+#include "planner/spec.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXN 4096
+
+static uint64_t whole_sum(const uint16_t *t, int64_t n)
+{
+    uint64_t s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += fp_mix((uint64_t)i, t[i]);
+    return s;
+}
+
+/* Copies rank position pos's shard of the global tensor t (row-major, 2-byte elements) into buf
+ * as the view lays it out, from the per-dim global indices (computed apart from the code under
+ * test: each dim's segments in local order). */
+static void extract(const struct rs_shardmap *m, int pos, const uint16_t *t, uint16_t *buf)
+{
+    const struct rs_layout *l = m->layout;
+    int nd = l->ndim;
+    int64_t len[RS_MAX_DIMS], idx[RS_MAX_DIMS][64], numel = 1;
+    for (int j = 0; j < nd; j++) {
+        const struct rs_dimmap *d = &m->dim[j];
+        int g = shardmap_group(m, pos, j), n = 0;
+        for (int s = d->first[g]; s < d->first[g + 1]; s++)
+            for (int64_t i = 0; i < d->segs[s].len; i++)
+                idx[j][n++] = d->segs[s].start + i;
+        len[j] = n;
+        numel *= n;
+    }
+    const struct rs_view *v = &l->view;
+    int vd = v->ndim ? v->ndim : nd;
+    const int64_t *vs = v->ndim ? v->shape : len;
+    for (int64_t e = 0; e < numel; e++) {
+        int64_t rem = e, g = 0, stride = 1;
+        for (int j = nd - 1; j >= 0; j--) { /* local multi-index of e, then its global index */
+            g += idx[j][rem % len[j]] * stride;
+            rem /= len[j];
+            stride *= l->shape[j];
+        }
+        int64_t at = v->offset, r2 = e, st = 1;
+        for (int k = vd - 1; k >= 0; k--) {
+            int64_t s = v->nstrides ? v->strides[k] : st;
+            at += r2 % vs[k] * s;
+            r2 /= vs[k];
+            st *= vs[k];
+        }
+        buf[at] = t[g];
+    }
+}
+
+static uint64_t side_sum(const char *spec, const uint16_t *t, int flip_rank)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    cr_assert_eq(spec_parse(spec, NULL, &l), RESHARD_OK, "%s: %s", spec, rs_error_message());
+    cr_assert_eq(shardmap_build(&l, &m, NULL), RESHARD_OK, "%s", rs_error_message());
+    uint64_t sum = 0;
+    uint16_t *buf = calloc(2 * MAXN, sizeof(uint16_t));
+    for (int pos = 0; pos < l.nranks; pos++) {
+        if (!fingerprint_counts(&m, pos, NULL))
+            continue;
+        memset(buf, 0, 2 * MAXN * sizeof(uint16_t));
+        extract(&m, pos, t, buf);
+        if (l.ranks[pos] == flip_rank && shardmap_local_numel(&m, pos))
+            buf[l.view.offset] ^= 0x40; /* the shard's first element */
+        uint64_t f;
+        cr_assert_eq(fingerprint_shard(&m, pos, buf, 2 * MAXN * sizeof(uint16_t), &f),
+                     RESHARD_OK, "%s", rs_error_message());
+        sum += f;
+    }
+    free(buf);
+    shardmap_free(&m);
+    layout_free(&l);
+    return sum;
+}
+
+static const char *const specs[] = {
+    "shape=37x5 ranks=0-3 place=S(0)",
+    "shape=37x5 ranks=0-5 mesh=2x3 place=R,S(0)",
+    "shape=37x5 ranks=0-3 mesh=2x2 place=S(1),S(0)",
+    "shape=12x10 ranks=0-3 mesh=2x2 place=SS(0,2),S(1)",
+    "shape=4x6x5 ranks=0-7 mesh=2x4 place=S(2),S(0)",
+    "shape=12x10 ranks=0-1 place=S(1) buffer=b offset=3 view=12x5 strides=7x1",
+    "shape=12x10 ranks=0-2 place=S(0) view=2x4x5 strides=1x2x8",
+};
+
+Test(fingerprint, every_layout_adds_up_to_the_whole_tensor)
+{
+    uint16_t t[MAXN];
+    srand(7);
+    for (int i = 0; i < MAXN; i++)
+        t[i] = (uint16_t)rand();
+    for (size_t k = 0; k < sizeof(specs) / sizeof(specs[0]); k++) {
+        struct rs_layout l;
+        cr_assert_eq(spec_parse(specs[k], NULL, &l), RESHARD_OK, "%s", rs_error_message());
+        int64_t n = layout_numel(&l);
+        layout_free(&l);
+        cr_assert_eq(side_sum(specs[k], t, -1), whole_sum(t, n), "%s", specs[k]);
+    }
+}
+
+Test(fingerprint, a_flipped_bit_or_a_swap_changes_it)
+{
+    uint16_t t[MAXN];
+    for (int i = 0; i < MAXN; i++)
+        t[i] = (uint16_t)(i * 2654435761u >> 7);
+    const char *s = "shape=37x5 ranks=0-5 mesh=2x3 place=R,S(0)";
+    uint64_t good = whole_sum(t, 185);
+    cr_assert_neq(side_sum(s, t, 1), good, "rank 1's flipped bit");
+    cr_assert_eq(side_sum(s, t, 4), good, "rank 4 is a replica of rank 1: it does not count");
+    uint16_t u = t[3];
+    t[3] = t[100];
+    t[100] = u;
+    cr_assert_neq(whole_sum(t, 185), good, "two elements swapped");
+}
+
+Test(fingerprint, a_short_buffer_is_refused)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    cr_assert_eq(spec_parse("shape=8x8 ranks=0-1 place=S(0)", NULL, &l), RESHARD_OK);
+    cr_assert_eq(shardmap_build(&l, &m, NULL), RESHARD_OK);
+    uint16_t buf[32] = {0};
+    uint64_t f;
+    cr_assert_eq(fingerprint_shard(&m, 0, buf, sizeof(buf) - 1, &f), RESHARD_ERR_BUFFER);
+    cr_assert(strstr(rs_error_message(), "reaches byte 64 of a 63-byte buffer"), "%s",
+              rs_error_message());
+    shardmap_free(&m);
+    layout_free(&l);
+}

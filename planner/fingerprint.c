@@ -18,7 +18,7 @@ static inline uint64_t element_bits(const unsigned char *p, size_t esize)
 /* One contiguous row: elements n, global indices gbase + g[i]. Cloned for AVX-512, where the
  * two 64-bit multiplies of each element run eight at a time. */
 #define FP_ROW(T)                                                                                  \
-    for (int64_t i = 0; i < n; i++) {                                                             \
+    for (int64_t i = 0; i < n; i++) {                                                              \
         T x;                                                                                       \
         memcpy(&x, row + i * (int64_t)sizeof(T), sizeof(T));                                       \
         s += fp_mix((uint64_t)(gbase + g[i]), (uint64_t)x);                                        \

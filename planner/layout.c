@@ -128,6 +128,28 @@ static reshard_status_t check_places(const struct rs_layout *l, struct rs_fault 
     return RESHARD_OK;
 }
 
+static reshard_status_t check_quant(const struct rs_layout *l, struct rs_fault *fault)
+{
+    const struct rs_quant *q = &l->quant;
+    if (q->kind == RS_QUANT_NONE)
+        return RESHARD_OK;
+    if (l->dtype != RS_DTYPE_FP8E4M3 && l->dtype != RS_DTYPE_FP8E5M2)
+        return fail(fault, RS_ITEM_QUANT, -1,
+                    rs_error(RESHARD_ERR_SPEC_SYNTAX,
+                             "quant: a quantized layout holds fp8e4m3 or fp8e5m2, not %s",
+                             dtype_name(l->dtype)));
+    if (q->kind == RS_QUANT_BLOCK && l->ndim < 2)
+        return fail(fault, RS_ITEM_QUANT, -1,
+                    rs_error(RESHARD_ERR_SPEC_SYNTAX,
+                             "quant: block(%lld,%lld) scales 2-D blocks of the last two dims, and "
+                             "the tensor has 1",
+                             (long long)q->rows, (long long)q->cols));
+    if (q->kind == RS_QUANT_BLOCK && (q->rows < 1 || q->cols < 1))
+        return fail(fault, RS_ITEM_QUANT, -1,
+                    rs_error(RESHARD_ERR_SPEC_SYNTAX, "quant: block sizes must be positive"));
+    return RESHARD_OK;
+}
+
 static reshard_status_t check_view(const struct rs_layout *l, struct rs_fault *fault)
 {
     const struct rs_view *v = &l->view;
@@ -189,6 +211,7 @@ static reshard_status_t check_layout(const struct rs_layout *l, int ranks_checke
     RS_CHECK(check_mesh(l, fault));
     RS_CHECK(check_places(l, fault));
     RS_CHECK(check_view(l, fault));
+    RS_CHECK(check_quant(l, fault));
     return RESHARD_OK;
 }
 

@@ -46,6 +46,16 @@ struct rs_view {
     int64_t strides[RS_MAX_DIMS];
 };
 
+/* How a quantized layout's FP8 values are scaled (cuda/quant.h defines the arithmetic): one
+ * float32 scale per block of rows x cols over the last two dims, per row of dim 0 (channel), or
+ * for the whole tensor. Its scales form a tensor of their own (layout_scales). */
+enum rs_quant_kind { RS_QUANT_NONE, RS_QUANT_BLOCK, RS_QUANT_CHANNEL, RS_QUANT_TENSOR };
+
+struct rs_quant {
+    enum rs_quant_kind kind;
+    int64_t rows, cols; /* RS_QUANT_BLOCK */
+};
+
 struct rs_layout {
     int ndim;
     int64_t shape[RS_MAX_DIMS];
@@ -56,6 +66,7 @@ struct rs_layout {
     int mesh[RS_MAX_MESH_DIMS];
     struct rs_place place[RS_MAX_MESH_DIMS];
     struct rs_view view;
+    struct rs_quant quant;
 };
 
 /* Which item of a layout a check rejected, so that a spec parser can point at its column. */
@@ -70,6 +81,7 @@ enum rs_item {
     RS_ITEM_OFFSET,
     RS_ITEM_VIEW,
     RS_ITEM_STRIDES,
+    RS_ITEM_QUANT,
 };
 
 struct rs_fault {

@@ -189,6 +189,9 @@ static int same_layout(const struct rs_layout *a, const struct rs_layout *b)
         if (a->place[m].kind != b->place[m].kind || a->place[m].dim != b->place[m].dim ||
             a->place[m].k != b->place[m].k)
             return 0;
+    if (a->quant.kind != b->quant.kind || a->quant.rows != b->quant.rows ||
+        a->quant.cols != b->quant.cols)
+        return 0;
     const struct rs_view *u = &a->view, *v = &b->view;
     return !strcmp(u->buffer, v->buffer) && u->offset == v->offset && u->ndim == v->ndim &&
            u->nstrides == v->nstrides &&
@@ -216,7 +219,8 @@ static uint64_t layout_key(const struct rs_layout *l, uint64_t ranks_hash)
         h = mix(h, (uint64_t)v->shape[d]);
     for (int d = 0; d < v->nstrides; d++)
         h = mix(h, (uint64_t)v->strides[d]);
-    return h;
+    h = mix(h, (uint64_t)l->quant.kind);
+    return mix(mix(h, (uint64_t)l->quant.rows), (uint64_t)l->quant.cols);
 }
 
 /* Prefixes the message of a failed layout check with the tensor and side. */

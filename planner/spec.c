@@ -14,6 +14,7 @@ static const char *const item_names[] = {
     [RS_ITEM_SHAPE] = "shape",   [RS_ITEM_DTYPE] = "dtype", [RS_ITEM_RANKS] = "ranks",
     [RS_ITEM_MESH] = "mesh",     [RS_ITEM_PLACE] = "place", [RS_ITEM_BUFFER] = "buffer",
     [RS_ITEM_OFFSET] = "offset", [RS_ITEM_VIEW] = "view",   [RS_ITEM_STRIDES] = "strides",
+    [RS_ITEM_QUANT] = "quant",
 };
 #define NITEMS ((int)(sizeof(item_names) / sizeof(item_names[0])))
 
@@ -196,6 +197,32 @@ static reshard_status_t parse_buffer(struct parser *p, const char *s)
     return RESHARD_OK;
 }
 
+/* block(R,C), channel or tensor. */
+static reshard_status_t parse_quant(struct parser *p, const char *s)
+{
+    struct rs_quant *q = &p->l.quant;
+    const char *e;
+    if (!strncmp(s, "channel", 7) && is_end(s[7])) {
+        q->kind = RS_QUANT_CHANNEL;
+        return RESHARD_OK;
+    }
+    if (!strncmp(s, "tensor", 6) && is_end(s[6])) {
+        q->kind = RS_QUANT_TENSOR;
+        return RESHARD_OK;
+    }
+    if (strncmp(s, "block(", 6))
+        return syntax(p, RS_ITEM_QUANT, s, "expected block(R,C), channel or tensor");
+    if (!(e = read_int(s + 6, 1 << 20, &q->rows)) || *e != ',')
+        return syntax(p, RS_ITEM_QUANT, e ? e : s + 6, "expected block(R,C): rows, then ','");
+    const char *c = e + 1;
+    if (!(e = read_int(c, 1 << 20, &q->cols)) || *e != ')' || !is_end(e[1]))
+        return syntax(p, RS_ITEM_QUANT, e ? e : c, "expected block(R,C): columns, then ')'");
+    if (q->rows < 1 || q->cols < 1)
+        return syntax(p, RS_ITEM_QUANT, s + 6, "block sizes must be positive");
+    q->kind = RS_QUANT_BLOCK;
+    return RESHARD_OK;
+}
+
 static reshard_status_t parse_item(struct parser *p, enum rs_item item, const char *v,
                                    const struct spec_opts *opts, int *nplace)
 {
@@ -241,6 +268,8 @@ static reshard_status_t parse_item(struct parser *p, enum rs_item item, const ch
     case RS_ITEM_STRIDES:
         return parse_dims(p, item, v, RS_MAX_DIMS, 0, INT64_MAX, l->view.strides,
                           &l->view.nstrides);
+    case RS_ITEM_QUANT:
+        return parse_quant(p, v);
     case RS_ITEM_NONE:
         break;
     }
@@ -269,7 +298,7 @@ static reshard_status_t tokenize(struct parser *p, const struct spec_opts *opts,
         if (item == RS_ITEM_NONE)
             return rs_error(RESHARD_ERR_SPEC_SYNTAX,
                             "%.*s: unknown item at column %d (expected shape, dtype, ranks, "
-                            "mesh, place, buffer, offset, view or strides)",
+                            "mesh, place, buffer, offset, view, strides or quant)",
                             klen, key, (int)(key - p->spec) + 1);
         if (p->seen[item])
             return syntax(p, item, key, "given twice");
@@ -438,5 +467,12 @@ size_t spec_format(const struct rs_layout *l, char *buf, size_t n)
         put_dims(&o, "view", v->shape, v->ndim);
     if (v->nstrides)
         put_dims(&o, "strides", v->strides, v->nstrides);
+    const struct rs_quant *q = &l->quant;
+    if (q->kind == RS_QUANT_BLOCK)
+        put(&o, " quant=block(%lld,%lld)", (long long)q->rows, (long long)q->cols);
+    else if (q->kind == RS_QUANT_CHANNEL)
+        put(&o, " quant=channel");
+    else if (q->kind == RS_QUANT_TENSOR)
+        put(&o, " quant=tensor");
     return o.len;
 }

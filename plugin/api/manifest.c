@@ -126,8 +126,8 @@ static reshard_status_t manifest_side_spec(const struct where *w, const char *fi
     static const struct {
         const char *key;
         char sep;
-    } items[] = {{"ranks", ','}, {"mesh", 'x'}, {"place", ','},  {"buffer", 0},
-                 {"offset", 0},  {"view", 'x'}, {"strides", 'x'}};
+    } items[] = {{"ranks", ','}, {"mesh", 'x'}, {"place", ','},   {"buffer", 0},
+                 {"offset", 0},  {"view", 'x'}, {"strides", 'x'}, {"quant", 0}};
     const char *key;
     const json_t *v;
     for (void *it_ = J()->object_iter((json_t *)side);
@@ -139,7 +139,7 @@ static reshard_status_t manifest_side_spec(const struct where *w, const char *fi
         if (i == sizeof(items) / sizeof(items[0]))
             return manifest_bad(
                 w, field, RESHARD_ERR_SPEC_SYNTAX,
-                "unknown key '%s' (ranks, mesh, place, buffer, offset, view, strides)", key);
+                "unknown key '%s' (ranks, mesh, place, buffer, offset, view, strides, quant)", key);
         RS_CHECK(put_item(w, field, key, v, items[i].sep ? items[i].sep : ',', spec, len));
     }
     return RESHARD_OK;

@@ -73,8 +73,8 @@ static uint64_t side_sum(const char *spec, const uint16_t *t, int flip_rank)
         if (l.ranks[pos] == flip_rank && shardmap_local_numel(&m, pos))
             buf[l.view.offset] ^= 0x40; /* the shard's first element */
         uint64_t f;
-        cr_assert_eq(fingerprint_shard(&m, pos, buf, 2 * MAXN * sizeof(uint16_t), &f),
-                     RESHARD_OK, "%s", rs_error_message());
+        cr_assert_eq(fingerprint_shard(&m, pos, buf, 2 * MAXN * sizeof(uint16_t), &f), RESHARD_OK,
+                     "%s", rs_error_message());
         sum += f;
     }
     free(buf);

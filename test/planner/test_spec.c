@@ -149,7 +149,7 @@ Test(spec, structure_errors)
 {
     expect_error("shape=4 foo=1", RESHARD_ERR_SPEC_SYNTAX,
                  "foo: unknown item at column 9 (expected shape, dtype, ranks, mesh, place, "
-                 "buffer, offset, view or strides)");
+                 "buffer, offset, view, strides or quant)");
     expect_error("shape=4 mesh", RESHARD_ERR_SPEC_SYNTAX, "mesh: expected key=value at column 9");
     expect_error("shape=4 =3", RESHARD_ERR_SPEC_SYNTAX, "=: expected key=value at column 9");
     expect_error("shape=4 mesh=2 mesh=2", RESHARD_ERR_SPEC_SYNTAX,
@@ -216,4 +216,35 @@ Test(spec, null_spec_is_invalid)
 {
     struct rs_layout l;
     cr_assert_eq(spec_parse(NULL, NULL, &l), RESHARD_ERR_INVALID_ARG);
+}
+
+Test(spec, quant_items_parse_format_and_refuse_what_cannot_be_scaled)
+{
+    struct rs_layout l =
+        parse_ok("shape=256x384 dtype=fp8e4m3 ranks=0-1 place=S(0) quant=block(128,64)", 0);
+    cr_assert_eq(l.quant.kind, RS_QUANT_BLOCK);
+    cr_assert_eq(l.quant.rows, 128);
+    cr_assert_eq(l.quant.cols, 64);
+    char buf[256];
+    spec_format(&l, buf, sizeof(buf));
+    cr_assert_str_eq(buf, "shape=256x384 dtype=fp8e4m3 ranks=0-1 mesh=2 place=S(0) "
+                          "quant=block(128,64)");
+    layout_free(&l);
+    l = parse_ok("shape=8 dtype=fp8e5m2 quant=channel", 2);
+    cr_assert_eq(l.quant.kind, RS_QUANT_CHANNEL);
+    layout_free(&l);
+    l = parse_ok("shape=8 dtype=fp8e5m2 quant=tensor", 2);
+    cr_assert_eq(l.quant.kind, RS_QUANT_TENSOR);
+    layout_free(&l);
+    expect_error("shape=8x8 dtype=fp8e4m3 quant=blok(1,2)", RESHARD_ERR_SPEC_SYNTAX,
+                 "quant: expected block(R,C), channel or tensor at column 31");
+    expect_error("shape=8x8 dtype=fp8e4m3 quant=block(0,2)", RESHARD_ERR_SPEC_SYNTAX,
+                 "quant: block sizes must be positive at column 37");
+    expect_error("shape=8x8 dtype=fp8e4m3 quant=block(4,2", RESHARD_ERR_SPEC_SYNTAX,
+                 "quant: expected block(R,C): columns, then ')' at column 40");
+    expect_error("shape=8x8 dtype=bf16 quant=tensor", RESHARD_ERR_SPEC_SYNTAX,
+                 "quant: a quantized layout holds fp8e4m3 or fp8e5m2, not bf16 at column 28");
+    expect_error("shape=64 dtype=fp8e4m3 quant=block(8,8)", RESHARD_ERR_SPEC_SYNTAX,
+                 "quant: block(8,8) scales 2-D blocks of the last two dims, and the tensor has 1 "
+                 "at column 30");
 }

@@ -13,7 +13,6 @@
 #include "base/param.h"
 #include "cuda/cuda_lib.h"
 #include "cuda/ipc.h"
-#include "transport/cma.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -212,7 +211,6 @@ reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent)
         return st;
     }
     RS_CHECK(comm_exchange_hellos_and_addresses(c, parent));
-    cma_allow_peers();
     rs_log(RS_LOG_INFO, "comm: rank %d of %d (%d present), %d domains, network transport %s",
            c->rank, c->size, c->nmembers, c->topo.t.ndomains, c->net->ops->name);
     return RESHARD_OK;

@@ -213,7 +213,9 @@ reshard_status_t cma_peer_cred(int fd, pid_t *pid, uid_t *uid)
 int cma_same_namespaces(pid_t pid, char *why, size_t n)
 {
     static const char *const kind[] = {"net", "pid"}, *const what[] = {"network", "PID"};
-    for (int i = 0; i < 2; i++) {
+    int same = 0;
+    snprintf(why, n, "it shares this process's network and PID namespaces");
+    for (int i = 1; i >= 0; i--) { /* the network namespace's reason, when both differ */
         char theirs[64], mine[64];
         struct stat a, b;
         snprintf(theirs, sizeof(theirs), "/proc/%d/ns/%s", (int)pid, kind[i]);
@@ -223,13 +225,12 @@ int cma_same_namespaces(pid_t pid, char *why, size_t n)
                      strerror(errno));
             return -1;
         }
-        if (a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+        if (a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            same |= i ? CMA_SAME_PID : CMA_SAME_NET;
+        else
             snprintf(why, n, "it runs in another %s namespace", what[i]);
-            return 0;
-        }
     }
-    snprintf(why, n, "it shares this process's network and PID namespaces");
-    return 1;
+    return same;
 }
 
 /* ---- who may write this process ---- */

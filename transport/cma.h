@@ -44,8 +44,10 @@ reshard_status_t cma_recv(int fd, void *buf, size_t n, long *got);
 /* The process at the other end, as the kernel recorded it when that end connected (or
  * listened): its pid in this PID namespace (0 when it is not visible here) and effective uid. */
 reshard_status_t cma_peer_cred(int fd, pid_t *pid, uid_t *uid);
-/* 1 when process pid runs in this process's network and PID namespaces; 0 when not, or -1 when
- * its namespaces cannot be read; why (n bytes) says which in both cases. */
+/* Which of this process's namespaces process pid shares: CMA_SAME_NET | CMA_SAME_PID (both:
+ * CMA_SAME_ALL), or -1 when its namespaces cannot be read; why (n bytes) says which one it
+ * does not share (the network namespace when neither), or why they cannot be read. */
+enum { CMA_SAME_NET = 1, CMA_SAME_PID = 2, CMA_SAME_ALL = 3 };
 int cma_same_namespaces(pid_t pid, char *why, size_t n);
 
 /* ---- who may write this process ---- */

@@ -331,7 +331,7 @@ Test(cma, a_child_shares_the_namespaces_and_one_in_its_own_network_namespace_doe
     int same = cma_same_namespaces(pid, why, sizeof(why));
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
-    cr_assert_eq(same, 1, "%s", why);
+    cr_assert_eq(same, CMA_SAME_ALL, "%s", why);
     int go[2];
     cr_assert_eq(pipe(go), 0);
     if ((pid = fork()) == 0) {
@@ -348,7 +348,7 @@ Test(cma, a_child_shares_the_namespaces_and_one_in_its_own_network_namespace_doe
     waitpid(pid, NULL, 0);
     if (!b)
         cr_skip_test("unshare(CLONE_NEWNET) is not allowed here (it needs CAP_SYS_ADMIN)");
-    cr_assert_eq(same, 0);
+    cr_assert_eq(same, CMA_SAME_PID, "only the PID namespace is shared");
     cr_assert_str_eq(why, "it runs in another network namespace");
 }
 

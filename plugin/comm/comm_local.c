@@ -36,8 +36,8 @@
 
 /* ---- messages: 128 bytes, one per SOCK_SEQPACKET record ---- */
 
-#define LOCAL_MSG 128
-#define LOCAL_WHY 96
+#define LOCAL_MSG      128
+#define LOCAL_WHY      96
 #define LOCAL_RETRY_MS 10 /* a full queue is tried again after this */
 
 enum { LOCAL_PROOF = 1, LOCAL_GRANT = 2 };
@@ -68,9 +68,8 @@ static void local_encode(const struct local_msg *m, unsigned char *w)
 static int local_decode(const unsigned char *w, long n, int kind, int from, int to,
                         struct local_msg *m)
 {
-    if (n != LOCAL_MSG || memcmp(w, local_magic, sizeof(local_magic)) || w[4] != kind ||
-        w[5] > 1 || sock_wire_get(w + 8, 4) != (uint64_t)from ||
-        sock_wire_get(w + 12, 4) != (uint64_t)to)
+    if (n != LOCAL_MSG || memcmp(w, local_magic, sizeof(local_magic)) || w[4] != kind || w[5] > 1 ||
+        sock_wire_get(w + 8, 4) != (uint64_t)from || sock_wire_get(w + 12, 4) != (uint64_t)to)
         return 0;
     m->kind = kind;
     m->allowed = w[5];
@@ -138,9 +137,11 @@ reshard_status_t comm_local_open(struct reshard_comm *c, struct comm_local_hello
     if (!l)
         return RESHARD_ERR_NO_MEMORY;
     l->lfd = -1;
-    c->local = l;
-    if (!(l->verdict = rs_calloc((size_t)c->size, 1, "local verdicts")))
+    if (!(l->verdict = rs_calloc((size_t)c->size, 1, "local verdicts"))) {
+        free(l);
         return RESHARD_ERR_NO_MEMORY;
+    }
+    c->local = l;
     RS_CHECK(local_random(l->token, sizeof(l->token)));
     memset(mine, 0, sizeof(*mine));
     mine->pid = (int32_t)(local_fake_pid ? local_fake_pid : getpid());
@@ -521,8 +522,8 @@ static void local_report(const struct local_run *r, enum comm_local_verdict v,
         if (!count++)
             why = r->p[k].why;
         if (len < sizeof(ranks) - 16)
-            len += (size_t)snprintf(ranks + len, sizeof(ranks) - len, "%s%d",
-                                    count > 1 ? ", " : "", r->p[k].rank);
+            len += (size_t)snprintf(ranks + len, sizeof(ranks) - len, "%s%d", count > 1 ? ", " : "",
+                                    r->p[k].rank);
         else if (len < sizeof(ranks) - 5)
             len += (size_t)snprintf(ranks + len, sizeof(ranks) - len, ", ...");
     }
@@ -530,11 +531,11 @@ static void local_report(const struct local_run *r, enum comm_local_verdict v,
         return;
     const char *s = count > 1 ? "s" : "";
     if (v == COMM_LOCAL_WRITABLE)
-        rs_log(level, "comm: rank %d: writes rank%s %s by cross-memory attach (%s)", r->c->rank,
-               s, ranks, what);
+        rs_log(level, "comm: rank %d: writes rank%s %s by cross-memory attach (%s)", r->c->rank, s,
+               ranks, what);
     else
-        rs_log(level, "comm: rank %d: rank%s %s: %s: %s%s; written over the network", r->c->rank,
-               s, ranks, what, why, count > 1 ? " (the first)" : "");
+        rs_log(level, "comm: rank %d: rank%s %s: %s: %s%s; written over the network", r->c->rank, s,
+               ranks, what, why, count > 1 ? " (the first)" : "");
 }
 
 static void local_summary(const struct local_run *r)
@@ -677,12 +678,12 @@ enum comm_local_verdict comm_local_verdict(const struct reshard_comm *c, int q)
 const char *comm_local_verdict_name(enum comm_local_verdict v)
 {
     static const char *const names[] = {
-        [COMM_LOCAL_NOT_PEER] = "not a peer", [COMM_LOCAL_WRITABLE] = "writable",
-        [COMM_LOCAL_NOT_HERE] = "not here",   [COMM_LOCAL_IMPOSTOR] = "impostor",
+        [COMM_LOCAL_NOT_PEER] = "not a peer",   [COMM_LOCAL_WRITABLE] = "writable",
+        [COMM_LOCAL_NOT_HERE] = "not here",     [COMM_LOCAL_IMPOSTOR] = "impostor",
         [COMM_LOCAL_OTHER_USER] = "other user", [COMM_LOCAL_OTHER_NS] = "other namespace",
-        [COMM_LOCAL_BAD_PROOF] = "bad proof", [COMM_LOCAL_CLOSED] = "closed",
-        [COMM_LOCAL_SILENT] = "silent",       [COMM_LOCAL_BUSY] = "busy",
-        [COMM_LOCAL_REFUSED] = "refused",     [COMM_LOCAL_FAILED] = "failed",
+        [COMM_LOCAL_BAD_PROOF] = "bad proof",   [COMM_LOCAL_CLOSED] = "closed",
+        [COMM_LOCAL_SILENT] = "silent",         [COMM_LOCAL_BUSY] = "busy",
+        [COMM_LOCAL_REFUSED] = "refused",       [COMM_LOCAL_FAILED] = "failed",
     };
     return (unsigned)v < sizeof(names) / sizeof(names[0]) ? names[v] : "?";
 }

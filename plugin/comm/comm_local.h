@@ -19,7 +19,7 @@
 
 /* What a rank claims in its communicator hello for the local path. */
 struct comm_local_hello {
-    int32_t pid;                            /* its process, as it says */
+    int32_t pid;                           /* its process, as it says */
     unsigned char token[COMM_LOCAL_TOKEN]; /* random, drawn per rank and communicator */
 };
 
@@ -32,11 +32,11 @@ enum comm_local_verdict {
     COMM_LOCAL_OTHER_USER,   /* the process runs as another user */
     COMM_LOCAL_OTHER_NS,     /* in another network or PID namespace */
     COMM_LOCAL_BAD_PROOF,    /* its answer did not carry the token of its hello */
-    COMM_LOCAL_CLOSED,       /* it closed without answering: it did not take this rank for its peer */
-    COMM_LOCAL_SILENT,       /* no answer before RESHARD_TIMEOUT */
-    COMM_LOCAL_BUSY,         /* its socket's queue stayed full until RESHARD_TIMEOUT */
-    COMM_LOCAL_REFUSED,      /* verified, but its kernel does not let this rank write it */
-    COMM_LOCAL_FAILED,       /* a socket call of this rank's failed */
+    COMM_LOCAL_CLOSED,  /* it closed without answering: it did not take this rank for its peer */
+    COMM_LOCAL_SILENT,  /* no answer before RESHARD_TIMEOUT */
+    COMM_LOCAL_BUSY,    /* its socket's queue stayed full until RESHARD_TIMEOUT */
+    COMM_LOCAL_REFUSED, /* verified, but its kernel does not let this rank write it */
+    COMM_LOCAL_FAILED,  /* a socket call of this rank's failed */
 };
 
 /* Before the hello: draws this rank's token, fills *mine and opens the rank's local socket

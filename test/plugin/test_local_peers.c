@@ -37,7 +37,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define NR 4
+#define NR        4
 #define MAX_CALLS 8
 
 /* What each harness rank plays. */
@@ -487,6 +487,45 @@ Test(local_peers, connections_from_processes_that_are_no_rank_are_dropped_and_le
                  atomic_load(&t->stray_got));
 }
 
+/* Out of memory at each allocation of open and verify in turn: a clean status every time,
+ * never a crash, until no allocation fails and the rank verifies its peer (one that is not
+ * here, so that nothing waits). */
+Test(local_peers, out_of_memory_at_any_allocation_of_open_or_verify_fails_cleanly)
+{
+    t = new_table(2);
+    int k = 1;
+    for (;; k++) {
+        cr_assert_lt(k, 64, "an allocation failed at every try");
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+            struct reshard_comm *c = comm_alloc(0, 2, -1);
+            if (!c || topo_create(2, 2, NULL, &c->topo.t) != RESHARD_OK)
+                _exit(10);
+            c->spare = c->spares[0] = t->spare[0];
+            c->spares[1] = t->spare[1];
+            t->s[1].hello.pid = 1; /* init: it listens on no name of ours */
+            rs_test_fail_alloc(k);
+            reshard_status_t st = comm_local_open(c, &t->s[0].hello);
+            if (st == RESHARD_OK)
+                st = comm_local_verify(c, &t->s[0].hello, sizeof(t->s[0]));
+            rs_test_fail_alloc(0);
+            int pid1 = c->pid[1], verdict = comm_local_verdict(c, 1);
+            comm_destroy(c);
+            if (st == RESHARD_OK)
+                _exit(pid1 == 0 && verdict == COMM_LOCAL_NOT_HERE ? 0 : 3);
+            _exit(st == RESHARD_ERR_NO_MEMORY ? 1 : 2);
+        }
+        int ws;
+        cr_assert_eq(waitpid(pid, &ws, 0), pid);
+        cr_assert(WIFEXITED(ws), "allocation %d: the rank crashed", k);
+        if (WEXITSTATUS(ws) == 0)
+            break;
+        cr_assert_eq(WEXITSTATUS(ws), 1, "allocation %d: exit %d", k, WEXITSTATUS(ws));
+    }
+    cr_assert_gt(k, 6, "only %d allocations were tried", k - 1);
+}
+
 /* ---- Yama ---- */
 
 /* Under ptrace_scope 1 each rank declares first the one writer it met, then the parent all
@@ -532,9 +571,9 @@ Test(local_peers, under_ptrace_scope_2_verified_peers_are_still_not_writable)
 
 /* Rows by rank, columns by rank, two domains of two: rank 0 writes a piece of rank 1's shard
  * by cross-memory attach, and rank 1 one of rank 0's (besides the network pieces). */
-#define SRC "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(0)"
-#define DST "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(1)"
-#define REGION (1 << 16)
+#define SRC      "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(0)"
+#define DST      "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=S(1)"
+#define REGION   (1 << 16)
 #define SENTINEL 0xA5
 
 static void comm_env(void)

@@ -458,6 +458,23 @@ Test(cma, a_refused_declaration_admits_no_writer)
     cr_assert_str_eq(why, want);
 }
 
+Test(cma, out_of_memory_when_admitting_undoes_the_declaration)
+{
+    fake_yama(1);
+    pid_t w = idle_child();
+    int allowed = 1;
+    char why[256];
+    rs_test_fail_alloc(1);
+    reshard_status_t st = cma_admit(w, &allowed, why, sizeof(why));
+    rs_test_fail_alloc(0);
+    reap(w);
+    cr_assert_eq(st, RESHARD_ERR_NO_MEMORY);
+    cr_assert_eq(allowed, 0);
+    cr_assert_eq(calls->n, 2);
+    cr_assert_eq(calls->tracer[0], w);
+    cr_assert_eq(calls->tracer[1], 0, "the declaration made for it is taken back");
+}
+
 /* A launcher L starts writers w[0..n) and then the rank R that admits them (all under L, or
  * each writer under a parent of its own when `cousins`); R reports its verdicts. */
 struct family {

@@ -6,6 +6,7 @@
  */
 #include "comm.h"
 #include "comm_int.h"
+#include "comm_local.h"
 
 #include "nccl_lib.h"
 #include "base/error.h"
@@ -13,7 +14,6 @@
 #include "base/param.h"
 #include "cuda/cuda_lib.h"
 #include "cuda/ipc.h"
-#include "transport/cma.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +22,8 @@
 /* What every rank tells the others when the communicator forms. */
 struct comm_hello {
     char host[COMM_HOST_MAX];
-    int32_t pid;
-    int32_t domain; /* RESHARD_DOMAIN, or -1 */
+    struct comm_local_hello local; /* pid and token: believed only once verified */
+    int32_t domain;                /* RESHARD_DOMAIN, or -1 */
     uint32_t addr_len;
     char transport[8];    /* every rank must run the same one */
     struct boot_id spare; /* where it would meet the others again (comm_shrink) */
@@ -106,7 +106,8 @@ static reshard_status_t inherit_topo(struct reshard_comm *c, const struct rs_top
     return RESHARD_OK;
 }
 
-/* Everyone's hello (hostname, pid, domain and spare id), then everyone's network address. */
+/* Everyone's hello (hostname, pid and token, domain and spare id), then everyone's network
+ * address; then the local peers verify each other. */
 static reshard_status_t comm_exchange_hellos_and_addresses(struct reshard_comm *c,
                                                            const struct rs_topo *parent)
 {
@@ -117,7 +118,7 @@ static reshard_status_t comm_exchange_hellos_and_addresses(struct reshard_comm *
         return st;
     struct comm_hello *me = &h[c->rank];
     gethostname(me->host, sizeof(me->host) - 1);
-    me->pid = (int32_t)getpid();
+    RS_CHECK_GOTO(comm_local_open(c, &me->local), st, free_hellos);
     me->domain = (int32_t)rs_param_int(RS_PARAM_DOMAIN);
     char addr[COMM_ADDR_MAX];
     size_t len = sizeof(addr);
@@ -153,7 +154,6 @@ static reshard_status_t comm_exchange_hellos_and_addresses(struct reshard_comm *
     memcpy(addrs + (size_t)c->rank * slot, addr, len);
     RS_CHECK_GOTO(comm_allgather(c, addrs, slot), st, free_addrs);
     for (int r = 0; r < c->size; r++) {
-        c->pid[r] = h[r].pid;
         c->spares[r] = h[r].spare;
         if (r != c->rank && comm_has(c, r))
             RS_CHECK_GOTO(c->net->ops->set_peer(c->net, r, addrs + (size_t)r * slot, h[r].addr_len),
@@ -161,6 +161,8 @@ static reshard_status_t comm_exchange_hellos_and_addresses(struct reshard_comm *
     }
     number_hosts(c, h, c->node);
     st = parent ? inherit_topo(c, parent) : make_topo(c, h);
+    if (st == RESHARD_OK) /* c->pid: only the pids the kernel confirmed */
+        st = comm_local_verify(c, &h->local, sizeof(*h));
 free_addrs:
     free(addrs);
 free_hellos:
@@ -212,7 +214,6 @@ reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent)
         return st;
     }
     RS_CHECK(comm_exchange_hellos_and_addresses(c, parent));
-    cma_allow_peers();
     rs_log(RS_LOG_INFO, "comm: rank %d of %d (%d present), %d domains, network transport %s",
            c->rank, c->size, c->nmembers, c->topo.t.ndomains, c->net->ops->name);
     return RESHARD_OK;
@@ -407,6 +408,7 @@ void comm_destroy(struct reshard_comm *c)
     if (c->boot && c->net && c->broken == RESHARD_OK)
         (void)boot_barrier(c->boot);
     cuda_ipc_free(c->ipc); /* every rank is done writing through its mappings */
+    comm_local_close(c);   /* after the barrier: no peer writes this rank any more */
     if (c->net) {
         /* After a failed execution requests may still use registered memory: closing the
          * connections ends them, and only then do the registrations go. */

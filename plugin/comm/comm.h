@@ -30,7 +30,7 @@ struct reshard_comm {
     void *nccl; /* the NCCL communicator it was made from (reshard_comm_init_nccl), or NULL */
     struct reshard_topo topo;
     struct tp_ctx *net;
-    pid_t *pid;           /* [size] */
+    pid_t *pid;           /* [size]: verified pids of the peers this rank may write, else 0 */
     int *node;            /* [size]: hostname ids, dense in order of first appearance */
     uint32_t seq;         /* executions so far: every rank counts the same */
     atomic_int busy;      /* one execution at a time: the network context is single-threaded */
@@ -48,6 +48,7 @@ struct reshard_comm {
     uint64_t ipc_out;                   /* of local_out: written through CUDA IPC */
     uint64_t gdr_out, gdr_in;           /* of the network's: from / into device memory */
     struct cuda_ipc *ipc;               /* peers' device buffers mapped here; made on first use */
+    struct comm_local *local;           /* the local peers' verification (comm_local.h) */
     /* State of failed executions that transport requests still point into: freed once the
      * network context is closed (which completes those requests). */
     struct comm_kept {
@@ -69,8 +70,8 @@ reshard_status_t comm_create_nccl(void *nccl_comm, struct reshard_comm **out);
 reshard_status_t comm_shrink(struct reshard_comm *c, const int *exclude, int n,
                              struct reshard_comm **out);
 /* Whether this rank may write host memory of local peer `rank` (cross-memory attach): the
- * kernel told us who that process is. Where it may not, local transfers to it go over the
- * network transport instead. */
+ * kernel named that process over a Unix socket, and it lets this rank write it
+ * (comm_local.h). Where it may not, local transfers to it go over the network transport. */
 static inline int comm_local_ok(const struct reshard_comm *c, int rank)
 {
     return c->pid[rank] > 0;

@@ -9,14 +9,18 @@
 #include <sys/mman.h>
 
 static _Thread_local char last_message[RS_ERROR_MAX];
+static _Thread_local const char *last_file;
+static _Thread_local int last_line;
 static rs_trace_fn trace_hook;
 
-reshard_status_t rs_error(reshard_status_t st, const char *fmt, ...)
+reshard_status_t rs_error_at(const char *file, int line, reshard_status_t st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(last_message, sizeof(last_message), fmt, ap);
     va_end(ap);
+    last_file = file;
+    last_line = line;
     return st;
 }
 
@@ -25,19 +29,30 @@ const char *rs_error_message(void)
     return last_message;
 }
 
+void rs_error_origin(const char **file, int *line)
+{
+    *file = last_file && last_message[0] ? last_file : "?";
+    *line = last_file && last_message[0] ? last_line : 0;
+}
+
 void rs_error_clear(void)
 {
     last_message[0] = '\0';
+    last_file = NULL;
 }
 
 void rs_error_save(struct rs_saved_error *s)
 {
     snprintf(s->msg, sizeof(s->msg), "%s", last_message);
+    s->file = last_file;
+    s->line = last_line;
 }
 
 void rs_error_restore(const struct rs_saved_error *s)
 {
     snprintf(last_message, sizeof(last_message), "%s", s->msg);
+    last_file = s->file;
+    last_line = s->line;
 }
 
 static atomic_long fail_countdown;

@@ -13,19 +13,24 @@
 
 #define RS_ERROR_MAX 512
 
-/* Records the message for the calling thread and returns st, so that callers can write
- * `return rs_error(RESHARD_ERR_..., "...")`. */
-reshard_status_t rs_error(reshard_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+/* Records the message for the calling thread, with the file and line that recorded it, and
+ * returns st, so that callers can write `return rs_error(RESHARD_ERR_..., "...")`. */
+reshard_status_t rs_error_at(const char *file, int line, reshard_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define rs_error(...) rs_error_at(__FILE__, __LINE__, __VA_ARGS__)
 
 /* The message of the last error recorded by this thread ("" when none). */
 const char *rs_error_message(void);
+/* Where that message was recorded (a path from the repository root; "?" and 0 when none). */
+void rs_error_origin(const char **file, int *line);
 void rs_error_clear(void);
 
 /* The message a best-effort step (a question, a fallback, a courtesy send) may overwrite and
  * must put back, so that asking is never reported as failing. */
 struct rs_saved_error {
     char msg[RS_ERROR_MAX];
+    const char *file;
+    int line;
 };
 void rs_error_save(struct rs_saved_error *s);
 void rs_error_restore(const struct rs_saved_error *s);

@@ -13,6 +13,15 @@
 static enum rs_log_level level = RS_LOG_WARN;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static rs_log_sink_fn _Atomic sink;
+/* Where the line being emitted comes from, for the sink (rs_log_origin). */
+static _Thread_local const char *origin_file = "?";
+static _Thread_local int origin_line;
+
+void rs_log_origin(const char **file, int *line)
+{
+    *file = origin_file;
+    *line = origin_line;
+}
 
 void rs_log_set_sink(rs_log_sink_fn fn)
 {
@@ -22,11 +31,14 @@ void rs_log_set_sink(rs_log_sink_fn fn)
 /* Every failed RS_CHECK leaves a breadcrumb at TRACE, so a failure shows the path it took. */
 static void trace_check(const char *file, int line, const char *expr, reshard_status_t st)
 {
-    rs_log(RS_LOG_TRACE, "%s:%d %s -> %s", file, line, expr, rs_status_name(st));
+    rs_log_at(file, line, RS_LOG_TRACE, RS_LOGF_NET, "%s:%d %s -> %s", file, line, expr,
+              rs_status_name(st));
 }
 
-static void emit(enum rs_log_level l, unsigned long flags, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static void emit_at(const char *file, int line, enum rs_log_level l, unsigned long flags,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Lines of the logger itself, which must not wait for its own initialisation. */
+#define emit(...) emit_at(__FILE__, __LINE__, __VA_ARGS__)
 
 static void announce(const char *env, const char *value, const char *why)
 {
@@ -86,30 +98,34 @@ static void vemit(enum rs_log_level l, unsigned long flags, const char *fmt, va_
     fprintf(stderr, "%s:%d RESHARD %s %s\n", host, (int)getpid(), names[l] ? names[l] : "?", msg);
 }
 
-static void emit(enum rs_log_level l, unsigned long flags, const char *fmt, ...)
+static void emit_at(const char *file, int line, enum rs_log_level l, unsigned long flags,
+                    const char *fmt, ...)
 {
+    const char *outer_file = origin_file;
+    int outer_line = origin_line;
+    origin_file = file;
+    origin_line = line;
     va_list ap;
     va_start(ap, fmt);
     vemit(l, flags, fmt, ap);
     va_end(ap);
+    origin_file = outer_file;
+    origin_line = outer_line;
 }
 
-void rs_log(enum rs_log_level l, const char *fmt, ...)
+void rs_log_at(const char *file, int line, enum rs_log_level l, unsigned long flags,
+               const char *fmt, ...)
 {
     if (!rs_log_enabled(l))
         return;
-    va_list ap;
-    va_start(ap, fmt);
-    vemit(l, RS_LOGF_NET, fmt, ap);
-    va_end(ap);
-}
-
-void rs_log_sub(enum rs_log_level l, unsigned long flags, const char *fmt, ...)
-{
-    if (!rs_log_enabled(l))
-        return;
+    const char *outer_file = origin_file; /* a sink may log itself: put the outer line back */
+    int outer_line = origin_line;
+    origin_file = file;
+    origin_line = line;
     va_list ap;
     va_start(ap, fmt);
     vemit(l, flags, fmt, ap);
     va_end(ap);
+    origin_file = outer_file;
+    origin_line = outer_line;
 }

@@ -41,9 +41,13 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
       "1: UCX peer error mode, a dead peer fails its transfers at once (costs ~30% of TCP "        \
       "bandwidth here); 0: such waits end at RESHARD_TIMEOUT")                                     \
     X(NET_DEVICES, RS_PARAM_STR, "", 0,                                                            \
-      "NCCL plugin: interfaces it offers (comma-separated name prefixes; empty: all that are up)") \
+      "NCCL plugin: interfaces it offers, NCCL_SOCKET_IFNAME syntax (eth,ib prefixes; =eth0 "      \
+      "exact; ^docker0 all but; empty: every interface that is up and not virtual)")               \
     X(NET_ALLOW_LO, RS_PARAM_INT, "0", 0,                                                          \
       "NCCL plugin: 1 offers loopback interfaces too (tests on one host)")                         \
+    X(NET_HELLO_MS, RS_PARAM_INT, "2000", 1,                                                       \
+      "NCCL plugin: ms a connection to a listener has to show its handle before it is dropped "    \
+      "(when 64 wait, the oldest that has not goes first)")                                        \
     X(TRANSPORT, RS_PARAM_STR, "auto", 0,                                                          \
       "network transport: ib, ucx, or auto (ib when an RDMA port is active, else ucx)")            \
     X(IB_HCA, RS_PARAM_STR, "", 0,                                                                 \

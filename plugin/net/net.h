@@ -1,19 +1,27 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The network plugin in this library's own terms: NCCL's point-to-point net semantics
- * (DESIGN.md section 8) over the transport ops table. Every function returns a reshard status;
+ * (docs/nccl.md) over the transport ops table. Every function returns a reshard status;
  * net_nccl.c maps it to ncclResult_t once, logs the failure, and fills each ncclNet_vN table.
  *
- * Devices are the host's network interfaces that are up (loopback only on request). Each device
- * gets one transport context, made on first use and shared by every plugin context and comm of
- * the process; a mutex per device serialises calls on it, since NCCL calls connect and accept
- * from its proxy service thread and isend/irecv/test from its progress thread.
+ * Devices are the host's network interfaces that are up and not virtual (RESHARD_NET_DEVICES,
+ * in NCCL_SOCKET_IFNAME's syntax, chooses others; loopback only on request), or the active
+ * RDMA ports with the ib transport; when the transport cannot run here (UCX or verbs missing)
+ * there are none, so that NCCL uses another network. Each device gets one transport context,
+ * shared by every plugin context and comm of the process; a mutex per device serialises calls
+ * on it, since NCCL calls connect and accept from its proxy service thread and
+ * isend/irecv/test from its progress thread.
+ *
+ * Everything handed to NCCL is a handle of the registry of live objects (net_live.h), so a
+ * handle closed already, stale, or of another kind is refused without reading freed memory.
  *
  * A connection is a TCP handshake on a socket the listener opened (its address and a random
  * nonce travel in the handle), after which the receiver's transport address is known to the
- * sender and the data moves as tagged messages: tag = receive comm id << 32 | NCCL tag. The
- * socket stays open for the comm's life: a peer process that dies closes it without the
- * goodbye byte that an orderly close sends, which fails the comm's requests at once.
+ * sender and the data moves as tagged messages: tag = receive comm id << 32 | NCCL tag. A
+ * listener works on many connections at once and drops those that do not show the nonce within
+ * RESHARD_NET_HELLO_MS. The socket stays open for the comm's life: a peer process that dies
+ * closes it without the goodbye byte that an orderly close sends, which fails the comm's
+ * requests at once.
  */
 #ifndef RS_NET_H
 #define RS_NET_H
@@ -43,21 +51,20 @@ struct net_props {
     size_t max_p2p_bytes, max_coll_bytes;
 };
 
-struct net_ctx;
-
 /* A plugin context (v11+: one per NCCL communicator; older versions: one for the process).
  * The first finds the devices; the last finalize releases them. */
-reshard_status_t net_init(uint64_t comm_id, struct net_ctx **out);
-reshard_status_t net_finalize(struct net_ctx *ctx); /* NULL is fine */
-reshard_status_t net_check_ctx(const struct net_ctx *ctx);
+reshard_status_t net_init(uint64_t comm_id, void **ctx);
+reshard_status_t net_finalize(void *ctx); /* NULL is fine */
+/* RESHARD_OK when ctx is a live context, else an error saying what it is instead. */
+reshard_status_t net_ctx_check(const void *ctx);
 
 reshard_status_t net_devices(int *ndev);
 reshard_status_t net_properties(int dev, struct net_props *out);
 
 /* Non-blocking, as NCCL requires: a NULL comm with RESHARD_OK means "call again" (connect with
  * the same handle, which carries the connection's progress). */
-reshard_status_t net_listen(struct net_ctx *ctx, int dev, void *handle, void **listen_comm);
-reshard_status_t net_connect(struct net_ctx *ctx, int dev, void *handle, void **send_comm);
+reshard_status_t net_listen(void *ctx, int dev, void *handle, void **listen_comm);
+reshard_status_t net_connect(void *ctx, int dev, void *handle, void **send_comm);
 reshard_status_t net_accept(void *listen_comm, void **recv_comm);
 
 reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void **mh);

@@ -30,7 +30,6 @@ static reshard_status_t comm_alloc_reqs(struct net_comm *c, int nreqs, int subs_
     }
     c->nreqs = nreqs;
     for (int i = 0; i < nreqs; i++) {
-        c->reqs[i].magic = NET_MAGIC_REQ;
         c->reqs[i].comm = c;
         c->reqs[i].sub = subs + (size_t)i * (size_t)subs_per_req;
     }
@@ -39,27 +38,24 @@ static reshard_status_t comm_alloc_reqs(struct net_comm *c, int nreqs, int subs_
 
 void net_comm_free(struct net_comm *c)
 {
-    if (c->reqs) {
+    if (c->reqs)
         free(c->reqs[0].sub);
-        for (int i = 0; i < c->nreqs; i++)
-            c->reqs[i].magic = NET_MAGIC_DEAD;
-    }
     free(c->reqs);
     sock_close(&c->fd);
     free(c);
 }
 
-struct net_comm *net_comm_new(struct net_dev *d, uint32_t magic, int fd, const char *peer)
+struct net_comm *net_comm_new(struct net_dev *d, enum net_kind kind, int fd, const char *peer)
 {
     struct net_comm *c = rs_calloc(1, sizeof(*c), "NET/Reshard comm");
     if (!c)
         return NULL;
-    c->magic = magic;
+    c->kind = kind;
     c->dev = d;
     c->fd = fd;
     c->peer = -1;
     snprintf(c->peer_name, sizeof(c->peer_name), "%s", peer);
-    int send = magic == NET_MAGIC_SEND;
+    int send = kind == NET_KIND_SEND;
     if (comm_alloc_reqs(c, send ? NET_MAX_REQUESTS * NET_MAX_RECVS : NET_MAX_REQUESTS,
                         send ? 1 : NET_MAX_RECVS) != RESHARD_OK) {
         free(c);
@@ -80,9 +76,13 @@ static void say_goodbye(int fd)
 void net_comm_retire(struct net_comm *c)
 {
     struct net_dev *d = c->dev;
+    net_live_drop(c->handle); /* from now on the comm and its requests are stale handles */
+    for (int i = 0; i < c->nreqs; i++)
+        if (c->reqs[i].state == REQ_ACTIVE)
+            net_live_drop(c->reqs[i].handle);
     say_goodbye(c->fd);
     sock_close(&c->fd);
-    if (d->tp && c->magic == NET_MAGIC_RECV)
+    if (d->tp && c->kind == NET_KIND_RECV)
         for (int i = 0; i < c->nreqs; i++)
             for (int j = 0; c->reqs[i].state != REQ_FREE && j < c->reqs[i].n; j++)
                 d->tp->ops->cancel(d->tp, &c->reqs[i].sub[j].tp);
@@ -90,7 +90,6 @@ void net_comm_retire(struct net_comm *c)
         d->tp->ops->close_peer(d->tp, c->peer);
         net_dev_peer_give(d, c->peer);
     }
-    c->magic = NET_MAGIC_DEAD;
     d->users--;
     if (d->tp)
         d->tp->ops->progress(d->tp);
@@ -107,19 +106,19 @@ void net_comm_retire(struct net_comm *c)
     net_dev_reap(d);
 }
 
-static reshard_status_t close_comm(void *comm, uint32_t magic, const char *what)
+static reshard_status_t close_comm(void *comm, enum net_kind kind, const char *what)
 {
-    struct net_comm *c = comm;
-    if (!c || c->magic != magic)
+    int stale;
+    struct net_comm *c = net_live_get(comm, NET_KINDS(kind), &stale);
+    if (!c)
         return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "NET/Reshard: close%s of %p, which is not an "
-                        "open %s comm",
-                        what, comm, what);
+                        "NET/Reshard: close%s of %p, which is not an open %s%s", what, comm,
+                        net_kind_name(kind), stale ? " (it was closed already)" : "");
     struct net_dev *d = c->dev;
     pthread_mutex_lock(&d->lock);
     if (c->active)
-        rs_log(RS_LOG_INFO, "NET/Reshard: %s comm with %s closed with %d requests in flight", what,
-               c->peer_name, c->active);
+        rs_log(RS_LOG_INFO, "NET/Reshard: %s with %s closed with %d requests in flight",
+               net_kind_name(kind), c->peer_name, c->active);
     net_comm_retire(c);
     pthread_mutex_unlock(&d->lock);
     return RESHARD_OK;
@@ -127,10 +126,10 @@ static reshard_status_t close_comm(void *comm, uint32_t magic, const char *what)
 
 reshard_status_t net_close_send(void *comm)
 {
-    return close_comm(comm, NET_MAGIC_SEND, "Send");
+    return close_comm(comm, NET_KIND_SEND, "Send");
 }
 
 reshard_status_t net_close_recv(void *comm)
 {
-    return close_comm(comm, NET_MAGIC_RECV, "Recv");
+    return close_comm(comm, NET_KIND_RECV, "Recv");
 }

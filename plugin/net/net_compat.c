@@ -1,20 +1,38 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ncclNetPlugin_v10, _v9 and _v8: thin adapters for NCCL 2.19 to 2.27. Those versions call
- * init once per process, without a context and without finalize, so one process-wide context
- * serves them; sizes and properties are converted to each version's own types.
+ * ncclNetPlugin_v10 (NCCL 2.26, 2.27), _v9 (2.24, 2.25) and _v8 (2.20 to 2.23): thin adapters.
+ * Those versions call init once per process, without a context and without finalize, so one
+ * process-wide context serves them; sizes and properties are converted to each version's own
+ * types. They do unload the plugin (dlclose) when their last communicator goes, so the
+ * unload hook (legacy_unload) finalizes that context: with no comm left, everything is released,
+ * and the next load starts afresh.
  */
 #include "net_nccl.h"
 
 #include "base/error.h"
+#include "base/log.h"
 #include "plugin/net/nccl/net_v10.h"
 #include "plugin/net/nccl/net_v8.h"
 
 #include <limits.h>
 #include <pthread.h>
+#include <stdlib.h>
 
 static pthread_mutex_t legacy_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct net_ctx *legacy_ctx;
+static void *legacy_ctx;
+static int unload_hooked;
+
+/* Runs at dlclose of this library, or at the process's exit, before any library's destructor
+ * (an atexit handler of a shared object runs at whichever comes first, and the loader's own
+ * handler, which calls the destructors, runs after it), so UCX and verbs are still whole.
+ * With comms still open nothing of theirs is touched. */
+static void legacy_unload(void)
+{
+    pthread_mutex_lock(&legacy_lock);
+    if (legacy_ctx && net_finalize(legacy_ctx) == RESHARD_OK)
+        legacy_ctx = NULL;
+    pthread_mutex_unlock(&legacy_lock);
+}
 
 static ncclResult_t legacy_init(ncclDebugLogger_t logger)
 {
@@ -23,6 +41,13 @@ static ncclResult_t legacy_init(ncclDebugLogger_t logger)
     pthread_mutex_lock(&legacy_lock);
     if (!legacy_ctx)
         st = net_init(0, &legacy_ctx);
+    if (st == RESHARD_OK && !unload_hooked) {
+        if (atexit(legacy_unload) == 0)
+            unload_hooked = 1;
+        else
+            rs_log(RS_LOG_INFO, "NET/Reshard: atexit refused the unload hook: an unload of the "
+                                "plugin will not release its devices");
+    }
     pthread_mutex_unlock(&legacy_lock);
     return net_result(st, "init");
 }
@@ -128,8 +153,8 @@ NET_EXPORT const ncclNet_v10_t ncclNetPlugin_v10 = {
     .closeSend = net_nccl_close_send,
     .closeRecv = net_nccl_close_recv,
     .closeListen = net_nccl_close_listen,
-    .getDeviceMr = net_nccl_get_device_mr,
-    .irecvConsumed = net_nccl_irecv_consumed,
+    .getDeviceMr = NULL,   /* HOST devices: no device-side registrations */
+    .irecvConsumed = NULL, /* host receives need no consumption notice (NCCL checks) */
     .makeVDevice = NULL,
 };
 
@@ -153,8 +178,8 @@ NET_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
     .closeSend = net_nccl_close_send,
     .closeRecv = net_nccl_close_recv,
     .closeListen = net_nccl_close_listen,
-    .getDeviceMr = net_nccl_get_device_mr,
-    .irecvConsumed = net_nccl_irecv_consumed,
+    .getDeviceMr = NULL,   /* HOST devices: no device-side registrations */
+    .irecvConsumed = NULL, /* host receives need no consumption notice (NCCL checks) */
     .makeVDevice = NULL,
 };
 
@@ -227,6 +252,6 @@ NET_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
     .closeSend = net_nccl_close_send,
     .closeRecv = net_nccl_close_recv,
     .closeListen = net_nccl_close_listen,
-    .getDeviceMr = net_nccl_get_device_mr,
-    .irecvConsumed = net_nccl_irecv_consumed,
+    .getDeviceMr = NULL,   /* HOST devices: no device-side registrations */
+    .irecvConsumed = NULL, /* host receives need no consumption notice (NCCL checks) */
 };

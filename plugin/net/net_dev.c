@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The plugin's devices and contexts. Devices are found once per process, from the interfaces
- * that are up and have an address (the ones UCX's TCP transport can use), and stay for the
- * process's life so that the names handed to NCCL stay valid. Their transport contexts are
- * made on first use and released by the last finalize.
+ * The plugin's devices and contexts. Devices are found by the first init, from the interfaces
+ * that are up, have an address (the ones UCX's TCP transport can use) and are not virtual
+ * (RESHARD_NET_DEVICES, in NCCL_SOCKET_IFNAME's syntax, says otherwise), or from the active RDMA
+ * ports. The transport is tried on the first device then: when it cannot run here (UCX or
+ * verbs missing) the plugin offers no device, so that NCCL falls back to another network
+ * instead of failing at the first connect. The last finalize releases everything, so that NCCL
+ * may unload the plugin and load it again.
  */
 #include "net_int.h"
 
@@ -24,9 +27,14 @@
 #define NET_DEFAULT_SPEED_MBPS 10000
 
 struct net_ctx {
-    uint32_t magic;
+    void *handle; /* NCCL's (net_live.h) */
     uint64_t comm_id;
 };
+
+/* Bridges and the ends of container and VM links: a handle carrying one of their addresses
+ * would send the peer to its own bridge. NCCL's socket transport leaves out docker and virbr
+ * (and lo); loopback is left out by its flag unless RESHARD_NET_ALLOW_LO=1. */
+static const char *const virtual_prefixes[] = {"docker", "virbr", "veth", "cni", "flannel"};
 
 static pthread_mutex_t global_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct net_dev *devs;
@@ -34,19 +42,36 @@ static int ndevs = -1; /* -1: not looked for yet */
 static int contexts;
 static const struct tp_ops *transport; /* RESHARD_TRANSPORT's choice, made with the devices */
 
-/* RESHARD_NET_DEVICES: comma-separated name prefixes; empty takes every interface. */
-static int wanted(const char *name)
+/* Whether name is one of a comma-separated list of name prefixes and =exact names. */
+static int in_list(const char *list, const char *name)
 {
-    const char *list = rs_param_str(RS_PARAM_NET_DEVICES);
-    if (!*list)
-        return 1;
     for (const char *p = list; *p;) {
         size_t n = strcspn(p, ",");
-        if (n && !strncmp(name, p, n))
+        const char *e = p;
+        size_t len = n;
+        int exact = len && *e == '=';
+        if (exact)
+            e++, len--;
+        if (len && !strncmp(name, e, len) && (!exact || name[len] == '\0'))
             return 1;
         p += n + (p[n] == ',');
     }
     return 0;
+}
+
+int net_if_virtual(const char *name)
+{
+    for (size_t i = 0; i < sizeof(virtual_prefixes) / sizeof(virtual_prefixes[0]); i++)
+        if (!strncmp(name, virtual_prefixes[i], strlen(virtual_prefixes[i])))
+            return 1;
+    return 0;
+}
+
+int net_if_selected(const char *list, const char *name)
+{
+    if (*list == '^')
+        return !net_if_virtual(name) && !in_list(list + 1, name);
+    return *list ? in_list(list, name) : !net_if_virtual(name);
 }
 
 static int read_sys(const char *ifname, const char *file, char *buf, size_t n)
@@ -102,7 +127,7 @@ static int usable(const struct ifaddrs *ifa)
 /* RESHARD_TRANSPORT=ib (or auto with an active port): the devices are the RDMA ports, each
  * with its real speed; the plugin's handshake listens on the port's IPv4 (RoCE) or the
  * host's default address. */
-static reshard_status_t discover_ib(void)
+static reshard_status_t discover_ib(struct net_dev **out, int *count)
 {
     const struct ib_port *ports;
     int n;
@@ -124,24 +149,17 @@ static reshard_status_t discover_ib(void)
         else if (sock_default_addr(&d->addr) != RESHARD_OK)
             d->addr.in = (struct sockaddr_in){.sin_family = AF_INET,
                                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        pthread_mutex_init(&d->lock, NULL);
-        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
-                   "NET/Reshard: device %d %s port %d (ib), %d Mbps", i, d->name, d->port,
-                   d->speed_mbps);
     }
     if (!n)
         rs_log_sub(RS_LOG_WARN, RS_LOGF_INIT | RS_LOGF_NET,
                    "NET/Reshard: no active RDMA port; the plugin offers no device");
-    devs = found;
-    ndevs = n;
+    *out = found;
+    *count = n;
     return RESHARD_OK;
 }
 
-static reshard_status_t discover(void)
+static reshard_status_t discover_ifs(struct net_dev **out, int *count)
 {
-    RS_CHECK(tp_pick(&transport));
-    if (transport == &tp_ib_ops)
-        return discover_ib();
     struct ifaddrs *all;
     if (getifaddrs(&all) != 0)
         return rs_error(RESHARD_ERR_NETWORK, "NET/Reshard: getifaddrs: %m");
@@ -152,7 +170,7 @@ static reshard_status_t discover(void)
     }
     int n = 0;
     for (struct ifaddrs *ifa = all; ifa; ifa = ifa->ifa_next) {
-        if (!usable(ifa) || !wanted(ifa->ifa_name))
+        if (!usable(ifa) || !net_if_selected(rs_param_str(RS_PARAM_NET_DEVICES), ifa->ifa_name))
             continue;
         int i = 0;
         while (i < n && strcmp(found[i].name, ifa->ifa_name))
@@ -169,61 +187,150 @@ static reshard_status_t discover(void)
         n += i == n;
     }
     freeifaddrs(all);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         describe(&found[i]);
-        pthread_mutex_init(&found[i].lock, NULL);
-        char as[SOCK_ADDR_STR];
-        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
-                   "NET/Reshard: device %d %s %s, %d Mbps%s%s", i, found[i].name,
-                   sock_addr_str(&found[i].addr, as, sizeof(as)), found[i].speed_mbps,
-                   found[i].pci_path ? ", " : "", found[i].pci_path ? found[i].pci_path : "");
-    }
     if (!n)
         rs_log_sub(RS_LOG_WARN, RS_LOGF_INIT | RS_LOGF_NET,
                    "NET/Reshard: no network interface is up%s%s%s; the plugin offers no device",
-                   rs_param_int(RS_PARAM_NET_ALLOW_LO) ? ""
-                                                       : " (loopback is left out unless "
-                                                         "RESHARD_NET_ALLOW_LO=1)",
                    *rs_param_str(RS_PARAM_NET_DEVICES) ? " matching RESHARD_NET_DEVICES=" : "",
-                   rs_param_str(RS_PARAM_NET_DEVICES));
-    devs = found;
-    ndevs = n;
+                   rs_param_str(RS_PARAM_NET_DEVICES),
+                   rs_param_int(RS_PARAM_NET_ALLOW_LO)
+                       ? ""
+                       : " (virtual interfaces, and loopback unless RESHARD_NET_ALLOW_LO=1, are "
+                         "left out)");
+    *out = found;
+    *count = n;
     return RESHARD_OK;
 }
 
-reshard_status_t net_init(uint64_t comm_id, struct net_ctx **out)
+/* Frees a table of n devices whose transport contexts are closed (their locks made when
+ * locked is set). */
+static void devs_free(struct net_dev *t, int n, int locked)
+{
+    for (int i = 0; i < n; i++) {
+        free(t[i].pci_path);
+        free(t[i].free_peers);
+        if (locked)
+            pthread_mutex_destroy(&t[i].lock);
+    }
+    free(t);
+}
+
+/* No device: NCCL then uses another network. why is the whole reason. */
+static void offer_none(const char *why)
+{
+    const char *prefix = "NET/Reshard: ";
+    rs_log_sub(RS_LOG_WARN, RS_LOGF_INIT | RS_LOGF_NET,
+               "%s%s; the plugin offers no device, so NCCL uses another network",
+               strncmp(why, prefix, strlen(prefix)) ? prefix : "", why);
+}
+
+/* The transport is tried on every device found (each context stays for the device's first
+ * connection), so that a missing library, or a device the transport cannot use, is found now
+ * and not at NCCL's first connect: those devices are left out, and with none left NCCL falls
+ * back to another network. Then the devices are published. No other thread sees them yet. */
+static void probe_and_publish(struct net_dev *found, int n)
+{
+    int kept = 0;
+    char why[RS_ERROR_MAX] = "";
+    for (int i = 0; i < n; i++) {
+        reshard_status_t st = net_dev_tp(&found[i]); /* no lock: not published yet */
+        if (st == RESHARD_OK) {
+            if (kept != i)
+                found[kept] = found[i];
+            kept++;
+            continue;
+        }
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        free(found[i].pci_path);
+        if (st == RESHARD_ERR_UNAVAILABLE) { /* the library is missing: no device can work */
+            for (int j = i + 1; j < n; j++)
+                free(found[j].pci_path);
+            n = i + 1;
+            break;
+        }
+        rs_log_sub(RS_LOG_WARN, RS_LOGF_INIT | RS_LOGF_NET, "%s; %s is left out", why,
+                   found[i].name);
+    }
+    if (n && !kept)
+        offer_none(why);
+    for (int i = 0; i < kept; i++) {
+        struct net_dev *d = &found[i];
+        pthread_mutex_init(&d->lock, NULL);
+        char as[SOCK_ADDR_STR];
+        if (transport == &tp_ib_ops)
+            rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                       "NET/Reshard: device %d %s port %d (ib), %d Mbps", i, d->name, d->port,
+                       d->speed_mbps);
+        else
+            rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                       "NET/Reshard: device %d %s %s, %d Mbps%s%s", i, d->name,
+                       sock_addr_str(&d->addr, as, sizeof(as)), d->speed_mbps,
+                       d->pci_path ? ", " : "", d->pci_path ? d->pci_path : "");
+    }
+    devs = found;
+    ndevs = kept;
+}
+
+static reshard_status_t discover(void)
+{
+    reshard_status_t st = tp_pick(&transport);
+    if (st == RESHARD_ERR_UNAVAILABLE) { /* RESHARD_TRANSPORT=ib without verbs or a port */
+        char why[RS_ERROR_MAX];
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        offer_none(why);
+        devs = NULL;
+        ndevs = 0;
+        return RESHARD_OK;
+    }
+    RS_CHECK(st);
+    struct net_dev *found = NULL;
+    int n = 0;
+    RS_CHECK(transport == &tp_ib_ops ? discover_ib(&found, &n) : discover_ifs(&found, &n));
+    probe_and_publish(found, n);
+    return RESHARD_OK;
+}
+
+reshard_status_t net_init(uint64_t comm_id, void **out)
 {
     struct net_ctx *c = rs_calloc(1, sizeof(*c), "NET/Reshard context");
     if (!c)
         return RESHARD_ERR_NO_MEMORY;
-    c->magic = NET_MAGIC_CTX;
     c->comm_id = comm_id;
+    if (!(c->handle = net_live_add(c, NET_KIND_CTX))) {
+        free(c);
+        return RESHARD_ERR_NO_MEMORY;
+    }
     pthread_mutex_lock(&global_lock);
     reshard_status_t st = ndevs < 0 ? discover() : RESHARD_OK;
     if (st == RESHARD_OK)
         contexts++;
     pthread_mutex_unlock(&global_lock);
     if (st != RESHARD_OK) {
+        net_live_drop(c->handle);
         free(c);
         return st;
     }
-    *out = c;
+    *out = c->handle;
     return RESHARD_OK;
 }
 
-reshard_status_t net_check_ctx(const struct net_ctx *ctx)
+reshard_status_t net_ctx_check(const void *ctx)
 {
-    if (!ctx || ctx->magic != NET_MAGIC_CTX)
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "NET/Reshard: %p is not a context that init returned (or it was "
-                        "finalized)",
-                        (const void *)ctx);
-    return RESHARD_OK;
+    int stale;
+    if (net_live_get(ctx, NET_KINDS(NET_KIND_CTX), &stale))
+        return RESHARD_OK;
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "NET/Reshard: %p is not a context that init returned%s", ctx,
+                    stale ? " (it was finalized)" : "");
 }
 
-/* The last context out releases the transport contexts of devices no comm uses any more. */
+/* The last context out closes the transport contexts no comm uses any more and, when no comm
+ * or registration is left at all, frees the devices and the registry: a later init finds
+ * them again (NCCL unloads the plugin when its last communicator goes). */
 static void release_devices(void)
 {
+    int busy = 0;
     for (int i = 0; i < ndevs; i++) {
         struct net_dev *d = &devs[i];
         pthread_mutex_lock(&d->lock);
@@ -238,17 +345,27 @@ static void release_devices(void)
                 net_comm_free(c);
             }
         }
+        busy |= d->users || d->tp;
         pthread_mutex_unlock(&d->lock);
     }
+    if (busy || ndevs < 0)
+        return;
+    devs_free(devs, ndevs, 1);
+    devs = NULL;
+    ndevs = -1;
+    transport = NULL;
+    net_live_release();
 }
 
-reshard_status_t net_finalize(struct net_ctx *ctx)
+reshard_status_t net_finalize(void *ctx)
 {
     if (!ctx)
         return RESHARD_OK;
-    RS_CHECK(net_check_ctx(ctx));
-    ctx->magic = NET_MAGIC_DEAD;
-    free(ctx);
+    struct net_ctx *c = net_live_get(ctx, NET_KINDS(NET_KIND_CTX), NULL);
+    if (!c)
+        return net_ctx_check(ctx);
+    net_live_drop(c->handle);
+    free(c);
     pthread_mutex_lock(&global_lock);
     if (--contexts == 0)
         release_devices();
@@ -321,9 +438,12 @@ reshard_status_t net_dev_tp(struct net_dev *d)
         .local_rank = -1,
     };
     reshard_status_t st = transport->init(&cfg, &d->tp);
-    if (st == RESHARD_ERR_UNAVAILABLE && transport == &tp_ucx_ops)
-        return rs_error(st, "NET/Reshard: UCX (libucp.so.0) cannot be loaded: install libucx0");
-    RS_CHECK(st);
+    if (st != RESHARD_OK) { /* the transport said what; say whose */
+        char why[RS_ERROR_MAX];
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        return rs_error(st, "NET/Reshard: the %s transport cannot run on %s: %s", transport->name,
+                        d->name, *why ? why : rs_status_string(st));
+    }
     if (transport == &tp_ib_ops)
         rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
                    "NET/Reshard: %s port %d uses verbs (RC, RDMA write)", d->name, d->port);

@@ -4,21 +4,11 @@
 #define RS_NET_INT_H
 
 #include "net.h"
+#include "net_live.h"
 #include "transport/sock/sock.h"
 #include "transport/tp.h"
 
 #include <pthread.h>
-
-/* Every object handed to NCCL starts with a magic, checked before anything else is read. */
-enum {
-    NET_MAGIC_CTX = 0x52534358,    /* RSCX */
-    NET_MAGIC_LISTEN = 0x52534c4e, /* RSLN */
-    NET_MAGIC_SEND = 0x52535344,   /* RSSD */
-    NET_MAGIC_RECV = 0x52535256,   /* RSRV */
-    NET_MAGIC_REQ = 0x52535251,    /* RSRQ */
-    NET_MAGIC_MR = 0x52534d52,     /* RSMR */
-    NET_MAGIC_DEAD = 0x64656164,   /* freed or completed */
-};
 
 struct net_comm;
 
@@ -49,8 +39,8 @@ struct net_sub {
 enum net_req_state { REQ_FREE, REQ_ACTIVE, REQ_ABANDONED };
 
 struct net_req {
-    uint32_t magic;
     enum net_req_state state;
+    void *handle; /* NCCL's, while active (net_live.h) */
     struct net_comm *comm;
     int n;       /* transfers */
     int pending; /* transfers the transport has not completed */
@@ -60,7 +50,8 @@ struct net_req {
 };
 
 struct net_comm {
-    uint32_t magic; /* NET_MAGIC_SEND or NET_MAGIC_RECV */
+    enum net_kind kind; /* NET_KIND_SEND or NET_KIND_RECV */
+    void *handle;       /* NCCL's, once handed out (net_live.h) */
     struct net_dev *dev;
     int fd;   /* the handshake socket, kept to learn of the peer's death */
     int peer; /* send: the transport peer index */
@@ -78,7 +69,7 @@ struct net_comm {
 };
 
 struct net_mr {
-    uint32_t magic;
+    void *handle; /* NCCL's (net_live.h) */
     struct net_dev *dev;
     void *tp_mh;
     char *base;
@@ -86,6 +77,12 @@ struct net_mr {
 };
 
 /* net_dev.c */
+/* Whether RESHARD_NET_DEVICES's list (NCCL_SOCKET_IFNAME's syntax: "eth,ib" name prefixes,
+ * "=eth0" exact names, a leading "^" for all but those; empty for all) takes interface name.
+ * Virtual interfaces (net_if_virtual) are taken only when an include list names them. */
+int net_if_selected(const char *list, const char *name);
+/* Bridges and container or VM link ends: docker*, virbr*, veth*, cni*, flannel*. */
+int net_if_virtual(const char *name);
 struct net_dev *net_dev_get(int dev);
 int net_dev_count(void);
 /* Makes the device's transport context on first use; called with dev->lock held. */
@@ -96,12 +93,18 @@ void net_dev_reap(struct net_dev *d);
 int net_dev_peer_take(struct net_dev *d);
 void net_dev_peer_give(struct net_dev *d, int peer);
 
+/* net_accept.c */
+/* The comm's socket carries nothing after the handshake, so without keepalive a host that
+ * vanishes (no FIN, no RST) would go unnoticed: probes after 10 s idle, every 5 s, 3 tries. */
+void net_keepalive(int fd);
+
 /* net_comm.c */
-/* A send or receive comm (magic) on the handshake socket fd, with its request pool; NULL when
+/* A send or receive comm (kind) on the handshake socket fd, with its request pool; NULL when
  * out of memory. */
-struct net_comm *net_comm_new(struct net_dev *d, uint32_t magic, int fd, const char *peer);
-/* Closes c (dev->lock held): says goodbye, gives its peer back, and frees it, or leaves it on
- * d->dead while the transport still holds its transfers. */
+struct net_comm *net_comm_new(struct net_dev *d, enum net_kind kind, int fd, const char *peer);
+/* Closes c (dev->lock held): retires its handle and its requests', says goodbye, gives its
+ * peer back, and frees it, or leaves it on d->dead while the transport still holds its
+ * transfers. */
 void net_comm_retire(struct net_comm *c);
 void net_comm_free(struct net_comm *c);
 

@@ -2,8 +2,9 @@
 /*
  * Data path of the network plugin: registrations, isend, grouped irecv, flush and test.
  * Requests live in a fixed pool per comm (NCCL's limit of 32 outstanding, times the receive
- * group size on the send side), so a request tested again after it completed is recognised
- * rather than read after free, and exceeding the limit is an error NCCL can report.
+ * group size on the send side), so exceeding the limit is an error NCCL can report; NCCL holds
+ * a registry handle for each while it is active, so a request tested again after it
+ * completed, or after its comm closed, is recognised rather than read after free.
  */
 #include "net_int.h"
 
@@ -29,7 +30,7 @@
 
 static const char *comm_kind(const struct net_comm *c)
 {
-    return c->magic == NET_MAGIC_SEND ? "send" : "receive";
+    return c->kind == NET_KIND_SEND ? "send" : "receive";
 }
 
 void net_comm_fail(struct net_comm *c, reshard_status_t st, const char *fmt, ...)
@@ -85,22 +86,27 @@ void net_comm_watch(struct net_comm *c, int force)
 
 /* ---- registrations ---- */
 
-static reshard_status_t check_comm(const void *comm, uint32_t want, const char *call)
+/* The comm behind handle comm, of one of the kinds; an error naming call otherwise. */
+static reshard_status_t comm_get(void *comm, unsigned kinds, const char *call,
+                                 struct net_comm **out)
 {
-    const struct net_comm *c = comm;
-    if (c &&
-        (c->magic == want || (!want && (c->magic == NET_MAGIC_SEND || c->magic == NET_MAGIC_RECV))))
+    int stale;
+    if ((*out = net_live_get(comm, kinds, &stale)))
         return RESHARD_OK;
-    return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: %s on %p, which is not an open %s comm",
+    return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: %s on %p, which is not an open %s%s",
                     call, comm,
-                    want == NET_MAGIC_SEND ? "send"
-                    : want                 ? "receive"
-                                           : "send or receive");
+                    kinds == NET_KINDS(NET_KIND_SEND)   ? "send comm"
+                    : kinds == NET_KINDS(NET_KIND_RECV) ? "receive comm"
+                                                        : "send or receive comm",
+                    stale ? " (it was closed already)" : "");
 }
+
+#define ANY_COMM (NET_KINDS(NET_KIND_SEND) | NET_KINDS(NET_KIND_RECV))
 
 reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void **mh)
 {
-    RS_CHECK(check_comm(comm, 0, "regMr"));
+    struct net_comm *c;
+    RS_CHECK(comm_get(comm, ANY_COMM, "regMr", &c));
     if (!mh)
         return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr without a handle pointer");
     if (type != NET_PTR_HOST)
@@ -110,26 +116,28 @@ reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void 
                         type == NET_PTR_CUDA ? "CUDA device" : "this kind of", data);
     if (size && !data)
         return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr of %zu bytes at NULL", size);
-    struct net_dev *d = ((struct net_comm *)comm)->dev;
+    struct net_dev *d = c->dev;
     struct net_mr *m = rs_calloc(1, sizeof(*m), "NET/Reshard registration");
     if (!m)
         return RESHARD_ERR_NO_MEMORY;
-    reshard_status_t st = RESHARD_OK;
+    reshard_status_t st =
+        (m->handle = net_live_add(m, NET_KIND_MR)) ? RESHARD_OK : RESHARD_ERR_NO_MEMORY;
     pthread_mutex_lock(&d->lock);
-    if (size) /* a transport cannot map nothing; an empty registration covers empty messages */
+    if (st == RESHARD_OK && size) /* a transport cannot map nothing; an empty one covers empty
+                                   * messages */
         st = d->tp->ops->mem_reg(d->tp, data, size, TP_MEM_HOST, &m->tp_mh);
     if (st == RESHARD_OK)
         d->users++; /* the transport context stays until the registration goes */
     pthread_mutex_unlock(&d->lock);
     if (st != RESHARD_OK) {
+        net_live_drop(m->handle);
         free(m);
         return st;
     }
-    m->magic = NET_MAGIC_MR;
     m->dev = d;
     m->base = data;
     m->len = size;
-    *mh = m;
+    *mh = m->handle;
     return RESHARD_OK;
 }
 
@@ -139,33 +147,37 @@ reshard_status_t net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type
     (void)offset;
     (void)fd;
     (void)mh;
-    RS_CHECK(check_comm(comm, 0, "regMrDmaBuf"));
+    struct net_comm *c;
+    RS_CHECK(comm_get(comm, ANY_COMM, "regMrDmaBuf", &c));
     return rs_error(RESHARD_ERR_INVALID_ARG,
                     "NET/Reshard: cannot register a dma-buf (%zu bytes at %p, type %d): this "
                     "build moves host memory only (ptrSupport is NCCL_PTR_HOST)",
                     size, data, type);
 }
 
-static reshard_status_t check_mr(const struct net_mr *m, const char *call)
+/* The registration behind handle mh; an error naming call otherwise. */
+static reshard_status_t mr_get(const void *mh, const char *call, struct net_mr **out)
 {
-    if (!m || m->magic != NET_MAGIC_MR)
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "NET/Reshard: %s with %p, which is not a registration of this plugin", call,
-                        (const void *)m);
-    return RESHARD_OK;
+    int stale;
+    if ((*out = net_live_get(mh, NET_KINDS(NET_KIND_MR), &stale)))
+        return RESHARD_OK;
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "NET/Reshard: %s with %p, which is not a registration of this plugin%s", call,
+                    mh, stale ? " (it was deregistered already)" : "");
 }
 
 reshard_status_t net_dereg_mr(void *comm, void *mh)
 {
-    RS_CHECK(check_comm(comm, 0, "deregMr"));
-    struct net_mr *m = mh;
-    RS_CHECK(check_mr(m, "deregMr"));
+    struct net_comm *c;
+    struct net_mr *m;
+    RS_CHECK(comm_get(comm, ANY_COMM, "deregMr", &c));
+    RS_CHECK(mr_get(mh, "deregMr", &m));
+    net_live_drop(m->handle);
     pthread_mutex_lock(&m->dev->lock);
     if (m->tp_mh)
         m->dev->tp->ops->mem_dereg(m->dev->tp, m->tp_mh);
     m->dev->users--;
     pthread_mutex_unlock(&m->dev->lock);
-    m->magic = NET_MAGIC_DEAD;
     free(m);
     return RESHARD_OK;
 }
@@ -175,10 +187,13 @@ static reshard_status_t mr_for(const struct net_comm *c, void *mh, const void *d
                                void **tp_mh)
 {
     *tp_mh = NULL;
+    if (size && !data)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: %s of %zu bytes at NULL",
+                        c->kind == NET_KIND_SEND ? "isend" : "irecv", size);
     if (!mh)
         return RESHARD_OK;
-    const struct net_mr *m = mh;
-    RS_CHECK(check_mr(m, comm_kind(c)));
+    struct net_mr *m;
+    RS_CHECK(mr_get(mh, comm_kind(c), &m));
     if (m->dev != c->dev)
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "NET/Reshard: registration %p belongs to another device", mh);
@@ -204,7 +219,7 @@ static void sub_done(struct tp_req *t, reshard_status_t st, size_t got)
     r->sizes[s - r->sub] = got;
     if (st != RESHARD_OK && r->st == RESHARD_OK)
         r->st = st;
-    if (r->state == REQ_ABANDONED && !r->pending) {
+    if (r->state == REQ_ABANDONED && !r->pending) { /* its handle went when it was abandoned */
         r->state = REQ_FREE;
         c->active--;
     }
@@ -220,6 +235,8 @@ static reshard_status_t req_get(struct net_comm *c, int n, struct net_req **out)
         struct net_req *r = &c->reqs[i];
         if (r->state != REQ_FREE)
             continue;
+        if (!(r->handle = net_live_add(r, NET_KIND_REQ)))
+            return RESHARD_ERR_NO_MEMORY;
         r->state = REQ_ACTIVE;
         r->n = n;
         r->pending = 0;
@@ -243,6 +260,7 @@ static reshard_status_t req_get(struct net_comm *c, int n, struct net_req **out)
 static void req_abandon(struct net_req *r)
 {
     struct net_comm *c = r->comm;
+    net_live_drop(r->handle);
     if (r->pending) {
         r->state = REQ_ABANDONED;
         for (int j = 0; j < r->n; j++)
@@ -255,8 +273,8 @@ static void req_abandon(struct net_req *r)
 
 reshard_status_t net_isend(void *send_comm, void *data, size_t size, int tag, void *mh, void **req)
 {
-    RS_CHECK(check_comm(send_comm, NET_MAGIC_SEND, "isend"));
-    struct net_comm *c = send_comm;
+    struct net_comm *c;
+    RS_CHECK(comm_get(send_comm, NET_KINDS(NET_KIND_SEND), "isend", &c));
     if (!req)
         return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: isend without a request pointer");
     if (size > NET_MAX_MESSAGE)
@@ -282,15 +300,15 @@ reshard_status_t net_isend(void *send_comm, void *data, size_t size, int tag, vo
     }
     pthread_mutex_unlock(&d->lock);
     RS_CHECK(st);
-    *req = r;
+    *req = r->handle;
     return RESHARD_OK;
 }
 
 reshard_status_t net_irecv(void *recv_comm, int n, void **data, const size_t *sizes,
                            const int *tags, void **mhs, void **req)
 {
-    RS_CHECK(check_comm(recv_comm, NET_MAGIC_RECV, "irecv"));
-    struct net_comm *c = recv_comm;
+    struct net_comm *c;
+    RS_CHECK(comm_get(recv_comm, NET_KINDS(NET_KIND_RECV), "irecv", &c));
     if (!req || n < 1 || n > NET_MAX_RECVS || !data || !sizes || !tags)
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "NET/Reshard: irecv of %d buffers (1 to maxRecvs=%d, with data, sizes and "
@@ -320,7 +338,7 @@ reshard_status_t net_irecv(void *recv_comm, int n, void **data, const size_t *si
         req_abandon(r);
     pthread_mutex_unlock(&d->lock);
     RS_CHECK(st);
-    *req = r;
+    *req = r->handle;
     return RESHARD_OK;
 }
 
@@ -330,7 +348,9 @@ reshard_status_t net_iflush(void *recv_comm, int n, void **data, const int *size
     (void)data;
     (void)sizes;
     (void)mhs;
-    RS_CHECK(check_comm(recv_comm, NET_MAGIC_RECV, "iflush"));
+    struct net_comm *c;
+    RS_CHECK(comm_get(recv_comm, NET_KINDS(NET_KIND_RECV), "iflush", &c));
+    (void)c;
     if (!req || n < 1 || n > NET_MAX_RECVS)
         return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: iflush of %d buffers", n);
     *req = NULL;
@@ -339,17 +359,20 @@ reshard_status_t net_iflush(void *recv_comm, int n, void **data, const int *size
 
 reshard_status_t net_test(void *request, int *done, int *sizes)
 {
-    struct net_req *r = request;
     if (done)
         *done = 0; /* on every error path too: a failed test never reads as done */
-    if (!r || r->magic != NET_MAGIC_REQ || !done)
+    int stale;
+    struct net_req *r = net_live_get(request, NET_KINDS(NET_KIND_REQ), &stale);
+    if (!done)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: test without a done pointer");
+    if (stale)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: test of request %p, which already completed or failed, or "
+                        "whose comm was closed (a request is gone once test reports it done)",
+                        request);
+    if (!r)
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "NET/Reshard: test of %p, which is not a request of an open comm", request);
-    if (r->state != REQ_ACTIVE)
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "NET/Reshard: test of request %p, which already completed (a request is "
-                        "gone once test reports it done)",
-                        request);
     struct net_comm *c = r->comm;
     struct net_dev *d = c->dev;
     pthread_mutex_lock(&d->lock);
@@ -365,7 +388,7 @@ reshard_status_t net_test(void *request, int *done, int *sizes)
     else if (r->st != RESHARD_OK)
         st = c->failed != RESHARD_OK ? c->failed : r->st;
     if (st != RESHARD_OK) {
-        int send = c->magic == NET_MAGIC_SEND;
+        int send = c->kind == NET_KIND_SEND;
         if (c->failed != RESHARD_OK)
             st = rs_error(st, "NET/Reshard: %s %s %s failed: %s", send ? "isend" : "irecv",
                           send ? "to" : "from", c->peer_name, c->why);
@@ -378,6 +401,7 @@ reshard_status_t net_test(void *request, int *done, int *sizes)
         if (sizes)
             for (int i = 0; i < r->n; i++)
                 sizes[i] = (int)r->sizes[i]; /* at most NET_MAX_MESSAGE */
+        net_live_drop(r->handle);
         r->state = REQ_FREE;
         c->active--;
     }

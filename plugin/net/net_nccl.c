@@ -15,11 +15,15 @@
 
 static ncclDebugLogger_t _Atomic nccl_logger;
 
+/* NCCL prints the file and line of WARN and TRACE lines: the ones that logged them. */
 static void to_nccl(enum rs_log_level level, unsigned long flags, const char *msg)
 {
     ncclDebugLogger_t log = nccl_logger;
+    const char *file;
+    int line;
+    rs_log_origin(&file, &line);
     if (log)
-        log((ncclDebugLogLevel)level, flags, "reshard", 0, "%s", msg);
+        log((ncclDebugLogLevel)level, flags, file, line, "%s", msg);
 }
 
 void net_use_logger(ncclDebugLogger_t logger)
@@ -34,8 +38,13 @@ ncclResult_t net_result(reshard_status_t st, const char *call)
 {
     if (st == RESHARD_OK)
         return ncclSuccess;
-    rs_log(RS_LOG_WARN, "%s failed: %s", call,
-           *rs_error_message() ? rs_error_message() : rs_status_string(st));
+    const char *file; /* the line says where the failure was seen, not where it is reported */
+    int line;
+    rs_error_origin(&file, &line);
+    if (*rs_error_message())
+        rs_log_at(file, line, RS_LOG_WARN, RS_LOGF_NET, "%s failed: %s", call, rs_error_message());
+    else
+        rs_log(RS_LOG_WARN, "%s failed: %s", call, rs_status_string(st));
     switch (st) {
     case RESHARD_ERR_NETWORK:
     case RESHARD_ERR_TIMEOUT:
@@ -109,25 +118,6 @@ ncclResult_t net_nccl_close_listen(void *comm)
     return net_result(net_close_listen(comm), "closeListen");
 }
 
-ncclResult_t net_nccl_get_device_mr(void *comm, void *mh, void **dptr_mh)
-{
-    (void)comm;
-    (void)mh;
-    (void)dptr_mh;
-    return net_result(rs_error(RESHARD_ERR_INVALID_ARG,
-                               "NET/Reshard: getDeviceMr: the devices are NCCL_NET_DEVICE_HOST "
-                               "and have no device-side registrations"),
-                      "getDeviceMr");
-}
-
-ncclResult_t net_nccl_irecv_consumed(void *recv_comm, int n, void *req)
-{
-    (void)n;
-    (void)req;
-    (void)recv_comm; /* host receives need no consumption notice */
-    return ncclSuccess;
-}
-
 /* ---- v12 ---- */
 
 static ncclResult_t v12_init(void **ctx, uint64_t comm_id, ncclNetCommConfig_v12_t *config,
@@ -142,7 +132,7 @@ static ncclResult_t v12_init(void **ctx, uint64_t comm_id, ncclNetCommConfig_v12
     if (config && config->trafficClass != NCCL_NET_TRAFFIC_CLASS_UNDEF)
         rs_log(RS_LOG_INFO, "NET/Reshard: traffic class %d is not applied on the UCX path",
                config->trafficClass);
-    struct net_ctx *c = NULL;
+    void *c = NULL;
     ncclResult_t r = net_result(net_init(comm_id, &c), "init");
     if (r == ncclSuccess)
         *ctx = c;
@@ -214,7 +204,7 @@ static ncclResult_t v12_finalize(void *ctx)
 
 static ncclResult_t v12_set_net_attr(void *ctx, ncclNetAttr_v12_t *attr)
 {
-    reshard_status_t st = net_check_ctx(ctx);
+    reshard_status_t st = net_ctx_check(ctx);
     if (st == RESHARD_OK && attr)
         rs_log(RS_LOG_TRACE, "NET/Reshard: setNetAttr op %#x algo %#x proto %#x (hints unused)",
                attr->op, attr->algo, attr->proto);
@@ -239,9 +229,9 @@ NET_EXPORT const ncclNet_v12_t ncclNetPlugin_v12 = {
     .closeSend = net_nccl_close_send,
     .closeRecv = net_nccl_close_recv,
     .closeListen = net_nccl_close_listen,
-    .getDeviceMr = net_nccl_get_device_mr,
-    .irecvConsumed = net_nccl_irecv_consumed,
-    .makeVDevice = NULL, /* no NIC fusion: NCCL then keeps one virtual device per NIC */
+    .getDeviceMr = NULL,   /* HOST devices: no device-side registrations */
+    .irecvConsumed = NULL, /* host receives need no consumption notice (NCCL checks) */
+    .makeVDevice = NULL,   /* no NIC fusion: NCCL then keeps one virtual device per NIC */
     .finalize = v12_finalize,
     .setNetAttr = v12_set_net_attr,
 };
@@ -296,8 +286,8 @@ NET_EXPORT const ncclNet_v11_t ncclNetPlugin_v11 = {
     .closeSend = net_nccl_close_send,
     .closeRecv = net_nccl_close_recv,
     .closeListen = net_nccl_close_listen,
-    .getDeviceMr = net_nccl_get_device_mr,
-    .irecvConsumed = net_nccl_irecv_consumed,
+    .getDeviceMr = NULL,
+    .irecvConsumed = NULL,
     .makeVDevice = NULL,
     .finalize = v12_finalize,
     .setNetAttr = v12_set_net_attr,

@@ -29,7 +29,5 @@ ncclResult_t net_nccl_test(void *req, int *done, int *sizes);
 ncclResult_t net_nccl_close_send(void *comm);
 ncclResult_t net_nccl_close_recv(void *comm);
 ncclResult_t net_nccl_close_listen(void *comm);
-ncclResult_t net_nccl_get_device_mr(void *comm, void *mh, void **dptr_mh);
-ncclResult_t net_nccl_irecv_consumed(void *recv_comm, int n, void *req);
 
 #endif

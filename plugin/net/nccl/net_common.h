@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The NCCL network plugin ABI, declared by this project from the facts in DESIGN.md section 8:
- * what every ncclNet_vN table shares. Names follow NCCL's so that a reader who knows the ABI
- * recognises them; only the plugin's NCCL boundary (plugin/net_*.c) includes these headers.
+ * The NCCL network plugin ABI, declared by this project from NCCL's documented plugin
+ * interface (docs/nccl.md): what every ncclNet_vN table shares. Names follow NCCL's so that a
+ * reader who knows the ABI recognises them; only the plugin's NCCL boundary
+ * (plugin/net/net_nccl.c, net_compat.c) and the tools that drive it include these headers.
  */
 #ifndef RS_NCCL_NET_COMMON_H
 #define RS_NCCL_NET_COMMON_H

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* ncclNet_v12 (NCCL 2.30): the v11 functions; properties with up to 8 devices per virtual NIC
- * and rail / plane ids. NCCL casts this table without an adapter, so every offset counts. */
+/* ncclNet_v12 (NCCL 2.30 and later): the v11 functions; properties with up to 8 devices per virtual
+ * NIC and rail / plane ids. NCCL casts this table without an adapter, so every offset counts. */
 #ifndef RS_NCCL_NET_V12_H
 #define RS_NCCL_NET_V12_H
 

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* ncclNet_v8 (NCCL 2.19 to 2.22): sizes are int in isend, irecv, iflush and test. */
+/* ncclNet_v8 (NCCL 2.20 to 2.23; 2.19 loads only v7 and older): sizes are int in isend,
+ * irecv, iflush and test. */
 #ifndef RS_NCCL_NET_V8_H
 #define RS_NCCL_NET_V8_H
 

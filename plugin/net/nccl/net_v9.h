@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* ncclNet_v9 (NCCL 2.23 to 2.25): size_t sizes for isend/irecv, virtual devices, and
+/* ncclNet_v9 (NCCL 2.24, 2.25): size_t sizes for isend/irecv, virtual devices, and
  * maxP2pBytes / maxCollBytes in the properties. */
 #ifndef RS_NCCL_NET_V9_H
 #define RS_NCCL_NET_V9_H

@@ -24,7 +24,7 @@ LIB_SRC := $(sort $(shell find $(LAYERS) -name '*.c'))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 # Every suite under test/ except the stand-ins, fuzz targets, benchmarks and the net driver,
 # which are programs of their own.
-TEST_SRC := $(filter-out test/plugin/net/net_driver.c, \
+TEST_SRC := $(filter-out test/plugin/net/net_driver.c test/plugin/net/net_hostile.c, \
               $(sort $(shell find test -name '*.c' -not -path 'test/fake/*' \
                                 -not -path 'test/fuzz/*' -not -path 'test/perf/*')))
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -126,9 +126,9 @@ $(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO)
 
 # The net plugin conformance driver loads the plugin as NCCL does (dlopen), so it does not
 # link it.
-$(NET_DRIVER): $(BUILD)/obj/test/plugin/net/net_driver.o
+$(NET_DRIVER): $(BUILD)/obj/test/plugin/net/net_driver.o $(BUILD)/obj/test/plugin/net/net_hostile.o
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< -ldl -lpthread $(LDFLAGS_ALL)
+	$(CC) -o $@ $^ -ldl -lpthread $(LDFLAGS_ALL)
 
 $(BUILD)/test/fake/libcuda.so.1: test/fake/fake_cuda.c cuda/pack_desc.h
 	@mkdir -p $(@D)
@@ -252,4 +252,5 @@ clean:
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/tools/reshard_plan.d \
     $(BUILD)/obj/test/perf/plan_bench.d $(BUILD)/obj/test/perf/reshard_perf.d \
-    $(BUILD)/obj/test/plugin/net/net_driver.d $(BUILD)/obj/test/perf/reshard_net_perf.d
+    $(BUILD)/obj/test/plugin/net/net_driver.d $(BUILD)/obj/test/plugin/net/net_hostile.d \
+    $(BUILD)/obj/test/perf/reshard_net_perf.d

@@ -19,8 +19,7 @@
  *
  * Every step prints "ok <step>" or "FAIL <step>: why"; the exit status is 0 only if all passed.
  */
-#include "plugin/net/nccl/net_v12.h"
-#include "plugin/net/nccl/net_v8.h"
+#include "net_driver.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -34,25 +33,23 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MIB              (1024 * 1024)
-#define MAX_RECVS_WANTED 8
-
-static int version;
-static const void *table;
-static int failures;
-static char last_warn[1024];
-static int warns;
+int version;
+const void *table;
+void *plugin_lib;
+int failures;
+char last_warn[1024];
+int warns;
+void *driver_ctx;
 
 /* ---- reporting ---- */
 
-static void ok(const char *step)
+void ok(const char *step)
 {
     printf("ok %s\n", step);
     fflush(stdout);
 }
 
-static void fail(const char *step, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fail(const char *step, const char *fmt, ...)
+void fail(const char *step, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -64,22 +61,7 @@ static void fail(const char *step, const char *fmt, ...)
     failures++;
 }
 
-#define CHECK(step, cond, ...)                                                                     \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fail(step, __VA_ARGS__);                                                               \
-            return -1;                                                                             \
-        }                                                                                          \
-    } while (0)
-
-#define NCCL_OK(step, call)                                                                        \
-    do {                                                                                           \
-        ncclResult_t r_ = (call);                                                                  \
-        CHECK(step, r_ == ncclSuccess, "%s returned %d (last WARN: %s)", #call, (int)r_,           \
-              last_warn);                                                                          \
-    } while (0)
-
-static double now_s(void)
+double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -104,9 +86,7 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char *fil
 
 /* ---- one interface over every version ---- */
 
-#define T(v) ((const ncclNet_v##v##_t *)table)
-
-static ncclResult_t d_init(void **ctx)
+ncclResult_t d_init(void **ctx)
 {
     ncclNetCommConfig_v12_t cfg = {.trafficClass = NCCL_NET_TRAFFIC_CLASS_UNDEF};
     *ctx = NULL;
@@ -124,24 +104,24 @@ static ncclResult_t d_init(void **ctx)
     }
 }
 
-static ncclResult_t d_finalize(void *ctx)
+ncclResult_t d_finalize(void *ctx)
 {
     return version >= 11 ? T(11)->finalize(ctx) : ncclSuccess;
 }
 
 /* The v12 table has the v11 layout for every function but getProperties (checked apart), so
  * v11 and v12 share these wrappers, and v8 to v10 share their leading entries with v9. */
-static ncclResult_t d_devices(int *n)
+ncclResult_t d_devices(int *n)
 {
     return version >= 11 ? T(11)->devices(n) : T(9)->devices(n);
 }
 
-static ncclResult_t d_listen(void *ctx, int dev, void *handle, void **lc)
+ncclResult_t d_listen(void *ctx, int dev, void *handle, void **lc)
 {
     return version >= 11 ? T(11)->listen(ctx, dev, handle, lc) : T(9)->listen(dev, handle, lc);
 }
 
-static ncclResult_t d_connect(void *ctx, int dev, void *handle, void **sc)
+ncclResult_t d_connect(void *ctx, int dev, void *handle, void **sc)
 {
     ncclNetDeviceHandle_t *dh = (void *)1;
     ncclNetCommConfig_v10_t cfg = {.trafficClass = NCCL_NET_TRAFFIC_CLASS_UNDEF};
@@ -155,7 +135,7 @@ static ncclResult_t d_connect(void *ctx, int dev, void *handle, void **sc)
     return r;
 }
 
-static ncclResult_t d_accept(void *lc, void **rc)
+ncclResult_t d_accept(void *lc, void **rc)
 {
     ncclNetDeviceHandle_t *dh = (void *)1;
     ncclResult_t r = version >= 11 ? T(11)->accept(lc, rc, &dh) : T(9)->accept(lc, rc, &dh);
@@ -166,24 +146,24 @@ static ncclResult_t d_accept(void *lc, void **rc)
     return r;
 }
 
-static ncclResult_t d_reg(void *comm, void *data, size_t size, int type, void **mh)
+ncclResult_t d_reg(void *comm, void *data, size_t size, int type, void **mh)
 {
     return version >= 11 ? T(11)->regMr(comm, data, size, type, mh)
                          : T(9)->regMr(comm, data, size, type, mh);
 }
 
-static ncclResult_t d_reg_dmabuf(void *comm, void *data, size_t size, void **mh)
+ncclResult_t d_reg_dmabuf(void *comm, void *data, size_t size, void **mh)
 {
     return version >= 11 ? T(11)->regMrDmaBuf(comm, data, size, NCCL_PTR_DMABUF, 0, 3, mh)
                          : T(9)->regMrDmaBuf(comm, data, size, NCCL_PTR_DMABUF, 0, 3, mh);
 }
 
-static ncclResult_t d_dereg(void *comm, void *mh)
+ncclResult_t d_dereg(void *comm, void *mh)
 {
     return version >= 11 ? T(11)->deregMr(comm, mh) : T(9)->deregMr(comm, mh);
 }
 
-static ncclResult_t d_isend(void *sc, void *data, size_t size, int tag, void *mh, void **req)
+ncclResult_t d_isend(void *sc, void *data, size_t size, int tag, void *mh, void **req)
 {
     *req = (void *)0x1; /* NCCL may leave a hint here; the plugin must overwrite it */
     switch (version) {
@@ -199,8 +179,7 @@ static ncclResult_t d_isend(void *sc, void *data, size_t size, int tag, void *mh
     }
 }
 
-static ncclResult_t d_irecv(void *rc, int n, void **data, size_t *sizes, int *tags, void **mhs,
-                            void **req)
+ncclResult_t d_irecv(void *rc, int n, void **data, size_t *sizes, int *tags, void **mhs, void **req)
 {
     void *ph[MAX_RECVS_WANTED] = {0};
     int isizes[MAX_RECVS_WANTED];
@@ -220,34 +199,34 @@ static ncclResult_t d_irecv(void *rc, int n, void **data, size_t *sizes, int *ta
     }
 }
 
-static ncclResult_t d_iflush(void *rc, int n, void **data, int *sizes, void **mhs, void **req)
+ncclResult_t d_iflush(void *rc, int n, void **data, int *sizes, void **mhs, void **req)
 {
     return version >= 11 ? T(11)->iflush(rc, n, data, sizes, mhs, req)
                          : T(9)->iflush(rc, n, data, sizes, mhs, req);
 }
 
-static ncclResult_t d_test(void *req, int *done, int *sizes)
+ncclResult_t d_test(void *req, int *done, int *sizes)
 {
     return version >= 11 ? T(11)->test(req, done, sizes) : T(9)->test(req, done, sizes);
 }
 
-static ncclResult_t d_close_send(void *c)
+ncclResult_t d_close_send(void *c)
 {
     return version >= 11 ? T(11)->closeSend(c) : T(9)->closeSend(c);
 }
 
-static ncclResult_t d_close_recv(void *c)
+ncclResult_t d_close_recv(void *c)
 {
     return version >= 11 ? T(11)->closeRecv(c) : T(9)->closeRecv(c);
 }
 
-static ncclResult_t d_close_listen(void *c)
+ncclResult_t d_close_listen(void *c)
 {
     return version >= 11 ? T(11)->closeListen(c) : T(9)->closeListen(c);
 }
 
 /* Tests until done or a deadline; returns the result of the last test. */
-static ncclResult_t wait_req(void *req, int *sizes, double timeout_s)
+ncclResult_t wait_req(void *req, int *sizes, double timeout_s)
 {
     double end = now_s() + timeout_s;
     int done = 0;
@@ -263,11 +242,15 @@ static ncclResult_t wait_req(void *req, int *sizes, double timeout_s)
 
 /* ---- loading ---- */
 
-static int load(const char *want)
+const char *plugin_path(void)
 {
     const char *path = getenv("NCCL_NET_PLUGIN");
-    if (!path || !strchr(path, '/'))
-        path = "libnccl-net-reshard.so";
+    return path && strchr(path, '/') ? path : "libnccl-net-reshard.so";
+}
+
+int load(const char *want, int quiet)
+{
+    const char *path = plugin_path();
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     CHECK("load", lib, "dlopen(%s): %s", path, dlerror());
     for (int v = 12; v >= 8; v--) {
@@ -277,11 +260,14 @@ static int load(const char *want)
         snprintf(sym, sizeof(sym), "ncclNetPlugin_v%d", v);
         if ((table = dlsym(lib, sym))) {
             version = v;
-            printf("ok load %s %s\n", path, sym);
+            plugin_lib = lib;
+            if (!quiet)
+                printf("ok load %s %s\n", path, sym);
             return 0;
         }
     }
     fail("load", "no ncclNetPlugin_v%s in %s", want, path);
+    dlclose(lib);
     return -1;
 }
 
@@ -345,13 +331,19 @@ static int check_props(int dev, char *name, size_t name_len)
     return 0;
 }
 
-static int start(void **ctx, int *ndev)
+int start(void **ctx, int *ndev)
 {
     NCCL_OK("init", d_init(ctx));
     CHECK("init", version < 11 || *ctx, "v%d init gave no context", version);
     ok("init");
     NCCL_OK("devices", d_devices(ndev));
     CHECK("devices", *ndev >= 1, "%d devices (tests set RESHARD_NET_ALLOW_LO=1)", *ndev);
+    /* Every version has getDeviceMr and irecvConsumed at v8's offsets; NCCL calls them only
+     * when they are set, and HOST devices have nothing for them to do. */
+    CHECK("table", !T(8)->getDeviceMr && !T(8)->irecvConsumed,
+          "getDeviceMr %p, irecvConsumed %p: entries that do nothing must be NULL",
+          (void *)T(8)->getDeviceMr, (void *)T(8)->irecvConsumed);
+    ok("getDeviceMr and irecvConsumed are NULL");
     char names[16][64];
     for (int d = 0; d < *ndev && d < 16; d++) {
         if (check_props(d, names[d], sizeof(names[d])))
@@ -364,7 +356,7 @@ static int start(void **ctx, int *ndev)
 }
 
 /* Listener and connector in the same process, for the single-process cases. */
-static int pair(void *ctx, void **lc, void **sc, void **rc, unsigned char *handle)
+int pair(void *ctx, void **lc, void **sc, void **rc, unsigned char *handle)
 {
     memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
     NCCL_OK("listen", d_listen(ctx, 0, handle, lc));
@@ -382,13 +374,13 @@ static int pair(void *ctx, void **lc, void **sc, void **rc, unsigned char *handl
 
 /* ---- the two-process life cycle ---- */
 
-static void fill(unsigned char *p, size_t n, uint64_t seed)
+void fill(unsigned char *p, size_t n, uint64_t seed)
 {
     for (size_t i = 0; i < n; i++)
         p[i] = (unsigned char)(seed * 131 + i * 7 + (i >> 8));
 }
 
-static size_t mismatch(const unsigned char *p, size_t n, uint64_t seed)
+size_t mismatch(const unsigned char *p, size_t n, uint64_t seed)
 {
     for (size_t i = 0; i < n; i++)
         if (p[i] != (unsigned char)(seed * 131 + i * 7 + (i >> 8)))
@@ -444,6 +436,29 @@ static int write_handle(const char *file, const unsigned char *h)
           "write %s: %s", tmp, strerror(errno));
     fclose(f);
     CHECK("handle", rename(tmp, file) == 0, "rename to %s: %s", file, strerror(errno));
+    return 0;
+}
+
+/* The end of the life cycle, from the receiver to the sender, beside the handle: the sender
+ * must not finalize and exit before the receiver has done with its comm (posted its last
+ * receive and closed), since on receiver-driven transports (verbs) a receive posted to a peer
+ * that is gone fails. */
+static int write_done(const char *handle_file)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s.done", handle_file);
+    FILE *f = fopen(path, "w");
+    CHECK("done", f, "create %s: %s", path, strerror(errno));
+    fclose(f);
+    return 0;
+}
+
+static int wait_done(const char *handle_file, double timeout_s)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s.done", handle_file);
+    for (double end = now_s() + timeout_s; access(path, F_OK) != 0; usleep(10000))
+        CHECK("done", now_s() < end, "the receiver did not finish within %.0f s", timeout_s);
     return 0;
 }
 
@@ -617,7 +632,7 @@ static int recv_side(void *ctx, const struct run *run)
     NCCL_OK("closeListen", d_close_listen(lc));
     ok("closeListen");
     free(buf);
-    return 0;
+    return write_done(run->handle_file);
 }
 
 static int send_side(void *ctx, const struct run *run)
@@ -706,6 +721,9 @@ static int send_side(void *ctx, const struct run *run)
      * it (rendezvous) and the comm must outlive closeSend until the transport lets it go. */
     NCCL_OK("close in flight", d_isend(sc, buf, 2 * MSG, STRAY_TAG + 1, mh, &req));
     NCCL_OK("deregMr", d_dereg(sc, mh));
+    if (wait_done(run->handle_file, 60))
+        return -1;
+    ok("the receiver is done");
     NCCL_OK("closeSend", d_close_send(sc));
     ok("closeSend with a send in flight");
     free(buf);
@@ -715,7 +733,7 @@ static int send_side(void *ctx, const struct run *run)
 /* ---- single-process cases ---- */
 
 /* Expects call to fail with `want` and a WARN containing `says`. */
-static int expect(const char *step, ncclResult_t got, ncclResult_t want, const char *says)
+int expect(const char *step, ncclResult_t got, ncclResult_t want, const char *says)
 {
     CHECK(step, got == want, "returned %d, want %d (last WARN: %s)", (int)got, (int)want,
           last_warn);
@@ -913,9 +931,9 @@ static int case_bad_args(void *ctx)
         return -1;
     /* (A comm closed twice is freed memory, as with free(): not something to test.) */
     if (expect("closeSend of something else", d_close_send(buf), ncclInternalError,
-               "not an open Send comm") ||
+               "not an open send comm") ||
         expect("closeRecv of a send comm", d_close_recv(sc), ncclInternalError,
-               "not an open Recv comm"))
+               "not an open receive comm"))
         return -1;
     NCCL_OK("closeSend", d_close_send(sc));
     NCCL_OK("closeRecv", d_close_recv(rc));
@@ -1042,6 +1060,13 @@ static const struct {
     {"connect-timeout", case_connect_timeout},
     {"listener-gone", case_listener_gone},
     {"contexts", case_contexts},
+    {"null-data", case_null_data},
+    {"stale-handles", case_stale_handles},
+    {"idle-connection", case_idle_connection},
+    {"connector-gave-up", case_connector_gave_up},
+    {"flood", case_flood},
+    {"devices", case_devices},
+    {"reload", case_reload},
 };
 
 int main(int argc, char **argv)
@@ -1073,12 +1098,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "net_driver: give --role with --handle (stream >= 4 MiB), or --case\n");
         return 2;
     }
-    if (load(want))
+    if (load(want, 0))
         return 1;
+    if (cname && !strcmp(cname, "no-devices")) /* before start, which wants a device */
+        return case_no_devices() || failures;
     void *ctx;
     int ndev;
     if (start(&ctx, &ndev))
         return 1;
+    driver_ctx = ctx;
     int rc = 0;
     if (cname) {
         size_t i = 0;
@@ -1094,7 +1122,7 @@ int main(int argc, char **argv)
     }
     if (rc || failures)
         return 1;
-    NCCL_OK("finalize", d_finalize(ctx));
+    NCCL_OK("finalize", d_finalize(driver_ctx));
     ok("finalize");
     return 0;
 }

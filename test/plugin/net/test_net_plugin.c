@@ -8,57 +8,17 @@
  * net_faults:      bad input and faults (garbage and foreign handles, a request tested after
  *                  it completed, too many outstanding requests, unsupported registrations,
  *                  contexts), and a peer killed in the middle of a stream, on either side.
+ *
+ * The hostile cases (test_net_hostile.c) and the NCCL-facing ones (test_net_nccl.c) run the
+ * same driver.
  */
-#include "test/tools/run_util.h"
+#include "net_run.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define OUT_MAX (1 << 20)
-/* UCX_MEM_EVENTS=no: v8 to v10 never finalize, so UCX's memory hooks are still in place when
- * the driver exits, and under ASAN=1 LeakSanitizer's exit-time scan crashes on them. The TCP
- * path registers nothing that the hooks would keep track of. */
-#define DRIVER_ENV "UCX_MEM_EVENTS=no LSAN_OPTIONS=exitcode=0" /* leaks: no_sanitizer_reports */
-#define LOOPBACK   DRIVER_ENV " RESHARD_NET_ALLOW_LO=1 RESHARD_NET_DEVICES=lo"
-
-static char out[OUT_MAX];
-static const int versions[] = {8, 9, 10, 11, 12};
-
-/* A leak report in `out` whose stack reaches the project's code (UCX's own, in the versions that
- * never finalize, do not count: the same rule as test/asan-run.sh). */
-static int leak_in_our_code(void)
-{
-    int in_leak = 0;
-    for (const char *p = out; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-        const char *eol = strchr(p, '\n');
-        size_t len = eol ? (size_t)(eol - p) : strlen(p);
-        char line[1024];
-        snprintf(line, sizeof(line), "%.*s", (int)(len < sizeof(line) ? len : sizeof(line) - 1), p);
-        if (strstr(line, "Direct leak of") || strstr(line, "Indirect leak of"))
-            in_leak = 1;
-        else if (in_leak && !strstr(line, " #"))
-            in_leak = 0;
-        else if (in_leak && (strstr(line, " plugin/") || strstr(line, " transport/") ||
-                             strstr(line, " planner/") || strstr(line, " test/") ||
-                             strstr(line, "(plugin/") || strstr(line, "(transport/")))
-            return 1;
-    }
-    return 0;
-}
-
-/* Under ASAN=1 the driver and the plugin are instrumented: their reports land in `out`. */
-static void no_sanitizer_reports(void)
-{
-    cr_assert_null(strstr(out, "ERROR: AddressSanitizer"), "%s", out);
-    cr_assert_null(strstr(out, "runtime error:"), "%s", out);
-    cr_assert_null(strstr(out, "LeakSanitizer has encountered a fatal error"), "%s", out);
-    cr_assert(!leak_in_our_code(), "a leak reaches the project's code:\n%s", out);
-}
-
-#define run(...) run_capturef(out, sizeof(out), __VA_ARGS__)
 
 /* A fresh path for the handle, the out-of-band channel between the two roles. */
 static void handle_path(char *path, size_t n)
@@ -70,29 +30,22 @@ static void handle_path(char *path, size_t n)
 
 static void handle_cleanup(const char *path)
 {
-    char dir[256];
+    char dir[256], done[300];
     snprintf(dir, sizeof(dir), "%s", path);
+    snprintf(done, sizeof(done), "%s.done", path); /* the receiver's end of the life cycle */
+    unlink(done);
     unlink(path);
     *strrchr(dir, '/') = '\0';
     rmdir(dir);
-}
-
-static int count_lines(const char *prefix)
-{
-    int n = 0;
-    size_t len = strlen(prefix);
-    for (const char *p = out; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        n += strncmp(p, prefix, len) == 0;
-    return n;
 }
 
 /* cluster.sh copies rank 0's stdout as it is and prefixes the other ranks' lines: prefix rank
  * 0's too, so both runs read alike. */
 static void prefix_rank0(void)
 {
-    static char copy[OUT_MAX];
+    static char copy[NET_OUT_MAX];
     size_t n = 0;
-    for (const char *p = out; *p && n + 16 < sizeof(copy);) {
+    for (const char *p = net_out; *p && n + 16 < sizeof(copy);) {
         const char *eol = strchr(p, '\n');
         size_t len = eol ? (size_t)(eol - p + 1) : strlen(p);
         if (strncmp(p, "[rank ", 6))
@@ -104,7 +57,7 @@ static void prefix_rank0(void)
         p += len;
     }
     copy[n] = '\0';
-    memcpy(out, copy, n + 1);
+    memcpy(net_out, copy, n + 1);
 }
 
 /* Both roles of version v, each printing its lines with a prefix; returns the exit status of
@@ -116,18 +69,19 @@ static int two_processes(int v, const char *extra, int cluster)
     const char *b = build_dir();
     int rc;
     if (cluster)
-        rc = run("scripts/cluster.sh run --nodes 2 --ranks-per-node 1 --rate none --timeout 120 "
-                 "-- sh -c '" DRIVER_ENV " LD_LIBRARY_PATH=%s exec %s/test/net_driver "
-                 "--version %d --role env "
-                 "--handle %s %s 2>&1' 2>&1", /* cluster.sh prefixes "[rank N] " */
-                 b, b, v, handle, extra);
+        rc =
+            net_run("scripts/cluster.sh run --nodes 2 --ranks-per-node 1 --rate none --timeout 120 "
+                    "-- sh -c '" NET_DRIVER_ENV " LD_LIBRARY_PATH=%s exec %s/test/net_driver "
+                    "--version %d --role env "
+                    "--handle %s %s 2>&1' 2>&1", /* cluster.sh prefixes "[rank N] " */
+                    b, b, v, handle, extra);
     else
-        rc = run("export LD_LIBRARY_PATH=%s " LOOPBACK "; "
-                 "(%s/test/net_driver --version %d --role recv --handle %s %s 2>&1; "
-                 "echo \"exit $?\") | sed -u 's/^/[rank 0] /' & "
-                 "(%s/test/net_driver --version %d --role send --handle %s %s 2>&1; "
-                 "echo \"exit $?\") | sed -u 's/^/[rank 1] /'; wait",
-                 b, b, v, handle, extra, b, v, handle, extra);
+        rc = net_run("export LD_LIBRARY_PATH=%s " NET_LOOPBACK "; "
+                     "(%s/test/net_driver --version %d --role recv --handle %s %s 2>&1; "
+                     "echo \"exit $?\") | sed -u 's/^/[rank 0] /' & "
+                     "(%s/test/net_driver --version %d --role send --handle %s %s 2>&1; "
+                     "echo \"exit $?\") | sed -u 's/^/[rank 1] /'; wait",
+                     b, b, v, handle, extra, b, v, handle, extra);
     handle_cleanup(handle);
     if (cluster)
         prefix_rank0();
@@ -138,7 +92,7 @@ static int have_cluster(void)
 {
     static int cached = -1;
     if (cached < 0)
-        cached = run("scripts/cluster.sh check") == 0;
+        cached = net_run("scripts/cluster.sh check") == 0;
     return cached;
 }
 
@@ -159,8 +113,9 @@ static void life_cycle(int v)
     snprintf(extra, sizeof(extra), "--stream-mib %d", stream_mib());
     snprintf(stream, sizeof(stream), "ok stream %d MiB", stream_mib());
     int rc = two_processes(v, extra, cluster);
-    cr_log_info("v%d over %s:\n%s", v, cluster ? "two emulated nodes" : "loopback", out);
-    cr_assert_eq(count_lines("[rank 0] FAIL") + count_lines("[rank 1] FAIL"), 0, "%s", out);
+    cr_log_info("v%d over %s:\n%s", v, cluster ? "two emulated nodes" : "loopback", net_out);
+    cr_assert_eq(net_count_lines("[rank 0] FAIL") + net_count_lines("[rank 1] FAIL"), 0, "%s",
+                 net_out);
     const char *steps[] = {"ok init",
                            "ok getProperties",
                            "ok listen",
@@ -179,7 +134,7 @@ static void life_cycle(int v)
     char want[128];
     for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
         snprintf(want, sizeof(want), "[rank 0] %s", steps[i]);
-        cr_assert_eq(count_lines(want), 1, "receiver: no '%s' line:\n%s", steps[i], out);
+        cr_assert_eq(net_count_lines(want), 1, "receiver: no '%s' line:\n%s", steps[i], net_out);
     }
     const char *send_steps[] = {"ok connect",
                                 "ok isend 5000",
@@ -187,18 +142,20 @@ static void life_cycle(int v)
                                 "ok 32 x maxRecvs outstanding sends",
                                 "ok zero-byte send",
                                 "ok stream sent",
+                                "ok the receiver is done",
                                 "ok closeSend with a send in flight",
                                 "ok finalize"};
     for (size_t i = 0; i < sizeof(send_steps) / sizeof(send_steps[0]); i++) {
         snprintf(want, sizeof(want), "[rank 1] %s", send_steps[i]);
-        cr_assert_eq(count_lines(want), 1, "sender: no '%s' line:\n%s", send_steps[i], out);
+        cr_assert_eq(net_count_lines(want), 1, "sender: no '%s' line:\n%s", send_steps[i], net_out);
     }
     snprintf(want, sizeof(want), "[rank 0] ok load libnccl-net-reshard.so ncclNetPlugin_v%d", v);
-    cr_assert_eq(count_lines(want), 1, "the receiver did not load v%d:\n%s", v, out);
+    cr_assert_eq(net_count_lines(want), 1, "the receiver did not load v%d:\n%s", v, net_out);
     if (!cluster) /* cluster.sh's status is the pair's; here each role said its own */
-        cr_assert(strstr(out, "[rank 0] exit 0") && strstr(out, "[rank 1] exit 0"), "%s", out);
-    cr_assert_eq(rc, 0, "%s", out);
-    no_sanitizer_reports();
+        cr_assert(strstr(net_out, "[rank 0] exit 0") && strstr(net_out, "[rank 1] exit 0"), "%s",
+                  net_out);
+    cr_assert_eq(rc, 0, "%s", net_out);
+    net_no_sanitizer_reports();
 }
 
 Test(net_conformance, v8_life_cycle, .timeout = 150)
@@ -229,11 +186,11 @@ Test(net_conformance, v12_life_cycle, .timeout = 150)
 /* Without a version, the driver takes the newest symbol, as NCCL 2.30 does: v12. */
 Test(net_conformance, newest_symbol_first, .timeout = 60)
 {
-    int rc = run("LD_LIBRARY_PATH=%s " LOOPBACK " %s/test/net_driver --version auto --case "
-                 "contexts 2>&1",
-                 build_dir(), build_dir());
-    cr_assert_eq(rc, 0, "%s", out);
-    cr_assert(strstr(out, "ok load libnccl-net-reshard.so ncclNetPlugin_v12\n"), "%s", out);
+    int rc = net_run("LD_LIBRARY_PATH=%s " NET_LOOPBACK " %s/test/net_driver --version auto --case "
+                     "contexts 2>&1",
+                     build_dir(), build_dir());
+    cr_assert_eq(rc, 0, "%s", net_out);
+    cr_assert(strstr(net_out, "ok load libnccl-net-reshard.so ncclNetPlugin_v12\n"), "%s", net_out);
 }
 
 /* NCCL_NET_PLUGIN may hold a full path instead of a name found through LD_LIBRARY_PATH. */
@@ -241,54 +198,39 @@ Test(net_conformance, loads_from_a_full_path, .timeout = 60)
 {
     char path[1024];
     cr_assert_not_null(realpath(build_dir(), path));
-    int rc = run("NCCL_NET_PLUGIN=%s/libnccl-net-reshard.so " LOOPBACK
-                 " %s/test/net_driver --version 8 --case contexts 2>&1",
-                 path, build_dir());
-    cr_assert_eq(rc, 0, "%s", out);
-    cr_assert(strstr(out, "ok load /"), "%s", out);
+    int rc = net_run("NCCL_NET_PLUGIN=%s/libnccl-net-reshard.so " NET_LOOPBACK
+                     " %s/test/net_driver --version 8 --case contexts 2>&1",
+                     path, build_dir());
+    cr_assert_eq(rc, 0, "%s", net_out);
+    cr_assert(strstr(net_out, "ok load /"), "%s", net_out);
 }
 
 /* ---- bad input and faults ---- */
-
-/* Runs case `name` on every version; each run must print every line of `expect`. */
-static void each_version(const char *name, const char *const *expect)
-{
-    for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
-        int rc = run("LD_LIBRARY_PATH=%s " LOOPBACK " %s/test/net_driver --version %d --case %s "
-                     "2>&1",
-                     build_dir(), build_dir(), versions[i], name);
-        cr_assert_eq(rc, 0, "v%d %s:\n%s", versions[i], name, out);
-        for (const char *const *e = expect; *e; e++)
-            cr_assert(strstr(out, *e), "v%d %s: no '%s':\n%s", versions[i], name, *e, out);
-        cr_assert_null(strstr(out, "FAIL"), "%s", out);
-        no_sanitizer_reports();
-    }
-}
 
 Test(net_faults, garbage_handle_is_an_internal_error, .timeout = 60)
 {
     const char *expect[] = {"ok garbage handle: 3, WARN: connect failed",
                             "ok copy of a handle used after its connection: 3", NULL};
-    each_version("garbage-handle", expect);
+    net_each_version("", "garbage-handle", expect);
 }
 
 Test(net_faults, handle_from_another_job_is_refused, .timeout = 60)
 {
     const char *expect[] = {
         "ok handle from another job: 2, WARN: connect failed: NET/Reshard: listener", NULL};
-    each_version("foreign-handle", expect);
+    net_each_version("", "foreign-handle", expect);
 }
 
 Test(net_faults, request_tested_after_completion_is_an_error, .timeout = 60)
 {
     const char *expect[] = {"ok request tested after completion: 3", NULL};
-    each_version("test-after-done", expect);
+    net_each_version("", "test-after-done", expect);
 }
 
 Test(net_faults, more_outstanding_requests_than_allowed_is_an_error, .timeout = 60)
 {
     const char *expect[] = {"ok 33rd outstanding receive: 3", "ok 257th outstanding send: 3", NULL};
-    each_version("too-many-requests", expect);
+    net_each_version("", "too-many-requests", expect);
 }
 
 Test(net_faults, arguments_out_of_range_are_refused, .timeout = 60)
@@ -302,23 +244,22 @@ Test(net_faults, arguments_out_of_range_are_refused, .timeout = 60)
                             "ok closeSend of something else: 3",
                             "ok closeRecv of a send comm: 3",
                             NULL};
-    each_version("bad-args", expect);
-    cr_assert(strstr(out, "ok isend above maxP2pBytes: 3"), "v12:\n%s", out);
+    net_each_version("", "bad-args", expect);
+    cr_assert(strstr(net_out, "ok isend above maxP2pBytes: 3"), "v12:\n%s", net_out);
 }
 
 Test(net_faults, connect_to_a_listener_that_never_accepts_times_out, .timeout = 90)
 {
-    setenv("RESHARD_TIMEOUT", "1", 1); /* for the drivers this test starts */
     const char *expect[] = {"ok listener that never accepts: 2, WARN: connect failed: "
                             "NET/Reshard: no handshake with",
                             NULL};
-    each_version("connect-timeout", expect);
+    net_each_version("RESHARD_TIMEOUT=1", "connect-timeout", expect);
 }
 
 Test(net_faults, connect_to_a_closed_listener_fails, .timeout = 60)
 {
     const char *expect[] = {"ok handle of a closed listener: 2", NULL};
-    each_version("listener-gone", expect);
+    net_each_version("", "listener-gone", expect);
 }
 
 Test(net_faults, unsupported_registrations_are_refused, .timeout = 60)
@@ -326,7 +267,7 @@ Test(net_faults, unsupported_registrations_are_refused, .timeout = 60)
     const char *expect[] = {
         "ok regMr of CUDA memory: 3", "ok regMr of an unknown kind: 3",       "ok regMrDmaBuf: 3",
         "ok deregMr of garbage: 3",   "ok isend outside its registration: 3", NULL};
-    each_version("bad-mr", expect);
+    net_each_version("", "bad-mr", expect);
 }
 
 Test(net_conformance, connections_made_and_closed_while_another_thread_streams, .timeout = 120)
@@ -334,7 +275,7 @@ Test(net_conformance, connections_made_and_closed_while_another_thread_streams, 
     const char *expect[] = {"messages streamed while another thread made and closed 30 "
                             "connections",
                             NULL};
-    each_version("threads", expect);
+    net_each_version("", "threads", expect);
 }
 
 /* v11+ contexts: a second one works and finalizes apart, finalize(NULL), a garbage context;
@@ -342,11 +283,11 @@ Test(net_conformance, connections_made_and_closed_while_another_thread_streams, 
 Test(net_faults, contexts_init_twice_finalize_null_and_garbage, .timeout = 60)
 {
     const char *expect[] = {"ok finalize\n", NULL};
-    each_version("contexts", expect);
+    net_each_version("", "contexts", expect);
     const char *v12[] = {"ok a second context works and finalizes apart", "ok finalize(NULL)",
                          "ok listen on a garbage context: 3", NULL};
     for (const char *const *e = v12; *e; e++) /* out holds the last run: v12 */
-        cr_assert(strstr(out, *e), "v12: no '%s':\n%s", *e, out);
+        cr_assert(strstr(net_out, *e), "v12: no '%s':\n%s", *e, net_out);
 }
 
 /* A peer killed in the middle of the stream: the survivor's test fails with ncclSystemError and
@@ -360,15 +301,16 @@ static void peer_dies(int v, const char *side)
     int survivor = !strcmp(side, "send") ? 0 : 1;
     char want[64];
     snprintf(want, sizeof(want), "[rank %d] ok peer died: test returned ncclSystemError", survivor);
-    cr_assert_eq(count_lines(want), 1, "%s", out);
-    cr_assert(strstr(out, "closed without closing the comm"), "%s", out);
+    cr_assert_eq(net_count_lines(want), 1, "%s", net_out);
+    cr_assert(strstr(net_out, "closed without closing the comm"), "%s", net_out);
     snprintf(want, sizeof(want), "[rank %d] ok closed after failure", survivor);
-    cr_assert_eq(count_lines(want), 1, "the survivor did not close its failed comm:\n%s", out);
+    cr_assert_eq(net_count_lines(want), 1, "the survivor did not close its failed comm:\n%s",
+                 net_out);
     snprintf(want, sizeof(want), "[rank %d] ok finalize", survivor);
-    cr_assert_eq(count_lines(want), 1, "the survivor did not finalize cleanly:\n%s", out);
+    cr_assert_eq(net_count_lines(want), 1, "the survivor did not finalize cleanly:\n%s", net_out);
     snprintf(want, sizeof(want), "[rank %d] exit 0", survivor);
-    cr_assert_eq(count_lines(want), 1, "%s", out);
-    no_sanitizer_reports();
+    cr_assert_eq(net_count_lines(want), 1, "%s", net_out);
+    net_no_sanitizer_reports();
 }
 
 Test(net_faults, sender_dies_mid_stream_v12, .timeout = 120)

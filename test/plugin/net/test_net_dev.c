@@ -55,8 +55,9 @@ Test(net_devices, a_caret_takes_all_but_the_list_and_still_leaves_out_virtual_on
 /* ---- interfaces in a network namespace ---- */
 
 /* Pairs of veth ends renamed to look like what a host has: real-looking NICs and one of each
- * kind of virtual one, each up with an address of its own; /sys mounted again in a mount
- * namespace of its own, so that UCX sees the namespace's interfaces. */
+ * kind of virtual one, each up with an address of its own (waited for: a veth end runs a
+ * moment after it is set up); /sys mounted again in a mount namespace of its own, so that UCX
+ * sees the namespace's interfaces. */
 #define NETNS_SETUP                                                                                \
     "mount -t sysfs none /sys && ip link set lo up && "                                            \
     "ip link add ens5 type veth peer name docker0 && "                                             \
@@ -64,7 +65,10 @@ Test(net_devices, a_caret_takes_all_but_the_list_and_still_leaves_out_virtual_on
     "ip link add veth9a1 type veth peer name cni0 && "                                             \
     "ip link add flannel.1 type veth peer name ens6 && "                                           \
     "n=0; for i in ens5 docker0 eth1 virbr0 veth9a1 cni0 flannel.1 ens6; do "                      \
-    "n=$((n+1)); ip addr add 10.77.$n.1/24 dev $i && ip link set $i up || exit 1; done"
+    "n=$((n+1)); ip addr add 10.77.$n.1/24 dev $i && ip link set $i up || exit 1; done && "        \
+    "for i in ens5 docker0 eth1 virbr0 veth9a1 cni0 flannel.1 ens6; do t=0; "                      \
+    "until grep -q up /sys/class/net/$i/operstate; do "                                            \
+    "t=$((t+1)); [ $t -lt 200 ] || exit 1; sleep 0.05; done; done"
 
 static void need_netns(void)
 {

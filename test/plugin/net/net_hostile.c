@@ -423,8 +423,9 @@ int case_reload(void *ctx)
     }
     /* The first rounds load what stays (UCX's libraries, their caches): count from round 2.
      * UCX itself keeps a few hundred bytes to a few KiB across each of its own init and
-     * cleanup; a device table, a comm or the registry left behind would be tens of KiB. Under
-     * ASan, LeakSanitizer sees anything an unloaded copy of the plugin left behind. */
+     * cleanup (2.5-2.8 KiB a round here, with a connection); what main's plugin left behind
+     * was 22 KiB a round (v12). Under ASan, LeakSanitizer sees any block an unloaded copy of
+     * the plugin left behind, however small. */
     long grew = heap[RELOADS - 1] - heap[2], per_round = grew / (RELOADS - 3);
     printf("ok %d rounds of dlclose, dlopen, init, a connection, finalize: unloaded each time; "
            "from round 2 to %d: heap %+ld bytes (%+ld a round), descriptors %d -> %d, threads "
@@ -434,7 +435,7 @@ int case_reload(void *ctx)
     CHECK("reload", fds[RELOADS - 1] == fds[2], "descriptors leak across reloads");
     CHECK("reload", threads[RELOADS - 1] == threads[2], "threads leak across reloads");
 #ifndef __SANITIZE_ADDRESS__ /* ASan's allocator reports no heap figures */
-    CHECK("reload", per_round < 4096, "the heap grew by %ld bytes a round", per_round);
+    CHECK("reload", per_round < 8192, "the heap grew by %ld bytes a round", per_round);
 #endif
     void *c;
     NCCL_OK("init", d_init(&c)); /* main finalizes the context it holds: this one */

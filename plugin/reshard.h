@@ -182,7 +182,11 @@ typedef struct reshard_rank_stats {
     uint64_t net_msgs;
 } reshard_rank_stats_t;
 
-/* Fills *stats and, when ranks is not NULL, ranks[0 .. world_size). */
+/* Fills *stats and, when ranks is not NULL, ranks[0 .. world_size). For a communicator plan,
+ * whose ranks each hold their own transfers: *stats is the world's, summed by the plan vote over
+ * every rank's own figures (busiest NIC and its rank included; gather_bcast_bytes is 0: it
+ * needs the whole world's layouts), and ranks[] holds this rank's entry only, at ranks[rank],
+ * the others zero: gather them with reshard_comm_allgather when every rank's are wanted. */
 RESHARD_API reshard_status_t reshard_plan_stats(const reshard_plan_t *plan,
                                                 reshard_plan_stats_t *stats,
                                                 reshard_rank_stats_t *ranks);
@@ -383,6 +387,12 @@ typedef struct reshard_comm_counters {
     uint64_t ipc_out;             /* of local_out: written into peers' device memory (CUDA IPC) */
     uint64_t gdr_out, gdr_in;     /* of net_out / net_in: straight from / into device memory
                                    * (GPUDirect RDMA), not staged through host memory */
+    /* The control plane, sent and received: the bootstrap's collectives (votes, barriers,
+     * reshard_comm_allgather; frame headers included), and the payload of the executor's
+     * control messages over the transport (where buffers are, told to the local peers that
+     * write them, and only when they change; chunk notices and acknowledgements are empty). */
+    uint64_t boot_out, boot_in;
+    uint64_t ctrl_bytes_out, ctrl_bytes_in;
 } reshard_comm_counters_t;
 
 RESHARD_API reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,

@@ -94,8 +94,8 @@ struct ctx {
     struct ctrl_figures {
         double first, steady, comm_ms, plan_ms;
     } ctrl;
-    double most[4]; /* over the ranks (gather_control) */
-    int most_rank[4];
+    double most[5]; /* over the ranks (gather_control) */
+    int most_rank[5];
 };
 
 /* ---- small helpers ---- */
@@ -777,12 +777,13 @@ static int print_header(struct ctx *c)
     return 0;
 }
 
-/* The largest of one figure over the ranks, and the rank. */
-static void most_of(const struct ctrl_figures *all, int n, size_t field, double *v, int *rank)
+/* The largest of one figure over ranks first .. n-1, and the rank. */
+static void most_of(const struct ctrl_figures *all, int first, int n, size_t field, double *v,
+                    int *rank)
 {
     *v = -1;
-    *rank = 0;
-    for (int r = 0; r < n; r++) {
+    *rank = first;
+    for (int r = first; r < n; r++) {
         double x = *(const double *)((const char *)&all[r] + field);
         if (x > *v)
             *v = x, *rank = r;
@@ -798,11 +799,12 @@ static int gather_control(struct ctx *c)
         return 1;
     all[c->rank] = c->ctrl;
     int rc = !ok(c, reshard_comm_allgather(c->comm, all, sizeof(*all)), "reshard_comm_allgather");
-    static const size_t field[4] = {
+    static const size_t field[5] = {
         offsetof(struct ctrl_figures, steady), offsetof(struct ctrl_figures, first),
-        offsetof(struct ctrl_figures, comm_ms), offsetof(struct ctrl_figures, plan_ms)};
-    for (int k = 0; !rc && k < 4; k++)
-        most_of(all, c->size, field[k], &c->most[k], &c->most_rank[k]);
+        offsetof(struct ctrl_figures, comm_ms), offsetof(struct ctrl_figures, plan_ms),
+        offsetof(struct ctrl_figures, steady)};
+    for (int k = 0; !rc && k < 5; k++) /* the last: rank 0, the bootstrap's root, aside */
+        most_of(all, k == 4 && c->size > 1, c->size, field[k], &c->most[k], &c->most_rank[k]);
     free(all);
     return rc;
 }
@@ -820,6 +822,9 @@ static int print_footer(const struct ctx *c)
            c->most_rank[0]);
     printf("# Control bytes, first : at most %.0f per rank in a plan's first refit (rank %d)\n",
            c->most[1], c->most_rank[1]);
+    printf("# Control bytes, others: at most %.0f per rank per iteration (rank %d; the "
+           "bootstrap's root aside)\n",
+           c->most[4], c->most_rank[4]);
     printf("# Communicator made in : %.1f ms (slowest: rank %d)\n", c->most[2], c->most_rank[2]);
     printf("# Plans made in        : %.1f ms at most (slowest: rank %d)\n", c->most[3],
            c->most_rank[3]);

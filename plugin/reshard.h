@@ -305,9 +305,12 @@ RESHARD_API reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int
 /* 1 when rank belongs to the communicator (0 after a shrink left it out, or out of range). */
 RESHARD_API int reshard_comm_has_rank(const reshard_comm_t *comm, int rank);
 
-/* Collective: every rank passes the same tensors. Plans on the communicator's topology and
- * compares the plan hash across ranks before any byte moves (RESHARD_ERR_PLAN_MISMATCH on every
- * rank, naming the ranks that differ). config may be NULL. */
+/* Collective: every rank passes the same tensors. Each rank plans its own transfers on the
+ * communicator's topology (in time and memory of its own share, not of the world), then one
+ * small vote compares the plan hash across ranks before any byte moves
+ * (RESHARD_ERR_PLAN_MISMATCH on every rank, naming the ranks that differ). A rank that could not
+ * plan fails every rank with its message: with its status for RESHARD_ERR_DATA_LOST and
+ * RESHARD_ERR_TOO_LARGE, RESHARD_ERR_REMOTE for the others. config may be NULL. */
 RESHARD_API reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm,
                                                       const reshard_tensor_t *tensors, int ntensors,
                                                       const reshard_plan_config_t *config,

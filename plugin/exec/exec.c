@@ -152,11 +152,6 @@ reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *stat
     return RESHARD_OK;
 }
 
-const struct xfer_set *exec_xfers(const struct exec *x)
-{
-    return &x->xs;
-}
-
 void exec_own_stats(const struct exec *x, reshard_rank_stats_t *mine)
 {
     int me = x->comm->rank;

@@ -39,8 +39,6 @@ void exec_destroy(struct exec *x);
  * (reshard_tensor_state_t); RESHARD_ERR_INVALID_ARG before the first execution. */
 reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *states);
 
-/* The transfer list the executor runs. */
-const struct xfer_set *exec_xfers(const struct exec *x);
 /* What this rank's own transfers move (its row of reshard_plan_stats; net_msgs left 0). */
 void exec_own_stats(const struct exec *x, reshard_rank_stats_t *mine);
 /* The local pairs and their paths as this rank sees them, for the plan vote (exec_link.c). */

@@ -175,6 +175,23 @@ static int run_done(const struct exec_run *r)
     return !r->in_left && !r->out_left && r->acked && !r->acks_in_left && !r->acks_out_left;
 }
 
+/* A peer's failure seen while this run waits may come after everything it needed arrived:
+ * a rank returns once its acknowledgements are sent, and may exit before they are read. Given
+ * a moment, the run completes, and succeeds; the failure stays with the bootstrap, for the
+ * next collective to report. */
+static int done_anyway(struct exec_run *r)
+{
+    struct tp_ctx *net = r->x->comm->net;
+    for (int64_t end = rs_now_ms() + CAUSE_WAIT_MS; r->st == RESHARD_OK && !run_done(r);) {
+        exec_dev_poll(r);
+        if (exec_post_drain(r) != RESHARD_OK || rs_now_ms() >= end)
+            break;
+        if (!net->ops->progress(net))
+            (void)net->ops->wait(net, WAIT_CAP_MS);
+    }
+    return r->st == RESHARD_OK && run_done(r);
+}
+
 static reshard_status_t wait_done(struct exec_run *r)
 {
     struct exec *x = r->x;
@@ -189,7 +206,9 @@ static reshard_status_t wait_done(struct exec_run *r)
                                              x->comm->rank));
         if (rs_now_ms() >= next_check) { /* a rank that failed or aborted says so here */
             reshard_status_t st = boot_check(x->comm->boot);
-            if (st != RESHARD_OK)
+            if (st != RESHARD_OK && st != RESHARD_ERR_NETWORK)
+                return exec_run_fail(r, st);
+            if (st != RESHARD_OK && !done_anyway(r)) /* a rank gone: perhaps after its part */
                 return exec_run_fail(r, st);
             next_check = rs_now_ms() + BOOT_CHECK_MS;
         }

@@ -112,7 +112,8 @@ static size_t ann(char *buf, uint32_t nexp_claimed, const struct cuda_ipc_export
     uint64_t addr[3] = {0x1000, 0x2000, 0x3000};
     memcpy(buf, &h, sizeof(h));
     memcpy(buf + sizeof(h), addr, sizeof(addr));
-    memcpy(buf + sizeof(h) + sizeof(addr), e, (size_t)n * sizeof(*e));
+    if (n)
+        memcpy(buf + sizeof(h) + sizeof(addr), e, (size_t)n * sizeof(*e));
     return sizeof(h) + sizeof(addr) + (size_t)n * sizeof(*e);
 }
 

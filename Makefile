@@ -195,14 +195,14 @@ bench: $(BENCH_BIN)
 	    --infer tp=32,dp=8 -o $(BUILD)/deepseek-v3.json
 	$(BENCH_BIN) --manifest $(BUILD)/deepseek-v3.json
 
-# Fuzzing with libFuzzer (clang): the layout spec parser, the manifest loader, the
-# bootstrap's frame decoder and the NCCL plugin's handshake, FUZZ_SECONDS (60) each under ASan
-# and UBSan. Seeds live in test/fuzz/corpus/<target>; what a run learns goes to
-# build/fuzz/corpus/<target>; a crash's reproducer lands in test/fuzz/crashes/ (commit it with
-# the fix, as a seed).
+# Fuzzing with libFuzzer (clang): the layout spec parser, the manifest loader, the bootstrap's
+# frame decoder, the NCCL plugin's handshake and the execution hello's decoders (exec_hello:
+# announcements, writer messages, start reports), FUZZ_SECONDS (60) each under ASan and UBSan.
+# Seeds live in test/fuzz/corpus/<target>; what a run learns goes to build/fuzz/corpus/<target>;
+# a crash's reproducer lands in test/fuzz/crashes/ (commit it with the fix, as a seed).
 FUZZ := build/fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := spec manifest boot net
+FUZZ_TARGETS := spec manifest boot net exec_hello
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 $(FUZZ_SAN) \
                -fsanitize=fuzzer-no-link -I.

@@ -182,7 +182,11 @@ typedef struct reshard_rank_stats {
     uint64_t net_msgs;
 } reshard_rank_stats_t;
 
-/* Fills *stats and, when ranks is not NULL, ranks[0 .. world_size). */
+/* Fills *stats and, when ranks is not NULL, ranks[0 .. world_size). For a communicator plan,
+ * whose ranks each hold their own transfers: *stats is the world's, summed by the plan vote over
+ * every rank's own figures (busiest NIC and its rank included; gather_bcast_bytes is 0: it
+ * needs the whole world's layouts), and ranks[] holds this rank's entry only, at ranks[rank],
+ * the others zero: gather them with reshard_comm_allgather when every rank's are wanted. */
 RESHARD_API reshard_status_t reshard_plan_stats(const reshard_plan_t *plan,
                                                 reshard_plan_stats_t *stats,
                                                 reshard_rank_stats_t *ranks);
@@ -301,9 +305,12 @@ RESHARD_API reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int
 /* 1 when rank belongs to the communicator (0 after a shrink left it out, or out of range). */
 RESHARD_API int reshard_comm_has_rank(const reshard_comm_t *comm, int rank);
 
-/* Collective: every rank passes the same tensors. Plans on the communicator's topology and
- * compares the plan hash across ranks before any byte moves (RESHARD_ERR_PLAN_MISMATCH on every
- * rank, naming the ranks that differ). config may be NULL. */
+/* Collective: every rank passes the same tensors. Each rank plans its own transfers on the
+ * communicator's topology (in time and memory of its own share, not of the world), then one
+ * small vote compares the plan hash across ranks before any byte moves
+ * (RESHARD_ERR_PLAN_MISMATCH on every rank, naming the ranks that differ). A rank that could not
+ * plan fails every rank with its message: with its status for RESHARD_ERR_DATA_LOST and
+ * RESHARD_ERR_TOO_LARGE, RESHARD_ERR_REMOTE for the others. config may be NULL. */
 RESHARD_API reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm,
                                                       const reshard_tensor_t *tensors, int ntensors,
                                                       const reshard_plan_config_t *config,
@@ -383,6 +390,12 @@ typedef struct reshard_comm_counters {
     uint64_t ipc_out;             /* of local_out: written into peers' device memory (CUDA IPC) */
     uint64_t gdr_out, gdr_in;     /* of net_out / net_in: straight from / into device memory
                                    * (GPUDirect RDMA), not staged through host memory */
+    /* The control plane, sent and received: the bootstrap's collectives (votes, barriers,
+     * reshard_comm_allgather; frame headers included), and the payload of the executor's
+     * control messages over the transport (where buffers are, told to the local peers that
+     * write them, and only when they change; chunk notices and acknowledgements are empty). */
+    uint64_t boot_out, boot_in;
+    uint64_t ctrl_bytes_out, ctrl_bytes_in;
 } reshard_comm_counters_t;
 
 RESHARD_API reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,

@@ -148,6 +148,8 @@ reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
     if (!comm || !counters)
         return api_null_arg(__func__, comm ? "counters" : "comm");
     const struct tp_counters *n = &comm->net->counters;
+    uint64_t boot_out = 0, boot_in = 0;
+    boot_bytes(comm->boot, &boot_out, &boot_in);
     *counters = (reshard_comm_counters_t){.net_out = n->bytes_out,
                                           .net_in = n->bytes_in,
                                           .local_out = comm->local_out,
@@ -157,7 +159,11 @@ reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
                                           .net_msgs = n->msgs_out,
                                           .ipc_out = comm->ipc_out,
                                           .gdr_out = comm->gdr_out,
-                                          .gdr_in = comm->gdr_in};
+                                          .gdr_in = comm->gdr_in,
+                                          .boot_out = boot_out,
+                                          .boot_in = boot_in,
+                                          .ctrl_bytes_out = comm->ctrl_bytes_out,
+                                          .ctrl_bytes_in = comm->ctrl_bytes_in};
     return RESHARD_OK;
 }
 

@@ -1,72 +1,44 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The public API of communicator plans (reshard.h): made on every rank and voted on before
- * anything moves, executed (on the host or ordered on a stream), and asked what the last
- * execution left in the destination buffers.
+ * The public API of communicator plans (reshard.h): made on every rank, each holding its own
+ * transfers, and voted on before anything moves (one small allreduce, exec_vote.h), executed
+ * (on the host or ordered on a stream), and asked what the last execution left in the
+ * destination buffers.
  */
 #include "api.h"
 #include "base/error.h"
 #include "plugin/comm/comm.h"
+#include "planner/stats.h"
 #include "plugin/exec/exec.h"
+#include "plugin/exec/exec_vote.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-/* What each rank planned, compared before anything moves. */
-struct plan_vote {
-    int32_t status;
-    int32_t algo;
-    uint64_t hash;
-    int64_t chunk_bytes;    /* both ends of a transfer must cut it alike */
-    int64_t coalesce_bytes; /* ... and pack its small chunks alike */
-};
-
-static reshard_status_t compare_plans(struct reshard_comm *c, struct plan_vote *mine)
+/* This rank's ballot: what it planned, and its own part of the world's figures. */
+static reshard_status_t fill_ballot(struct reshard_comm *c, struct reshard_plan *h,
+                                    struct exec_plan_ballot *b)
 {
-    struct plan_vote *v = rs_calloc((size_t)c->size, sizeof(*v), "plan votes");
-    if (!v) { /* cannot vote: tell the others rather than let them time out */
-        boot_abort(c->boot, RESHARD_ERR_NO_MEMORY, "out of memory voting on a plan");
-        return RESHARD_ERR_NO_MEMORY;
-    }
-    v[c->rank] = *mine;
-    reshard_status_t st = comm_allgather(c, v, sizeof(*v));
-    for (int r = 0; st == RESHARD_OK && r < c->size; r++) {
-        if (!comm_has(c, r))
-            continue;
-        if (v[r].status != RESHARD_OK && r != c->rank)
-            st = rs_error(RESHARD_ERR_REMOTE, "rank %d could not plan: %s", r,
-                          rs_status_string((reshard_status_t)v[r].status));
-        else if (v[r].status == RESHARD_OK && mine->status == RESHARD_OK &&
-                 v[r].chunk_bytes != mine->chunk_bytes)
-            st = rs_error(RESHARD_ERR_PLAN_MISMATCH,
-                          "rank %d: RESHARD_CHUNK_BYTES is %lld on rank %d and %lld here: set "
-                          "it alike on every rank",
-                          c->rank, (long long)v[r].chunk_bytes, r, (long long)mine->chunk_bytes);
-        else if (v[r].status == RESHARD_OK && mine->status == RESHARD_OK &&
-                 v[r].coalesce_bytes != mine->coalesce_bytes)
-            st = rs_error(RESHARD_ERR_PLAN_MISMATCH,
-                          "rank %d: RESHARD_COALESCE_BYTES is %lld on rank %d and %lld here: set "
-                          "it alike on every rank",
-                          c->rank, (long long)v[r].coalesce_bytes, r,
-                          (long long)mine->coalesce_bytes);
-        else if (v[r].status == RESHARD_OK && mine->status == RESHARD_OK &&
-                 (v[r].hash != mine->hash || v[r].algo != mine->algo)) {
-            char list[128];
-            size_t used = 0;
-            int shown = 0;
-            for (int q = 0; q < c->size && shown < 8; q++)
-                if (comm_has(c, q) && (v[q].hash != mine->hash || v[q].algo != mine->algo))
-                    used +=
-                        (size_t)snprintf(list + used, used < sizeof(list) ? sizeof(list) - used : 0,
-                                         "%s%d", shown++ ? ", " : "", q);
-            st = rs_error(RESHARD_ERR_PLAN_MISMATCH,
-                          "rank %d: ranks %s passed other layouts or algorithm than this rank "
-                          "(plan hash %016llx here)",
-                          c->rank, list, (unsigned long long)mine->hash);
-        }
-    }
-    free(v);
-    return st;
+    struct rs_plan *p = h->p;
+    reshard_rank_stats_t own;
+    exec_own_stats(h->x, &own);
+    b->hash = p->hash;
+    b->local_fp = exec_local_fp(h->x);
+    b->net_out = own.net_out;
+    b->net_in = own.net_in;
+    b->local_out = own.local_out;
+    b->self = own.self;
+    b->plan_ms = p->plan_ms;
+    for (size_t i = 0; i < p->nops; i++)
+        b->ops[p->ops[i].kind] += p->ops[i].src == c->rank;
+    struct plan_rank_bounds rb;
+    RS_CHECK(plan_rank_bounds(p, c->rank, &rb));
+    b->in_domain = (uint64_t)rb.in_domain;
+    uint64_t share = rb.dst_ranks ? ((uint64_t)rb.in_domain + (uint64_t)rb.dst_ranks - 1) /
+                                        (uint64_t)rb.dst_ranks
+                                  : 0;
+    b->lb_part = share > (uint64_t)rb.forced ? share : (uint64_t)rb.forced;
+    return RESHARD_OK;
 }
 
 reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_tensor_t *tensors,
@@ -89,12 +61,13 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
         return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
     }
     /* Build everything locally, then vote: a rank that failed still votes, so nobody waits
-     * for it, and nobody runs a plan another rank could not build. */
-    struct plan_vote mine = {.algo = (int32_t)algo,
-                             .chunk_bytes = exec_chunk_bytes(),
-                             .coalesce_bytes = exec_coalesce_bytes()};
+     * for it, and nobody runs a plan another rank could not build. Each rank plans its own
+     * transfers only (the same rule as a plan of every rank, so the same hash). */
+    struct exec_plan_ballot mine = {.algo = (int32_t)algo,
+                                    .chunk_bytes = exec_chunk_bytes(),
+                                    .coalesce_bytes = exec_coalesce_bytes()};
     mine.status =
-        api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, PLAN_ALL_RANKS, &h->p);
+        api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, comm->rank, &h->p);
     if (mine.status == RESHARD_OK && algo != RESHARD_ALGO_RESHARD && comm->nmembers < comm->size)
         mine.status = rs_error(RESHARD_ERR_INVALID_ARG,
                                "%s: the direct and broadcast baselines need every rank; a shrunk "
@@ -103,20 +76,22 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     /* The executor connects to its peers through the network context, which serves one
      * caller at a time: from here to the vote the communicator is held. */
     struct rs_saved_error why;
+    reshard_plan_stats_t world;
     if ((st = comm_enter(comm)) == RESHARD_OK) {
         struct xfer_set xs;
         if (mine.status == RESHARD_OK && (mine.status = xfer_build(h->p, algo, &xs)) == RESHARD_OK)
             mine.status = exec_create(comm, h->p, &xs, &h->x);
-        rs_error_save(&why);
         if (mine.status == RESHARD_OK)
-            mine.hash = h->p->hash;
-        st = comm_leave(comm, compare_plans(comm, &mine));
+            mine.status = fill_ballot(comm, h, &mine);
+        rs_error_save(&why);
+        mine.why = why.msg;
+        st = comm_leave(comm, exec_vote_plan(comm, &mine, &world));
     } else {
         rs_error_save(&why);
     }
     if (mine.status != RESHARD_OK) { /* our own failure says more than the vote */
         rs_error_restore(&why);
-        st = (reshard_status_t)mine.status;
+        st = mine.status;
     }
     if (st != RESHARD_OK) {
         exec_destroy(h->x);
@@ -124,6 +99,7 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
         free(h);
         return api_leave(__func__, st);
     }
+    exec_set_world(h->x, &world);
     *plan = h;
     return RESHARD_OK;
 }

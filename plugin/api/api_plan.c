@@ -139,10 +139,18 @@ reshard_status_t reshard_plan_create_rank(const reshard_tensor_t *tensors, int n
 }
 
 /* Whole-world questions of a plan that holds one rank's transfers. */
-static reshard_status_t needs_every_rank(const char *fn, const struct rs_plan *p)
+static reshard_status_t needs_every_rank(const char *fn, const reshard_plan_t *plan)
 {
+    const struct rs_plan *p = plan->p;
     if (p->scope == PLAN_ALL_RANKS)
         return RESHARD_OK;
+    if (plan->x)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "%s: a communicator plan holds rank %d's own transfers only: ask "
+                        "reshard_plan_stats (the world's totals) or reshard_plan_rank_stats, or "
+                        "plan every rank with reshard_plan_create (the same inputs give the same "
+                        "plan and hash)",
+                        fn, p->scope);
     return rs_error(RESHARD_ERR_INVALID_ARG,
                     "%s: the plan holds rank %d's transfers only: ask reshard_plan_rank_stats, or "
                     "plan every rank with reshard_plan_create",
@@ -154,7 +162,7 @@ reshard_status_t reshard_plan_validate(const reshard_plan_t *plan)
     api_enter();
     if (!plan)
         return api_null_arg(__func__, "plan");
-    reshard_status_t st = needs_every_rank(__func__, plan->p);
+    reshard_status_t st = needs_every_rank(__func__, plan);
     return api_leave(__func__, st == RESHARD_OK ? plan_validate(plan->p) : st);
 }
 
@@ -172,8 +180,7 @@ void reshard_plan_destroy(reshard_plan_t *plan)
     free(plan);
 }
 
-/* Messages per rank: of the algorithm's transfers for a communicator plan, else of the
- * reshard transfers the plan would run. */
+/* Messages per rank of the reshard transfers a plan of every rank would run. */
 static reshard_status_t rank_msgs(const reshard_plan_t *plan, reshard_rank_stats_t *ranks)
 {
     int n = plan->p->topo.nranks;
@@ -181,10 +188,9 @@ static reshard_status_t rank_msgs(const reshard_plan_t *plan, reshard_rank_stats
     if (!msgs)
         return RESHARD_ERR_NO_MEMORY;
     struct xfer_set own = {0};
-    const struct xfer_set *xs = plan->x ? exec_xfers(plan->x) : &own;
-    reshard_status_t st = plan->x ? RESHARD_OK : xfer_build(plan->p, RESHARD_ALGO_RESHARD, &own);
+    reshard_status_t st = xfer_build(plan->p, RESHARD_ALGO_RESHARD, &own);
     if (st == RESHARD_OK)
-        st = predict_msgs(plan->p, xs, n, msgs);
+        st = predict_msgs(plan->p, &own, n, msgs);
     for (int k = 0; st == RESHARD_OK && k < n; k++)
         ranks[k].net_msgs = msgs[k];
     xfer_free(&own);
@@ -198,7 +204,7 @@ reshard_status_t reshard_plan_predict(const reshard_plan_t *plan, const reshard_
     api_enter();
     if (!plan || !cluster || !out)
         return api_null_arg(__func__, !plan ? "plan" : !cluster ? "cluster" : "out");
-    reshard_status_t st = needs_every_rank(__func__, plan->p);
+    reshard_status_t st = needs_every_rank(__func__, plan);
     return api_leave(__func__, st == RESHARD_OK ? predict_plan(plan->p, cluster, out) : st);
 }
 
@@ -259,7 +265,9 @@ reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_sta
     if (!plan || !stats)
         return api_null_arg(__func__, plan ? "stats" : "plan");
     const struct rs_plan *p = plan->p;
-    if (!plan->x && needs_every_rank(__func__, p) != RESHARD_OK)
+    if (plan->x) /* the world's totals from the plan vote, this rank's own row */
+        return api_leave(__func__, exec_stats(plan->x, stats, ranks));
+    if (needs_every_rank(__func__, plan) != RESHARD_OK)
         return api_leave(__func__, RESHARD_ERR_INVALID_ARG);
     struct plan_stats s;
     struct plan_rank_stats *r = NULL;
@@ -299,8 +307,5 @@ reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_sta
             .self = (uint64_t)r[k].self,
         };
     free(r);
-    /* A communicator plan runs its algorithm's transfers: report those. */
-    if (plan->x && (st = exec_stats(plan->x, stats, ranks)) != RESHARD_OK)
-        return api_leave(__func__, st);
     return ranks ? api_leave(__func__, rank_msgs(plan, ranks)) : RESHARD_OK;
 }

@@ -44,11 +44,12 @@ struct reshard_comm {
     void *staging_mh;
     int nslots, nfree, *free_slots;
     int64_t slot_bytes;
-    uint64_t local_out, local_in, self; /* the local path's counters */
-    uint64_t ipc_out;                   /* of local_out: written through CUDA IPC */
-    uint64_t gdr_out, gdr_in;           /* of the network's: from / into device memory */
-    struct cuda_ipc *ipc;               /* peers' device buffers mapped here; made on first use */
-    struct comm_local *local;           /* the local peers' verification (comm_local.h) */
+    uint64_t local_out, local_in, self;     /* the local path's counters */
+    uint64_t ipc_out;                       /* of local_out: written through CUDA IPC */
+    uint64_t gdr_out, gdr_in;               /* of the network's: from / into device memory */
+    uint64_t ctrl_bytes_out, ctrl_bytes_in; /* payload of the executor's control messages */
+    struct cuda_ipc *ipc;     /* peers' device buffers mapped here; made on first use */
+    struct comm_local *local; /* the local peers' verification (comm_local.h) */
     /* State of failed executions that transport requests still point into: freed once the
      * network context is closed (which completes those requests). */
     struct comm_kept {

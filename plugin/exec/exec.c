@@ -11,6 +11,8 @@
  */
 #include "exec_run.h"
 
+#include "exec_tag.h"
+#include "predict.h"
 #include "base/error.h"
 #include "base/param.h"
 #include "cuda/cuda_lib.h"
@@ -46,12 +48,17 @@ reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *pl
     exec_cut_init(&x->cut, plan, &x->xs);
     struct exec_share *s = &x->share;
     reshard_status_t st;
+    RS_CHECK_GOTO(exec_links_build(x), st, err_destroy); /* first: it may reroute transfers */
     RS_CHECK_GOTO(exec_regs_init(&x->regs, plan->ntensors), st, err_destroy);
     RS_CHECK_GOTO(exec_share_init(s, &x->cut, comm->rank, comm->size), st, err_destroy);
     RS_CHECK_GOTO(last_init(&x->last, plan->ntensors), st, err_destroy);
     RS_CHECK_GOTO(exec_bundles_build(&x->cut, s->out, s->nout, s->out_off, 1, &x->out_b), st,
                   err_destroy);
     RS_CHECK_GOTO(exec_bundles_build(&x->cut, s->in, s->nin, s->in_off, 0, &x->in_b), st,
+                  err_destroy);
+    RS_CHECK_GOTO(exec_tags_number(&x->cut, s->out, s->nout, s->out_off, &x->out_b, 1, s->out_tag),
+                  st, err_destroy);
+    RS_CHECK_GOTO(exec_tags_number(&x->cut, s->in, s->nin, s->in_off, &x->in_b, 0, s->in_tag), st,
                   err_destroy);
     RS_CHECK_GOTO(exec_share_connect(s, &x->xs, comm->net), st, err_destroy);
     *out = x;
@@ -70,6 +77,7 @@ void exec_destroy(struct exec *x)
     exec_tmp_fini(&x->tmp, nt, x->comm);
     exec_shadows_fini(&x->shadows, nt, x->comm);
     exec_exports_fini(&x->exp, nt);
+    exec_links_fini(&x->links);
     exec_share_fini(&x->share);
     exec_bundles_fini(&x->out_b);
     exec_bundles_fini(&x->in_b);
@@ -144,49 +152,56 @@ reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *stat
     return RESHARD_OK;
 }
 
-const struct xfer_set *exec_xfers(const struct exec *x)
+void exec_own_stats(const struct exec *x, reshard_rank_stats_t *mine)
 {
-    return &x->xs;
+    int me = x->comm->rank;
+    reshard_rank_stats_t b = {.domain = x->plan->topo.domain[me],
+                              .local_index = x->plan->topo.local_index[me]};
+    for (size_t i = 0; i < x->xs.n; i++) {
+        const struct xfer *xf = &x->xs.x[i];
+        uint64_t bytes = (uint64_t)xf->bytes;
+        if (xf->src != me && xf->dst != me)
+            continue;
+        if (xf->path == XFER_SELF)
+            b.self += bytes;
+        else if (xf->path == XFER_LOCAL)
+            *(xf->src == me ? &b.local_out : &b.local_in) += bytes;
+        else
+            *(xf->src == me ? &b.net_out : &b.net_in) += bytes;
+    }
+    *mine = b;
+}
+
+uint64_t exec_local_fp(const struct exec *x)
+{
+    return x->links.local_fp;
+}
+
+void exec_set_world(struct exec *x, const reshard_plan_stats_t *world)
+{
+    x->world = *world;
+    x->world.ntensors = x->plan->ntensors;
+    x->world.world_size = x->plan->topo.nranks;
+    x->world.ndomains = x->plan->topo.ndomains;
 }
 
 reshard_status_t exec_stats(const struct exec *x, reshard_plan_stats_t *stats,
                             reshard_rank_stats_t *ranks)
 {
-    int n = x->comm->size;
-    reshard_rank_stats_t *b = rs_calloc((size_t)n, sizeof(*b), "rank stats");
-    if (!b)
-        return RESHARD_ERR_NO_MEMORY;
-    stats->net_bytes = stats->local_bytes = stats->self_bytes = 0;
-    for (size_t i = 0; i < x->xs.n; i++) {
-        const struct xfer *xf = &x->xs.x[i];
-        uint64_t bytes = (uint64_t)xf->bytes;
-        if (xf->path == XFER_SELF) {
-            b[xf->src].self += bytes;
-            stats->self_bytes += bytes;
-        } else if (xf->path == XFER_LOCAL) {
-            b[xf->src].local_out += bytes;
-            b[xf->dst].local_in += bytes;
-            stats->local_bytes += bytes;
-        } else {
-            b[xf->src].net_out += bytes;
-            b[xf->dst].net_in += bytes;
-            stats->net_bytes += bytes;
-        }
+    int n = x->comm->size, me = x->comm->rank;
+    reshard_rank_stats_t mine;
+    exec_own_stats(x, &mine);
+    if (ranks) {
+        uint64_t *msgs = rs_calloc((size_t)n, sizeof(*msgs), "message counts");
+        if (!msgs)
+            return RESHARD_ERR_NO_MEMORY;
+        reshard_status_t st = predict_msgs(x->plan, &x->xs, n, msgs);
+        mine.net_msgs = msgs[me];
+        free(msgs);
+        RS_CHECK(st);
+        memset(ranks, 0, (size_t)n * sizeof(*ranks));
+        ranks[me] = mine;
     }
-    stats->max_nic_bytes = 0;
-    stats->max_nic_rank = -1;
-    for (int r = 0; r < n; r++) {
-        uint64_t nic = b[r].net_out > b[r].net_in ? b[r].net_out : b[r].net_in;
-        if (nic > stats->max_nic_bytes) {
-            stats->max_nic_bytes = nic;
-            stats->max_nic_rank = r;
-        }
-        if (ranks) {
-            b[r].domain = ranks[r].domain;
-            b[r].local_index = ranks[r].local_index;
-            ranks[r] = b[r];
-        }
-    }
-    free(b);
+    *stats = x->world;
     return RESHARD_OK;
 }

@@ -39,10 +39,15 @@ void exec_destroy(struct exec *x);
  * (reshard_tensor_state_t); RESHARD_ERR_INVALID_ARG before the first execution. */
 reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *states);
 
-/* The transfer list the executor runs. */
-const struct xfer_set *exec_xfers(const struct exec *x);
-/* Replaces the op figures of *stats (and of ranks[], when not NULL) with what the transfer list
- * moves: the algorithm's promise, which the transports' counters must match. */
+/* What this rank's own transfers move (its row of reshard_plan_stats; net_msgs left 0). */
+void exec_own_stats(const struct exec *x, reshard_rank_stats_t *mine);
+/* The local pairs and their paths as this rank sees them, for the plan vote (exec_link.c). */
+uint64_t exec_local_fp(const struct exec *x);
+/* The world's figures, as the plan vote summed them. */
+void exec_set_world(struct exec *x, const reshard_plan_stats_t *world);
+/* reshard_plan_stats of a communicator plan: the world's figures from the plan vote, and, when
+ * ranks is not NULL, this rank's own row at ranks[rank] (the others zero): what its transfer
+ * list moves, the algorithm's promise, which the transports' counters must match. */
 reshard_status_t exec_stats(const struct exec *x, reshard_plan_stats_t *stats,
                             reshard_rank_stats_t *ranks);
 

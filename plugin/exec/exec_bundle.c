@@ -6,6 +6,7 @@
  */
 #include "exec_bundle.h"
 
+#include "exec_tag.h"
 #include "base/error.h"
 
 #include <stdlib.h>
@@ -23,13 +24,19 @@ struct cand {
     uint64_t bytes;
 };
 
-static int cmp_cand(const void *a, const void *b)
+/* By peer, then the transfers' canonical order (exec_tag.h), which both ends of a pair see
+ * alike in their own lists, then chunk. */
+static int cmp_cand(const void *a, const void *b, void *arg)
 {
+    const struct exec_cut *cut = arg;
     const struct cand *p = a, *q = b;
     if (p->peer != q->peer)
         return p->peer < q->peer ? -1 : 1;
-    if (p->xfer != q->xfer)
-        return p->xfer < q->xfer ? -1 : 1;
+    if (p->xfer != q->xfer) {
+        int c = exec_xfer_cmp(cut, &cut->xs->x[p->xfer], &cut->xs->x[q->xfer]);
+        if (c)
+            return c;
+    }
     return p->chunk < q->chunk ? -1 : p->chunk > q->chunk;
 }
 
@@ -59,7 +66,7 @@ static reshard_status_t candidates(const struct exec_cut *cut, const uint32_t *l
         }
     }
     if (ncand) /* qsort wants a real array, even of nothing */
-        qsort(c, ncand, sizeof(*c), cmp_cand);
+        qsort_r(c, ncand, sizeof(*c), cmp_cand, (void *)cut);
     *out = c;
     *nout = ncand;
     return RESHARD_OK;

@@ -2,8 +2,9 @@
 /*
  * Bundles (RESHARD_COALESCE_BYTES): network chunks of at most coalesce_bytes that leave a source
  * buffer at the start travel to each peer packed into messages of at most chunk_bytes, which
- * sender and receiver group alike: per peer, by transfer index, then chunk, each message filled
- * greedily. A bundle's pieces are (position in the side's list of transfers, chunk).
+ * sender and receiver group alike: per peer, by the transfers' canonical order (exec_tag.h: each
+ * end sees it in its own list), then chunk, each message filled greedily. A bundle's pieces are
+ * (position in the side's list of transfers, chunk).
  *
  * The same code counts without building (exec_bundles_count), for the cost model: what it
  * predicts is what the executor sends.

@@ -37,12 +37,18 @@ static char *dev_base(const struct exec_run *r, const struct xfer *xf, int side)
     return buf == XBUF_SRC ? (char *)b->src : (char *)b->dst;
 }
 
-/* Both sides answer alike: the destination exported its buffer and the source has device
- * buffers (so a driver and a context). */
+/* Both sides answer alike, from what the pair last told each other: the destination exported
+ * its buffer and the source writes through CUDA IPC (it has device buffers, so a driver and a
+ * context). */
 int exec_dev_via_ipc(const struct exec_run *r, const struct xfer *xf)
 {
-    return r->peer_exp && xf->path == XFER_LOCAL && xf->dst_buf == XBUF_DST &&
-           r->peer_exp[exec_slot(r->x, xf->dst, xf->tensor)] && r->peer_cuda[xf->src];
+    const struct exec_links *l = &r->x->links;
+    size_t i = (size_t)(xf - r->x->xs.x);
+    if (xf->path != XFER_LOCAL || xf->dst_buf != XBUF_DST)
+        return 0;
+    if (xf->src == r->comm->rank)
+        return l->ent_of[i] >= 0 && l->has_exp[l->ent_of[i]] && l->told_cuda;
+    return l->writer_of[i] >= 0 && l->cuda[l->writer_of[i]] && l->exported[xf->tensor];
 }
 
 void *exec_dev_mh(const struct exec_run *r, const struct xfer *xf, int side)
@@ -213,11 +219,10 @@ int exec_dev_copy(struct exec_run *r, uint32_t o, uint32_t chunk)
     if (r->ipc_tail - r->ipc_head == CUDA_IPC_EVENTS)
         return 0;
     const struct xfer *xf = &x->xs.x[x->share.out[o]];
-    int self = xf->path == XFER_SELF;
-    size_t slot = exec_slot(x, xf->dst, xf->tensor);
+    int self = xf->path == XFER_SELF, ent = self ? -1 : x->links.ent_of[xf - x->xs.x];
     reshard_status_t st = cuda_ipc_get(&comm->ipc);
-    if (st == RESHARD_OK && !self && !r->peer_ipc[slot])
-        st = cuda_ipc_open(&x->exp.maps, xf->dst, r->peer_exp[slot], &r->peer_ipc[slot]);
+    if (st == RESHARD_OK && !self && !r->ent_ipc[ent])
+        st = cuda_ipc_open(&x->exp.maps, xf->dst, &x->links.exp[ent], &r->ent_ipc[ent]);
     if (st != RESHARD_OK) {
         exec_run_fail(r, st);
         return 1;
@@ -227,7 +232,7 @@ int exec_dev_copy(struct exec_run *r, uint32_t o, uint32_t chunk)
     const char *src = dev_base(r, xf, 0);
     if (!src) /* a host buffer: the driver copies from it as well */
         src = exec_post_base(r, xf, 0);
-    char *dst = self ? dev_base(r, xf, 1) : r->peer_ipc[slot];
+    char *dst = self ? dev_base(r, xf, 1) : r->ent_ipc[ent];
     struct region a, b;
     exec_chunk_region(&x->cut, xf, chunk, 0, &a);
     exec_chunk_region(&x->cut, xf, chunk, 1, &b);

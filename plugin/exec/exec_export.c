@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * CUDA IPC exports: this rank's device destinations that local peers write directly, exported
- * once per buffer and allocation and kept across runs; the start of each run (exec_hello.c)
- * gathers every rank's.
+ * once per buffer and allocation and kept across runs; they go to the local peers that write
+ * them with the buffers' addresses (exec_link.c), when those change.
  */
 #include "exec_int.h"
 
@@ -12,6 +12,7 @@
 #include "cuda/cuda_lib.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* The per-tensor tables, made on the first run with device buffers: all or none, so that a run
  * after an allocation failed finds either. */
@@ -20,15 +21,15 @@ static reshard_status_t tables_init(struct exec_exports *e, size_t nt)
     if (e->cache)
         return RESHARD_OK;
     struct cuda_ipc_export *cache = rs_calloc(nt, sizeof(*cache), "CUDA IPC exports");
-    struct cuda_ipc_export *mine = cache ? rs_calloc(nt, sizeof(*mine), "CUDA IPC exports") : NULL;
-    uint64_t *key = mine ? rs_calloc(2 * nt, sizeof(*key), "CUDA IPC exports") : NULL;
+    uint8_t *live = cache ? rs_calloc(nt, 1, "CUDA IPC exports") : NULL;
+    uint64_t *key = live ? rs_calloc(2 * nt, sizeof(*key), "CUDA IPC exports") : NULL;
     if (!key) {
         free(cache);
-        free(mine);
+        free(live);
         return RESHARD_ERR_NO_MEMORY;
     }
     e->cache = cache;
-    e->mine = mine;
+    e->live = live;
     e->key = key;
     return RESHARD_OK;
 }
@@ -49,10 +50,12 @@ static uint8_t *wanted_tensors(const struct exec *x)
 reshard_status_t exec_exports_make(struct exec *x, const reshard_buffers_t *dev, uint32_t *n)
 {
     struct exec_exports *e = &x->exp;
+    size_t nt = (size_t)x->plan->ntensors;
     *n = 0;
+    if (e->live)
+        memset(e->live, 0, nt);
     if (!dev || !rs_param_int(RS_PARAM_CUDA_IPC))
         return RESHARD_OK;
-    size_t nt = (size_t)x->plan->ntensors;
     RS_CHECK(tables_init(e, nt));
     uint8_t *wanted = wanted_tensors(x);
     if (!wanted)
@@ -80,12 +83,20 @@ reshard_status_t exec_exports_make(struct exec *x, const reshard_buffers_t *dev,
             e->key[2 * t] = id ? ptr : 0;
             e->key[2 * t + 1] = id;
         }
-        if (e->cache[t].tensor != UINT32_MAX)
-            e->mine[(*n)++] = e->cache[t];
+        if (e->cache[t].tensor != UINT32_MAX) {
+            e->live[t] = 1;
+            (*n)++;
+        }
     }
     rs_error_restore(&saved);
     free(wanted);
     return RESHARD_OK;
+}
+
+const struct cuda_ipc_export *exec_export_of(const struct exec *x, uint32_t t)
+{
+    const struct exec_exports *e = &x->exp;
+    return e->live && e->live[t] ? &e->cache[t] : NULL;
 }
 
 void exec_exports_fini(struct exec_exports *e, int ntensors)
@@ -93,10 +104,8 @@ void exec_exports_fini(struct exec_exports *e, int ntensors)
     for (int t = 0; e->cache && t < ntensors; t++)
         cuda_ipc_unexport(&e->cache[t]);
     free(e->cache);
-    free(e->mine);
-    free(e->all);
+    free(e->live);
     free(e->key);
-    free(e->n);
     if (e->maps.nopen) /* no copy of this plan's is in flight: runs end after theirs */
         cuda_ipc_close_all(&e->maps);
     *e = (struct exec_exports){0};

@@ -1,49 +1,24 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The start of an execution: every rank checks its buffers against its shards and says so in a
- * hello, with the plan it runs and where its destinations are; one all-gather of the hellos
- * gives every rank the same verdict before any byte moves, and the addresses that local writes
- * go to. Ranks with device buffers also say what they export through CUDA IPC, and the
- * exports themselves are gathered again only when some rank's changed.
+ * The start of an execution: every rank checks its buffers against its shards, then one vote
+ * of a few bytes a rank (exec_vote.h: the plan and execution it runs, whether it can, whether
+ * its buffers changed) gives every rank the same verdict before any byte moves. A rank that
+ * cannot run then says why to all (one broadcast from it), and every rank repeats its reason.
+ * When some rank's buffers changed, the local pairs tell each other again where to write
+ * (exec_link.c); otherwise nothing more is exchanged.
  */
 #include "exec_run.h"
 
+#include "exec_vote.h"
 #include "base/error.h"
-#include "base/param.h"
 #include "cuda/cuda_lib.h"
 
-#include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
-#define SIDE_STAGING 2 /* hello.side: device buffers could not be staged */
-
-struct hello {
-    uint64_t hash;
-    uint32_t seq;
-    int32_t status; /* RESHARD_OK, or why this rank cannot run */
-    int32_t tensor, side;
-    uint64_t need, have;
-    int32_t cuda;     /* this rank has device buffers and IPC on: it writes peers through IPC */
-    uint32_t nexp;    /* device destinations it exports for local peers to write */
-    uint64_t exp_sum; /* their checksum */
-    uint64_t held;    /* the export table this rank holds for the plan (0: none) */
-    char why[128];    /* status != OK: this rank's own message, for the others to repeat */
-};
-
-/* A hello and, after it, the rank's destination and whole-tensor buffer of each tensor. */
-static size_t hello_bytes(const struct exec *x)
-{
-    return sizeof(struct hello) + 2 * sizeof(uint64_t) * (size_t)x->plan->ntensors;
-}
-
-static const struct hello *hello_of(const char *all, size_t hb, int q)
-{
-    return (const struct hello *)(all + (size_t)q * hb);
-}
-
-/* This rank's buffers against its shards. */
+/* This rank's buffers against its shards: the first that does not fit, in r. */
 static void check_buffers(const struct exec *x, const reshard_buffers_t *bufs, int on_nccl,
-                          struct hello *h)
+                          struct exec_start_report *r)
 {
     int me = x->comm->rank;
     for (int t = 0; t < x->plan->ntensors; t++) {
@@ -59,69 +34,25 @@ static void check_buffers(const struct exec *x, const reshard_buffers_t *bufs, i
             uint64_t need = region_span_bytes(m->layout, shape);
             const void *p = side ? bufs[t].dst : bufs[t].src;
             size_t have = side ? bufs[t].dst_bytes : bufs[t].src_bytes;
+            struct exec_start_report bad = {.tensor = t, .side = side};
             if (need && (!p || have < need)) {
-                h->status = RESHARD_ERR_BUFFER;
-                h->tensor = t;
-                h->side = side;
-                h->need = need;
-                h->have = p ? have : 0;
-                return;
+                bad.status = RESHARD_ERR_BUFFER;
+                bad.need = need;
+                bad.have = p ? have : 0;
+            } else if (on_nccl && bufs[t].mem != RESHARD_MEM_CUDA) {
+                bad.status = RESHARD_ERR_INVALID_ARG;
+            } else if (!on_nccl &&
+                       (bufs[t].mem != RESHARD_MEM_HOST || cuda_mem_kind(p) == CUDA_MEM_DEVICE)) {
+                /* staged device buffers are host memory by now */
+                bad.status = RESHARD_ERR_UNAVAILABLE;
+                bad.need = bufs[t].mem != RESHARD_MEM_HOST; /* declared, or found by the driver */
             }
-            if (on_nccl && bufs[t].mem != RESHARD_MEM_CUDA) {
-                h->status = RESHARD_ERR_INVALID_ARG;
-                h->tensor = t;
-                h->side = side;
-                return;
-            }
-            if (on_nccl)
-                continue;
-            enum cuda_mem_kind kind = cuda_mem_kind(p); /* staged device buffers are host */
-            if (bufs[t].mem != RESHARD_MEM_HOST || kind == CUDA_MEM_DEVICE) {
-                h->status = RESHARD_ERR_UNAVAILABLE;
-                h->tensor = t;
-                h->side = side;
-                h->need = bufs[t].mem != RESHARD_MEM_HOST; /* declared, or found by the driver */
+            if (bad.status != RESHARD_OK) {
+                *r = bad;
                 return;
             }
         }
     }
-}
-
-/* Why rank could not run, as its hello says. */
-static reshard_status_t refuse(const struct exec *x, int rank, const struct hello *h)
-{
-    const char *name = x->plan->tensors[h->tensor].name;
-    const char *side = h->side ? "destination" : "source";
-    if (h->status == RESHARD_ERR_BUFFER)
-        return rs_error(RESHARD_ERR_BUFFER,
-                        "rank %d: %s buffer of tensor %s holds %llu bytes, its shard needs %llu",
-                        rank, side, name, (unsigned long long)h->have, (unsigned long long)h->need);
-    if (h->status == RESHARD_ERR_UNAVAILABLE && h->side == SIDE_STAGING)
-        return rs_error(RESHARD_ERR_UNAVAILABLE,
-                        "rank %d has device buffers and no CUDA driver to stage them with", rank);
-    if (h->status == RESHARD_ERR_UNAVAILABLE)
-        return rs_error(RESHARD_ERR_UNAVAILABLE,
-                        "rank %d: %s buffer of tensor %s is device memory (%s): the executor moves "
-                        "host memory only so far",
-                        rank, side, name,
-                        h->need ? "declared RESHARD_MEM_CUDA"
-                                : "declared host, but the CUDA "
-                                  "driver says device");
-    if (h->status == RESHARD_ERR_INVALID_ARG)
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "rank %d: %s buffer of tensor %s is host memory: the NCCL executor moves "
-                        "device memory (RESHARD_MEM_CUDA)",
-                        rank, side, name);
-    return rs_error(RESHARD_ERR_REMOTE, "rank %d could not start the execution: %s", rank,
-                    h->why[0] ? h->why : rs_status_string((reshard_status_t)h->status));
-}
-
-static uint64_t checksum(const void *p, size_t n)
-{
-    uint64_t h = UINT64_C(14695981039346656037);
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ ((const unsigned char *)p)[i]) * UINT64_C(1099511628211);
-    return h;
 }
 
 /* A failure once the bootstrap may be half-way through a collective: so is the communicator. */
@@ -132,147 +63,62 @@ static reshard_status_t break_comm(struct reshard_comm *c, reshard_status_t st)
     return st;
 }
 
-/* After a good verdict: every rank's exports, gathered again only when some rank's changed,
- * and what the run makes of them. */
-static reshard_status_t gather_exports(struct exec *x, struct exec_run *r, const char *all,
-                                       size_t hb, uint32_t mine)
+/* The rank the fold names as failing tells everyone why; every rank repeats it. */
+static reshard_status_t hear_failure(struct exec *x, const struct exec_start_fold *f,
+                                     struct exec_start_report *mine, reshard_status_t local)
 {
     struct reshard_comm *c = x->comm;
-    struct exec_exports *ex = &x->exp;
-    uint32_t max = 0;
-    uint64_t table = UINT64_C(14695981039346656037); /* the exports now, as the hellos tell */
-    for (int q = 0; q < c->size; q++) {
-        const struct hello *h = hello_of(all, hb, q);
-        if (h->nexp > max)
-            max = h->nexp;
-        uint64_t sum = h->exp_sum ^ (uint64_t)h->nexp << 32;
-        table = checksum(&sum, sizeof(sum)) ^ (table * UINT64_C(1099511628211));
-        if (r && r->peer_cuda)
-            r->peer_cuda[q] = (uint8_t)(h->cuda != 0);
-    }
-    if (!max) { /* nobody exports */
-        ex->table = 0;
-        return RESHARD_OK;
-    }
-    /* Gathered again unless every rank holds this table already: decided from the hellos
-     * alone, so that all ranks join the all-gather or none does. */
-    int same = 1;
-    for (int q = 0; q < c->size; q++)
-        same = same && (!comm_has(c, q) || hello_of(all, hb, q)->held == table);
-    if (!same) {
-        size_t bytes = max * sizeof(struct cuda_ipc_export);
-        struct cuda_ipc_export *e = rs_calloc((size_t)c->size, bytes, "CUDA IPC exports");
-        if (!ex->n)
-            ex->n = rs_calloc((size_t)c->size, sizeof(uint32_t), "CUDA IPC exports");
-        if (!e || !ex->n) {
-            free(e);
-            boot_abort(c->boot, RESHARD_ERR_NO_MEMORY, "out of memory gathering CUDA IPC exports");
-            return RESHARD_ERR_NO_MEMORY;
-        }
-        if (mine)
-            memcpy(e + (size_t)c->rank * max, ex->mine, mine * sizeof(*e));
-        ex->table = 0; /* until the gathering succeeded */
-        reshard_status_t st = comm_allgather(c, e, bytes);
-        if (st != RESHARD_OK) {
-            free(e);
-            return st;
-        }
-        free(ex->all);
-        ex->all = e;
-        ex->max = max;
-        ex->table = table;
-        for (int q = 0; q < c->size; q++) {
-            ex->n[q] = hello_of(all, hb, q)->nexp;
-            if (ex->maps.nopen && q != c->rank) /* buffers a peer no longer exports: unmapped */
-                cuda_ipc_prune(&ex->maps, q, ex->all + (size_t)q * max, ex->n[q]);
-        }
-    }
-    for (int q = 0; r && r->peer_exp && q < c->size; q++)
-        for (uint32_t i = 0; i < ex->n[q]; i++) {
-            const struct cuda_ipc_export *e = ex->all + (size_t)q * ex->max + i;
-            if (e->tensor < (uint32_t)x->plan->ntensors)
-                r->peer_exp[exec_slot(x, q, e->tensor)] = e;
-        }
-    return RESHARD_OK;
-}
-
-/* The verdict every rank reaches from the same hellos. */
-static reshard_status_t verdict(struct exec *x, const char *all, size_t hb, uint32_t seq,
-                                reshard_status_t local)
-{
-    struct reshard_comm *c = x->comm;
-    for (int q = 0; q < c->size; q++) {
-        const struct hello *h = hello_of(all, hb, q);
-        if (!comm_has(c, q))
-            continue;
-        if (h->status != RESHARD_OK && q == c->rank && local != RESHARD_OK)
-            return local; /* our own failure: its message is already recorded */
-        if (h->status != RESHARD_OK)
-            return refuse(x, q, h);
-        if (h->hash != x->plan->hash || h->seq != seq)
-            return rs_error(RESHARD_ERR_PLAN_MISMATCH,
-                            "rank %d executes another plan (hash %016llx, execution %u; here "
-                            "%016llx, %u): every rank must execute the same plans in the same "
-                            "order",
-                            q, (unsigned long long)h->hash, h->seq,
-                            (unsigned long long)x->plan->hash, seq);
-    }
-    return RESHARD_OK;
+    if (f->fail < 0 || f->fail >= c->size || !comm_has(c, f->fail))
+        return break_comm(c, rs_error(RESHARD_ERR_REMOTE,
+                                      "rank %d: the start vote names rank %d, which is not in "
+                                      "the communicator",
+                                      c->rank, f->fail));
+    struct exec_start_report r = *mine;
+    reshard_status_t st = boot_bcast(c->boot, &r, sizeof(r), c->boot_of[f->fail]);
+    if (st != RESHARD_OK)
+        return break_comm(c, st);
+    if (local != RESHARD_OK)
+        return local; /* our own failure: its message is already recorded */
+    return exec_start_refuse(x->plan, f->fail, &r);
 }
 
 reshard_status_t exec_hello_exchange(struct exec *x, const reshard_buffers_t *bufs, uint32_t seq,
                                      reshard_status_t local, struct exec_run *r, int on_nccl)
 {
     struct reshard_comm *c = x->comm;
-    size_t hb = hello_bytes(x);
+    const reshard_buffers_t *dev = r ? r->dev : NULL;
     uint32_t nexp = 0;
     /* The exports first: a failure to make them is one more reason this rank cannot run. */
-    if (local == RESHARD_OK)
-        local = exec_exports_make(x, r ? r->dev : NULL, &nexp);
-    char *all = rs_calloc((size_t)c->size, hb, "hello");
-    if (!all)
-        local = RESHARD_ERR_NO_MEMORY; /* still join, with a zero-sized view of our own */
-    char mine[sizeof(struct hello)];
-    struct hello *me = all ? (struct hello *)(all + (size_t)c->rank * hb) : (struct hello *)mine;
-    *me = (struct hello){.hash = x->plan->hash,
-                         .seq = seq,
-                         .status = local,
-                         .cuda = r && r->dev && rs_param_int(RS_PARAM_CUDA_IPC),
-                         .nexp = nexp,
-                         .exp_sum = nexp ? checksum(x->exp.mine, nexp * sizeof(*x->exp.mine)) : 0,
-                         .held = x->exp.table};
+    if (local == RESHARD_OK && !on_nccl)
+        local = exec_exports_make(x, dev, &nexp);
+    if (local == RESHARD_OK && !on_nccl)
+        local = exec_links_prepare(x);
+    struct exec_start_report mine = {.status = local, .side = EXEC_SIDE_NONE};
     if (local == RESHARD_ERR_UNAVAILABLE) /* only staging fails so before the exchange */
-        me->side = SIDE_STAGING;
+        mine.side = EXEC_SIDE_STAGING;
     if (local != RESHARD_OK)
-        snprintf(me->why, sizeof(me->why), "%s", rs_error_message());
-    if (local == RESHARD_OK)
-        check_buffers(x, bufs, on_nccl, me);
-    if (!all) { /* cannot take part: tell the others rather than let them time out */
-        boot_abort(c->boot, local, "out of memory starting an execution");
-        c->broken = local;
-        snprintf(c->broken_why, sizeof(c->broken_why), "out of memory starting an execution");
-        return local;
-    }
-    uint64_t *addr = (uint64_t *)(me + 1);
-    for (int t = 0; t < x->plan->ntensors; t++) {
-        addr[2 * t] = (uint64_t)(uintptr_t)bufs[t].dst;
-        addr[2 * t + 1] = (uint64_t)(uintptr_t)(x->tmp.buf ? x->tmp.buf[t] : NULL);
-    }
-    reshard_status_t st = comm_allgather(c, all, hb);
+        snprintf(mine.why, sizeof(mine.why), "%s", rs_error_message());
+    else
+        check_buffers(x, bufs, on_nccl, &mine);
+    int ok = mine.status == RESHARD_OK;
+    int changed = ok && !on_nccl && exec_links_changed(x, bufs, dev);
+    struct exec_start_fold f;
+    exec_start_fold_init(&f, c->rank, x->plan->hash, seq, !ok, changed);
+    struct rs_saved_error why;
+    rs_error_save(&why);
+    reshard_status_t st = boot_allreduce(c->boot, &f, sizeof(f), exec_start_combine, NULL);
     if (st != RESHARD_OK) /* the bootstrap is unusable now */
+        return break_comm(c, st);
+    rs_error_restore(&why);
+    if (f.fail != EXEC_VOTE_NONE)
+        return hear_failure(x, &f, &mine, local);
+    RS_CHECK(exec_start_mismatch(&f, x->plan->hash, seq));
+    if (!f.changed || on_nccl)
+        return RESHARD_OK;
+    st = exec_links_announce(x, bufs, dev, seq);
+    if (st != RESHARD_OK) { /* messages may be in flight: the others must hear of it */
         break_comm(c, st);
-    if (st == RESHARD_OK)
-        st = verdict(x, all, hb, seq, local);
-    if (st == RESHARD_OK && (st = gather_exports(x, r, all, hb, nexp)) != RESHARD_OK)
-        break_comm(c, st);
-    for (int q = 0; r && st == RESHARD_OK && q < c->size; q++) {
-        const uint64_t *a = (const uint64_t *)(hello_of(all, hb, q) + 1);
-        for (int t = 0; t < x->plan->ntensors; t++) {
-            size_t slot = exec_slot(x, q, (uint32_t)t);
-            r->peer_dst[slot] = (char *)(uintptr_t)a[2 * t];
-            r->peer_tmp[slot] = (char *)(uintptr_t)a[2 * t + 1];
-        }
+        boot_abort(c->boot, st, c->broken_why);
     }
-    free(all);
     return st;
 }

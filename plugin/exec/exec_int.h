@@ -20,7 +20,8 @@ struct exec_share {
      * me) by index, and which outgoing ones each incoming one releases. */
     uint32_t *out, *in;
     size_t nout, nin;
-    size_t *out_off, *in_off; /* first chunk of each, then the total */
+    size_t *out_off, *in_off;   /* first chunk of each, then the total */
+    uint32_t *out_tag, *in_tag; /* each one's number in its pair's tags (exec_tag.h) */
     uint32_t *child_first, *child;
     /* Distinct peers this rank sends to (data or notices) and receives from: at the end each
      * receiver acknowledges to its senders, so that an execution ends on a sender only when
@@ -100,27 +101,80 @@ void exec_shadows_fini(struct exec_shadows *s, int ntensors, struct reshard_comm
 
 /* ---- CUDA IPC exports (exec_export.c) ---- */
 
-/* This rank's exports of its device destinations that local peers write, by tensor (cache,
- * made again when a buffer or its allocation changes: key holds the pointer and allocation id
- * of each) and in a row (mine); and every rank's from the last gathering (exec_hello.c): n[q] at
- * all + q * max, that table's checksum `table` (0: none). refused counts allocations that
- * would not export. */
+/* This rank's exports of its device destinations that local peers write, by tensor (cache[t],
+ * tensor UINT32_MAX where the allocation would not export; made again when a buffer or its
+ * allocation changes: key holds the pointer and allocation id of each). refused counts
+ * allocations that would not export. maps: the peers' allocations this plan writes, mapped
+ * here. */
 struct exec_exports {
-    struct cuda_ipc_export *cache, *mine; /* [ntensors] */
-    uint64_t *key;                        /* [2 * ntensors] */
+    struct cuda_ipc_export *cache; /* [ntensors] */
+    uint8_t *live;                 /* [ntensors]: exported for this run */
+    uint64_t *key;                 /* [2 * ntensors] */
     int refused;
-    struct cuda_ipc_export *all;
-    uint32_t max;
-    uint32_t *n; /* [size] */
-    uint64_t table;
-    struct cuda_ipc_maps maps; /* the peers' allocations this plan writes, mapped here */
+    struct cuda_ipc_maps maps;
 };
 
 struct exec;
 /* The exports of this rank's device destinations in dev[] (NULL: none) that local peers write,
- * when CUDA IPC is on: in e->mine, *n of them. */
+ * when CUDA IPC is on: *n of them in the cache. */
 reshard_status_t exec_exports_make(struct exec *x, const reshard_buffers_t *dev, uint32_t *n);
+/* Tensor t's export, or NULL (none, or not made this run). */
+const struct cuda_ipc_export *exec_export_of(const struct exec *x, uint32_t t);
 void exec_exports_fini(struct exec_exports *e, int ntensors);
+
+/* ---- the local pairs: who writes whose memory (exec_link.c) ---- */
+
+/* The local transfers of a pair, writer to receiver, come down to entries: the distinct
+ * (tensor, buffer) the writer writes, ascending, which each end lists from its own transfers.
+ * span: the bytes the receiver's buffer must span (its shard, or the whole tensor). */
+struct exec_entry {
+    uint32_t tensor;
+    uint32_t buf; /* XBUF_DST or XBUF_TMP */
+    uint64_t span;
+};
+
+struct exec_pairs {
+    int n;
+    int *peer;              /* [n], ascending */
+    uint32_t *first;        /* [n + 1]: the peer's entries */
+    struct exec_entry *ent; /* [first[n]] */
+};
+
+/* What a run writes where, kept across runs, and told again only when it changes: a receiver
+ * announces its buffers (and CUDA IPC exports) to each local peer that writes them, a writer
+ * says whether it writes through CUDA IPC. */
+struct exec_links {
+    struct exec_pairs to, from; /* the peers this rank writes into, and those writing into it */
+    int32_t *ent_of;            /* [xs.n]: an outgoing local transfer's entry in to, else -1 */
+    int32_t *writer_of;         /* [xs.n]: an incoming local transfer's writer in from, else -1 */
+    /* As a writer, what each receiver announced, by entry of to. */
+    uint64_t *addr;
+    struct cuda_ipc_export *exp;
+    uint8_t *has_exp;
+    /* As a receiver: whether each writer (of from) writes through CUDA IPC, which of this
+     * rank's destinations went out exported, and what it announced (a digest per tensor). */
+    uint8_t *cuda;
+    uint8_t *exported;  /* [ntensors] */
+    uint64_t *told_key; /* [ntensors] */
+    int told;           /* the peers know the current state (0: tell them at the next start) */
+    int told_cuda;      /* the way of writing this rank last told its receivers */
+    uint64_t local_fp;  /* the local pairs and their paths, for the plan vote */
+    struct link_phase *phase; /* the exchange's messages, made once (exec_links_prepare) */
+};
+
+/* Sends a local transfer to a peer the kernel did not vouch for over the network instead (both
+ * ends alike: exec_vote_plan compares local_fp), then lists the pairs. */
+reshard_status_t exec_links_build(struct exec *x);
+void exec_links_fini(struct exec_links *l);
+/* Did this rank's buffers (bufs, with dev the caller's device buffers or NULL) or its way of
+ * writing change since its peers last heard? */
+int exec_links_changed(const struct exec *x, const reshard_buffers_t *bufs,
+                       const reshard_buffers_t *dev);
+/* The exchange's buffers, made before the start vote so that failing to is a refusal. */
+reshard_status_t exec_links_prepare(struct exec *x);
+/* The exchange itself, on every rank once the start vote said some rank's changed. */
+reshard_status_t exec_links_announce(struct exec *x, const reshard_buffers_t *bufs,
+                                     const reshard_buffers_t *dev, uint32_t seq);
 
 /* ---- what the last execution left (exec_run.c records it) ---- */
 
@@ -143,7 +197,10 @@ struct exec {
     struct exec_tmp tmp;
     struct exec_shadows shadows;
     struct exec_exports exp;
+    struct exec_links links;
     struct exec_last last;
+    /* A communicator plan's world figures, from the plan vote (reshard_plan_stats). */
+    reshard_plan_stats_t world;
 };
 
 #endif

@@ -1,38 +1,45 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "exec_nccl.h"
 
+#include "exec_tag.h"
 #include "region.h"
 #include "base/error.h"
 
 #include <stdlib.h>
 
-/* round[i] for every transfer; *n: rounds in all. Parents come before their children. */
-static reshard_status_t assign_rounds(const struct xfer_set *xs, uint32_t *round, uint32_t *n)
+/* A transfer's round: 0, or 1 for a forward, which reads the forwarder's destination that a
+ * round-0 transfer filled. Both ends see the buffers, though only the forwarder knows the
+ * parent: the rounds agree without the world's list. */
+static reshard_status_t round_of(const struct xfer_set *xs, const struct xfer *xf, uint32_t *round)
 {
-    *n = xs->n ? 1 : 0;
-    for (size_t i = 0; i < xs->n; i++) {
-        uint32_t p = xs->x[i].parent;
-        if (p == XFER_AFTER_INPUTS || xs->x[i].src_buf == XBUF_TMP || xs->x[i].dst_buf == XBUF_TMP)
-            return rs_error(RESHARD_ERR_INVALID_ARG,
-                            "the NCCL executor runs the reshard and direct algorithms; the bcast "
-                            "baseline needs reshard's own executor");
-        if (p != XFER_NONE && p >= i)
-            return rs_error(RESHARD_ERR_INTERNAL, "transfer %zu depends on a later one (%u)", i, p);
-        round[i] = p == XFER_NONE ? 0 : round[p] + 1;
-        if (round[i] + 1 > *n)
-            *n = round[i] + 1;
-    }
+    if (xs->algo == RESHARD_ALGO_BCAST || xf->parent == XFER_AFTER_INPUTS ||
+        xf->src_buf == XBUF_TMP || xf->dst_buf == XBUF_TMP)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "the NCCL executor runs the reshard and direct algorithms; the bcast "
+                        "baseline needs reshard's own executor");
+    *round = xf->src_buf == XBUF_DST;
+    if (*round && xf->parent != XFER_NONE &&
+        (xf->parent >= xs->n || xs->x[xf->parent].src_buf != XBUF_SRC))
+        return rs_error(RESHARD_ERR_INTERNAL, "transfer %zu forwards what no source sent (%u)",
+                        (size_t)(xf - xs->x), xf->parent);
     return RESHARD_OK;
 }
 
 reshard_status_t nccl_rounds(const struct xfer_set *xs, uint32_t *rounds)
 {
-    uint32_t *round = rs_calloc(xs->n + 1, sizeof(uint32_t), "rounds");
-    if (!round)
-        return RESHARD_ERR_NO_MEMORY;
-    reshard_status_t st = assign_rounds(xs, round, rounds);
-    free(round);
-    return st;
+    uint32_t r;
+    if (xs->algo == RESHARD_ALGO_BCAST) /* refused alike on a rank with nothing to do */
+        return round_of(xs, &(struct xfer){.parent = XFER_NONE}, &r);
+    for (size_t i = 0; i < xs->n; i++)
+        RS_CHECK(round_of(xs, &xs->x[i], &r));
+    *rounds = xs->algo == RESHARD_ALGO_DIRECT ? 1 : 2; /* direct forwards nothing */
+    return RESHARD_OK;
+}
+
+static int cmp_canonical(const void *a, const void *b, void *arg)
+{
+    const struct exec_cut *cut = arg;
+    return exec_xfer_cmp(cut, &cut->xs->x[*(const uint32_t *)a], &cut->xs->x[*(const uint32_t *)b]);
 }
 
 /* The transfer's box in the buffer `side` (0 source, 1 destination) of its rank there. */
@@ -77,25 +84,37 @@ reshard_status_t nccl_lower(const struct rs_plan *plan, const struct xfer_set *x
                             const reshard_buffers_t *bufs, const struct nccl_fns *f, void *comm,
                             void *stream)
 {
-    uint32_t *round = rs_calloc(xs->n + 1, sizeof(uint32_t), "rounds"), n = 0;
-    if (!round)
-        return RESHARD_ERR_NO_MEMORY;
-    reshard_status_t st = assign_rounds(xs, round, &n);
+    uint32_t n = 0;
+    RS_CHECK(nccl_rounds(xs, &n));
+    /* This rank's transfers in the canonical order: each pair's sends and receives then meet in
+     * the same order on both ends, whatever else their lists hold. */
+    uint32_t *order = rs_calloc(xs->n + 1, sizeof(uint32_t), "rounds"), mine = 0;
+    uint8_t *round = rs_calloc(xs->n + 1, 1, "rounds");
+    reshard_status_t st = order && round ? RESHARD_OK : RESHARD_ERR_NO_MEMORY;
+    for (size_t i = 0; i < xs->n && st == RESHARD_OK; i++) {
+        uint32_t r = 0;
+        (void)round_of(xs, &xs->x[i], &r); /* checked by nccl_rounds */
+        round[i] = (uint8_t)r;
+        if (xs->x[i].src == rank || xs->x[i].dst == rank)
+            order[mine++] = (uint32_t)i;
+    }
+    struct exec_cut cut = {.plan = plan, .xs = xs};
+    if (st == RESHARD_OK)
+        qsort_r(order, mine, sizeof(*order), cmp_canonical, &cut);
     for (uint32_t k = 0; k < n && st == RESHARD_OK; k++) {
         nccl_result r = f->group_start();
         if (r) {
             st = nccl_error(f, r, "ncclGroupStart (round %u)", k);
             break;
         }
-        for (size_t i = 0; i < xs->n && st == RESHARD_OK; i++) {
-            const struct xfer *xf = &xs->x[i];
-            if (round[i] == k && (xf->src == rank || xf->dst == rank))
-                st = lower_xfer(plan, xs, xf, rank, bufs, f, comm, stream);
-        }
+        for (uint32_t i = 0; i < mine && st == RESHARD_OK; i++)
+            if (round[order[i]] == k)
+                st = lower_xfer(plan, xs, &xs->x[order[i]], rank, bufs, f, comm, stream);
         /* A group is always closed, so that NCCL is left usable after a failure. */
         if ((r = f->group_end()) && st == RESHARD_OK)
             st = nccl_error(f, r, "ncclGroupEnd (round %u)", k);
     }
+    free(order);
     free(round);
     return st;
 }

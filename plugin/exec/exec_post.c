@@ -11,25 +11,13 @@
  */
 #include "exec_run.h"
 
+#include "exec_tag.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "transport/cma.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* Tags: kind (2 bits) | execution (10) | transfer (32) | chunk (20). A packed message
- * (EXEC_TAG_PACK) puts its number among the sender's bundles to that peer in the transfer field
- * and the sender's rank in the chunk field. */
-#define EXEC_TAG_DATA UINT64_C(1)
-#define EXEC_TAG_CTRL UINT64_C(2)
-#define EXEC_TAG_PACK UINT64_C(3)
-#define EXEC_ACK_XFER UINT32_MAX /* the transfer field of an acknowledgement's tag */
-
-static uint64_t exec_tag(uint64_t kind, uint32_t seq, uint32_t xfer, uint32_t chunk)
-{
-    return kind << 62 | (uint64_t)(seq & 1023) << 52 | (uint64_t)xfer << 20 | chunk;
-}
 
 /* Sends queued behind a busy peer are passed over, SEND_SCAN at most. */
 #define SEND_SCAN 64
@@ -256,15 +244,15 @@ static reshard_status_t post_recv(struct exec_run *r, size_t k, uint32_t chunk)
     reshard_status_t st;
     if (xf->path == XFER_LOCAL) {
         c->kind = EXEC_REQ_RECV_CTRL;
-        st = net->ops->recv(net, xf->src, exec_tag(EXEC_TAG_CTRL, r->seq, s->in[k], chunk), NULL, 0,
-                            NULL, &c->req);
+        st = net->ops->recv(net, xf->src, exec_tag(EXEC_TAG_NOTE, r->seq, s->in_tag[k], chunk),
+                            NULL, 0, NULL, &c->req);
     } else {
         c->kind = EXEC_REQ_RECV_DATA;
         struct region rg;
         uint64_t off;
         exec_chunk_region(&x->cut, xf, chunk, 1, &rg);
         char *base = exec_post_base(r, xf, 1), *direct = exec_dev_gdr_at(r, xf, 1, &rg);
-        uint64_t tag = exec_tag(EXEC_TAG_DATA, r->seq, s->in[k], chunk);
+        uint64_t tag = exec_tag(EXEC_TAG_DATA, r->seq, s->in_tag[k], chunk);
         if (direct) { /* GPUDirect: straight into the device buffer */
             st = net->ops->recv(net, xf->src, tag, direct, region_bytes(&rg), exec_dev_mh(r, xf, 1),
                                 &c->req);
@@ -324,9 +312,8 @@ static reshard_status_t post_bundle_recv(struct exec_run *r, uint32_t bi)
         free(v);
     }
     struct tp_ctx *net = x->comm->net;
-    reshard_status_t st =
-        net->ops->recv_iov(net, b->peer, exec_tag(EXEC_TAG_PACK, r->seq, b->id, (uint32_t)b->peer),
-                           c->iov, n, &c->req);
+    reshard_status_t st = net->ops->recv_iov(
+        net, b->peer, exec_tag(EXEC_TAG_PACK, r->seq, b->id, 0), c->iov, n, &c->req);
     if (st != RESHARD_OK) {
         free(c->iov);
         c->iov = NULL;
@@ -349,10 +336,9 @@ static reshard_status_t send_acks(struct exec_run *r)
         struct exec_req *c = &r->ack_out[i];
         *c =
             (struct exec_req){.req.done = on_ack, .run = r, .slot = -1, .kind = EXEC_REQ_SEND_CTRL};
-        RS_CHECK(
-            net->ops->send(net, s->recv_peers[i],
-                           exec_tag(EXEC_TAG_CTRL, r->seq, EXEC_ACK_XFER, (uint32_t)x->comm->rank),
-                           NULL, 0, NULL, 1, &c->req));
+        RS_CHECK(net->ops->send(net, s->recv_peers[i],
+                                exec_tag(EXEC_TAG_RUN, r->seq, EXEC_RUN_ACK, 0), NULL, 0, NULL, 1,
+                                &c->req));
         r->posted++;
     }
     return RESHARD_OK;
@@ -371,7 +357,7 @@ reshard_status_t exec_post_notify(struct exec_run *r, uint32_t o, uint32_t chunk
                            .kind = EXEC_REQ_SEND_CTRL};
     struct tp_ctx *net = x->comm->net;
     RS_CHECK(net->ops->send(net, x->xs.x[s->out[o]].dst,
-                            exec_tag(EXEC_TAG_CTRL, r->seq, s->out[o], chunk), NULL, 0, NULL, 1,
+                            exec_tag(EXEC_TAG_NOTE, r->seq, s->out_tag[o], chunk), NULL, 0, NULL, 1,
                             &c->req));
     r->posted++;
     return RESHARD_OK;
@@ -386,8 +372,7 @@ static reshard_status_t do_local(struct exec_run *r, uint32_t o, uint32_t chunk)
     exec_chunk_region(&x->cut, xf, chunk, 0, &a);
     exec_chunk_region(&x->cut, xf, chunk, 1, &b);
     const char *src = exec_post_base(r, xf, 0);
-    size_t slot = exec_slot(x, xf->dst, xf->tensor);
-    char *dst = xf->dst_buf == XBUF_TMP ? r->peer_tmp[slot] : r->peer_dst[slot];
+    char *dst = (char *)(uintptr_t)x->links.addr[x->links.ent_of[xf - x->xs.x]];
     struct iovec l[256], rm[256];
     size_t n = 0;
     struct region_pair p;
@@ -448,9 +433,8 @@ static int do_bundle(struct exec_run *r, uint32_t bi)
         at += region_bytes(&a);
     }
     struct tp_ctx *net = comm->net;
-    reshard_status_t st =
-        net->ops->send(net, b->peer, exec_tag(EXEC_TAG_PACK, r->seq, b->id, (uint32_t)comm->rank),
-                       buf, b->bytes, comm->staging_mh, 0, &c->req);
+    reshard_status_t st = net->ops->send(net, b->peer, exec_tag(EXEC_TAG_PACK, r->seq, b->id, 0),
+                                         buf, b->bytes, comm->staging_mh, 0, &c->req);
     if (st != RESHARD_OK) {
         comm->free_slots[comm->nfree++] = c->slot;
         exec_run_fail(r, st);
@@ -504,8 +488,8 @@ static int do_net(struct exec_run *r, uint32_t o, uint32_t chunk)
     }
     struct tp_ctx *net = comm->net;
     reshard_status_t st =
-        net->ops->send(net, xf->dst, exec_tag(EXEC_TAG_DATA, r->seq, x->share.out[o], chunk), buf,
-                       region_bytes(&a), mh, 0, &c->req);
+        net->ops->send(net, xf->dst, exec_tag(EXEC_TAG_DATA, r->seq, x->share.out_tag[o], chunk),
+                       buf, region_bytes(&a), mh, 0, &c->req);
     if (st != RESHARD_OK) {
         if (c->slot >= 0)
             comm->free_slots[comm->nfree++] = c->slot;
@@ -584,9 +568,8 @@ reshard_status_t exec_post_start(struct exec_run *r)
         int peer = s->send_peers[i];
         *c =
             (struct exec_req){.req.done = on_ack, .run = r, .slot = -1, .kind = EXEC_REQ_RECV_CTRL};
-        RS_CHECK(net->ops->recv(net, peer,
-                                exec_tag(EXEC_TAG_CTRL, r->seq, EXEC_ACK_XFER, (uint32_t)peer),
-                                NULL, 0, NULL, &c->req));
+        RS_CHECK(net->ops->recv(net, peer, exec_tag(EXEC_TAG_RUN, r->seq, EXEC_RUN_ACK, 0), NULL, 0,
+                                NULL, &c->req));
         r->posted++;
     }
     for (size_t k = 0; k < s->nin; k++)

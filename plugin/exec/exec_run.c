@@ -40,11 +40,7 @@ static void run_free(struct exec_run *r)
         return;
     for (size_t i = 0; r->in_req && i < r->nin_req; i++)
         free(r->in_req[i].iov);
-    free(r->peer_dst);
-    free(r->peer_tmp);
-    free(r->peer_exp);
-    free(r->peer_ipc);
-    free(r->peer_cuda);
+    free(r->ent_ipc);
     free(r->src_staged);
     free(r->in_req);
     free(r->out_req);
@@ -76,14 +72,10 @@ static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs
     r->comm = x->comm;
     r->bufs = bufs;
     r->seq = seq;
-    size_t slots = (size_t)x->comm->size * (size_t)x->plan->ntensors;
-    r->peer_dst = rs_calloc(slots, sizeof(char *), "peer buffers");
-    r->peer_tmp = rs_calloc(slots, sizeof(char *), "peer buffers");
     if (dev) {
         r->dev = dev;
-        r->peer_exp = rs_calloc(slots, sizeof(*r->peer_exp), "peer buffers");
-        r->peer_ipc = rs_calloc(slots, sizeof(char *), "peer buffers");
-        r->peer_cuda = rs_calloc((size_t)x->comm->size, 1, "peer buffers");
+        r->ent_ipc =
+            rs_calloc((size_t)x->links.to.first[x->links.to.n] + 1, sizeof(char *), "peer buffers");
         r->src_staged = rs_calloc((size_t)x->plan->ntensors, 1, "peer buffers");
     }
     r->nin_req = s->in_off[s->nin];
@@ -95,10 +87,8 @@ static reshard_status_t run_create(struct exec *x, const reshard_buffers_t *bufs
     r->peer_inflight = rs_calloc((size_t)x->comm->size, sizeof(int), "sends in flight");
     r->ack_in = rs_calloc((size_t)s->nsend_peers + 1, sizeof(*r->ack_in), "acknowledgements");
     r->ack_out = rs_calloc((size_t)s->nrecv_peers + 1, sizeof(*r->ack_out), "acknowledgements");
-    if (!r->peer_dst || !r->peer_tmp ||
-        (dev && (!r->peer_exp || !r->peer_ipc || !r->peer_cuda || !r->src_staged)) || !r->in_req ||
-        !r->out_req || !r->in_arrived || !r->tmp_left || !r->dst_left || !r->peer_inflight ||
-        !r->ack_in || !r->ack_out) {
+    if ((dev && (!r->ent_ipc || !r->src_staged)) || !r->in_req || !r->out_req || !r->in_arrived ||
+        !r->tmp_left || !r->dst_left || !r->peer_inflight || !r->ack_in || !r->ack_out) {
         run_free(r);
         return RESHARD_ERR_NO_MEMORY;
     }
@@ -185,6 +175,23 @@ static int run_done(const struct exec_run *r)
     return !r->in_left && !r->out_left && r->acked && !r->acks_in_left && !r->acks_out_left;
 }
 
+/* A peer's failure seen while this run waits may come after everything it needed arrived:
+ * a rank returns once its acknowledgements are sent, and may exit before they are read. Given
+ * a moment, the run completes, and succeeds; the failure stays with the bootstrap, for the
+ * next collective to report. */
+static int done_anyway(struct exec_run *r)
+{
+    struct tp_ctx *net = r->x->comm->net;
+    for (int64_t end = rs_now_ms() + CAUSE_WAIT_MS; r->st == RESHARD_OK && !run_done(r);) {
+        exec_dev_poll(r);
+        if (exec_post_drain(r) != RESHARD_OK || rs_now_ms() >= end)
+            break;
+        if (!net->ops->progress(net))
+            (void)net->ops->wait(net, WAIT_CAP_MS);
+    }
+    return r->st == RESHARD_OK && run_done(r);
+}
+
 static reshard_status_t wait_done(struct exec_run *r)
 {
     struct exec *x = r->x;
@@ -199,7 +206,9 @@ static reshard_status_t wait_done(struct exec_run *r)
                                              x->comm->rank));
         if (rs_now_ms() >= next_check) { /* a rank that failed or aborted says so here */
             reshard_status_t st = boot_check(x->comm->boot);
-            if (st != RESHARD_OK)
+            if (st != RESHARD_OK && st != RESHARD_ERR_NETWORK)
+                return exec_run_fail(r, st);
+            if (st != RESHARD_OK && !done_anyway(r)) /* a rank gone: perhaps after its part */
                 return exec_run_fail(r, st);
             next_check = rs_now_ms() + BOOT_CHECK_MS;
         }

@@ -48,7 +48,6 @@ struct exec_run {
     struct exec *x; /* not to be touched once draining: a kept run may outlive its plan */
     struct reshard_comm *comm;
     const reshard_buffers_t *bufs;
-    char **peer_dst, **peer_tmp; /* [size * ntensors]: where local writes go */
     uint32_t seq;
     reshard_status_t st;
     char why[RS_ERROR_MAX];
@@ -67,12 +66,10 @@ struct exec_run {
     int *peer_inflight; /* [size] */
     int64_t last_event_ms;
     /* Device buffers: dev is the caller's buffers, bufs their host shadows (NULL: no device
-     * buffers). Every rank's exported destinations (by peer and tensor in peer_exp) and whether
-     * it has device buffers (peer_cuda: such a rank writes through IPC). */
+     * buffers). Where the local peers' exported destinations are mapped here, by entry of the
+     * links' to (on first use). */
     const reshard_buffers_t *dev;
-    const struct cuda_ipc_export **peer_exp; /* [size * ntensors] */
-    char **peer_ipc;                         /* [size * ntensors]: mapped here, on first use */
-    uint8_t *peer_cuda;                      /* [size] */
+    char **ent_ipc;
     int gdr; /* device buffers are registered (regs.dev): contiguous network chunks use them */
     int gdr_landed;      /* a chunk came in that way: flushed before the GPU reads it */
     uint8_t *src_staged; /* [ntensors]: the device source was copied to its shadow */
@@ -81,12 +78,6 @@ struct exec_run {
     } ipc_q[CUDA_IPC_EVENTS]; /* copies on the IPC stream, in order; event i % CUDA_IPC_EVENTS */
     size_t ipc_head, ipc_tail;
 };
-
-/* Where rank's buffer of a tensor sits in the [size * ntensors] tables of a run. */
-static inline size_t exec_slot(const struct exec *x, int rank, uint32_t tensor)
-{
-    return (size_t)rank * (size_t)x->plan->ntensors + tensor;
-}
 
 /* ---- exec_run.c ---- */
 

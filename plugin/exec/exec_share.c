@@ -52,8 +52,14 @@ static reshard_status_t prefix_chunks(const struct exec_cut *cut, const uint32_t
     for (size_t i = 0; i < n; i++) {
         int64_t c = exec_nchunks(cut, &cut->xs->x[list[i]]);
         if (c > EXEC_MAX_CHUNKS)
-            return rs_error(RESHARD_ERR_TOO_LARGE, "transfer of %lld bytes: over 2^20 chunks",
-                            (long long)cut->xs->x[list[i]].bytes);
+            return rs_error(RESHARD_ERR_TOO_LARGE,
+                            "a transfer of %lld bytes of tensor %s (rank %d to rank %d) is %lld "
+                            "chunks of RESHARD_CHUNK_BYTES=%lld, more than the %lld a message tag "
+                            "can number: raise RESHARD_CHUNK_BYTES",
+                            (long long)cut->xs->x[list[i]].bytes,
+                            cut->plan->tensors[cut->xs->x[list[i]].tensor].name,
+                            cut->xs->x[list[i]].src, cut->xs->x[list[i]].dst, (long long)c,
+                            (long long)cut->chunk_bytes, (long long)EXEC_MAX_CHUNKS);
         (*off)[i + 1] = (*off)[i] + (size_t)c;
     }
     return RESHARD_OK;
@@ -190,7 +196,9 @@ static reshard_status_t pick(struct exec_share *s, const struct xfer_set *xs, in
     }
     s->out = rs_calloc(s->nout + 1, sizeof(uint32_t), "transfers");
     s->in = rs_calloc(s->nin + 1, sizeof(uint32_t), "transfers");
-    if (!s->out || !s->in)
+    s->out_tag = rs_calloc(s->nout + 1, sizeof(uint32_t), "transfers");
+    s->in_tag = rs_calloc(s->nin + 1, sizeof(uint32_t), "transfers");
+    if (!s->out || !s->in || !s->out_tag || !s->in_tag)
         return RESHARD_ERR_NO_MEMORY;
     size_t no = 0, ni = 0;
     for (size_t i = 0; i < xs->n; i++) {
@@ -240,6 +248,8 @@ void exec_share_fini(struct exec_share *s)
     free(s->in);
     free(s->out_off);
     free(s->in_off);
+    free(s->out_tag);
+    free(s->in_tag);
     free(s->child_first);
     free(s->child);
     free(s->send_peers);

@@ -81,18 +81,20 @@ free_inputs:
     return st;
 }
 
-/* The destination ranks of a layout, first appearance in mesh order. */
-static int ring_order(const struct rs_layout *dst, int first, int *chain)
+/* The destination ranks of a layout, first appearance in mesh order, after `first`. seen has
+ * room for every rank of the topology. */
+static int ring_order(const struct rs_layout *dst, int first, int *chain, uint8_t *seen)
 {
     int n = 0;
     chain[n++] = first;
-    for (int i = 0; i < dst->nranks; i++) {
-        int dup = 0;
-        for (int k = 0; k < n && !dup; k++)
-            dup = chain[k] == dst->ranks[i];
-        if (!dup)
+    seen[first] = 1;
+    for (int i = 0; i < dst->nranks; i++)
+        if (!seen[dst->ranks[i]]) {
+            seen[dst->ranks[i]] = 1;
             chain[n++] = dst->ranks[i];
-    }
+        }
+    for (int i = 0; i < n; i++)
+        seen[chain[i]] = 0;
     return n;
 }
 
@@ -139,37 +141,49 @@ static reshard_status_t push_extracts(struct xfer_set *s, const struct plan_tens
     }
 }
 
-static reshard_status_t push_ring(struct xfer_set *s, const struct rs_plan *plan, uint32_t t)
+static int in_scope(const struct rs_plan *plan, int rank)
+{
+    return plan->scope == PLAN_ALL_RANKS || plan->scope == rank;
+}
+
+/* The ring of whole-tensor hops over a tensor's destination ranks, and each one's extracts:
+ * at a rank's scope, only the hops into and out of it (the hop out waits for the hop in, or
+ * for the gather at the first rank) and its own extracts. Finding its place in the ring
+ * walks the tensor's destination ranks: O(ranks) per tensor, the one term of this baseline
+ * that grows with the world. */
+static reshard_status_t push_ring(struct xfer_set *s, const struct rs_plan *plan, uint32_t t,
+                                  int *chain, uint8_t *seen)
 {
     const struct plan_tensor *pt = &plan->tensors[t];
     int ndim = pt->dst.ndim, first = pt->src.ranks[0];
-    int *chain = rs_calloc((size_t)pt->dst.nranks + 1, sizeof(int), "ring");
-    if (!chain)
-        return RESHARD_ERR_NO_MEMORY;
-    int n = ring_order(&pt->dst, first, chain);
+    int n = ring_order(&pt->dst, first, chain, seen);
     int64_t start[RS_MAX_DIMS] = {0};
     int64_t bytes = (int64_t)dtype_size(pt->dst.dtype) * layout_numel(&pt->dst);
-    uint32_t box, prev = XFER_AFTER_INPUTS;
-    reshard_status_t st;
-    RS_CHECK_GOTO(push_box(s, ndim, start, pt->dst.shape, &box), st, free_chain);
+    uint32_t box = 0, prev = XFER_AFTER_INPUTS;
+    int boxed = 0;
     for (int i = 0; i + 1 < n; i++) {
+        if (!in_scope(plan, chain[i]) && !in_scope(plan, chain[i + 1]))
+            continue;
+        if (!boxed++)
+            RS_CHECK(push_box(s, ndim, start, pt->dst.shape, &box));
         struct xfer x = {.bytes = bytes,
                          .box = box,
                          .tensor = t,
-                         .parent = prev,
+                         .parent = i == 0 ? XFER_AFTER_INPUTS : prev,
                          .src = chain[i],
                          .dst = chain[i + 1],
                          .path = (uint8_t)path_between(&plan->topo, chain[i], chain[i + 1]),
                          .src_buf = XBUF_TMP,
                          .dst_buf = XBUF_TMP};
+        if (!in_scope(plan, chain[i]))
+            x.parent = XFER_NONE; /* the hop into this rank: its sender knows what it waits for */
         prev = (uint32_t)s->n;
-        RS_CHECK_GOTO(push(s, x), st, free_chain);
+        RS_CHECK(push(s, x));
     }
     for (int i = 0; i < n; i++)
-        RS_CHECK_GOTO(push_extracts(s, pt, t, chain[i]), st, free_chain);
-free_chain:
-    free(chain);
-    return st;
+        if (in_scope(plan, chain[i]))
+            RS_CHECK(push_extracts(s, pt, t, chain[i]));
+    return RESHARD_OK;
 }
 
 static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set *s)
@@ -177,6 +191,8 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
     int nt = plan->ntensors;
     struct plan_input *in = rs_calloc((size_t)nt, sizeof(*in), "plan inputs");
     struct rs_layout *whole = rs_calloc((size_t)nt, sizeof(*whole), "gather layouts");
+    int *chain = NULL;
+    uint8_t *seen = NULL;
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     if (!in || !whole)
         goto free_inputs;
@@ -213,10 +229,18 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
                          .dst_buf = XBUF_TMP};
         RS_CHECK_GOTO(push(s, x), st, free_inputs);
     }
+    chain = rs_calloc((size_t)plan->topo.nranks + 1, sizeof(int), "ring");
+    seen = rs_calloc((size_t)plan->topo.nranks + 1, 1, "ring");
+    if (!chain || !seen) {
+        st = RESHARD_ERR_NO_MEMORY;
+        goto free_inputs;
+    }
     for (int t = 0; t < nt; t++)
-        RS_CHECK_GOTO(push_ring(s, plan, (uint32_t)t), st, free_inputs);
+        RS_CHECK_GOTO(push_ring(s, plan, (uint32_t)t, chain, seen), st, free_inputs);
     s->needs_tmp = 1;
 free_inputs:
+    free(seen);
+    free(chain);
     free(whole);
     free(in);
     return st;
@@ -244,6 +268,7 @@ reshard_status_t xfer_build(const struct rs_plan *plan, reshard_algo_t algo, str
         xfer_free(&s);
         return st;
     }
+    s.algo = algo;
     *out = s;
     return RESHARD_OK;
 }

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Transfers: what the executor runs. Every algorithm becomes one list, the same on every rank:
+ * Transfers: what the executor runs. Every algorithm becomes one list, of the plan's scope: every
+ * rank's transfers for a plan of every rank, one rank's own (those it sends or receives) for a
+ * plan of one rank, as a communicator's ranks hold:
  *   reshard  the plan's ops (FWD ops become local transfers out of the forwarder's destination);
  *   direct   a plan on singleton domains (no dedupe), each op on the path its ranks' real
  *            domains give it;
@@ -9,6 +11,12 @@
  *            shard out of the whole tensor.
  * A transfer with a parent starts chunk by chunk as its parent's chunks arrive (the pipeline);
  * XFER_AFTER_INPUTS waits until everything bound for its source's whole-tensor buffer arrived.
+ * A parent is known only to the transfer's sender: in a plan of one rank, what that rank
+ * receives has none.
+ *
+ * At a rank's scope the reshard and direct lists cost the rank's own ops; the broadcast
+ * baseline also walks each tensor's destination ranks to find the rank's place in the ring,
+ * O(world) per tensor.
  */
 #ifndef RS_XFER_H
 #define RS_XFER_H
@@ -38,6 +46,7 @@ struct xfer_set {
     struct rs_boxes own;
     struct rs_plan *aux; /* direct: the singleton-domain plan; bcast: the gather plan */
     int needs_tmp;       /* bcast: ranks holding a whole-tensor buffer */
+    reshard_algo_t algo;
 };
 
 /* plan was made on the communicator's topology. */

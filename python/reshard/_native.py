@@ -109,6 +109,7 @@ class Counters(ctypes.Structure):
         for name in (
             "net_out", "net_in", "local_out", "local_in", "self",
             "ctrl_msgs", "net_msgs", "ipc_out", "gdr_out", "gdr_in",
+            "boot_out", "boot_in", "ctrl_bytes_out", "ctrl_bytes_in",
         )
     ]
 

@@ -13,6 +13,7 @@
 #include "perf_pattern.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -88,6 +89,13 @@ struct ctx {
     const struct model *model;  /* --manifest, else NULL */
     double max_msgs;            /* most data messages a rank sent per iteration */
     int max_msgs_rank;
+    /* This rank's control plane per execute (bootstrap and control messages, both ways): the
+     * most in a plan's first refit and in the others; and how long making things took. */
+    struct ctrl_figures {
+        double first, steady, comm_ms, plan_ms;
+    } ctrl;
+    double most[5]; /* over the ranks (gather_control) */
+    int most_rank[5];
 };
 
 /* ---- small helpers ---- */
@@ -416,6 +424,11 @@ static int gather_max(struct ctx *c, double v, double *max)
     return 0;
 }
 
+static uint64_t ctrl_bytes(const reshard_comm_counters_t *n)
+{
+    return n->boot_out + n->boot_in + n->ctrl_bytes_out + n->ctrl_bytes_in;
+}
+
 /* Execute number `iter`; time_us, when not NULL, gets the slowest rank's time. */
 static int iterate(struct ctx *c, reshard_plan_t *plan, const struct tensor_run *t, int nt,
                    reshard_buffers_t *bufs, int iter, double *time_us, uint64_t *wrong)
@@ -430,11 +443,17 @@ static int iterate(struct ctx *c, reshard_plan_t *plan, const struct tensor_run 
     }
     if (!ok(c, reshard_comm_barrier(c->comm), "reshard_comm_barrier"))
         return 1;
+    reshard_comm_counters_t n0, n1;
+    reshard_comm_counters(c->comm, &n0); /* local: no collective around the execute */
     double t0 = now_s();
     reshard_status_t st = reshard_plan_execute(plan, bufs);
     double t1 = now_s();
     if (!ok(c, st, "reshard_plan_execute"))
         return 1;
+    reshard_comm_counters(c->comm, &n1);
+    double *most = iter == 0 ? &c->ctrl.first : &c->ctrl.steady;
+    double ctrl = (double)(ctrl_bytes(&n1) - ctrl_bytes(&n0));
+    *most = ctrl > *most ? ctrl : *most;
     for (int i = 0; c->o->check && i < nt; i++)
         if (t[i].dbuf)
             *wrong += shard_check(&t[i].dmap, t[i].dbuf, pattern_key(i, iter));
@@ -600,11 +619,16 @@ static int run_algo(struct ctx *c, struct row row, const struct tensor_run *t, i
         tensors[i] = (reshard_tensor_t){.src = t[i].src, .dst = t[i].dst};
     row.algo = algo;
     cfg.algo = algo;
+    double t0 = now_s();
     int rc = !ok(c, reshard_comm_plan_create(c->comm, tensors, nt, &cfg, &plan),
                  "reshard_comm_plan_create");
+    double ms = (now_s() - t0) * 1e3;
+    c->ctrl.plan_ms = ms > c->ctrl.plan_ms ? ms : c->ctrl.plan_ms;
     free(tensors);
-    if (!rc)
-        rc = !ok(c, reshard_plan_stats(plan, &ps, c->ranks), "reshard_plan_stats");
+    if (!rc) /* every rank's own row: a communicator plan holds only this rank's */
+        rc = !ok(c, reshard_plan_stats(plan, &ps, c->ranks), "reshard_plan_stats") ||
+             !ok(c, reshard_comm_allgather(c->comm, c->ranks, sizeof(*c->ranks)),
+                 "reshard_comm_allgather");
     if (!rc)
         rc = measure(c, plan, t, nt);
     reshard_plan_destroy(plan);
@@ -753,6 +777,38 @@ static int print_header(struct ctx *c)
     return 0;
 }
 
+/* The largest of one figure over ranks first .. n-1, and the rank. */
+static void most_of(const struct ctrl_figures *all, int first, int n, size_t field, double *v,
+                    int *rank)
+{
+    *v = -1;
+    *rank = first;
+    for (int r = first; r < n; r++) {
+        double x = *(const double *)((const char *)&all[r] + field);
+        if (x > *v)
+            *v = x, *rank = r;
+    }
+}
+
+/* Every rank's control-plane figures, gathered (collective): the largest of each and its rank
+ * into c->most, c->most_rank (steady, first, comm_ms, plan_ms). */
+static int gather_control(struct ctx *c)
+{
+    struct ctrl_figures *all = xcalloc((size_t)c->size, sizeof(*all), c->rank);
+    if (!all)
+        return 1;
+    all[c->rank] = c->ctrl;
+    int rc = !ok(c, reshard_comm_allgather(c->comm, all, sizeof(*all)), "reshard_comm_allgather");
+    static const size_t field[5] = {
+        offsetof(struct ctrl_figures, steady), offsetof(struct ctrl_figures, first),
+        offsetof(struct ctrl_figures, comm_ms), offsetof(struct ctrl_figures, plan_ms),
+        offsetof(struct ctrl_figures, steady)};
+    for (int k = 0; !rc && k < 5; k++) /* the last: rank 0, the bootstrap's root, aside */
+        most_of(all, k == 4 && c->size > 1, c->size, field[k], &c->most[k], &c->most_rank[k]);
+    free(all);
+    return rc;
+}
+
 static int print_footer(const struct ctx *c)
 {
     int bad = c->wrong > 0 || c->differ > 0;
@@ -762,6 +818,16 @@ static int print_footer(const struct ctx *c)
     printf("# Byte counts vs plan : %d ranks differ %s\n", c->differ, c->differ ? "FAILED" : "OK");
     printf("# Data messages        : at most %.0f per rank per iteration (rank %d)\n", c->max_msgs,
            c->max_msgs_rank);
+    printf("# Control bytes        : at most %.0f per rank per iteration (rank %d)\n", c->most[0],
+           c->most_rank[0]);
+    printf("# Control bytes, first : at most %.0f per rank in a plan's first refit (rank %d)\n",
+           c->most[1], c->most_rank[1]);
+    printf("# Control bytes, others: at most %.0f per rank per iteration (rank %d; the "
+           "bootstrap's root aside)\n",
+           c->most[4], c->most_rank[4]);
+    printf("# Communicator made in : %.1f ms (slowest: rank %d)\n", c->most[2], c->most_rank[2]);
+    printf("# Plans made in        : %.1f ms at most (slowest: rank %d)\n", c->most[3],
+           c->most_rank[3]);
     for (int i = 0; i < c->nnotes; i++)
         printf("#   %s\n", c->notes[i]);
     printf("# Avg bus bandwidth    : %.2f\n#\n", c->nrows ? c->busbw_sum / c->nrows : 0.0);
@@ -808,8 +874,10 @@ static int run_rank(const struct opts *o, struct sweep *sw, const reshard_unique
                     int size)
 {
     struct ctx c = {.o = o, .sw = sw, .rank = id ? rank : env_rank()};
+    double t0 = now_s();
     reshard_status_t st =
         id ? reshard_comm_init_rank(id, rank, size, &c.comm) : reshard_comm_init_env(&c.comm);
+    c.ctrl.comm_ms = (now_s() - t0) * 1e3;
     if (st != RESHARD_OK)
         return lib_fail(c.rank, id ? "reshard_comm_init_rank" : "reshard_comm_init_env", st);
     c.rank = reshard_comm_rank(c.comm);
@@ -823,6 +891,8 @@ static int run_rank(const struct opts *o, struct sweep *sw, const reshard_unique
         failed = run_model(&c);
     for (int i = 0; i < sw->n && !rc && !failed; i++)
         failed = run_size(&c, i);
+    if (!rc && !failed)
+        failed = gather_control(&c);
     if (!rc && !failed)
         rc = print_footer(&c);
     ctx_free(&c);

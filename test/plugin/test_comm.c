@@ -113,6 +113,11 @@ static reshard_status_t device_memory_on_rank2(int rank, int size, reshard_comm_
     if (st == RESHARD_ERR_UNAVAILABLE &&
         (reshard_plan_execute(x.plan, &x.b) != RESHARD_OK || count_wrong(x.dst, rank, x.d)))
         st = RESHARD_ERR_INTERNAL;
+    /* This rank returns a failure, so run_ranks will not destroy the communicator (a barrier):
+     * it would exit at once, while a sender may still wait for its acknowledgement and then
+     * see a rank gone ("closed the connection (did it die?)"). Leave together instead. */
+    if (st == RESHARD_ERR_UNAVAILABLE && reshard_comm_barrier(comm) != RESHARD_OK)
+        st = RESHARD_ERR_INTERNAL;
     side_close(&x);
     return st == RESHARD_ERR_UNAVAILABLE ? rs_error(st, "%s", why) : st; /* the first message */
 }

@@ -255,7 +255,10 @@ static int recover(int rank, reshard_comm_t *comm, reshard_layout_t **w, reshard
     reshard_plan_stats_t ps;
     reshard_rank_stats_t after[6];
     int replica = victim ^ 2;
-    if (ok && (reshard_plan_stats(plan, &ps, after) != RESHARD_OK || after[victim].net_out ||
+    /* a communicator plan gives this rank's own row: every rank's, gathered */
+    if (ok && (reshard_plan_stats(plan, &ps, after) != RESHARD_OK ||
+               reshard_comm_allgather(nc, after, sizeof(after[0])) != RESHARD_OK ||
+               after[victim].net_out ||
                after[replica].net_out != before[victim].net_out + before[replica].net_out)) {
         fprintf(stderr, "rank %d: replica %d sends %llu, was %llu + %llu\n", rank, replica,
                 (unsigned long long)after[replica].net_out,
@@ -304,6 +307,8 @@ static reshard_status_t shrink_survivor(int rank, int size, reshard_comm_t *comm
     reshard_plan_stats_t ps;
     if (st == RESHARD_OK)
         st = reshard_plan_stats(plan, &ps, before);
+    if (st == RESHARD_OK) /* every rank's own row */
+        st = reshard_comm_allgather(comm, before, sizeof(before[0]));
     size_t sb = 0, db = 0;
     reshard_layout_shard_bytes(w[0], rank, &sb);
     reshard_layout_shard_bytes(w[1], rank, &db);

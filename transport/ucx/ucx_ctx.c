@@ -36,6 +36,7 @@ struct ucx_ctx {
     ucp_worker_h worker;
     int efd;
     int rank, size;
+    int by_rank;     /* a communicator: peers are ranks, and tags carry the sender's */
     int peer_errors; /* UCX's peer error mode, on request (it costs bandwidth) */
     struct ucx_peer *peers;
     size_t peers_cap;
@@ -128,6 +129,7 @@ static reshard_status_t ucx_init(const struct tp_config *cfg, struct tp_ctx **ou
     u->f = f;
     u->rank = cfg->rank;
     u->size = cfg->size;
+    u->by_rank = cfg->size > 0;
     u->peer_errors = cfg->peer_errors;
     u->efd = -1;
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
@@ -321,6 +323,16 @@ static reshard_status_t posted(struct ucx_ctx *u, struct tp_req *req, ucs_status
     return RESHARD_OK;
 }
 
+/* A communicator's context (peers numbered by rank) carries the sender's rank above the
+ * caller's TP_TAG_BITS, so that a receive matches its peer as well as its tag (tp.h). The NCCL
+ * plugin's contexts number peers per side and keep the tag as given. */
+static uint64_t wire_tag(const struct ucx_ctx *u, int sender, uint64_t tag)
+{
+    if (!u->by_rank)
+        return tag;
+    return (tag & TP_TAG_MASK) | (uint64_t)(uint32_t)sender << TP_TAG_BITS;
+}
+
 static reshard_status_t ucx_send(struct tp_ctx *c, int peer, uint64_t tag, const void *buf,
                                  size_t len, void *mh, int ctrl, struct tp_req *req)
 {
@@ -335,7 +347,8 @@ static reshard_status_t ucx_send(struct tp_ctx *c, int peer, uint64_t tag, const
         .user_data = req,
         .memh = mh,
     };
-    return posted(u, req, u->f->ucp_tag_send_nbx(ep, buf, len, tag, &p), "tag send");
+    return posted(u, req, u->f->ucp_tag_send_nbx(ep, buf, len, wire_tag(u, u->rank, tag), &p),
+                  "tag send");
 }
 
 static reshard_status_t ucx_recv(struct tp_ctx *c, int peer, uint64_t tag, void *buf, size_t len,
@@ -350,8 +363,9 @@ static reshard_status_t ucx_recv(struct tp_ctx *c, int peer, uint64_t tag, void 
         .user_data = req,
         .memh = mh,
     };
-    return posted(u, req, u->f->ucp_tag_recv_nbx(u->worker, buf, len, tag, UINT64_MAX, &p),
-                  "tag recv");
+    return posted(
+        u, req, u->f->ucp_tag_recv_nbx(u->worker, buf, len, wire_tag(u, peer, tag), UINT64_MAX, &p),
+        "tag recv");
 }
 
 static reshard_status_t ucx_recv_iov(struct tp_ctx *c, int peer, uint64_t tag,
@@ -369,8 +383,10 @@ static reshard_status_t ucx_recv_iov(struct tp_ctx *c, int peer, uint64_t tag,
         .user_data = req,
         .datatype = ucp_dt_make_iov(),
     };
-    return posted(u, req, u->f->ucp_tag_recv_nbx(u->worker, (void *)iov, n, tag, UINT64_MAX, &p),
-                  "tag recv");
+    return posted(
+        u, req,
+        u->f->ucp_tag_recv_nbx(u->worker, (void *)iov, n, wire_tag(u, peer, tag), UINT64_MAX, &p),
+        "tag recv");
 }
 
 static void ucx_cancel(struct tp_ctx *c, struct tp_req *req)

@@ -134,7 +134,8 @@ struct pair {
     const char *src, *dst;
 };
 
-/* Plans the pairs on `world` ranks in domains of `dsize`, lowers every rank into the recorder,
+/* Plans the pairs on `world` ranks in domains of `dsize`, each rank alone (its own transfers,
+ * as a communicator rank holds them), lowers every rank from its own plan into the recorder,
  * checks the matching, plays it, and returns the wrong elements over all destinations. */
 static long lower_and_play(const struct pair *pairs, int n, int world, int dsize,
                            reshard_algo_t algo, uint32_t *rounds)
@@ -148,16 +149,21 @@ static long lower_and_play(const struct pair *pairs, int n, int world, int dsize
         t[i] = (reshard_tensor_t){NULL, l[i][0], l[i][1]};
     }
     reshard_topo_t *topo;
-    reshard_plan_t *plan;
     cr_assert_eq(reshard_topo_create(world, dsize, NULL, &topo), RESHARD_OK);
-    cr_assert_eq(reshard_plan_create(t, n, topo, NULL, &plan), RESHARD_OK, "%s",
-                 reshard_last_error());
-    struct xfer_set xs;
-    cr_assert_eq(xfer_build(plan->p, algo, &xs), RESHARD_OK, "%s", reshard_last_error());
-    cr_assert_eq(nccl_rounds(&xs, rounds), RESHARD_OK);
-
     reshard_buffers_t bufs[RANKS][16];
     for (int r = 0; r < world; r++) {
+        reshard_plan_t *plan;
+        cr_assert_eq(reshard_plan_create_rank(t, n, topo, NULL, r, &plan), RESHARD_OK, "%s",
+                     reshard_last_error());
+        struct xfer_set xs;
+        uint32_t mine;
+        cr_assert_eq(xfer_build(plan->p, algo, &xs), RESHARD_OK, "%s", reshard_last_error());
+        cr_assert_eq(nccl_rounds(&xs, &mine), RESHARD_OK);
+        if (r == 0)
+            *rounds = mine;
+        cr_assert_eq(mine, *rounds, "rank %d lowers in %u rounds, rank 0 in %u", r, mine, *rounds);
+        for (size_t i = 0; i < xs.n; i++)
+            cr_assert(xs.x[i].src == r || xs.x[i].dst == r, "rank %d's list holds only its own", r);
         for (int i = 0; i < n; i++) {
             size_t sb = 0, db = 0;
             reshard_layout_shard_bytes(l[i][0], r, &sb);
@@ -171,6 +177,8 @@ static long lower_and_play(const struct pair *pairs, int n, int world, int dsize
         rec.rank = r;
         cr_assert_eq(nccl_lower(plan->p, &xs, r, bufs[r], &fake, &comm, NULL), RESHARD_OK, "%s",
                      reshard_last_error());
+        xfer_free(&xs);
+        reshard_plan_destroy(plan);
     }
     cr_assert_eq(rec.bad_datatype + rec.outside_group + rec.nested, 0,
                  "bytes only, inside groups, never nested");
@@ -212,8 +220,6 @@ static long lower_and_play(const struct pair *pairs, int n, int world, int dsize
             free((void *)bufs[r][i].src);
             free(bufs[r][i].dst);
         }
-    xfer_free(&xs);
-    reshard_plan_destroy(plan);
     reshard_topo_destroy(topo);
     for (int i = 0; i < n; i++) {
         reshard_layout_destroy(l[i][0]);

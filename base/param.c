@@ -33,7 +33,9 @@ static struct param params[RS_PARAM_COUNT] = {
 
 /* What a row of the table cannot say in one line: the largest integer a setting takes (past it
  * the value would overflow where it is used, or mean nothing), and the words a string setting
- * takes (matched ignoring case; the table's spelling is the value in force). */
+ * takes (matched ignoring case; the table's spelling is the value in force). TRANSPORT and
+ * EXECUTOR are not here: a transport or executor that does not exist is an error where it is
+ * used, naming the value, rather than a quiet fall back to the default. */
 static const struct {
     enum rs_param id;
     int64_t max;
@@ -55,8 +57,6 @@ static const struct {
     const char *words[5]; /* NULL-terminated */
 } param_words[] = {
     {RS_PARAM_DEBUG, {"NONE", "WARN", "INFO", "TRACE", NULL}},
-    {RS_PARAM_TRANSPORT, {"auto", "ib", "ucx", NULL}},
-    {RS_PARAM_EXECUTOR, {"native", "nccl", NULL}},
 };
 
 /* RESHARD_ names that the project's tests, scripts and Python binding read, not the library:

@@ -353,7 +353,7 @@ Test(reshard_plan, a_failure_is_one_line, .timeout = 60)
 Test(reshard_plan, bad_settings_are_one_warning_and_the_table_shows_what_is_in_force, .timeout = 60)
 {
     int rc = run_capturef(out, sizeof(out),
-                          "RESHARD_TIMOUT=3 RESHARD_TIMEOUT=soon RESHARD_TRANSPORT=UCX "
+                          "RESHARD_TIMOUT=3 RESHARD_TIMEOUT=soon RESHARD_DEBUG=warn "
                           "%s/reshard-plan --dump-config",
                           build_dir());
     cr_assert_eq(rc, 0, "%s", out);
@@ -365,7 +365,7 @@ Test(reshard_plan, bad_settings_are_one_warning_and_the_table_shows_what_is_in_f
                           "stays\n"),
               "%s", out);
     cr_assert(strstr(out, "\nRESHARD_TIMEOUT                300          default  # "), "%s", out);
-    cr_assert(strstr(out, "\nRESHARD_TRANSPORT              ucx          env      # "), "%s", out);
+    cr_assert(strstr(out, "\nRESHARD_DEBUG                  WARN         env      # "), "%s", out);
 }
 
 /* gen-manifest.py writes the sizes of the buffers its views share, and they hold exactly the

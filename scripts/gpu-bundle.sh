@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 #
-# usage: scripts/gpu-bundle.sh [--out DIR] [--max-mib N]     (-h, --help: this text)
+# usage: scripts/gpu-bundle.sh [--out DIR] [--max-mib N] [--no-make]   (-h, --help: this text)
 #
 # Makes what scripts/gpu-check.sh needs on a GPU machine that can build nothing and reach no
 # package archive (Ubuntu 24.04 with Python, torch and NCCL from pip): builds here (make all
@@ -24,6 +24,8 @@
 # libgcc_s stay the image's (newer, and shared with torch). Debug information is stripped; the
 # bundle must stay under --max-mib (default 48: a device run carries at most 64 MiB with the
 # working tree). Needs make, a C compiler, patchelf, binutils (apt-get install patchelf).
+# --no-make gathers the build as it is (each file must be there): for a caller that has just
+# built it, or that runs beside another make of the same folder (the test suite).
 # Environment: BUILD (the build folder to gather, default build) and MAKE_KNOBS (the make
 # knobs it was built with, such as ASAN=1).
 set -euo pipefail
@@ -31,12 +33,14 @@ cd "$(dirname "$0")/.."
 
 OUT=build/gpu-bundle
 MAX_MIB=48
+NO_MAKE=0
 BUILD=${BUILD:-build}
 die() { echo "gpu-bundle: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     -h | --help) awk 'NR > 3 && !/^#/ { exit } NR > 3 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     --out) [ $# -ge 2 ] || die "--out needs a folder"; OUT=$2; shift 2 ;;
+    --no-make) NO_MAKE=1; shift ;;
     --max-mib)
         [[ ${2:-} =~ ^[0-9]+$ ]] || die "--max-mib needs a number of MiB"
         MAX_MIB=$2
@@ -55,9 +59,14 @@ esac
 PROGRAMS=(bin/reshard-plan bin/reshard_perf bin/reshard_net_perf test/unit test/net_driver
     test/perf/pack_bench test/perf/device_refit test/perf/nccl_check)
 FAKES=(test/fake/libcuda.so.1 test/fake/libnccl.so.2)
-# shellcheck disable=SC2086  # MAKE_KNOBS: the knobs BUILD was made with (ASAN=1, DEBUG=1)
-make -s -j"$(nproc)" BUILD="$BUILD" ${MAKE_KNOBS:-} all "${PROGRAMS[@]/#/$BUILD/}" \
-    "${FAKES[@]/#/$BUILD/}" >&2
+if [ $NO_MAKE = 0 ]; then
+    # shellcheck disable=SC2086  # MAKE_KNOBS: the knobs BUILD was made with (ASAN=1, DEBUG=1)
+    make -s -j"$(nproc)" BUILD="$BUILD" ${MAKE_KNOBS:-} all "${PROGRAMS[@]/#/$BUILD/}" \
+        "${FAKES[@]/#/$BUILD/}" >&2
+fi
+for f in "${PROGRAMS[@]}" "${FAKES[@]}" libnccl-net-reshard.so; do
+    [ -e "$BUILD/$f" ] || die "$BUILD/$f is missing: build it (or drop --no-make)"
+done
 
 rm -rf "$OUT"
 mkdir -p "$OUT/lib/ucx" "$OUT/bin" "$OUT/test/perf" "$OUT/test/fake"

@@ -14,7 +14,8 @@
 # It runs from a bundle (scripts/gpu-bundle.sh, default build/gpu-bundle) on a machine that
 # builds nothing, else from a build folder (default build, made if missing). First it probes
 # what the machine and its sandbox allow (scripts/gpu-probe.py: process_vm_writev,
-# pidfd_getfd, CUDA IPC, cuMemCreate descriptors, torch, numpy); each step then ends as
+# pidfd_getfd, CUDA IPC, cuMemCreate descriptors, torch, numpy; what it cannot tell, the
+# steps run without knowing); each step then ends as
 #   PASS     it ran and every check held (a refused call it could do without is named)
 #   SKIP     what it needs is absent here (no GPU, no torch, no NCCL, no time left)
 #   REFUSED  it failed at a call the probe found refused: the sandbox, not the code
@@ -186,7 +187,9 @@ bundle() {
 probe() {
     "$PY" scripts/gpu-probe.py >"$LOG/probe.txt" || return 1
     cat "$LOG/probe.txt"
-    echo "$(grep -c ' ok' "$LOG/probe.txt") ok, $(grep -c ' refused' "$LOG/probe.txt") refused, $(grep -c ' absent' "$LOG/probe.txt") absent: $(awk '$2 != "ok" { printf "%s%s %s", s, $1, $2; s = ", " }' "$LOG/probe.txt")"
+    local n=()
+    for st in ok refused absent unknown; do n+=("$(awk -v s=$st '$2 == s' "$LOG/probe.txt" | wc -l) $st"); done
+    echo "${n[0]}, ${n[1]}, ${n[2]}, ${n[3]}: $(awk '$2 != "ok" { printf "%s%s %s", s, $1, $2; s = ", " }' "$LOG/probe.txt")"
 }
 
 device() {

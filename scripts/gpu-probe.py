@@ -4,7 +4,8 @@
 
 What this machine and its sandbox allow, for scripts/gpu-check.sh: one line per capability,
 "NAME STATE DETAIL", STATE being ok, refused (the call exists and the sandbox or the system
-says no), or absent (nothing to try it on). Each probe is the smallest use of the call the
+says no), absent (nothing to try it on), or unknown (the probe itself died: a driver that
+cannot be loaded into Python, such as a sanitizer build of the stand-in). Each probe is the smallest use of the call the
 library makes, between two processes of this user, the second a child of the first:
 
   cma       process_vm_writev into the child (cross-memory attach: host-memory fan-out)
@@ -241,18 +242,33 @@ def main(argv):
         return ipc_open(argv[2])
     if len(argv) == 3 and argv[1] == "--vmm-import":
         return vmm_import(argv[2])
-    if len(argv) > 1:
+    if len(argv) > 1 and argv[1] != "--cuda":
         print(f"gpu-probe: unexpected argument '{argv[1]}' (-h says more)", file=sys.stderr)
         return 2
+    if len(argv) == 2 and argv[1] == "--cuda":
+        cu = probe_cuda()
+        if cu is None:
+            say("cuda-ipc", "absent", "no CUDA device")
+            say("vmm-fd", "absent", "no CUDA device")
+        else:
+            probe_cuda_ipc(cu)
+            probe_vmm(cu)
+        return 0
     probe_cma()
     probe_pidfd()
-    cu = probe_cuda()
-    if cu is None:
-        say("cuda-ipc", "absent", "no CUDA device")
-        say("vmm-fd", "absent", "no CUDA device")
-    else:
-        probe_cuda_ipc(cu)
-        probe_vmm(cu)
+    # The driver in a process of its own: one that kills its process cannot take this one along.
+    try:
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--cuda"],
+                           capture_output=True, text=True, timeout=120)
+        lines, why = p.stdout.splitlines(), f"the CUDA probe exited with {p.returncode}"
+    except subprocess.TimeoutExpired:
+        lines, why = [], "the CUDA probe did not end within 120 s"
+    said = {line.split()[0] for line in lines if line.strip()}
+    for line in lines:
+        print(line, flush=True)
+    for name in ("cuda", "cuda-ipc", "vmm-fd"):
+        if name not in said:
+            say(name, "unknown", why)
     probe_module("numpy", "numpy")
     probe_module("torch", "torch")
     return 0

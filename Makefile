@@ -31,12 +31,21 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
 SO := $(BUILD)/libnccl-net-reshard.so
 AR_LIB := $(BUILD)/libreshard-internal.a
-PLAN_BIN := $(BUILD)/reshard-plan
+# The tools, in one place and laid out as installed: bin/ beside lib/ (a link to the library),
+# each finding the library through its RUNPATH $ORIGIN/../lib, here and under any PREFIX.
+PLAN_BIN := $(BUILD)/bin/reshard-plan
+PERF_BIN := $(BUILD)/bin/reshard_perf
+NET_PERF_BIN := $(BUILD)/bin/reshard_net_perf
+TOOL_BINS := $(PLAN_BIN) $(PERF_BIN) $(NET_PERF_BIN)
+TOOL_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
+LIB_LINK := $(BUILD)/lib/libnccl-net-reshard.so
+# Where the tools were before build/bin: links to them, so that older commands still run.
+OLD_TOOL_LINKS := $(BUILD)/reshard-plan $(BUILD)/test/perf/reshard_perf $(BUILD)/reshard_net_perf
+PLAN_SRC := $(sort $(wildcard tools/*.c))
+PLAN_OBJ := $(PLAN_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_BIN := $(BUILD)/test/unit
 BENCH_BIN := $(BUILD)/test/perf/plan_bench
-PERF_BIN := $(BUILD)/test/perf/reshard_perf
 NET_DRIVER := $(BUILD)/test/net_driver
-NET_PERF_BIN := $(BUILD)/reshard_net_perf
 NCCL_CHECK := $(BUILD)/test/perf/nccl_check
 PACK_BENCH := $(BUILD)/test/perf/pack_bench
 DEVICE_REFIT := $(BUILD)/test/perf/device_refit
@@ -45,7 +54,8 @@ FAKE_LIBS := $(BUILD)/test/fake/libcuda.so.1 $(BUILD)/test/fake/libnccl.so.2
 
 # Debian packages that building and testing need (make deps installs the missing ones).
 DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev libibverbs-dev libjansson-dev \
-        iproute2 util-linux python3 python3-numpy python3-venv python3-setuptools python3-wheel
+        iproute2 util-linux python3 python3-numpy python3-venv python3-setuptools python3-wheel \
+        patchelf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian's interpreter (python3-numpy is installed for it), whatever python3 a PATH prefers.
 PYTHON ?= /usr/bin/python3
@@ -53,7 +63,7 @@ PYTHON ?= /usr/bin/python3
 .PHONY: all test test-rdma demo bench deps install format format-check clean fuzz fuzz-build \
         check-layers
 
-all: $(SO) $(PLAN_BIN) $(PERF_BIN) $(NET_PERF_BIN)
+all: $(SO) $(LIB_LINK) $(TOOL_BINS) $(OLD_TOOL_LINKS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
@@ -84,8 +94,23 @@ $(AR_LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(PLAN_BIN): $(BUILD)/obj/tools/reshard_plan.o $(SO)
-	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../lib' $(LDFLAGS_ALL)
+$(LIB_LINK): $(SO)
+	@mkdir -p $(@D)
+	ln -sfn ../$(notdir $(SO)) $@
+
+$(PLAN_BIN): $(PLAN_OBJ) $(SO) $(LIB_LINK)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(PLAN_OBJ) -L$(BUILD) -lnccl-net-reshard $(TOOL_RPATH) $(LDFLAGS_ALL)
+
+# A link replaces whatever an older build left at the old path (make follows the link, so it
+# is up to date as long as the tool is).
+$(BUILD)/reshard-plan: $(PLAN_BIN)
+	ln -sfn bin/reshard-plan $@
+$(BUILD)/reshard_net_perf: $(NET_PERF_BIN)
+	ln -sfn bin/reshard_net_perf $@
+$(BUILD)/test/perf/reshard_perf: $(PERF_BIN)
+	@mkdir -p $(@D)
+	ln -sfn ../../bin/reshard_perf $@
 
 # Unit tests see the internals through the static archive; the public API tests reach the same
 # code, and the export test checks the shared object itself.
@@ -101,9 +126,9 @@ $(BENCH_BIN): $(BUILD)/obj/test/perf/plan_bench.o $(SO)
 	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS_ALL)
 
 # reshard_perf: the nccl-tests style perf tool (public API only).
-$(PERF_BIN): $(BUILD)/obj/test/perf/reshard_perf.o $(SO)
+$(PERF_BIN): $(BUILD)/obj/test/perf/reshard_perf.o $(SO) $(LIB_LINK)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN/../..' -lm $(LDFLAGS_ALL)
+	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard $(TOOL_RPATH) -lm $(LDFLAGS_ALL)
 
 # pack_bench: the pack kernels against cuMemcpyDtoD (scripts/gpu-check.sh; internals).
 $(PACK_BENCH): $(BUILD)/obj/test/perf/pack_bench.o $(AR_LIB) $(FATBIN_OBJ)
@@ -121,8 +146,9 @@ $(NCCL_CHECK): $(BUILD)/obj/test/perf/nccl_check.o $(SO)
 	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -ldl -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS_ALL)
 
 # reshard_net_perf: isend/irecv streaming through the exported ncclNetPlugin_v12 table.
-$(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO)
-	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN' $(LDFLAGS_ALL)
+$(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO) $(LIB_LINK)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard $(TOOL_RPATH) $(LDFLAGS_ALL)
 
 # The net plugin conformance driver loads the plugin as NCCL does (dlopen), so it does not
 # link it.
@@ -239,7 +265,7 @@ install: all
 	sed -e 's|"base/reshard_status.h"|"reshard_status.h"|' plugin/reshard.h \
 	    > $(DESTDIR)$(PREFIX)/include/reshard.h
 	chmod 644 $(DESTDIR)$(PREFIX)/include/reshard.h
-	install -m 755 $(PLAN_BIN) $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|' reshard.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/reshard.pc
 
 FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' 2>/dev/null)
@@ -251,7 +277,7 @@ format-check:
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/tools/reshard_plan.d \
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(PLAN_OBJ:.o=.d) \
     $(BUILD)/obj/test/perf/plan_bench.d $(BUILD)/obj/test/perf/reshard_perf.d \
     $(BUILD)/obj/test/plugin/net/net_driver.d $(BUILD)/obj/test/plugin/net/net_hostile.d \
     $(BUILD)/obj/test/perf/reshard_net_perf.d

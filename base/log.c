@@ -43,7 +43,7 @@ static void emit_at(const char *file, int line, enum rs_log_level l, unsigned lo
 static void announce(const char *env, const char *value, const char *why)
 {
     if (why)
-        emit(RS_LOG_WARN, RS_LOGF_ENV, "%s=%s %s; the default stays", env, value, why);
+        emit(RS_LOG_WARN, RS_LOGF_ENV, "%s=%s %s", env, value, why);
     else
         emit(RS_LOG_INFO, RS_LOGF_ENV, "%s set by environment to %s", env, value);
 }
@@ -59,9 +59,6 @@ static void init(void)
         level = RS_LOG_TRACE;
     else
         level = RS_LOG_WARN;
-    if (level == RS_LOG_WARN && strcasecmp(v, "WARN"))
-        emit(RS_LOG_WARN, RS_LOGF_ENV,
-             "RESHARD_DEBUG=%s is not NONE, WARN, INFO or TRACE; using WARN", v);
     rs_error_set_trace(trace_check);
     rs_param_overrides(announce);
 }

@@ -91,8 +91,10 @@ int64_t rs_param_int(enum rs_param p);
 void rs_param_reload(void);
 const char *rs_param_str(enum rs_param p);
 void rs_param_print(FILE *out);
-/* Calls fn for each value the environment set, or set wrongly (why says how; the default
- * stays). The logger reports them once; nothing here logs, since the logger reads DEBUG here. */
+/* Calls fn for each value the environment set, or set wrongly (why says how, and that the
+ * default stays), and for each RESHARD_ name in the environment that is no setting (why names
+ * the nearest one). The logger reports them once; nothing here logs, since the logger reads
+ * DEBUG here. */
 void rs_param_overrides(void (*fn)(const char *env, const char *value, const char *why));
 
 #endif

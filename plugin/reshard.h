@@ -43,6 +43,10 @@ RESHARD_API const char *reshard_last_error(void);
 /* Prints every tunable (RESHARD_* environment variables): name, value, where the value came
  * from (default or environment) and its meaning. */
 RESHARD_API void reshard_config_print(FILE *out);
+/* Whether a failed call also logs its message at WARN: 1 (the default) for callers that may not
+ * show it, 0 for callers that print reshard_last_error() themselves, as the tools do, so that
+ * each failure appears once (the library then logs it at INFO only). Process-wide. */
+RESHARD_API void reshard_log_set_failures(int warn);
 
 /* ---- layouts ---- */
 

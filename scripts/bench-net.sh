@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 #
-# The NCCL net plugin's data path against UCX's own best over the same TCP path.
+# usage: scripts/bench-net.sh [SIZE]   (SIZE in bytes, default 4194304; REPEAT=N runs, default 3;
+#                                       -h, --help: this text)
 #
-#   scripts/bench-net.sh [SIZE]        (SIZE in bytes, default 4194304; REPEAT=N runs, default 3)
+# The NCCL net plugin's data path against UCX's own best over the same TCP path.
 #
 # Two processes on two emulated nodes (scripts/cluster.sh, uncapped links) when this host can
 # make them, else two processes over loopback. Each run, back to back on the same path:
@@ -13,12 +14,17 @@
 # target: the plugin reaches >= 80 % of ucx_perftest at 4 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case ${1:-} in -h | --help) awk 'NR > 3 && !/^#/ { exit } NR > 3 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
+case ${1:-4194304} in
+'' | *[!0-9]*) echo "bench-net: SIZE '$1' is not a number of bytes (usage: $0 [SIZE])" >&2; exit 2 ;;
+esac
+[ $# -le 1 ] || { echo "bench-net: unexpected argument '$2' (usage: $0 [SIZE])" >&2; exit 2; }
 
 SIZE=${1:-4194304}
 REPEAT=${REPEAT:-3}
 BUILD=${BUILD:-build}
 CLUSTER=scripts/cluster.sh
-PERF=$BUILD/reshard_net_perf
+PERF=$BUILD/bin/reshard_net_perf
 LOG=$(mktemp -d /tmp/bench-net.XXXXXX)
 trap 'rm -rf "$LOG"' EXIT
 

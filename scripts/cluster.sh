@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 #
+# usage: cluster.sh run|up|exec|addr|down|check ...   (each below; -h, --help: this text)
+#
 # cluster.sh: emulate a small cluster on this host, for multi-node tests and benchmarks.
 #
 # Each node is a network namespace joined to a private bridge by a veth pair; tc tbf on both
@@ -41,7 +43,7 @@ TBF_OPTS=(burst 256kb latency 100ms)  # as in shared/recipes/netns-cluster.sh
 NODE_HOST_PREFIX=rsnode               # hostname of node i: rsnode<i>
 
 say() { echo "cluster.sh: $*" >&2; }
-usage_error() { say "$*"; say "usage: see the comment at the top of $0"; exit 2; }
+usage_error() { say "$* (cluster.sh --help says more)"; exit 2; }
 
 # ---------------------------------------------------------------------------------------------
 # Names. A cluster is known by its prefix PFX (at most 6 characters), so the longest interface
@@ -497,7 +499,7 @@ main() {
         addr) cmd_addr "$@" ;;
         down) cmd_down "$@" ;;
         check) cmd_check ;;
-        -h | --help | help) awk 'NR > 2 && !/^#/ { exit } NR > 2 { sub(/^# ?/, ""); print }' "$0" ;;
+        -h | --help | help) awk 'NR > 3 && !/^#/ { exit } NR > 3 { sub(/^# ?/, ""); print }' "$0" ;;
         *) usage_error "unknown command '$cmd' (run, up, exec, addr, down, check)" ;;
     esac
 }

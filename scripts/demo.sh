@@ -1,11 +1,21 @@
 #!/bin/sh
-# make demo: a real refit across 8 local processes in two emulated NVLink domains of 4
+# SPDX-License-Identifier: Apache-2.0
+#
+# usage: scripts/demo.sh     (what make demo runs; BUILD: the build folder, default build;
+#                            -h, --help: this text)
+#
+# A real refit across 8 local processes in two emulated NVLink domains of 4
 # (RESHARD_DOMAIN_SIZE=4; traffic between domains goes over UCX on loopback TCP, inside a
 # domain over cross-memory attach). Runs reshard and the two baselines in one run, checks every
 # destination element, then prints what reshard saves against gather-and-broadcast.
 set -eu
+case ${1:-} in
+-h | --help) awk 'NR > 3 && !/^#/ { exit } NR > 3 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+'') ;;
+*) echo "demo.sh: unexpected argument '$1' (it takes none; -h says more)" >&2; exit 2 ;;
+esac
 BUILD=${BUILD:-build}
-PERF="$BUILD/test/perf/reshard_perf"
+PERF="$BUILD/bin/reshard_perf"
 
 # A Llama-3-8B mlp.down_proj-sized weight (4096 x 14336 bf16, 112 MiB) in a colocated RL job:
 # training shards it 8 ways by rows across both domains (FSDP/TP8); inference on the same 8

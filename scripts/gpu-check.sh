@@ -1,66 +1,216 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 #
-# gpu-check.sh: everything that needs a GPU, in one command (a few minutes on one GPU):
-# builds, runs the GPU unit tests (driver, pack/unpack kernels against the host), the kernels'
-# bandwidth against cuMemcpyDtoD on 256 MiB boxes (pack_bench), 4 processes on the GPU
-# refitting device buffers with the fan-out through CUDA IPC (cuMemAlloc destinations, then
-# cuMemCreate ones shared by POSIX descriptor) and then through host staging
-# (RESHARD_CUDA_IPC=0), a refit through real NCCL (RESHARD_EXECUTOR=nccl), the DTensor mapping
-# check and the torch tests, and prints a table. Steps whose prerequisites are missing (no
-# torch, no libnccl) say SKIP and why; any FAIL makes the exit status 1.
+# usage: scripts/gpu-check.sh [--bundle DIR] [--logs DIR] [--stand-in] [--budget SECONDS]
+#                             [--steps LIST]              (-h, --help: this text)
 #
-#   scripts/gpu-check.sh            BUILD=build, NCCL_MIB=256
+# Everything that needs a GPU, in one command, in a few minutes on one GPU: the GPU unit
+# tests (driver, pack/unpack kernels against the host), the kernels' bandwidth against
+# cuMemcpyDtoD (pack_bench), 4 processes refitting device buffers with the fan-out through
+# CUDA IPC (cuMemAlloc destinations), through cuMemCreate memory shared by POSIX descriptor,
+# and through host staging (RESHARD_CUDA_IPC=0), a refit through real NCCL
+# (RESHARD_EXECUTOR=nccl), the DTensor mapping check and the Python tests; then a table.
+#
+# It runs from a bundle (scripts/gpu-bundle.sh, default build/gpu-bundle) on a machine that
+# builds nothing, else from a build folder (default build, made if missing). First it probes
+# what the machine and its sandbox allow (scripts/gpu-probe.py: process_vm_writev,
+# pidfd_getfd, CUDA IPC, cuMemCreate descriptors, torch, numpy; what it cannot tell, the
+# steps run without knowing); each step then ends as
+#   PASS     it ran and every check held (a refused call it could do without is named)
+#   SKIP     what it needs is absent here (no GPU, no torch, no NCCL, no time left)
+#   REFUSED  it failed at a call the probe found refused: the sandbox, not the code
+#   FAIL     it failed otherwise: a defect (also when a refused call is not what it failed at)
+# Exit status: 1 when a step FAILs, else 0; 2 for bad usage.
+#
+#   --bundle DIR   the bundle or build folder to run (default: build/gpu-bundle, else build)
+#   --logs DIR     where each step's log and the table go (default: a new /tmp/gpu-check.*)
+#   --stand-in     the stand-in libcuda and libnccl of test/fake instead of a GPU: proves the
+#                  plumbing on any machine, on small sizes (the stand-in's device memory is
+#                  host memory: the kernels' speed and the memory-kind test mean nothing there)
+#   --budget S     stop starting steps after S seconds (default 450: all done in 8 minutes)
+#   --steps LIST   only these steps, comma separated (bundle and probe always run): device,
+#                  gpu-unit, pack, refit-ipc, refit-vmm, refit-staged, nccl, dtensor, python
+# Environment: PYTHON (default: the first python3 that has numpy), NCCL_MIB and REFIT_MIB
+# (256, or 8 and 4 with --stand-in), and the RESHARD_* settings; RESHARD_NCCL_LIB is found in
+# pip's nvidia packages when unset.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-NCCL_MIB=${NCCL_MIB:-256}
-PY=${PYTHON:-/usr/bin/python3}
-CUDA=${CUDA_HOME:-/usr/local/cuda}
-export LD_LIBRARY_PATH=$CUDA/lib64:${LD_LIBRARY_PATH:-}
-export RESHARD_LIB=$PWD/$BUILD/libnccl-net-reshard.so
-LOG=$(mktemp -d /tmp/gpu-check.XXXX)
-rows=()
-failed=0
 
-# step NAME CMD...: runs CMD (its output in $LOG/NAME.log); exit 77 means SKIP. The last line
-# of the output is the row's detail.
-step() {
-    local name=$1 t0 rc detail status
-    shift
-    t0=$(date +%s.%N)
-    "$@" >"$LOG/$name.log" 2>&1
-    rc=$?
-    detail=$(grep -v '^\s*$' "$LOG/$name.log" | tail -1 | cut -c1-110)
-    case $rc in
-    0) status=PASS ;;
-    77) status=SKIP ;;
-    *) status=FAIL; failed=1 ;;
+BUNDLE='' LOGS='' STAND_IN=0 BUDGET=450 STEPS=''
+ALL_STEPS=device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl,dtensor,python
+die() { echo "gpu-check: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case $1 in
+    -h | --help) awk 'NR > 3 && !/^#/ { exit } NR > 3 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    --bundle) [ $# -ge 2 ] || die "--bundle needs a folder"; BUNDLE=$2; shift 2 ;;
+    --logs) [ $# -ge 2 ] || die "--logs needs a folder"; LOGS=$2; shift 2 ;;
+    --stand-in) STAND_IN=1; shift ;;
+    --steps)
+        [ $# -ge 2 ] || die "--steps needs a list"
+        for x in ${2//,/ }; do
+            [[ ,$ALL_STEPS, == *,$x,* ]] || die "--steps: no step '$x' (steps: $ALL_STEPS)"
+        done
+        STEPS=$2
+        shift 2
+        ;;
+    --budget)
+        [[ ${2:-} =~ ^[0-9]+$ ]] || die "--budget needs a number of seconds"
+        BUDGET=$2
+        shift 2
+        ;;
+    *) die "unknown argument '$1' (-h says more)" ;;
     esac
-    rows+=("$(printf '%-12s %-4s %6.1fs  %s' "$name" "$status" \
-        "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')" "$detail")")
-    [ "$status" = FAIL ] && { echo "---- $name (tail of $LOG/$name.log)"; tail -20 "$LOG/$name.log"; }
-    return 0
+done
+NCCL_MIB=${NCCL_MIB:-$([ $STAND_IN = 1 ] && echo 8 || echo 256)}
+REFIT_MIB=${REFIT_MIB:-$([ $STAND_IN = 1 ] && echo 4 || echo 256)}
+STEPS=${STEPS:-$ALL_STEPS}
+if [ -z "$BUNDLE" ]; then
+    BUNDLE=build
+    [ -e build/gpu-bundle/BUNDLE.txt ] && BUNDLE=build/gpu-bundle
+fi
+B=$(realpath -m "$BUNDLE")
+if [ -n "$LOGS" ]; then
+    mkdir -p "$LOGS" || die "cannot make $LOGS"
+    LOG=$(realpath "$LOGS")
+else
+    LOG=$(mktemp -d /tmp/gpu-check.XXXX)
+fi
+if [ -n "${PYTHON:-}" ]; then
+    PY=$PYTHON
+else
+    PY=python3
+    for p in python3 /usr/bin/python3; do
+        if "$p" -c 'import numpy' 2>/dev/null; then PY=$p; break; fi
+    done
+fi
+
+# ---- what runs, and with which libraries (never LD_LIBRARY_PATH: torch shares the process)
+
+export RESHARD_BUILD=$B RESHARD_LIB=$B/lib/libnccl-net-reshard.so
+[ -e "$B/lib/libucp.so.0" ] && export RESHARD_UCX_LIB=$B/lib/libucp.so.0
+[ -e "$B/lib/libjansson.so.4" ] && export RESHARD_JANSSON_LIB=$B/lib/libjansson.so.4
+if [ $STAND_IN = 1 ]; then
+    export RESHARD_CUDA_LIB=$B/test/fake/libcuda.so.1 RESHARD_NCCL_LIB=$B/test/fake/libnccl.so.2
+elif [ -z "${RESHARD_NCCL_LIB:-}" ]; then  # pip's NCCL (nvidia-nccl-cu13), else the loader's
+    nccl=$("$PY" -c 'import glob, site, sys
+for d in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
+    for f in sorted(glob.glob(d + "/nvidia/**/libnccl.so.2", recursive=True)):
+        print(f); sys.exit()' 2>/dev/null)
+    [ -n "$nccl" ] && export RESHARD_NCCL_LIB=$nccl
+fi
+
+rows=() failed=0 refused=0
+declare -A state=() detail=()
+budget_end=$((SECONDS + BUDGET))
+
+# The call a refused capability fails at, as the library's messages name it.
+signature() {
+    case $1 in
+    cma) echo 'process_vm_writev' ;;
+    pidfd) echo 'pidfd_getfd|pidfd_open' ;;
+    cuda-ipc) echo 'cuIpcOpenMemHandle|cuIpcGetMemHandle' ;;
+    vmm-fd) echo 'cuMemExportToShareableHandle|cuMemImportFromShareableHandle|cuMemCreate' ;;
+    *) echo '^$' ;;
+    esac
+}
+
+row() {  # row NAME STATUS SECONDS DETAIL
+    rows+=("$(printf '%-13s %-7s %6ss  %s' "$1" "$2" "$3" "${4:0:150}")")
+    echo "${rows[-1]}"
+    echo "${rows[-1]}" >>"$LOG/summary.txt"
+}
+
+# step NAME "NEEDS" LIMIT CMD...: runs CMD (output in LOG/NAME.log), at most LIMIT seconds
+# and never past the budget, and judges it as the header says. Exit 77 from CMD is a SKIP.
+step() {
+    local name=$1 needs=$2 limit=$3 need left t0 rc last why=''
+    shift 3
+    [[ $name == bundle || $name == probe || ,$STEPS, == *,$name,* ]] || return 0
+    left=$((budget_end - SECONDS))
+    if [ "$left" -le 5 ]; then
+        row "$name" SKIP 0 "out of time: the check's budget of $BUDGET s is spent (--budget)"
+        return
+    fi
+    for need in $needs; do
+        if [ "${state[$need]:-ok}" = absent ]; then
+            row "$name" SKIP 0 "needs $need: ${detail[$need]}"
+            return
+        fi
+    done
+    [ "$limit" -gt "$left" ] && limit=$left
+    t0=$SECONDS
+    timeout -k 10 "$limit" bash -c '"$@"' "$name" "$@" >"$LOG/$name.log" 2>&1
+    rc=$?
+    last=$(grep -v '^\s*$' "$LOG/$name.log" | tail -1)
+    local refusals=() named=()
+    for need in $needs; do
+        [ "${state[$need]:-ok}" = refused ] || continue
+        refusals+=("$need")
+        grep -Eq "$(signature "$need")" "$LOG/$name.log" && named+=("$need")
+    done
+    if [ $rc = 0 ]; then
+        [ ${#refusals[@]} = 0 ] || why=" (the sandbox refuses ${refusals[*]}: done without)"
+        row "$name" PASS $((SECONDS - t0)) "$last$why"
+    elif [ $rc = 77 ]; then
+        row "$name" SKIP $((SECONDS - t0)) "$last"
+    elif [ ${#named[@]} -gt 0 ]; then
+        refused=$((refused + 1))
+        row "$name" REFUSED $((SECONDS - t0)) \
+            "the sandbox refuses ${named[0]} (${detail[${named[0]}]}): $(grep -Em1 "$(signature "${named[0]}")" "$LOG/$name.log")"
+    else
+        failed=1
+        [ $rc = 124 ] && last="timed out after $limit s; $last"
+        [ ${#refusals[@]} = 0 ] || last="$last [${refusals[*]} refused here, but the failure does not name it]"
+        row "$name" FAIL $((SECONDS - t0)) "$last"
+        echo "---- $name (tail of $LOG/$name.log)"
+        tail -20 "$LOG/$name.log"
+    fi
+}
+
+# ---- the steps
+
+bundle() {
+    if [ -e "$B/BUNDLE.txt" ]; then
+        head -2 "$B/BUNDLE.txt"
+    elif [ -e "$B/test/unit" ] && [ -e "$RESHARD_LIB" ]; then
+        echo "build folder $BUNDLE"
+    elif command -v cc >/dev/null && command -v make >/dev/null; then
+        make -j"$(nproc)" BUILD="$BUNDLE" all "$BUNDLE/test/unit" "$BUNDLE/test/perf/nccl_check" \
+            "$BUNDLE/test/perf/pack_bench" "$BUNDLE/test/perf/device_refit" \
+            "$BUNDLE/test/fake/libcuda.so.1" "$BUNDLE/test/fake/libnccl.so.2" && echo "built $BUNDLE"
+    else
+        echo "no bundle at $BUNDLE and no compiler here: run scripts/gpu-bundle.sh where you build"
+        return 1
+    fi
+}
+
+probe() {
+    "$PY" scripts/gpu-probe.py >"$LOG/probe.txt" || return 1
+    cat "$LOG/probe.txt"
+    local n=()
+    for st in ok refused absent unknown; do n+=("$(awk -v s=$st '$2 == s' "$LOG/probe.txt" | wc -l) $st"); done
+    echo "${n[0]}, ${n[1]}, ${n[2]}, ${n[3]}: $(awk '$2 != "ok" { printf "%s%s %s", s, $1, $2; s = ", " }' "$LOG/probe.txt")"
 }
 
 device() {
-    command -v nvidia-smi >/dev/null || { echo "no nvidia-smi"; return 77; }
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    if [ $STAND_IN = 1 ]; then
+        echo "the stand-in driver $RESHARD_CUDA_LIB"
+    elif command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    fi
+    echo "$CUDA_DETAIL"
 }
 
-build() {
-    make -j"$(nproc)" all "$BUILD/test/unit" "$BUILD/test/perf/nccl_check" \
-        "$BUILD/test/perf/pack_bench" "$BUILD/test/perf/device_refit" \
-        "$BUILD/test/fake/libcuda.so.1" "$BUILD/test/fake/libnccl.so.2" && echo "built $BUILD"
-}
-
-# The GPU cases must run here, not skip.
+# The GPU cases must run on a GPU, not skip. The stand-in answers the kernel check only (its
+# device memory is host memory, which the memory-kind test rightly refuses as device memory).
 gpu_unit() {
-    local out
-    out=$("$BUILD/test/unit" --filter 'gpu/*' --verbose -j1 2>&1)
-    local rc=$?
+    local out rc
+    # (BXFI_MAP: set when this runs under Criterion itself, which the inner run would obey)
+    out=$(env -u BXFI_MAP "$B/test/unit" --verbose -j1 \
+        --filter "gpu/$([ $STAND_IN = 1 ] && echo 'pack_*' || echo '*')" 2>&1)
+    rc=$?
     echo "$out"
-    if grep -q '^\[SKIP\] gpu::' <<<"$out"; then
+    if [ $STAND_IN = 0 ] && grep -q '^\[SKIP\] gpu::' <<<"$out"; then
         echo "a GPU test skipped on a GPU machine: $(grep -m1 '^\[SKIP\] gpu::' <<<"$out")"
         return 1
     fi
@@ -69,48 +219,49 @@ gpu_unit() {
 }
 
 pack() {
-    "$BUILD/test/perf/pack_bench"
-}
-
-device_refit() {
-    "$BUILD/test/perf/device_refit" 256
-}
-
-device_refit_vmm() {
-    DEVICE_REFIT_VMM=1 "$BUILD/test/perf/device_refit" 256
-}
-
-device_refit_staged() {
-    RESHARD_CUDA_IPC=0 "$BUILD/test/perf/device_refit" 256
+    if [ $STAND_IN = 1 ]; then
+        echo "the stand-in runs kernels on the host: their speed against DtoD means nothing"
+        return 77
+    fi
+    "$B/test/perf/pack_bench"
 }
 
 nccl() {
-    [ -e "$CUDA/lib64/libnccl.so.2" ] || ldconfig -p | grep -q libnccl.so.2 ||
-        { echo "no libnccl.so.2"; return 77; }
-    "$BUILD/test/perf/nccl_check" "$NCCL_MIB"
-}
-
-dtensor() {
-    "$PY" -c 'import torch' 2>/dev/null || { echo "torch is not installed"; return 77; }
-    "$PY" python/tests/dtensor_check.py
+    if [ -z "${RESHARD_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
+        echo "no libnccl.so.2: not in pip's nvidia packages for $PY nor on the loader's path"
+        return 77
+    fi
+    "$B/test/perf/nccl_check" "$NCCL_MIB"
 }
 
 python_tests() {
-    "$PY" -m unittest discover -s python/tests 2>&1 | tail -3
+    "$PY" -m unittest discover -s python/tests 2>&1
 }
 
-step device device
-step build build
-step gpu-unit gpu_unit
-step pack pack
-step refit-ipc device_refit
-step refit-vmm device_refit_vmm
-step refit-staged device_refit_staged
-step nccl nccl
-step dtensor dtensor
-step python python_tests
+# Steps run under timeout in a child bash: it needs the functions and what they read.
+export -f bundle probe device gpu_unit pack nccl python_tests
+export B BUNDLE STAND_IN PY NCCL_MIB LOG CUDA_DETAIL=''
+echo "gpu-check: $BUNDLE, $([ $STAND_IN = 1 ] && echo "stand-in driver" || echo "the GPU"), python $PY, logs $LOG"
+: >"$LOG/summary.txt"
+step bundle "" 600 bundle
+[ "${rows[-1]:14:4}" = PASS ] || { echo "gpu-check: nothing to run"; exit 1; }
+step probe "" 90 probe
+while read -r cap st rest; do
+    state[$cap]=$st
+    detail[$cap]=${rest:-$st}
+done <"$LOG/probe.txt"
+CUDA_DETAIL=${detail[cuda]:-}
+step device "cuda" 30 device
+step gpu-unit "cuda" 180 gpu_unit
+step pack "cuda" 120 pack
+step refit-ipc "cuda cuda-ipc" 120 "$B/test/perf/device_refit" "$REFIT_MIB"
+step refit-vmm "cuda vmm-fd pidfd" 120 env DEVICE_REFIT_VMM=1 "$B/test/perf/device_refit" "$REFIT_MIB"
+step refit-staged "cuda cma" 120 env RESHARD_CUDA_IPC=0 "$B/test/perf/device_refit" "$REFIT_MIB"
+step nccl "cuda" 120 nccl
+step dtensor "torch" 180 "$PY" python/tests/dtensor_check.py
+step python "numpy cma" 240 python_tests
 echo
-printf '%-12s %-4s %7s  %s\n' step res time detail
+printf '%-13s %-7s %7s  %s\n' step result time detail
 printf '%s\n' "${rows[@]}"
-echo "logs: $LOG"
+echo "$(grep -c ' PASS ' "$LOG/summary.txt") passed, $(grep -c ' FAIL ' "$LOG/summary.txt") failed, $(grep -c ' SKIP ' "$LOG/summary.txt") skipped, $refused refused by the sandbox, in $SECONDS s; logs: $LOG"
 exit $failed

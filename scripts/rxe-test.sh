@@ -142,10 +142,11 @@ mkdir -p "$IRD/usr/lib/$MA/ucx"
 cp -a /usr/lib/$MA/ucx/*.so* "$IRD/usr/lib/$MA/ucx/"  # the module loader wants the .so.0 links
 
 # The build, laid out as on the host: unit finds net_driver through RESHARD_BUILD and
-# reshard_perf finds ../../libnccl-net-reshard.so through its RUNPATH.
-for f in libnccl-net-reshard.so test/unit test/net_driver test/perf/reshard_perf; do
+# reshard_perf (bin/) finds ../lib/libnccl-net-reshard.so through its RUNPATH.
+for f in libnccl-net-reshard.so test/unit test/net_driver bin/reshard_perf; do
     put "$B/$f" "/extra/build/$f"
 done
+put "$B/libnccl-net-reshard.so" /extra/build/lib/libnccl-net-reshard.so
 
 # Shared libraries: every DT_NEEDED soname not yet in the tree, from the stage if it has it,
 # else from this host; repeat until nothing new is needed.
@@ -246,7 +247,7 @@ perf() {
     # and its connections stall there until RESHARD_TIMEOUT.
     tls=
     [ "$2" = ucx ] && tls=RESHARD_NET_TLS=tcp
-    env $tls RESHARD_TRANSPORT=$2 RESHARD_DOMAIN_SIZE=2 timeout 300 /extra/build/test/perf/reshard_perf \
+    env $tls RESHARD_TRANSPORT=$2 RESHARD_DOMAIN_SIZE=2 timeout 300 /extra/build/bin/reshard_perf \
         -np 4 -n 3 -w 1 --src "$3" --dst "$4" >"$log" 2>&1; rc=$?
     # table rows: size count type algo time algbw busbw #wrong netMB minMB nicMB
     set -- "$1" "$2" $(awk '$1 ~ /^[0-9]+$/ && NF >= 11 { n++; w = w s $8; m = m s $9; s = ","; bad += ($8 != 0) }

@@ -12,6 +12,9 @@
 #include "base/log.h"
 #include "base/param.h"
 
+/* 0 after reshard_log_set_failures(0): the caller shows every failure itself. */
+static _Atomic int warn_failures = 1;
+
 /* Entry of every call that can fail: start the logger (so breadcrumbs reach it) and forget
  * the previous error. */
 void api_enter(void)
@@ -29,7 +32,8 @@ reshard_status_t api_leave(const char *fn, reshard_status_t st)
             st == RESHARD_ERR_NO_MEMORY || st == RESHARD_ERR_INTERNAL || st >= RESHARD_ERR_TIMEOUT;
         int caller = !system || st == RESHARD_ERR_BUSY || st == RESHARD_ERR_BUFFER ||
                      st == RESHARD_ERR_PLAN_MISMATCH;
-        rs_log(caller ? RS_LOG_INFO : RS_LOG_WARN, "%s: %s", fn, rs_error_message());
+        rs_log(caller || !warn_failures ? RS_LOG_INFO : RS_LOG_WARN, "%s: %s", fn,
+               rs_error_message());
     }
     return st;
 }
@@ -53,4 +57,9 @@ void reshard_config_print(FILE *out)
 {
     rs_log_enabled(RS_LOG_WARN); /* the logger reports rejected values once */
     rs_param_print(out ? out : stdout);
+}
+
+void reshard_log_set_failures(int warn)
+{
+    warn_failures = warn != 0;
 }

@@ -64,8 +64,82 @@ Test(param, tunables_below_their_minimum_keep_the_default, .init = cr_redirect_s
     const char *log = stderr_text();
     cr_assert(strstr(log, "RESHARD_PLAN_SPLIT_MIN_BYTES=0 is below 1; the default stays"), "%s",
               log);
-    cr_assert(strstr(log, "RESHARD_DEBUG=loud is not NONE, WARN, INFO or TRACE; using WARN"), "%s",
-              log);
+    cr_assert(strstr(log, "RESHARD_DEBUG=loud is not NONE, WARN, INFO or TRACE; the default "
+                          "stays"),
+              "%s", log);
+}
+
+/* A word setting takes its words in any case and holds the table's spelling; another word is
+ * refused like a malformed integer, and --dump-config shows the value in force. */
+Test(param, a_word_setting_is_one_of_its_words_or_keeps_the_default, .init = cr_redirect_stderr)
+{
+    setenv("RESHARD_DEBUG", "info", 1);
+    cr_assert_str_eq(rs_param_str(RS_PARAM_DEBUG), "INFO");
+    char *text = config_text();
+    cr_assert(strstr(text, "RESHARD_DEBUG                  INFO         env "), "%s", text);
+    free(text);
+    setenv("RESHARD_DEBUG", "verbose", 1);
+    rs_param_reload();
+    cr_assert_str_eq(rs_param_str(RS_PARAM_DEBUG), "WARN", "the default stays");
+    text = config_text();
+    cr_assert(strstr(text, "RESHARD_DEBUG                  WARN         default  # "), "%s", text);
+    cr_assert(strstr(text, "(the environment's 'verbose' is not NONE, WARN, INFO or TRACE)\n"),
+              "%s", text);
+    free(text);
+    /* a transport that does not exist is refused where it is used, naming it */
+    setenv("RESHARD_TRANSPORT", "verbs", 1);
+    rs_param_reload();
+    cr_assert_str_eq(rs_param_str(RS_PARAM_TRANSPORT), "verbs");
+}
+
+/* Past its largest value a setting would overflow where it is used (seconds into int
+ * milliseconds) or mean nothing (a port, a switch). */
+Test(param, integers_above_their_largest_value_keep_the_default, .init = cr_redirect_stderr)
+{
+    setenv("RESHARD_TIMEOUT", "9223372036854775807", 1);
+    setenv("RESHARD_BOOT_PORT", "65536", 1);
+    setenv("RESHARD_CUDA_IPC", "2", 1);
+    setenv("RESHARD_IB_QPS_PER_PEER", "8", 1);
+    cr_assert_eq(rs_param_int(RS_PARAM_TIMEOUT), 300);
+    cr_assert_eq(rs_param_int(RS_PARAM_BOOT_PORT), 0);
+    cr_assert_eq(rs_param_int(RS_PARAM_CUDA_IPC), 1);
+    cr_assert_eq(rs_param_int(RS_PARAM_IB_QPS_PER_PEER), 8, "8 is the largest, and taken");
+    char *text = config_text();
+    cr_assert(strstr(text, "RESHARD_BOOT_PORT              0            default  # "), "%s", text);
+    free(text);
+    const char *log = stderr_text();
+    cr_assert(strstr(log, "RESHARD_TIMEOUT=9223372036854775807 is above 2147483; the default "
+                          "stays"),
+              "%s", log);
+    cr_assert(strstr(log, "RESHARD_BOOT_PORT=65536 is above 65535"), "%s", log);
+    cr_assert(strstr(log, "RESHARD_CUDA_IPC=2 is above 1"), "%s", log);
+    cr_assert_null(strstr(log, "RESHARD_IB_QPS_PER_PEER"), "%s", log);
+}
+
+/* An unknown RESHARD_ name is one WARN, naming the setting it is nearest to; the names the
+ * project's tests and scripts read are not settings and not warned about. */
+Test(param, a_misspelled_name_is_one_warning_naming_the_setting, .init = cr_redirect_stderr)
+{
+    setenv("RESHARD_TIMOUT", "3", 1);
+    setenv("RESHARD_chunk_bytes", "1", 1);
+    setenv("RESHARD_NOTHING_LIKE_IT", "1", 1);
+    setenv("RESHARD_BUILD", "build", 1);
+    setenv("RESHARD_LIB", "/x.so", 1);
+    rs_log(RS_LOG_WARN, "first line");
+    rs_log(RS_LOG_WARN, "second line");
+    cr_assert_eq(rs_param_int(RS_PARAM_TIMEOUT), 300, "a misspelling sets nothing");
+    const char *log = stderr_text();
+    cr_assert_eq(count(log, "RESHARD_TIMOUT=3 is not a reshard setting (did you mean "
+                            "RESHARD_TIMEOUT?); ignored"),
+                 1, "%s", log);
+    cr_assert_eq(count(log, "RESHARD_chunk_bytes=1 is not a reshard setting (did you mean "
+                            "RESHARD_CHUNK_BYTES?)"),
+                 1, "%s", log);
+    cr_assert_eq(count(log, "RESHARD_NOTHING_LIKE_IT=1 is not a reshard setting (--dump-config "
+                            "lists them); ignored"),
+                 1, "%s", log);
+    cr_assert_null(strstr(log, "RESHARD_BUILD"), "%s", log);
+    cr_assert_null(strstr(log, "RESHARD_LIB"), "%s", log);
 }
 
 Test(param, an_environment_value_is_read_and_shown_as_set_by_it)

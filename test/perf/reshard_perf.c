@@ -1004,31 +1004,30 @@ static int launch_local(const struct opts *o, struct sweep *sw)
 
 /* ---- arguments ---- */
 
-/* The synopsis; with full, what each option does. */
-static void usage(FILE *out, int full)
+/* The synopsis and what each option does (-h). */
+static void usage(void)
 {
-    fprintf(out, "usage: reshard_perf [-np N] [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS]\n"
-                 "                    [-w WARMUP] [-c 0|1] [-d DTYPE]\n"
-                 "                    (--src SPEC --dst SPEC | --manifest FILE)\n"
-                 "                    [--algo reshard,direct,bcast] [--dump-config] [-h]\n");
-    if (!full)
-        return;
-    fprintf(out,
-            "  -np N                 fork N local ranks (default: torchrun/mpirun/srun env)\n"
-            "  -b, --minbytes SIZE   smallest size, K/M/G suffixes allowed (default 32M)\n"
-            "  -e, --maxbytes SIZE   largest size (default 32M)\n"
-            "  -f, --stepfactor N    size multiplier between steps (default 2)\n"
-            "  -n, --iters N         timed iterations (default 20)\n"
-            "  -w, --warmup_iters N  untimed iterations first (default 5)\n"
-            "  -c, --check 0|1       check every destination element (default 1)\n"
-            "  -d, --datatype DTYPE  dtype of derived shapes (default bf16)\n"
-            "  --src, --dst SPEC     layouts; without shape= the shape follows each size:\n"
-            "                        [count/1024, 1024], or [1, count] below 1024 elements\n"
-            "  --manifest FILE       a whole model (JSON): every tensor in one plan, one row per\n"
-            "                        algorithm; its world_size must be the number of ranks\n"
-            "  --algo LIST           comma-separated reshard, direct, bcast (default reshard)\n"
-            "  --dump-config         print every RESHARD_* setting and exit\n"
-            "  -h, --help            this text\n");
+    fputs("usage: reshard_perf [-np N] [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS]\n"
+          "                    [-w WARMUP] [-c 0|1] [-d DTYPE]\n"
+          "                    (--src SPEC --dst SPEC | --manifest FILE)\n"
+          "                    [--algo reshard,direct,bcast] [--dump-config] [-h]\n"
+          "  -np N                 fork N local ranks (default: torchrun/mpirun/srun env)\n"
+          "  -b, --minbytes SIZE   smallest size, K/M/G suffixes allowed (default 32M)\n"
+          "  -e, --maxbytes SIZE   largest size (default 32M)\n"
+          "  -f, --stepfactor N    size multiplier between steps (default 2)\n"
+          "  -n, --iters N         timed iterations (default 20)\n"
+          "  -w, --warmup_iters N  untimed iterations first (default 5)\n"
+          "  -c, --check 0|1       check every destination element (default 1)\n"
+          "  -d, --datatype DTYPE  dtype of derived shapes (default bf16)\n"
+          "  --src, --dst SPEC     layouts; without shape= the shape follows each size:\n"
+          "                        [count/1024, 1024], or [1, count] below 1024 elements\n"
+          "  --manifest FILE       a whole model (JSON): every tensor in one plan, one row per\n"
+          "                        algorithm; its world_size must be the number of ranks\n"
+          "  --algo LIST           comma-separated reshard, direct, bcast (default reshard)\n"
+          "  --dump-config         print every RESHARD_* setting and exit\n"
+          "  -h, --help            this text\n"
+          "Exit status: 0 every check passed, 1 a run or a check failed, 2 bad arguments.\n",
+          stdout);
 }
 
 static int parse_size(const char *s, size_t *out)
@@ -1182,14 +1181,24 @@ static int parse_args(int argc, char **argv, struct opts *o)
     for (int i = 1; i < argc; i++) /* nccl-tests and mpirun spell it with one dash */
         if (!strcmp(argv[i], "-np"))
             argv[i] = np_long;
-    while ((ch = getopt_long(argc, argv, "b:e:f:n:w:c:d:h", long_opts, NULL)) != -1) {
-        if (ch == 'h')
+    opterr = 0; /* one line of our own per mistake, not getopt's and a synopsis */
+    while ((ch = getopt_long(argc, argv, ":b:e:f:n:w:c:d:h", long_opts, NULL)) != -1) {
+        if (ch == 'h') {
             o->help = 1;
-        else if (ch == 'C')
+            return 0;
+        }
+        if (ch == 'C') {
             o->dump_config = 1;
-        else if (ch == '?' || parse_opt(ch, optarg, o)) {
-            if (ch != '?')
-                fprintf(stderr, "reshard_perf: bad value '%s' for --%s\n", optarg, opt_name(ch));
+        } else if (ch == ':') {
+            fprintf(stderr, "reshard_perf: --%s needs a value\n", opt_name(optopt));
+            return EXIT_USAGE;
+        } else if (ch == '?') {
+            char shortopt[3] = {'-', (char)optopt, '\0'};
+            fprintf(stderr, "reshard_perf: unknown option '%s' (--help lists them)\n",
+                    optopt ? shortopt : argv[optind - 1]);
+            return EXIT_USAGE;
+        } else if (parse_opt(ch, optarg, o)) {
+            fprintf(stderr, "reshard_perf: bad value '%s' for --%s\n", optarg, opt_name(ch));
             return EXIT_USAGE;
         }
     }
@@ -1207,9 +1216,11 @@ int main(int argc, char **argv)
 {
     struct opts o;
     struct sweep sw;
+    reshard_log_set_failures(0); /* each failure is one line of ours (lib_fail), not two */
     int rc = parse_args(argc, argv, &o);
     if (rc || o.help) {
-        usage(rc ? stderr : stdout, !rc);
+        if (!rc)
+            usage();
         return rc;
     }
     if (o.dump_config) {

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* make install lays out a usable prefix: library, headers, tool, pkg-config file. */
+/* make install lays out a usable prefix: library, headers, the three tools, pkg-config file;
+ * and the build folder holds the tools as installed (bin/ beside lib/), old paths linked. */
 #include "run_util.h"
 
 #include <criterion/criterion.h>
@@ -25,6 +26,17 @@ Test(install, prefix_holds_a_working_tool_and_pkg_config, .timeout = 120)
              prefix);
     cr_assert_eq(run_capture(cmd, out, sizeof(out)), 0, "%s", out);
     cr_assert(strstr(out, "\nvalid yes\n"), "%s", out);
+    /* so do the two perf tools, with no LD_LIBRARY_PATH, through RUNPATH $ORIGIN/../lib */
+    static const char *const tools[] = {"reshard_perf", "reshard_net_perf"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof(cmd), "env -u LD_LIBRARY_PATH %s/bin/%s --dump-config", prefix,
+                 tools[i]);
+        cr_assert_eq(run_capture(cmd, out, sizeof(out)), 0, "%s: %s", tools[i], out);
+        cr_assert(strstr(out, "RESHARD_TIMEOUT "), "%s: %s", tools[i], out);
+        snprintf(cmd, sizeof(cmd), "readelf -d %s/bin/%s", prefix, tools[i]);
+        cr_assert_eq(run_capture(cmd, out, sizeof(out)), 0, "%s", out);
+        cr_assert(strstr(out, "[$ORIGIN/../lib]"), "%s: %s", tools[i], out);
+    }
 
     snprintf(cmd, sizeof(cmd),
              "PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags --libs reshard", prefix);
@@ -44,4 +56,19 @@ Test(install, prefix_holds_a_working_tool_and_pkg_config, .timeout = 120)
     cr_assert_eq(run_capture(cmd, out, sizeof(out)), 0, "%s", out);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", prefix);
     run_capture(cmd, out, sizeof(out));
+}
+
+Test(install, the_build_holds_the_tools_in_bin_and_their_old_paths_still_run, .timeout = 60)
+{
+    char cmd[512], out[4096];
+    static const char *const old[] = {"reshard-plan", "test/perf/reshard_perf", "reshard_net_perf"};
+    static const char *const bin[] = {"reshard-plan", "reshard_perf", "reshard_net_perf"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof(cmd), "%s/bin/%s --help", build_dir(), bin[i]);
+        cr_assert_eq(run_capture(cmd, out, sizeof(out)), 0, "%s", out);
+        cr_assert(strstr(out, "usage: "), "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/%s --help", build_dir(), old[i]);
+        cr_assert_eq(run_capture(cmd, out, sizeof(out)), 0, "%s", out);
+        cr_assert(strstr(out, "usage: "), "%s", out);
+    }
 }

@@ -23,6 +23,14 @@ static int plan(const char *args)
     return rc;
 }
 
+static int lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
 /* The value on the line "key N", or -1. */
 static long long value_of(const char *key)
 {
@@ -95,9 +103,14 @@ Test(reshard_plan, bad_input_exits_2_with_one_line, .timeout = 60)
 Test(reshard_plan, usage_errors_exit_2, .timeout = 60)
 {
     cr_assert_eq(plan("--src 'shape=4 ranks=0'"), 2);
-    cr_assert(strstr(out, "error: --src and --dst are required"), "%s", out);
+    cr_assert_str_eq(out,
+                     "error: --src and --dst (or --manifest) are required; --help says more\n");
     cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --bogus"), 2);
-    cr_assert(strstr(out, "error: unknown or incomplete option '--bogus'"), "%s", out);
+    cr_assert_str_eq(out, "error: unknown option '--bogus' (--help lists them)\n");
+    cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' -q"), 2);
+    cr_assert_str_eq(out, "error: unknown option '-q' (--help lists them)\n");
+    cr_assert_eq(plan("--dst 'shape=4 ranks=1' --src"), 2);
+    cr_assert_str_eq(out, "error: --src needs a value\n");
     cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --domain-size 0"), 2);
     cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' extra"), 2);
     cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --domains 0,0 "
@@ -105,11 +118,20 @@ Test(reshard_plan, usage_errors_exit_2, .timeout = 60)
                  2);
     cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --domains 0,x"), 2);
     cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=2' --domains 0,1"), 2);
-    cr_assert_str_eq(out, "error: rank 2 is outside the world of 2 ranks\n");
+    cr_assert_str_eq(out, "error: --domains is too short: it lists 2 domain ids, the layouts use "
+                          "ranks 0-2 (one id per rank)\n");
+    cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=2' --world-size 2"), 2);
+    cr_assert_str_eq(out, "error: rank 2 is outside the world of 2 ranks (--world-size)\n");
+    cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --domains 0,1 "
+                      "--world-size 3"),
+                 2);
+    cr_assert_str_eq(out, "error: --domains is too short: it lists 2 domain ids, the world has 3 "
+                          "ranks (one id per rank)\n");
     cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --domains 0,1,1 "
                       "--world-size 2"),
                  2);
-    cr_assert_str_eq(out, "error: --domains lists 3 ranks, the world has 2\n");
+    cr_assert_str_eq(out, "error: --domains is too long: it lists 3 domain ids, the world has 2 "
+                          "ranks (one id per rank)\n");
     cr_assert_eq(plan("--src 'shape=4' --dst 'shape=4'"), 2, "no rank count anywhere");
 }
 
@@ -147,6 +169,8 @@ Test(reshard_plan, dump_config_and_help, .timeout = 60)
     cr_assert(strstr(out, "RESHARD_PLAN_SPLIT_MIN_BYTES"), "%s", out);
     cr_assert_eq(plan("--help"), 0);
     cr_assert(strstr(out, "usage: reshard-plan"), "%s", out);
+    cr_assert_eq(plan("-h --bogus"), 0, "help comes first: %s", out);
+    cr_assert_eq(strncmp(out, "usage: reshard-plan", 19), 0, "%s", out);
 }
 
 Test(reshard_plan, bad_world_size_and_long_rank_lists, .timeout = 60)
@@ -266,7 +290,7 @@ Test(reshard_plan, cluster_spec_errors_are_exit_status_2, .timeout = 60)
     cr_assert(strstr(out, "all needed"), "%s", out);
     snprintf(args, sizeof(args), "%s --cluster nic=50GiB,nvlink=450GB/s,latency=5us", pair);
     cr_assert_eq(plan(args), 2, "%s", out);
-    cr_assert(strstr(out, "nic=RATE"), "%s", out);
+    cr_assert(strstr(out, "'nic=50GiB': expected a positive rate"), "%s", out);
     snprintf(args, sizeof(args), "%s --cluster nic=400Gb/s,nvlink=450GB/s,latency=-1us", pair);
     cr_assert_eq(plan(args), 2, "%s", out);
     snprintf(args, sizeof(args), "%s --json --cluster nic=400Gb/s,nvlink=450GB/s,latency=1us",
@@ -274,6 +298,74 @@ Test(reshard_plan, cluster_spec_errors_are_exit_status_2, .timeout = 60)
     cr_assert_eq(plan(args), 2, "%s", out);
     snprintf(args, sizeof(args), "%s --cluster nic=400Gb/s,nvlink=450GB/s,latency=1us", pair);
     cr_assert_eq(plan(args), 0, "%s", out);
+    snprintf(args, sizeof(args), "%s --cluster nic=5,nvlink=450GB/s,latency=1us", pair);
+    cr_assert_eq(plan(args), 2, "%s", out);
+    cr_assert_str_eq(out, "error: --cluster: 'nic=5': expected a positive rate like 50GB/s or "
+                          "400Gb/s\n");
+    snprintf(args, sizeof(args), "%s --cluster nic=1GB/s,nic=2GB/s,nvlink=4GB/s,latency=1us", pair);
+    cr_assert_eq(plan(args), 2, "%s", out);
+    cr_assert_str_eq(out, "error: --cluster: nic is given twice\n");
+    snprintf(args, sizeof(args), "%s --cluster nic=infGB/s,nvlink=4GB/s,latency=1us", pair);
+    cr_assert_eq(plan(args), 2, "an endless NIC is no rate: %s", out);
+}
+
+/* --cluster is read with the other options, before anything is loaded or planned: a bad value
+ * is reported even when the manifest named beside it does not exist. */
+Test(reshard_plan, cluster_is_checked_before_the_manifest_is_read, .timeout = 60)
+{
+    cr_assert_eq(plan("--manifest /nonexistent/m.json --cluster nic=50GB/s,nvlink=1GB/s,lat=5us"),
+                 2, "%s", out);
+    cr_assert_str_eq(out, "error: --cluster: 'lat=5us': expected nic=RATE,nvlink=RATE,latency=TIME "
+                          "(RATE like 50GB/s or 400Gb/s, TIME like 5us)\n");
+}
+
+Test(reshard_plan, a_manifest_from_standard_input_plans_as_from_its_file, .timeout = 60)
+{
+    cr_assert_eq(plan("--manifest docs/examples/fused-qkv.json"), 0, "%s", out);
+    long long net = value_of("net_bytes"), local = value_of("local_bytes");
+    cr_assert_gt(net, 0);
+    cr_assert_eq(plan("--manifest - < docs/examples/fused-qkv.json"), 0, "%s", out);
+    cr_assert_eq(value_of("net_bytes"), net, "%s", out);
+    cr_assert_eq(value_of("local_bytes"), local, "%s", out);
+    cr_assert(strstr(out, "manifest: -, 5 tensors\n"), "%s", out);
+    cr_assert_eq(plan("--manifest - < /dev/null"), 2, "%s", out);
+    cr_assert_eq(strncmp(out, "error: manifest <stdin>:", 24), 0, "naming stdin: %s", out);
+    cr_assert_eq(lines(out), 1, "%s", out);
+}
+
+/* The library logs a failure it returns at WARN; the tool prints it itself, so it tells the
+ * library not to, and the user reads one line. */
+Test(reshard_plan, a_failure_is_one_line, .timeout = 60)
+{
+    cr_assert_eq(plan("--src 'shape=8 ranks=0-3 place=S(0)' --dst 'shape=8 ranks=0-3 place=R' "
+                      "--exclude 3"),
+                 3, "%s", out);
+    cr_assert_str_eq(out, "error: plan: 1 tensor cannot be refit: a piece that a destination needs "
+                          "was held only by ranks that left, and no replica remains: 'tensor' "
+                          "(held by rank 3 only)\n");
+    cr_assert_eq(plan("--src 'shape=8 ranks=0-3 place=S(0)' --dst 'shape=8 ranks=0-3' --rank 4"),
+                 2);
+    cr_assert_str_eq(out, "error: --rank 4: the world has 4 ranks (0-3)\n");
+}
+
+/* A misspelled setting is one WARN naming the right one, a malformed value one WARN, and
+ * --dump-config shows the values in force. */
+Test(reshard_plan, bad_settings_are_one_warning_and_the_table_shows_what_is_in_force, .timeout = 60)
+{
+    int rc = run_capturef(out, sizeof(out),
+                          "RESHARD_TIMOUT=3 RESHARD_TIMEOUT=soon RESHARD_DEBUG=warn "
+                          "%s/reshard-plan --dump-config",
+                          build_dir());
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *warn = strstr(out, "RESHARD WARN RESHARD_TIMOUT=3 is not a reshard setting (did "
+                                   "you mean RESHARD_TIMEOUT?); ignored\n");
+    cr_assert_not_null(warn, "%s", out);
+    cr_assert_null(strstr(strchr(warn, '\n'), "RESHARD_TIMOUT"), "said once: %s", out);
+    cr_assert(strstr(out, "RESHARD WARN RESHARD_TIMEOUT=soon is not an integer; the default "
+                          "stays\n"),
+              "%s", out);
+    cr_assert(strstr(out, "\nRESHARD_TIMEOUT                300          default  # "), "%s", out);
+    cr_assert(strstr(out, "\nRESHARD_DEBUG                  WARN         env      # "), "%s", out);
 }
 
 /* gen-manifest.py writes the sizes of the buffers its views share, and they hold exactly the

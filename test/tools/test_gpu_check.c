@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * scripts/gpu-bundle.sh and scripts/gpu-check.sh without a GPU: the bundle is whole and finds
+ * its libraries by itself, and the check, on the stand-in driver, runs its steps and tells a
+ * call the sandbox refuses (the stand-in refusing CUDA IPC) from a defect (a copy failing).
+ */
+#include "run_util.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define OUT_MAX (1 << 17)
+
+static char out[OUT_MAX];
+static char dir[64];
+
+static void make_dir(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/reshard-gpucheck-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void drop_dir(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    run_capture(cmd, out, sizeof(out));
+}
+
+TestSuite(gpu_check, .init = make_dir, .fini = drop_dir, .timeout = 180);
+
+/* The row of a step in the table: "NAME RESULT ...", or NULL. */
+static const char *row_of(const char *name)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "\n%-13s ", name);
+    const char *p = NULL, *q = out;
+    while ((q = strstr(q, key))) /* the table comes last: its row is the last match */
+        p = q++;
+    return p ? p + 1 : NULL;
+}
+
+static void assert_result(const char *name, const char *result)
+{
+    const char *r = row_of(name);
+    cr_assert_not_null(r, "no row for %s:\n%s", name, out);
+    cr_assert_eq(strncmp(r + 14, result, strlen(result)), 0, "%s is not %s:\n%s", name, result,
+                 out);
+}
+
+static int check(const char *env, const char *steps)
+{
+    return run_capturef(out, sizeof(out),
+                        "%s scripts/gpu-check.sh --stand-in --bundle %s --logs %s/logs --steps %s",
+                        env, build_dir(), dir, steps);
+}
+
+Test(gpu_check, the_stand_in_runs_the_device_steps)
+{
+    int rc = check("", "device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl");
+    cr_assert_eq(rc, 0, "%s", out);
+    assert_result("probe", "PASS");
+    assert_result("gpu-unit", "PASS");
+    assert_result("pack", "SKIP");
+    assert_result("refit-ipc", "PASS");
+    assert_result("refit-vmm", "PASS");
+    assert_result("refit-staged", "PASS");
+    assert_result("nccl", "PASS");
+    cr_assert(strstr(row_of("refit-ipc"), "#wrong 0 on every rank"), "%s", out);
+    cr_assert(strstr(out, "0 failed"), "%s", out);
+}
+
+/* The stand-in refuses cuIpcOpenMemHandle as a sandbox would: the probe finds it, and the step
+ * that fails at it is REFUSED, not FAIL; a copy that fails is a defect. */
+Test(gpu_check, a_refused_call_is_told_apart_from_a_defect)
+{
+    const char *knobs = getenv("RESHARD_MAKE_KNOBS");
+    if (knobs && strstr(knobs, "ASAN=1"))
+        cr_skip_test("the probe loads the stand-in into python3, which an ASan library cannot "
+                     "enter (the probe says unknown)");
+    int rc = check("FAKE_CUDA_FAIL=cuIpcOpenMemHandle_v2", "refit-ipc,refit-staged");
+    cr_assert_eq(rc, 0, "a refusal is no failure:\n%s", out);
+    cr_assert(strstr(row_of("probe"), " 1 refused, "), "%s", out);
+    cr_assert(strstr(row_of("probe"), "cuda-ipc refused"), "%s", out);
+    assert_result("refit-ipc", "REFUSED");
+    cr_assert(strstr(row_of("refit-ipc"), "the sandbox refuses cuda-ipc"), "%s", out);
+    assert_result("refit-staged", "PASS");
+    rc = check("FAKE_CUDA_FAIL=cuMemcpyAsync", "refit-ipc");
+    cr_assert_eq(rc, 1, "%s", out);
+    assert_result("refit-ipc", "FAIL");
+}
+
+Test(gpu_check, bad_usage_is_one_line)
+{
+    cr_assert_eq(run_capture("scripts/gpu-check.sh --steps pack,nope", out, sizeof(out)), 2);
+    cr_assert_str_eq(out, "gpu-check: --steps: no step 'nope' (steps: device,gpu-unit,pack,"
+                          "refit-ipc,refit-vmm,refit-staged,nccl,dtensor,python)\n");
+    cr_assert_eq(run_capture("scripts/gpu-check.sh --budget soon", out, sizeof(out)), 2);
+    cr_assert_str_eq(out, "gpu-check: --budget needs a number of seconds\n");
+}
+
+/* The bundle holds what the check runs and every library it needs beyond glibc, found through
+ * RUNPATH alone, and stays under its size. */
+Test(gpu_check, the_bundle_finds_its_libraries_by_itself)
+{
+    if (run_capture("command -v patchelf", out, sizeof(out)) != 0)
+        cr_skip_test("patchelf is not installed (make deps installs it)");
+    /* --no-make: the suite's make built everything, and another test may run make meanwhile */
+    int rc = run_capturef(out, sizeof(out),
+                          "BUILD=%s scripts/gpu-bundle.sh --no-make --out %s/b --max-mib 60",
+                          build_dir(), dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "gpu-bundle: "), "%s", out);
+    rc = run_capturef(out, sizeof(out), "cat %s/b/BUNDLE.txt", dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "\nlib/libcriterion.so.3 "), "%s", out);
+    cr_assert(strstr(out, "\nlib/libucp.so.0 "), "%s", out);
+    cr_assert(strstr(out, "\nlib/libnccl-net-reshard.so "), "%s", out);
+    cr_assert_null(strstr(out, "\nlib/libc.so.6 "), "glibc stays the image's:\n%s", out);
+    /* every dependency resolves inside the bundle (or to glibc) */
+    rc =
+        run_capturef(out, sizeof(out),
+                     "cd %s/b && for f in test/unit bin/reshard_perf lib/libucp.so.0; do ldd $f; "
+                     "done | awk '$2 == \"=>\"' | grep -v \"%s/b/\" | grep -v 'libc.so\\|libm.so"
+                     "\\|libpthread\\|libdl\\|libresolv\\|librt\\|libgcc_s\\|libstdc++\\|libasan\\|"
+                     "libubsan'",
+                     dir, dir);
+    cr_assert_neq(rc, 0, "libraries from outside the bundle:\n%s", out);
+    rc = run_capturef(out, sizeof(out),
+                      "%s/b/bin/reshard-plan --src 'shape=8 ranks=0-1 place=S(0)' "
+                      "--dst 'shape=8 ranks=2' | tail -1",
+                      dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert_str_eq(out, "valid yes\n");
+}

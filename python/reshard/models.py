@@ -1,0 +1,424 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The layouts of a whole model's parameters, read from the model instead of written by hand.
+
+- dtensor_layouts(module): FSDP2 / DTensor models; placements, mesh and shard order are read
+  from each parameter (plain tensors are replicated over `ranks`).
+- megatron_layouts(params, ...): Megatron-Core models; tensor, pipeline and expert parallel
+  sizes and the rank order from its parallel state (RankGenerator), each parameter's
+  partition_dim / partition_stride (fused QKV and gate_up are strided shards), expert
+  parameters over the expert-parallel ranks, and layer numbers made global across stages.
+- vllm_layouts(model, ranks): vLLM models by their parallel layers: ColumnParallelLinear S(0),
+  RowParallelLinear S(1), QKVParallelLinear q/k/v as views of the fused buffer (GQA: kv heads
+  replicated when tp exceeds them), MergedColumnParallelLinear gate/up as views,
+  VocabParallelEmbedding with its padding, FusedMoE w13/w2 under expert parallelism,
+  replicated layers R.
+- rename(layouts, mapping) and pair(src, dst): names mapped between the sides (Megatron / HF /
+  vLLM naming); a tensor present on one side only is an error naming it.
+
+Each function returns {name: Layout} for the side it describes; pair() turns two of them into
+the (name, src, dst) list that Plan takes.
+"""
+import re
+
+from . import Layout, ReshardError, STATUS, dtype_name
+
+
+def _fail(message):
+    raise ReshardError(STATUS["ERR_INVALID_ARG"], message)
+
+
+def _spec(shape, dtype, ranks, mesh, place, extra=""):
+    spec = "shape=%s dtype=%s ranks=%s mesh=%s place=%s" % (
+        "x".join(str(int(n)) for n in shape), dtype_name(dtype),
+        ",".join(str(int(r)) for r in ranks), "x".join(str(int(n)) for n in mesh), place)
+    return Layout(spec + (" " + extra if extra else ""))
+
+
+# ---- FSDP2 / DTensor ----
+
+def dtensor_layouts(module, ranks=None):
+    """{name: Layout} of module.named_parameters(): a DTensor's from its mesh, placements and
+    shard order; a plain tensor replicated over `ranks` (default: every rank of the default
+    process group, or rank 0 without one)."""
+    if ranks is None:
+        try:
+            import torch.distributed as dist
+
+            ranks = range(dist.get_world_size()) if dist.is_initialized() else [0]
+        except ImportError:
+            ranks = [0]
+    ranks = list(ranks)
+    out = {}
+    for name, p in module.named_parameters():
+        if getattr(p, "device_mesh", None) is not None:
+            out[name] = Layout.from_dtensor(p)
+        else:
+            out[name] = _spec(p.shape, p.dtype, ranks, (len(ranks),), "R")
+    return out
+
+
+# ---- Megatron-Core ----
+
+class MegatronParallel:
+    """Megatron-Core's parallel sizes and rank order: tp, cp, dp, pp, ep (expert data
+    parallel edp = dp * cp * tp / (ep * etp)), etp, order ("tp-cp-ep-dp-pp" style), as its
+    RankGenerator forms groups. ranks(kind) lists each group of that kind (e.g. "tp", "pp",
+    "tp-pp"), computed here; megatron_groups() asks megatron-core itself."""
+
+    def __init__(self, tp=1, pp=1, dp=1, cp=1, ep=1, etp=None, order="tp-cp-ep-dp-pp"):
+        self.tp, self.pp, self.dp, self.cp, self.ep = tp, pp, dp, cp, ep
+        self.etp = tp if etp is None else etp
+        self.order = order
+        self.world = tp * pp * dp * cp
+        if (dp * cp * tp) % (self.ep * self.etp):
+            _fail("megatron: ep %d x etp %d does not divide dp x cp x tp = %d"
+                  % (ep, self.etp, dp * cp * tp))
+        self.edp = dp * cp * tp // (self.ep * self.etp)
+
+    @classmethod
+    def from_parallel_state(cls):
+        """From megatron.core.parallel_state, after initialize_model_parallel."""
+        from megatron.core import parallel_state as ps
+
+        return cls(tp=ps.get_tensor_model_parallel_world_size(),
+                   pp=ps.get_pipeline_model_parallel_world_size(),
+                   dp=ps.get_data_parallel_world_size(),
+                   cp=ps.get_context_parallel_world_size(),
+                   ep=ps.get_expert_model_parallel_world_size(),
+                   etp=ps.get_expert_tensor_parallel_world_size())
+
+    def _sizes(self, expert):
+        if expert:
+            return {"tp": self.etp, "ep": self.ep, "dp": self.edp, "pp": self.pp, "cp": 1}
+        return {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp, "ep": 1}
+
+    def groups(self, kind, expert=False):
+        """The rank groups of `kind` (dims joined by "-", e.g. "tp-pp"), as lists of global
+        ranks: the ranks that differ only along those dims, ordered with the first-named
+        order dim fastest (Megatron's generate_masked_orthogonal_rank_groups)."""
+        sizes = self._sizes(expert)
+        order = [d for d in self.order.split("-") if not (expert and d == "cp")]
+        if expert and "ep" not in order:
+            order.insert(1, "ep")
+        if not expert:
+            order = [d for d in order if d != "ep"]
+        want = kind.split("-")
+        dims = [sizes[d] for d in order]
+        masked = [d for d in order if d in want]
+        rest = [d for d in order if d not in want]
+        groups = []
+        for r in range(_prod(sizes[d] for d in rest)):
+            fixed = _unravel(r, [sizes[d] for d in rest])
+            group = []
+            for m in range(_prod(sizes[d] for d in masked)):
+                inner = dict(zip(masked, _unravel(m, [sizes[d] for d in masked])))
+                inner.update(zip(rest, fixed))
+                rank, stride = 0, 1
+                for d, n in zip(order, dims):
+                    rank += inner[d] * stride
+                    stride *= n
+                group.append(rank)
+            groups.append(group)
+        return groups
+
+    def coords(self, rank, expert=False):
+        """{dim: coordinate} of a global rank."""
+        sizes = self._sizes(expert)
+        order = [d for d in self.order.split("-")]
+        if expert:
+            order = [d for d in order if d != "cp"]
+            if "ep" not in order:
+                order.insert(1, "ep")
+        else:
+            order = [d for d in order if d != "ep"]
+        out = {}
+        for d in order:
+            out[d] = rank % sizes[d]
+            rank //= sizes[d]
+        return out
+
+
+def _prod(it):
+    n = 1
+    for x in it:
+        n *= x
+    return n
+
+
+def _unravel(i, sizes):
+    out = []
+    for n in sizes:
+        out.append(i % n)
+        i //= n
+    return out
+
+
+def megatron_groups(kind, par, expert=False):
+    """The same groups as MegatronParallel.groups, from megatron-core's own RankGenerator."""
+    from megatron.core.parallel_state import RankGenerator
+
+    if expert:
+        gen = RankGenerator(tp=par.etp, ep=par.ep, dp=par.edp, pp=par.pp, cp=1, order=par.order,
+                            rank_offset=0)
+    else:
+        gen = RankGenerator(tp=par.tp, ep=1, dp=par.dp, pp=par.pp, cp=par.cp, order=par.order,
+                            rank_offset=0)
+    return gen.get_ranks(kind)
+
+
+_LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
+_EXPERT = re.compile(r"(^|\.)local_experts\.(\d+)\.")
+
+
+def megatron_layouts(stages, par, layers_per_stage=None, num_experts=None,
+                     gated_linear_unit=False):
+    """{global name: Layout} of a Megatron-Core model: stages[pp] is the named parameters
+    (name -> tensor or meta tensor with Megatron's attributes) of pipeline stage pp, as its
+    tensor-parallel rank 0 holds them (global shapes are local times tp along partition_dim).
+    Layer numbers become global (stage * layers_per_stage + local); expert k of an
+    expert-parallel rank e becomes expert e * local_experts + k. A parameter is held by the tp
+    group (or the expert tp group) of every dp replica of its stage: mesh (dp, tp). With
+    gated_linear_unit (SwiGLU), linear_fc1 holds [gate_r; up_r] on tp rank r: SS(0,2). The
+    fused linear_qkv holds whole query groups per tp rank: S(0) of the interleaved tensor."""
+    out = {}
+    for pp, params in enumerate(stages):
+        for name, p in params.items():
+            gname, expert = _global_name(name, pp, layers_per_stage, par, num_experts)
+            shape = list(p.shape)
+            tp = par.etp if expert else par.tp
+            tensor_parallel = bool(getattr(p, "tensor_model_parallel", False))
+            dim = int(getattr(p, "partition_dim", -1))
+            stride = int(getattr(p, "partition_stride", 1))
+            if gated_linear_unit and name.endswith("linear_fc1.weight"):
+                stride = 2
+            if tensor_parallel and tp > 1:
+                shape[dim] *= tp
+                place = "S(%d)" % dim if stride == 1 else "SS(%d,%d)" % (dim, stride)
+            else:
+                place = "R"
+            if expert:
+                for e in range(par.ep):
+                    name_e = _expert_name(gname, e, num_experts, par.ep)
+                    ranks = _mesh_ranks(par, pp, expert=True, ep_rank=e)
+                    out[name_e] = _spec(shape, p.dtype, ranks, (len(ranks) // tp, tp),
+                                        "R," + place)
+            else:
+                ranks = _mesh_ranks(par, pp)
+                out[gname] = _spec(shape, p.dtype, ranks, (len(ranks) // tp, tp), "R," + place)
+    return out
+
+
+def _global_name(name, pp, layers_per_stage, par, num_experts):
+    if layers_per_stage is not None:
+        name = _LAYER.sub(lambda m: "%slayers.%d." % (m.group(1), pp * layers_per_stage +
+                                                       int(m.group(2))), name)
+    return name, bool(_EXPERT.search(name))
+
+
+def _expert_name(name, ep_rank, num_experts, ep):
+    if not num_experts:
+        _fail("megatron_layouts: expert parameter %s needs num_experts" % name)
+    local = num_experts // ep
+    return _EXPERT.sub(lambda m: "%slocal_experts.%d." % (m.group(1), ep_rank * local +
+                                                           int(m.group(2))), name)
+
+
+def _mesh_ranks(par, pp, expert=False, ep_rank=0):
+    """Global ranks of stage pp in (dp, tp) mesh order: every dp (or expert dp) replica's tp
+    group, for the given expert-parallel rank."""
+    world = par.world
+    rows = {}
+    for r in range(world):
+        c = par.coords(r, expert)
+        if c["pp"] != pp or (expert and c["ep"] != ep_rank):
+            continue
+        rep = (c["dp"], c.get("cp", 0)) if not expert else (c["dp"],)
+        rows.setdefault(rep, {})[c["tp"]] = r
+    return [rows[k][t] for k in sorted(rows) for t in sorted(rows[k])]
+
+
+# ---- vLLM ----
+
+def _tp(module):
+    return int(getattr(module, "tp_size", 1) or 1)
+
+
+def vllm_layouts(model, ranks):
+    """{name: Layout} of a vLLM model's parameters on the inference ranks `ranks` (the
+    tensor-parallel group in tp-rank order, or tp groups of several replicas: len(ranks) a
+    multiple of tp, replica-major). Checkpoint-side names: q_proj / k_proj / v_proj and
+    gate_proj / up_proj are views of the fused qkv_proj / gate_up_proj buffers (the execute
+    buffer of each view is the fused parameter, under its vLLM name)."""
+    ranks = list(ranks)
+    out = {}
+    for prefix, module in model.named_modules():
+        kind = type(module).__name__
+        direct = {n: p for n, p in module.named_parameters(recurse=False)}
+        if not direct:
+            continue
+        base = prefix + "." if prefix else ""
+        tp = _tp(module)
+        if len(ranks) % tp:
+            _fail("vllm_layouts: %s has tp_size %d, which does not divide the %d ranks"
+                  % (prefix, tp, len(ranks)))
+        mesh = (len(ranks) // tp, tp)
+        for pname, p in direct.items():
+            name = base + pname
+            if kind == "QKVParallelLinear" and pname == "weight":
+                out.update(_qkv(module, base, name, p, ranks, mesh))
+            elif kind == "MergedColumnParallelLinear" and pname == "weight":
+                out.update(_merged(module, base, name, p, ranks, mesh))
+            elif kind in ("VocabParallelEmbedding", "ParallelLMHead") and pname == "weight":
+                out[name] = _vocab(module, name, p, ranks, mesh)
+            elif kind == "FusedMoE" and pname in ("w13_weight", "w2_weight"):
+                out[name] = _moe(module, name, pname, p, ranks)
+            elif kind in ("ColumnParallelLinear", "QKVParallelLinear",
+                          "MergedColumnParallelLinear") and tp > 1:
+                shape = list(p.shape)
+                shape[0] *= tp  # weight (out, in) and bias (out,) shard dim 0
+                out[name] = _spec(shape, p.dtype, ranks, mesh, "R,S(0)")
+            elif kind == "RowParallelLinear" and pname == "weight" and tp > 1:
+                out[name] = _spec((p.shape[0], p.shape[1] * tp), p.dtype, ranks, mesh,
+                                  "R,S(1)")
+            else:  # replicated layers, norms, a row-parallel bias
+                out[name] = _spec(p.shape, p.dtype, ranks, (len(ranks),), "R")
+    return out
+
+
+def _qkv(m, base, name, p, ranks, mesh):
+    tp = mesh[1]
+    hd = int(m.head_size)
+    heads, kv = int(m.total_num_heads), int(m.total_num_kv_heads)
+    hidden = int(p.shape[1])
+    q_local = heads // tp * hd
+    kv_local = max(kv // tp, 1) * hd
+    if heads % tp or (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        _fail("vllm_layouts: %s: %d heads and %d kv heads do not split over tp %d"
+              % (name, heads, kv, tp))
+    out = {}
+    out[base + "q_proj.weight"] = _spec((heads * hd, hidden), p.dtype, ranks, mesh, "R,S(0)",
+                                        "buffer=%s offset=0" % name)
+    for i, part in enumerate(("k_proj", "v_proj")):
+        offset = (q_local + i * kv_local) * hidden
+        view = "buffer=%s offset=%d" % (name, offset)
+        if kv >= tp:
+            out[base + part + ".weight"] = _spec((kv * hd, hidden), p.dtype, ranks, mesh,
+                                                 "R,S(0)", view)
+        else:  # each kv head held by tp / kv consecutive tp ranks
+            rep = tp // kv
+            out[base + part + ".weight"] = _spec((kv * hd, hidden), p.dtype, ranks,
+                                                 (mesh[0], kv, rep), "R,S(0),R", view)
+    return out
+
+
+def _merged(m, base, name, p, ranks, mesh):
+    tp = mesh[1]
+    sizes = [int(s) for s in m.output_sizes]
+    hidden = int(p.shape[1])
+    names = ("gate_proj", "up_proj") if len(sizes) == 2 else ["part%d" % i for i in
+                                                              range(len(sizes))]
+    out, offset = {}, 0
+    for part, size in zip(names, sizes):
+        if size % tp:
+            _fail("vllm_layouts: %s: output size %d does not split over tp %d" % (name, size, tp))
+        out[base + part + ".weight"] = _spec((size, hidden), p.dtype, ranks, mesh, "R,S(0)",
+                                             "buffer=%s offset=%d" % (name, offset * hidden))
+        offset += size // tp
+    return out
+
+
+def _vocab(m, name, p, ranks, mesh):
+    tp = mesh[1]
+    org = int(getattr(m, "org_vocab_size", p.shape[0] * tp))
+    per = int(p.shape[0])  # rows per rank, padding included
+    hidden = int(p.shape[1])
+    chunk = -(-org // tp)
+    if per == chunk or (per >= chunk and all(
+            min(org, (r + 1) * per) - min(org, r * per) == max(0, min(org, (r + 1) * chunk) -
+                                                                min(org, r * chunk))
+            for r in range(tp))):
+        # each rank's real rows are torch.chunk's: a shard at the start of its padded buffer
+        return _spec((org, hidden), p.dtype, ranks, mesh, "R,S(0)", "buffer=%s" % name)
+    if per * tp >= org:  # the padded vocabulary: both sides must hold it padded
+        return _spec((per * tp, hidden), p.dtype, ranks, mesh, "R,S(0)")
+    _fail("vllm_layouts: %s: %d rows per rank cannot hold %d over tp %d" % (name, per, org, tp))
+
+
+def _moe(m, name, pname, p, ranks):
+    """w13 (experts, 2 * intermediate, hidden) and w2 (experts, hidden, intermediate): experts
+    over the ep ranks, intermediate over tp (w13's gate and up halves each: SS(1,2))."""
+    ep = int(getattr(m, "ep_size", 1) or 1)
+    tp = int(getattr(m, "tp_size", 1) or 1)
+    if ep > 1 and tp > 1:
+        _fail("vllm_layouts: %s: expert and tensor parallelism together are not described yet"
+              % name)
+    experts = int(p.shape[0]) * ep
+    if pname == "w13_weight":
+        shape = (experts, p.shape[1] * tp, p.shape[2])
+        place = "S(0)" if ep > 1 else ("SS(1,2)" if tp > 1 else "R")
+    else:
+        shape = (experts, p.shape[1], p.shape[2] * tp)
+        place = "S(0)" if ep > 1 else ("S(2)" if tp > 1 else "R")
+    n = max(ep, tp)
+    if len(ranks) % n:
+        _fail("vllm_layouts: %s: %d ranks for ep %d x tp %d" % (name, len(ranks), ep, tp))
+    return _spec(shape, p.dtype, ranks, (len(ranks) // n, n), "R," + place)
+
+
+# ---- names between the sides ----
+
+def rename(layouts, mapping):
+    """{new name: Layout}: mapping is a function of the old name, or a list of (regex,
+    replacement) applied in order."""
+    if not callable(mapping):
+        rules = [(re.compile(a), b) for a, b in mapping]
+
+        def mapping(name):
+            for rx, rep in rules:
+                name = rx.sub(rep, name)
+            return name
+    out = {}
+    for name, lay in layouts.items():
+        new = mapping(name)
+        if new in out:
+            _fail("rename: %s and another tensor both become %s" % (name, new))
+        out[new] = lay
+    return out
+
+
+def pair(src, dst, ignore=()):
+    """[(name, src layout, dst layout)] for Plan, by name; a tensor on one side only is an
+    error naming it (unless it matches a regex of `ignore`)."""
+    skip = [re.compile(x) for x in ignore]
+
+    def kept(name):
+        return not any(rx.search(name) for rx in skip)
+
+    only_src = sorted(n for n in src if n not in dst and kept(n))
+    only_dst = sorted(n for n in dst if n not in src and kept(n))
+    if only_src or only_dst:
+        parts = []
+        if only_src:
+            parts.append("only the source has %s" % ", ".join(only_src[:8]))
+        if only_dst:
+            parts.append("only the destination has %s" % ", ".join(only_dst[:8]))
+        _fail("the two sides name different tensors: " + "; ".join(parts))
+    return [(n, src[n], dst[n]) for n in src if n in dst]
+
+
+# Megatron-Core -> HF names of a GPT model (Llama-style), for rename()
+MEGATRON_TO_HF = [
+    (r"^embedding\.word_embeddings\.weight$", "model.embed_tokens.weight"),
+    (r"^decoder\.final_layernorm\.weight$", "model.norm.weight"),
+    (r"^output_layer\.weight$", "lm_head.weight"),
+    (r"^decoder\.layers\.(\d+)\.self_attention\.linear_proj\.weight$",
+     r"model.layers.\1.self_attn.o_proj.weight"),
+    (r"^decoder\.layers\.(\d+)\.self_attention\.linear_qkv\.layer_norm_weight$",
+     r"model.layers.\1.input_layernorm.weight"),
+    (r"^decoder\.layers\.(\d+)\.mlp\.linear_fc1\.layer_norm_weight$",
+     r"model.layers.\1.post_attention_layernorm.weight"),
+    (r"^decoder\.layers\.(\d+)\.mlp\.linear_fc2\.weight$", r"model.layers.\1.mlp.down_proj.weight"),
+]
+
+__all__ = ["dtensor_layouts", "MegatronParallel", "megatron_groups", "megatron_layouts",
+           "vllm_layouts", "rename", "pair", "MEGATRON_TO_HF"]

@@ -247,16 +247,17 @@ def vllm_layouts(model, ranks):
     """{name: Layout} of a vLLM model's parameters on the inference ranks `ranks` (the
     tensor-parallel group in tp-rank order, or tp groups of several replicas: len(ranks) a
     multiple of tp, replica-major). Checkpoint-side names: q_proj / k_proj / v_proj and
-    gate_proj / up_proj are views of the fused qkv_proj / gate_up_proj buffers (the execute
-    buffer of each view is the fused parameter, under its vLLM name)."""
+    gate_proj / up_proj are views of the fused qkv_proj / gate_up_proj buffers (.buffers maps
+    each name to the tensor to pass: a view's fused parameter)."""
     ranks = list(ranks)
-    out = {}
+    out = ModelLayouts()
     for prefix, module in model.named_modules():
         kind = type(module).__name__
         direct = {n: p for n, p in module.named_parameters(recurse=False)}
         if not direct:
             continue
         base = prefix + "." if prefix else ""
+        parent = prefix.rsplit(".", 1)[0] + "." if "." in prefix else ""
         tp = _tp(module)
         if len(ranks) % tp:
             _fail("vllm_layouts: %s has tp_size %d, which does not divide the %d ranks"
@@ -264,10 +265,12 @@ def vllm_layouts(model, ranks):
         mesh = (len(ranks) // tp, tp)
         for pname, p in direct.items():
             name = base + pname
-            if kind == "QKVParallelLinear" and pname == "weight":
-                out.update(_qkv(module, base, name, p, ranks, mesh))
-            elif kind == "MergedColumnParallelLinear" and pname == "weight":
-                out.update(_merged(module, base, name, p, ranks, mesh))
+            if kind == "QKVParallelLinear" and pname in ("weight", "bias"):
+                for view, lay in _qkv(module, parent, name, pname, p, ranks, mesh).items():
+                    out[view], out.buffers[view] = lay, p
+            elif kind == "MergedColumnParallelLinear" and pname in ("weight", "bias"):
+                for view, lay in _merged(module, parent, name, pname, p, ranks, mesh).items():
+                    out[view], out.buffers[view] = lay, p
             elif kind in ("VocabParallelEmbedding", "ParallelLMHead") and pname == "weight":
                 out[name] = _vocab(module, name, p, ranks, mesh)
             elif kind == "FusedMoE" and pname in ("w13_weight", "w2_weight"):
@@ -282,47 +285,59 @@ def vllm_layouts(model, ranks):
                                   "R,S(1)")
             else:  # replicated layers, norms, a row-parallel bias
                 out[name] = _spec(p.shape, p.dtype, ranks, (len(ranks),), "R")
+            if name in out:
+                out.buffers.setdefault(name, p)
     return out
 
 
-def _qkv(m, base, name, p, ranks, mesh):
+class ModelLayouts(dict):
+    """{name: Layout}, and .buffers: {name: the tensor a refit reads or writes for it} (a
+    view's fused parameter; the parameter itself otherwise)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.buffers = {}
+
+
+def _qkv(m, parent, name, pname, p, ranks, mesh):
+    """q, k and v of a QKVParallelLinear weight or bias: tp rank r's fused buffer holds its q
+    heads, then its kv heads of k, then of v."""
     tp = mesh[1]
     hd = int(m.head_size)
     heads, kv = int(m.total_num_heads), int(m.total_num_kv_heads)
-    hidden = int(p.shape[1])
-    q_local = heads // tp * hd
-    kv_local = max(kv // tp, 1) * hd
     if heads % tp or (kv >= tp and kv % tp) or (kv < tp and tp % kv):
         _fail("vllm_layouts: %s: %d heads and %d kv heads do not split over tp %d"
               % (name, heads, kv, tp))
-    out = {}
-    out[base + "q_proj.weight"] = _spec((heads * hd, hidden), p.dtype, ranks, mesh, "R,S(0)",
-                                        "buffer=%s offset=0" % name)
+    inner = tuple(int(n) for n in p.shape[1:])
+    row = _prod(inner)
+    q_local, kv_local = heads // tp * hd, max(kv // tp, 1) * hd
+    out = {parent + "q_proj." + pname: _spec((heads * hd,) + inner, p.dtype, ranks, mesh,
+                                             "R,S(0)", "buffer=%s offset=0" % name)}
     for i, part in enumerate(("k_proj", "v_proj")):
-        offset = (q_local + i * kv_local) * hidden
-        view = "buffer=%s offset=%d" % (name, offset)
+        view = "buffer=%s offset=%d" % (name, (q_local + i * kv_local) * row)
+        shape = (kv * hd,) + inner
         if kv >= tp:
-            out[base + part + ".weight"] = _spec((kv * hd, hidden), p.dtype, ranks, mesh,
-                                                 "R,S(0)", view)
-        else:  # each kv head held by tp / kv consecutive tp ranks
-            rep = tp // kv
-            out[base + part + ".weight"] = _spec((kv * hd, hidden), p.dtype, ranks,
-                                                 (mesh[0], kv, rep), "R,S(0),R", view)
+            out[parent + part + "." + pname] = _spec(shape, p.dtype, ranks, mesh, "R,S(0)", view)
+        else:  # GQA: each kv head held by tp / kv consecutive tp ranks
+            out[parent + part + "." + pname] = _spec(shape, p.dtype, ranks,
+                                                     (mesh[0], kv, tp // kv), "R,S(0),R", view)
     return out
 
 
-def _merged(m, base, name, p, ranks, mesh):
+def _merged(m, parent, name, pname, p, ranks, mesh):
+    """gate and up of a MergedColumnParallelLinear: tp rank r holds its rows of each."""
     tp = mesh[1]
     sizes = [int(s) for s in m.output_sizes]
-    hidden = int(p.shape[1])
-    names = ("gate_proj", "up_proj") if len(sizes) == 2 else ["part%d" % i for i in
+    parts = ("gate_proj", "up_proj") if len(sizes) == 2 else ["part%d" % i for i in
                                                               range(len(sizes))]
+    inner = tuple(int(n) for n in p.shape[1:])
     out, offset = {}, 0
-    for part, size in zip(names, sizes):
+    for part, size in zip(parts, sizes):
         if size % tp:
             _fail("vllm_layouts: %s: output size %d does not split over tp %d" % (name, size, tp))
-        out[base + part + ".weight"] = _spec((size, hidden), p.dtype, ranks, mesh, "R,S(0)",
-                                             "buffer=%s offset=%d" % (name, offset * hidden))
+        out[parent + part + "." + pname] = _spec(
+            (size,) + inner, p.dtype, ranks, mesh, "R,S(0)",
+            "buffer=%s offset=%d" % (name, offset * _prod(inner)))
         offset += size // tp
     return out
 

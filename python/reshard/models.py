@@ -74,6 +74,12 @@ class MegatronParallel:
             _fail("megatron: ep %d x etp %d does not divide dp x cp x tp = %d"
                   % (ep, self.etp, dp * cp * tp))
         self.edp = dp * cp * tp // (self.ep * self.etp)
+        if not order.endswith("pp") and pp > 1 and self.edp != dp:
+            _fail("megatron: with pp not last in order %s, the expert data parallel size %d must "
+                  "equal dp %d (as megatron-core asserts)" % (order, self.edp, dp))
+        if sorted(self.groups("pp")) != sorted(self.groups("pp", expert=True)):
+            _fail("megatron: order %s gives the expert ranks other pipeline groups than the "
+                  "dense ones (megatron-core refuses it)" % order)
 
     @classmethod
     def from_parallel_state(cls):
@@ -92,47 +98,40 @@ class MegatronParallel:
             return {"tp": self.etp, "ep": self.ep, "dp": self.edp, "pp": self.pp, "cp": 1}
         return {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp, "ep": 1}
 
+    def _order(self):
+        order = self.order.split("-")
+        return order + [d for d in ("tp", "cp", "ep", "dp", "pp") if d not in order]
+
     def groups(self, kind, expert=False):
         """The rank groups of `kind` (dims joined by "-", e.g. "tp-pp"), as lists of global
-        ranks: the ranks that differ only along those dims, ordered with the first-named
-        order dim fastest (Megatron's generate_masked_orthogonal_rank_groups)."""
-        sizes = self._sizes(expert)
-        order = [d for d in self.order.split("-") if not (expert and d == "cp")]
-        if expert and "ep" not in order:
-            order.insert(1, "ep")
-        if not expert:
-            order = [d for d in order if d != "ep"]
+        ranks: the ranks that differ only along those dims, the first dim of the order
+        fastest, as Megatron-Core's RankGenerator.get_ranks forms them."""
+        sizes, order = self._sizes(expert), self._order()
         want = kind.split("-")
-        dims = [sizes[d] for d in order]
         masked = [d for d in order if d in want]
         rest = [d for d in order if d not in want]
         groups = []
         for r in range(_prod(sizes[d] for d in rest)):
-            fixed = _unravel(r, [sizes[d] for d in rest])
+            fixed = dict(zip(rest, _unravel(r, [sizes[d] for d in rest])))
             group = []
             for m in range(_prod(sizes[d] for d in masked)):
-                inner = dict(zip(masked, _unravel(m, [sizes[d] for d in masked])))
-                inner.update(zip(rest, fixed))
-                rank, stride = 0, 1
-                for d, n in zip(order, dims):
-                    rank += inner[d] * stride
-                    stride *= n
-                group.append(rank)
+                c = dict(fixed, **dict(zip(masked, _unravel(m, [sizes[d] for d in masked]))))
+                group.append(self.rank(c, expert))
             groups.append(group)
         return groups
 
+    def rank(self, coords, expert=False):
+        """The global rank at {dim: coordinate} (dims left out are 0)."""
+        sizes, rank, stride = self._sizes(expert), 0, 1
+        for d in self._order():
+            rank += coords.get(d, 0) * stride
+            stride *= sizes[d]
+        return rank
+
     def coords(self, rank, expert=False):
         """{dim: coordinate} of a global rank."""
-        sizes = self._sizes(expert)
-        order = [d for d in self.order.split("-")]
-        if expert:
-            order = [d for d in order if d != "cp"]
-            if "ep" not in order:
-                order.insert(1, "ep")
-        else:
-            order = [d for d in order if d != "ep"]
-        out = {}
-        for d in order:
+        sizes, out = self._sizes(expert), {}
+        for d in self._order():
             out[d] = rank % sizes[d]
             rank //= sizes[d]
         return out

@@ -82,16 +82,27 @@ class MegatronParallel:
                   "dense ones (megatron-core refuses it)" % order)
 
     @classmethod
-    def from_parallel_state(cls):
-        """From megatron.core.parallel_state, after initialize_model_parallel."""
+    def from_parallel_state(cls, order="tp-cp-ep-dp-pp"):
+        """From megatron.core.parallel_state, after initialize_model_parallel(order=order);
+        this rank's tensor- and pipeline-parallel groups are checked against the order."""
+        import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
-        return cls(tp=ps.get_tensor_model_parallel_world_size(),
-                   pp=ps.get_pipeline_model_parallel_world_size(),
-                   dp=ps.get_data_parallel_world_size(),
-                   cp=ps.get_context_parallel_world_size(),
-                   ep=ps.get_expert_model_parallel_world_size(),
-                   etp=ps.get_expert_tensor_parallel_world_size())
+        par = cls(tp=ps.get_tensor_model_parallel_world_size(),
+                  pp=ps.get_pipeline_model_parallel_world_size(),
+                  dp=ps.get_data_parallel_world_size(),
+                  cp=ps.get_context_parallel_world_size(),
+                  ep=ps.get_expert_model_parallel_world_size(),
+                  etp=ps.get_expert_tensor_parallel_world_size(), order=order)
+        me = dist.get_rank()
+        for kind, group in (("tp", ps.get_tensor_model_parallel_group()),
+                            ("pp", ps.get_pipeline_model_parallel_group())):
+            theirs = list(dist.get_process_group_ranks(group))
+            ours = next(g for g in par.groups(kind) if me in g)
+            if ours != theirs:
+                _fail("megatron: rank %d's %s group is %s, order %s gives %s: pass the order "
+                      "initialize_model_parallel was given" % (me, kind, theirs, order, ours))
+        return par
 
     def _sizes(self, expert):
         if expert:
@@ -163,6 +174,41 @@ def megatron_groups(kind, par, expert=False):
         gen = RankGenerator(tp=par.tp, ep=1, dp=par.dp, pp=par.pp, cp=par.cp, order=par.order,
                             rank_offset=0)
     return gen.get_ranks(kind)
+
+
+class ParamInfo:
+    """What megatron_layouts reads of a parameter, without its data: picklable, so that every
+    rank can learn every stage's parameters."""
+
+    def __init__(self, p):
+        self.shape = tuple(int(n) for n in p.shape)
+        self.dtype = str(p.dtype)
+        self.tensor_model_parallel = bool(getattr(p, "tensor_model_parallel", False))
+        self.partition_dim = int(getattr(p, "partition_dim", -1))
+        self.partition_stride = int(getattr(p, "partition_stride", 1))
+
+
+def megatron_model_layouts(module, layers_per_stage=None, num_experts=None,
+                           gated_linear_unit=False, order="tp-cp-ep-dp-pp"):
+    """megatron_layouts of a Megatron-Core model on this rank, after initialize_model_parallel:
+    sizes and rank order from its parallel state, every stage's parameters learned from the
+    stage's first rank (an all_gather_object over the default group: collective)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    par = MegatronParallel.from_parallel_state(order)
+    mine = None
+    if ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0 and \
+            ps.get_context_parallel_rank() == 0:
+        mine = (ps.get_pipeline_model_parallel_rank(),
+                {n: ParamInfo(p) for n, p in module.named_parameters()})
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    stages = [None] * par.pp
+    for item in every:
+        if item is not None:
+            stages[item[0]] = item[1]
+    return megatron_layouts(stages, par, layers_per_stage, num_experts, gated_linear_unit)
 
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -435,4 +481,5 @@ MEGATRON_TO_HF = [
 ]
 
 __all__ = ["dtensor_layouts", "MegatronParallel", "megatron_groups", "megatron_layouts",
+           "megatron_model_layouts", "ParamInfo",
            "vllm_layouts", "rename", "pair", "MEGATRON_TO_HF"]

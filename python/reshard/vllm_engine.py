@@ -168,6 +168,42 @@ class DTensorSource(WeightSource):
         yield from self._items()
 
 
+class MegatronSource(WeightSource):
+    """A WeightSource over one rank's Megatron-Core model (after initialize_model_parallel):
+    layouts from megatron_model_layouts (collective over the trainer ranks), local parameters
+    under their global names (layer numbers across stages), sent in place."""
+
+    def __init__(self, module, layers_per_stage=None, num_experts=None, gated_linear_unit=False,
+                 order="tp-cp-ep-dp-pp"):
+        self._module = module
+        self._kw = dict(layers_per_stage=layers_per_stage, num_experts=num_experts,
+                        gated_linear_unit=gated_linear_unit, order=order)
+
+    @cached_property
+    def metadata(self):
+        return [ParamMeta(n, p.dtype, tuple(p.shape)) for n, p in self.iter_local()]
+
+    def reshard_layouts(self):
+        from .models import megatron_model_layouts
+
+        return megatron_model_layouts(self._module, **self._kw)
+
+    def iter_local(self):
+        from megatron.core import parallel_state as ps
+
+        from .models import MegatronParallel, _expert_name, _global_name
+
+        par = MegatronParallel.from_parallel_state(self._kw["order"])
+        pp = ps.get_pipeline_model_parallel_rank()
+        for name, p in self._module.named_parameters():
+            gname, expert = _global_name(name, pp, self._kw["layers_per_stage"], par,
+                                         self._kw["num_experts"])
+            if expert:
+                gname = _expert_name(gname, ps.get_expert_model_parallel_rank(),
+                                     self._kw["num_experts"], par.ep)
+            yield gname, p
+
+
 def _meta_layout(meta, trainer_world):
     """A layout from vLLM's ParamMeta (owners, mesh shape, Shard / Replicate placements)."""
     owners = meta.owners if meta.owners is not None else tuple(range(trainer_world))

@@ -151,6 +151,17 @@ def run(rank, port, out):
             named = "no error"
         except reshard.ReshardError as e:
             named = e.message
+        # the vLLM engine's trainer-side source over the same model says the same
+        try:
+            from reshard.vllm_engine import MegatronSource
+
+            source = MegatronSource(stage, layers_per_stage=1, gated_linear_unit=True)
+            lays = models.rename(source.reshard_layouts(), models.MEGATRON_TO_HF)
+            local = models.rename(dict(source.iter_local()), models.MEGATRON_TO_HF)
+            wrong += sum(lays[n].spec != src[n].spec for n in names)
+            wrong += sum(local[n] is not mine[n] for n in mine)
+        except ImportError:  # vLLM is not installed: its source is not checked
+            pass
         comm.close()
         out.put((rank, len(names), wrong, named, sorted(src)[:3], None))
         dist.destroy_process_group()

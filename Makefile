@@ -1,5 +1,5 @@
-# reshard: see README.md. Targets: all (default), test, test-rdma, demo, bench, deps, install, format,
-# check-layers, clean. Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (ASan + UBSan), PREFIX=/usr/local.
+# reshard: see README.md. Targets: all (default), test, test-rdma, test-frameworks, demo, bench, deps,
+# install, format, check-layers, clean. Knobs: DEBUG=1 (-O0 -g3), ASAN=1 (ASan + UBSan), PREFIX=/usr/local.
 
 PREFIX ?= /usr/local
 CC ?= cc
@@ -60,8 +60,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian's interpreter (python3-numpy is installed for it), whatever python3 a PATH prefers.
 PYTHON ?= /usr/bin/python3
 
-.PHONY: all test test-rdma demo bench deps install format format-check clean fuzz fuzz-build \
-        check-layers
+.PHONY: all test test-rdma test-frameworks demo bench deps install format format-check clean \
+        fuzz fuzz-build check-layers
 
 all: $(SO) $(LIB_LINK) $(TOOL_BINS) $(OLD_TOOL_LINKS)
 
@@ -202,6 +202,31 @@ ifeq ($(SAN),)
 else
 	@echo "test-rdma: skipped: sanitizer builds are tested on the host only (make test-rdma runs it)"
 endif
+
+# The Python binding against the real frameworks: the versions pinned in
+# python/requirements-frameworks.txt (torch, transformers, megatron-core, vLLM) go into a venv
+# under build/ (remade when the pins change; pip's own cache keeps the downloads), this package
+# is installed into it (vLLM finds its engine through the entry point), and the Python tests
+# run there: DTensor on gloo, Megatron-Core and vLLM layers on CPU, the cross-checks of
+# scripts/gen-manifest.py. make test runs the same tests with Debian's python3, where the
+# framework ones skip saying why.
+FW_VENV := build/frameworks
+FW_REQ := python/requirements-frameworks.txt
+
+$(FW_VENV)/.installed: $(FW_REQ)
+	rm -rf $(FW_VENV)
+	$(PYTHON) -m venv $(FW_VENV)
+	grep -v 'no-deps' $(FW_REQ) > $(FW_VENV)/with-deps.txt
+	grep 'no-deps' $(FW_REQ) | sed 's/#.*//' > $(FW_VENV)/no-deps.txt
+	$(FW_VENV)/bin/pip install -q --disable-pip-version-check -r $(FW_VENV)/with-deps.txt
+	$(FW_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r $(FW_VENV)/no-deps.txt
+	touch $@
+
+test-frameworks: deps
+	@$(MAKE) --no-print-directory all $(FAKE_LIBS) $(FW_VENV)/.installed
+	RESHARD_BUILD=$(BUILD) $(FW_VENV)/bin/pip install -q --no-deps --no-build-isolation \
+	    --disable-pip-version-check .
+	RESHARD_LIB=$(abspath $(SO)) $(FW_VENV)/bin/python -m unittest discover -s python/tests -v
 
 # The verbs transport for real, on soft-RoCE in a qemu VM (scripts/rxe-test.sh, ~2 minutes);
 # make test runs it too, unless qemu cannot run here (it says so) or RESHARD_SKIP_RDMA=1.

@@ -270,7 +270,19 @@ static int64_t min64(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
-/* Splits every group of *d along one mesh dim of size m (placement p, at mesh index i). */
+/* torch.chunk's piece c of a run of n cut in m: pieces of ceil(n/m), the last ones short or
+ * empty. Writes the piece as [*a, *b). */
+static void chunk_bounds(int64_t n, int64_t m, int64_t c, int64_t *a, int64_t *b)
+{
+    int64_t size = ceil_div(n, m);
+    *a = min64(c * size, n);
+    *b = min64((c + 1) * size, n);
+}
+
+/* Splits every group of *d along one mesh dim of size m (placement p, at mesh index i).
+ * S cuts a group as torch.chunk does. SS(d,k) is torch's _StridedShard(d, split_factor=k):
+ * the group is chunked into k pieces, each piece is chunked over the m ranks, and a rank
+ * holds its chunk of every piece in piece order; pieces and chunks may both be uneven. */
 static reshard_status_t split_groups(struct rs_dimmap *d, const struct rs_place *p, int m, int i,
                                      struct rs_fault *fault)
 {
@@ -289,23 +301,18 @@ static reshard_status_t split_groups(struct rs_dimmap *d, const struct rs_place 
         const struct rs_seg *segs = d->segs + d->first[g];
         int nsegs = d->first[g + 1] - d->first[g];
         int64_t len = dimmap_group_len(d, g);
-        if (len % k) {
-            st =
-                fail(fault, RS_ITEM_PLACE, i,
-                     rs_error(RESHARD_ERR_NOT_DIVISIBLE,
-                              "place: SS(%d,%lld) needs dim %d's local size %lld to divide by %lld",
-                              p->dim, (long long)k, p->dim, (long long)len, (long long)k));
-            break;
-        }
-        int64_t piece = len / k, chunk = ceil_div(piece, m);
         for (int c = 0; c < m && st == RESHARD_OK; c++) {
             int64_t pos = 0;
             int new_group = 1, cursor = 0;
             first[g * m + c] = (int)out.n;
-            for (int64_t q = 0; q < k && piece && st == RESHARD_OK; q++) {
-                int64_t a = q * piece + min64((int64_t)c * chunk, piece);
-                int64_t b = q * piece + min64((int64_t)(c + 1) * chunk, piece);
-                st = take_local(segs, nsegs, &cursor, a, b, &pos, &new_group, &out);
+            for (int64_t q = 0; q < k && st == RESHARD_OK; q++) {
+                int64_t lo, hi, a, b;
+                chunk_bounds(len, k, q, &lo, &hi);
+                if (lo == hi)
+                    break; /* the trailing pieces are empty */
+                chunk_bounds(hi - lo, m, c, &a, &b);
+                if (a < b)
+                    st = take_local(segs, nsegs, &cursor, lo + a, lo + b, &pos, &new_group, &out);
             }
         }
     }

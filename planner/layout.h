@@ -31,7 +31,7 @@ enum rs_place_kind { RS_PLACE_R, RS_PLACE_S, RS_PLACE_SS };
 struct rs_place {
     enum rs_place_kind kind;
     int dim;   /* S, SS: the tensor dim */
-    int64_t k; /* SS: number of equal pieces */
+    int64_t k; /* SS: the split factor, pieces cut as torch.chunk cuts them */
 };
 
 /* Where a rank's shard lives inside a named local buffer: element i of the shard (row-major
@@ -116,7 +116,7 @@ struct rs_shardmap {
 
 /* Structural checks that need no shard map: dims, shape, ranks, mesh, placements. */
 reshard_status_t layout_check(const struct rs_layout *l, struct rs_fault *fault);
-/* Builds the shard map; also checks SS divisibility and the local view. */
+/* Builds the shard map; also checks the segment bounds and the local view. */
 reshard_status_t shardmap_build(const struct rs_layout *l, struct rs_shardmap *map,
                                 struct rs_fault *fault);
 /* The same, taking the rank arrays (tuple .. by_rank, which depend only on the ranks, the mesh

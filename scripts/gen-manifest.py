@@ -12,7 +12,10 @@ qwen3-235b-a22b, qwen3-30b-a3b, llama-3.1-70b.
 Parallel configs are comma-separated key=value:
   --train  tp, cp, dp, pp, ep, etp (default 1), order (default tp-cp-ep-dp-pp)
   --infer  tp, dp, pp, ep (ep must be tp*dp: vLLM's --enable-expert-parallel)
-A key left out is 1, except that the training dp is derived when ep needs it.
+A key left out is 1; nothing is derived (the training dp is not derived from ep: give dp so
+that tp*cp*dp is a multiple of etp*ep). Orders megatron-core refuses (pp not last with an
+expert data parallel size other than dp, or expert pipelines other than the dense ones) are
+refused here too.
 
 Rank-order assumptions (what the placements below rest on):
   * Training ranks are 0 .. T-1 with T = tp*cp*dp*pp, numbered as Megatron-Core's
@@ -48,6 +51,7 @@ a whole model runs end to end on a small machine.
 
 import argparse
 import json
+import os
 import re
 import sys
 
@@ -143,7 +147,39 @@ class Train:
         if experts and experts % self.ep:
             raise Error(f"--train: {experts} experts do not divide over ep={self.ep}")
         self.edp = stage // (self.etp * self.ep)
+        if experts and order[-1] != "pp" and self.pp > 1 and self.edp != self.dp:
+            # megatron-core's initialize_model_parallel asserts the same: its expert ranks
+            # would put pipeline stages elsewhere than its dense ranks do
+            raise Error(f"--train order={'-'.join(order)}: with pp not last, megatron-core needs "
+                        f"the expert data parallel size tp*cp*dp/(etp*ep) = {self.edp} to equal "
+                        f"dp = {self.dp}")
         self.world = stage * self.pp
+        if experts and self._pp_groups(self._dense_sizes()) != self._pp_groups(
+                self._expert_sizes()):
+            raise Error(f"--train order={'-'.join(order)}: megatron-core's expert ranks would "
+                        "form other pipeline groups than its dense ranks (it refuses this order "
+                        "for these sizes)")
+
+    def _dense_sizes(self):
+        return dict(tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp)
+
+    def _expert_sizes(self):
+        return dict(tp=self.etp, ep=self.ep, dp=self.edp, pp=self.pp)
+
+    def _pp_groups(self, sizes):
+        """The ranks of each pipeline, as a set of tuples."""
+        others = [d for d in self.order if d in sizes and d != "pp"]
+        groups = set()
+        n = 1
+        for d in others:
+            n *= sizes[d]
+        for i in range(n):
+            coords = {}
+            for d in others:
+                coords[d] = i % sizes[d]
+                i //= sizes[d]
+            groups.add(tuple(self._rank(sizes, dict(coords, pp=p)) for p in range(self.pp)))
+        return groups
 
     def _rank(self, sizes, coords):
         r, stride = 0, 1
@@ -393,15 +429,37 @@ def main(argv):
                  "train_ranks": train.world, "infer_ranks": infer.world},
         "tensors": tensors,
     }
-    out = sys.stdout if a.output == "-" else open(a.output, "w")
-    json.dump(doc, out, separators=(",", ":"))
-    out.write("\n")
-    if out is not sys.stdout:
-        out.close()
-        print(f"gen-manifest: {a.model}: {len(tensors)} tensors, {train.world} -> "
-              f"{infer.world} ranks, {a.output}", file=sys.stderr)
+    text = json.dumps(doc, separators=(",", ":")) + "\n"
+    if a.output == "-":
+        # os.write until all of it is out: a reader that leaves early is a BrokenPipeError
+        # here, for run() to handle (a buffered write can stop short without one)
+        sys.stdout.flush()
+        data = memoryview(text.encode())
+        while data:
+            data = data[os.write(sys.stdout.fileno(), data):]
+        return 0
+    try:
+        with open(a.output, "w") as out:
+            out.write(text)
+    except OSError as e:
+        print(f"gen-manifest: cannot write {a.output}: {e.strerror}", file=sys.stderr)
+        return 2
+    print(f"gen-manifest: {a.model}: {len(tensors)} tensors, {train.world} -> "
+          f"{infer.world} ranks, {a.output}", file=sys.stderr)
     return 0
 
 
+def run(argv):
+    """main, with the reader of stdout gone (| head) and ^C as exits, not tracebacks."""
+    try:
+        return main(argv)
+    except BrokenPipeError:
+        # the reader left: say nothing more, and keep Python from failing to flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run(sys.argv[1:]))

@@ -9,12 +9,14 @@
     mine = np.zeros(dst.shard_shape(comm.rank), np.float32)
     plan.execute([src_shard_or_None], [mine])            # every refit step
 
-Standard library only; numpy arrays and torch tensors are taken by pointer (C-contiguous).
-Every failure raises ReshardError with the library's status and message.
+Standard library only; numpy arrays, torch tensors and DTensors are taken by pointer, checked
+against the layout (dtype, shape, strides) on every rank before any byte moves. Every failure
+raises ReshardError with the library's status and message. docs/python.md has the whole story:
+model helpers (reshard.models), the vLLM engine (reshard.vllm_engine), packaging.
 """
 import ctypes
 
-from . import _native
+from . import _buffers, _dtensor, _native
 from ._native import STATUS, STATUS_NAMES
 
 __all__ = [
@@ -30,28 +32,6 @@ __all__ = [
 ]
 
 DTYPES = ("bf16", "f16", "f32", "f64", "fp8e4m3", "fp8e5m2", "i8", "u8", "i32", "i64")
-_FROM_TORCH = {
-    "torch.bfloat16": "bf16",
-    "torch.float16": "f16",
-    "torch.float32": "f32",
-    "torch.float64": "f64",
-    "torch.float8_e4m3fn": "fp8e4m3",
-    "torch.float8_e5m2": "fp8e5m2",
-    "torch.int8": "i8",
-    "torch.uint8": "u8",
-    "torch.int32": "i32",
-    "torch.int64": "i64",
-}
-_FROM_NUMPY = {
-    "bfloat16": "bf16",  # ml_dtypes
-    "float16": "f16",
-    "float32": "f32",
-    "float64": "f64",
-    "int8": "i8",
-    "uint8": "u8",
-    "int32": "i32",
-    "int64": "i64",
-}
 
 
 class ReshardError(Exception):
@@ -81,43 +61,43 @@ def dtype_name(dtype):
     if isinstance(dtype, str) and dtype in DTYPES:
         return dtype
     text = str(dtype)
-    if text in _FROM_TORCH:
-        return _FROM_TORCH[text]
+    if text in _buffers.FROM_TORCH:
+        return _buffers.FROM_TORCH[text]
     name = getattr(dtype, "name", None) or getattr(getattr(dtype, "dtype", None), "name", text)
-    if name in _FROM_NUMPY:
-        return _FROM_NUMPY[name]
+    if name in _buffers.FROM_NUMPY:
+        return _buffers.FROM_NUMPY[name]
     _fail("ERR_INVALID_ARG", "dtype %s has no reshard equivalent (one of %s)" % (text, DTYPES))
 
 
-def _placement(p, ndim):
-    if isinstance(p, str):
-        return p
-    kind = type(p).__name__
-    dim = getattr(p, "dim", None)
-    if isinstance(dim, int) and dim < 0:
-        dim += ndim
-    if kind == "Replicate":
-        return "R"
-    if kind == "_StridedShard":  # before Shard: torch derives it from Shard
-        return "SS(%d,%d)" % (dim, p.split_factor)
-    if kind == "Shard":
-        return "S(%d)" % dim
-    if kind == "Partial":
-        _fail(
-            "ERR_INVALID_ARG",
-            "a Partial placement holds partial sums, not a shard: redistribute the DTensor to "
-            "Shard or Replicate before a refit",
-        )
-    _fail("ERR_INVALID_ARG", "placement %r is not Replicate, Shard or _StridedShard" % (p,))
+def _view_items(spec):
+    """The view items of a canonical spec: {"buffer": name, "offset": n, "view": shape,
+    "strides": strides}, those present only."""
+    items = {}
+    for tok in spec.split():
+        key, _, value = tok.partition("=")
+        if key == "buffer":
+            items[key] = value
+        elif key == "offset":
+            items[key] = int(value)
+        elif key in ("view", "strides"):
+            items[key] = tuple(int(n) for n in value.split("x"))
+    return items
 
 
 class Layout:
-    """One side of a tensor: a spec (DESIGN.md section 4) parsed by the library."""
+    """One side of a tensor: a spec (docs/layouts.md) parsed by the library."""
 
     def __init__(self, spec, world_size=0):
+        if not isinstance(spec, str):
+            _fail("ERR_INVALID_ARG", "a layout spec is a string, got %s" % type(spec).__name__)
         lib = _native.lib()
         handle = ctypes.c_void_p()
         _check(lib.reshard_layout_parse(spec.encode(), world_size, ctypes.byref(handle)))
+        self._owned = True
+        self._init(handle)
+
+    def _init(self, handle):
+        lib = _native.lib()
         self._h = handle
         info = _native.LayoutInfo()
         _check(lib.reshard_layout_info(self._h, ctypes.byref(info)))
@@ -128,15 +108,25 @@ class Layout:
         self.max_rank = info.max_rank
         self.spec = self._format()
         self.dtype = self.spec.split("dtype=")[1].split()[0]
+        self.view = _view_items(self.spec)
 
     @classmethod
-    def from_placements(cls, shape, dtype, ranks, placements, mesh_shape=None):
+    def _borrow(cls, handle):
+        """A Layout over a handle that something else (a manifest) owns."""
+        l = cls.__new__(cls)
+        l._owned = False
+        l._init(ctypes.c_void_p(handle))
+        return l
+
+    @classmethod
+    def from_placements(cls, shape, dtype, ranks, placements, mesh_shape=None, strides=None):
         """The layout of a DTensor-style description: global shape, dtype, the global ranks of
         the mesh (row-major), one placement per mesh dim (Replicate / Shard / _StridedShard
-        objects, or spec strings such as "S(0)")."""
+        objects, or spec strings such as "S(0)"); strides: the local buffers' strides in
+        elements (a strided view, the same on every rank), None when they are contiguous."""
         ranks = [int(r) for r in ranks]
         mesh_shape = tuple(mesh_shape) if mesh_shape else (len(ranks),)
-        place = ",".join(_placement(p, len(shape)) for p in placements)
+        place = ",".join(_dtensor.placement(p, len(shape), _fail) for p in placements)
         spec = "shape=%s dtype=%s ranks=%s mesh=%s place=%s" % (
             "x".join(str(int(n)) for n in shape),
             dtype_name(dtype),
@@ -144,16 +134,39 @@ class Layout:
             "x".join(str(int(n)) for n in mesh_shape),
             place,
         )
+        if strides is not None:
+            spec += " strides=" + "x".join(str(int(n)) for n in strides)
         return cls(spec)
 
     @classmethod
     def from_dtensor(cls, t):
-        """The layout of a torch DTensor: its device_mesh (global ranks), placements, shape
-        and dtype."""
-        mesh = t.device_mesh.mesh
-        return cls.from_placements(
-            tuple(t.shape), t.dtype, mesh.flatten().tolist(), t.placements, tuple(mesh.shape)
-        )
+        """The layout of a torch DTensor: its device mesh (global ranks), placements (Shard,
+        Replicate, _StridedShard), shard order, global shape and dtype. A non-contiguous local
+        tensor gives a layout with its strides."""
+        shape, dtype, ranks, mesh_shape, placements = _dtensor.describe(t, _fail)
+        local = _buffers.local_tensor(t)
+        strides = None
+        if hasattr(local, "is_contiguous") and not local.is_contiguous():
+            strides = tuple(local.stride())
+        return cls.from_placements(shape, dtype, ranks, placements, mesh_shape, strides)
+
+    def with_strides_of(self, tensor):
+        """This layout with the strides of `tensor` (a rank's local buffer: a slice, a
+        transpose, a column block of a fused weight), so that a refit reads or writes the
+        tensor in place. Every rank's buffer must have these strides."""
+        local = _buffers.local_tensor(tensor)
+        if hasattr(local, "stride") and callable(local.stride):
+            strides = tuple(local.stride())
+        elif hasattr(local, "strides") and hasattr(local, "itemsize"):
+            strides = tuple(s // local.itemsize for s in local.strides)
+        else:
+            _fail("ERR_INVALID_ARG", "with_strides_of takes a torch tensor or a numpy array, "
+                  "got %s" % type(tensor).__name__)
+        if len(strides) != self.ndim:
+            _fail("ERR_INVALID_ARG", "with_strides_of: a %d-D tensor for a %d-D layout"
+                  % (len(strides), self.ndim))
+        base = " ".join(t for t in self.spec.split() if not t.startswith("strides="))
+        return Layout(base + " strides=" + "x".join(str(s) for s in strides))
 
     def _format(self):
         lib = _native.lib()
@@ -167,7 +180,7 @@ class Layout:
         shape = (ctypes.c_int64 * 8)()
         numel = ctypes.c_int64()
         _check(
-            _native.lib().reshard_layout_shard_shape(self._h, rank, shape, ctypes.byref(numel))
+            _native.lib().reshard_layout_shard_shape(self._h, int(rank), shape, ctypes.byref(numel))
         )
         return tuple(shape[: self.ndim])
 
@@ -175,26 +188,39 @@ class Layout:
         """The global indices along tensor dim `dim` of rank's shard, in local order."""
         n = self.shard_shape(rank)[dim]
         out = (ctypes.c_int64 * max(n, 1))()
-        _check(_native.lib().reshard_layout_shard_index(self._h, rank, dim, out))
+        _check(_native.lib().reshard_layout_shard_index(self._h, int(rank), dim, out))
         return list(out[:n])
 
     def shard_bytes(self, rank):
         """Bytes rank's buffer for this side must hold."""
         n = ctypes.c_size_t()
-        _check(_native.lib().reshard_layout_shard_bytes(self._h, rank, ctypes.byref(n)))
+        _check(_native.lib().reshard_layout_shard_bytes(self._h, int(rank), ctypes.byref(n)))
         return n.value
 
     def shard_of(self, full, rank):
-        """Rank's shard cut out of the whole tensor `full` (a numpy array): a test oracle and
-        a way to fill source buffers."""
+        """Rank's shard cut out of the whole tensor `full` (a numpy array, or a torch tensor
+        of any dtype, a Parameter included): a test oracle and a way to fill source buffers.
+        Returns the same kind, contiguous and detached."""
+        if tuple(full.shape) != self.shape:
+            _fail("ERR_INVALID_ARG", "shard_of: the whole tensor has shape %s, the layout %s"
+                  % (tuple(full.shape), self.shape))
+        index = [self.shard_index(rank, d) for d in range(self.ndim)]
+        if hasattr(full, "index_select"):  # torch: no numpy round trip (bf16, Parameters)
+            import torch
+
+            out = full.detach()
+            for d, idx in enumerate(index):
+                out = out.index_select(d, torch.tensor(idx, dtype=torch.long,
+                                                       device=out.device))
+            return out.contiguous()
         import numpy as np
 
-        index = [self.shard_index(rank, d) for d in range(self.ndim)]
         return np.ascontiguousarray(full[np.ix_(*index)])
 
     def close(self):
         if getattr(self, "_h", None):
-            _native.lib().reshard_layout_destroy(self._h)
+            if getattr(self, "_owned", True):
+                _native.lib().reshard_layout_destroy(self._h)
             self._h = None
 
     def __del__(self):
@@ -234,9 +260,39 @@ class Comm:
 
     @classmethod
     def from_env(cls):
+        """Under torchrun, mpirun or srun: rank, size and rank 0's address from the launcher's
+        variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, ...). Rank 0 listens on
+        MASTER_PORT + 1, not MASTER_PORT (torchrun's own store holds that one): that port must
+        be free on rank 0's host, or set RESHARD_BOOT_PORT to another. Collective."""
         handle = ctypes.c_void_p()
         _check(_native.lib().reshard_comm_init_env(ctypes.byref(handle)))
         return cls._wrap(handle)
+
+    @classmethod
+    def from_process_group(cls, group=None):
+        """On the ranks of a torch.distributed process group (the default group when None):
+        rank 0 of the group makes a fresh unique id and broadcasts it through the group
+        itself; ranks and size are the group's. Collective over the group."""
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            _fail("ERR_INVALID_ARG", "from_process_group: torch.distributed is not initialized "
+                  "(call init_process_group first)")
+        group = group if group is not None else dist.group.WORLD
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        if rank < 0:
+            _fail("ERR_INVALID_ARG", "from_process_group: this process is not in the group")
+        box = [None]
+        if rank == 0:
+            try:
+                box[0] = ("id", unique_id())
+            except ReshardError as e:  # the others are told, not left waiting
+                box[0] = ("error", e.status, e.message)
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+        if box[0][0] == "error":
+            raise ReshardError(box[0][1], "rank 0 of the process group could not make a unique "
+                               "id: %s" % box[0][2])
+        return cls(box[0][1], rank, size)
 
     @classmethod
     def from_nccl(cls, nccl_comm):
@@ -308,7 +364,10 @@ class Manifest:
         self.world_size = lib.reshard_manifest_world_size(self._h)
         tensors = lib.reshard_manifest_tensors(self._h)
         self._tensors = tensors
-        self.names = [tensors[i].name.decode() for i in range(lib.reshard_manifest_ntensors(self._h))]
+        n = lib.reshard_manifest_ntensors(self._h)
+        self.names = [tensors[i].name.decode() for i in range(n)]
+        self.layouts = [(Layout._borrow(tensors[i].src), Layout._borrow(tensors[i].dst))
+                        for i in range(n)]
 
     def close(self):
         if getattr(self, "_h", None):
@@ -319,64 +378,22 @@ class Manifest:
         self.close()
 
 
-def _buffer(obj, elem_size, writable, what):
-    """(pointer, bytes, memory kind) of a numpy array, torch tensor, an object with
-    __cuda_array_interface__ (device memory), a bytearray or None."""
-    if obj is None:
-        return None, 0, _native.MEM_HOST
-    if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):  # torch
-        if not obj.is_contiguous():
-            _fail("ERR_INVALID_ARG", "%s is not contiguous: pass .contiguous()" % what)
-        if obj.element_size() != elem_size:
-            _fail("ERR_INVALID_ARG", "%s has %d-byte elements, the layout %d-byte ones"
-                  % (what, obj.element_size(), elem_size))
-        mem = _native.MEM_CUDA if obj.is_cuda else _native.MEM_HOST
-        return obj.data_ptr(), obj.numel() * obj.element_size(), mem
-    cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is not None:  # CuPy, Numba and others: device memory
-        itemsize = int(cai["typestr"][2:])
-        shape = tuple(cai["shape"])
-        strides = cai.get("strides")
-        contiguous = [itemsize]
-        for n in reversed(shape[1:]):
-            contiguous.insert(0, contiguous[0] * n)
-        if strides is not None and tuple(strides) != tuple(contiguous[: len(shape)]):
-            _fail("ERR_INVALID_ARG", "%s is not C-contiguous" % what)
-        ptr, readonly = cai["data"]
-        if writable and readonly:
-            _fail("ERR_INVALID_ARG", "%s is read-only" % what)
-        if itemsize != elem_size:
-            _fail("ERR_INVALID_ARG", "%s has %d-byte elements, the layout %d-byte ones"
-                  % (what, itemsize, elem_size))
-        nbytes = itemsize
-        for n in shape:
-            nbytes *= n
-        return ptr, nbytes, _native.MEM_CUDA
-    iface = getattr(obj, "__array_interface__", None)
-    if iface is not None:  # numpy and friends
-        flags = getattr(obj, "flags", None)
-        if flags is not None and not flags["C_CONTIGUOUS"]:
-            _fail("ERR_INVALID_ARG", "%s is not C-contiguous: pass np.ascontiguousarray" % what)
-        ptr, readonly = iface["data"]
-        if writable and readonly:
-            _fail("ERR_INVALID_ARG", "%s is read-only" % what)
-        itemsize = obj.dtype.itemsize
-        if itemsize != elem_size:
-            _fail("ERR_INVALID_ARG", "%s has %d-byte elements (%s), the layout %d-byte ones"
-                  % (what, itemsize, obj.dtype, elem_size))
-        return ptr, obj.nbytes, _native.MEM_HOST
-    if isinstance(obj, (bytearray, memoryview)):
-        view = memoryview(obj)
-        if writable and view.readonly:
-            _fail("ERR_INVALID_ARG", "%s is read-only" % what)
-        if view.nbytes == 0:
-            return None, 0, _native.MEM_HOST
-        holder = (ctypes.c_char * view.nbytes).from_buffer(view) if not view.readonly else None
-        if holder is None:
-            _fail("ERR_INVALID_ARG", "%s: pass a bytearray, not read-only bytes" % what)
-        return ctypes.addressof(holder), view.nbytes, _native.MEM_HOST
-    _fail("ERR_INVALID_ARG", "%s is a %s: pass a numpy array, a torch tensor, a bytearray or None"
-          % (what, type(obj).__name__))
+def _bump_versions(tensors):
+    """An in-place write tells autograd so by bumping the tensor's version counter; a refit
+    writes behind torch's back, so it does the same (a backward that saved the old values then
+    fails instead of using the new ones)."""
+    tensors = [t for t in tensors if t is not None]
+    if not tensors:
+        return
+    import torch
+
+    bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+    for t in tensors:
+        if bump is not None:
+            bump(t)
+        else:  # older torch: a write of nothing
+            with torch.no_grad():
+                t.add_(0)
 
 
 def _stream_handle(stream, torch_cuda):
@@ -425,15 +442,11 @@ class Plan:
         _check(_native.lib().reshard_comm_plan_create(comm._h, arr, n, ctypes.byref(cfg),
                                                       ctypes.byref(handle)))
         self._h = handle
-        lib = _native.lib()
-        self._elem = []
         if _manifest is not None:
-            info = _native.LayoutInfo()
-            for i in range(n):
-                _check(lib.reshard_layout_info(arr[i].dst, ctypes.byref(info)))
-                self._elem.append(info.elem_size)
+            self._sides = list(_manifest.layouts)
         else:
-            self._elem = [d.elem_size for _, _, d in self._layouts]
+            self._sides = [(s, d) for _, s, d in self._layouts]
+        self._wants = {}
 
     @classmethod
     def from_manifest(cls, comm, path, algo="reshard"):
@@ -459,10 +472,16 @@ class Plan:
 
     def execute(self, src, dst, stream=None):
         """Moves every tensor. src and dst: sequences in the plan's tensor order, or mappings
-        by name; None (or a missing name) where this rank holds or receives nothing. stream:
-        a CUDA stream (torch.cuda.Stream, or its handle as an int) to order the refit on; with
-        torch CUDA tensors the current stream is used. With RESHARD_EXECUTOR=nccl the refit is
-        enqueued there and completes with the stream."""
+        by name; None (or a missing name) where this rank holds or receives nothing. A buffer
+        is a torch tensor (a DTensor: its local tensor), a numpy array, an object with
+        __cuda_array_interface__ or a bytearray, of the layout's dtype and of the shard's shape
+        (or flat, with exactly its elements); a strided one needs a layout with its strides
+        (Layout.with_strides_of), except that a strided source is read through a copy. A bad
+        buffer on any rank fails every rank before any byte moves (ReshardError ERR_BUFFER,
+        naming the rank and tensor). stream: a CUDA stream (torch.cuda.Stream, or its handle as
+        an int) to order the refit on; with torch CUDA tensors the current stream is used.
+        With RESHARD_EXECUTOR=nccl the refit is enqueued there and completes with the stream.
+        Torch destinations have their version counter bumped, as an in-place write does."""
         n = len(self.names)
         for side, bufs in (("src", src), ("dst", dst)):
             if bufs is not None and hasattr(bufs, "get"):
@@ -472,23 +491,54 @@ class Plan:
                           % (side, ", ".join(unknown[:5])))
             elif bufs is not None and len(bufs) != n:
                 _fail("ERR_INVALID_ARG", "%s has %d buffers for %d tensors" % (side, len(bufs), n))
+        rank = self._comm.rank
         arr = (_native.BuffersT * max(n, 1))()
+        held, problems, needs = [], [], []
         torch_cuda = False
         for i, name in enumerate(self.names):
-            s, sb, smem = _buffer(self._side(src, i), self._elem[i], False,
-                                  "source of '%s'" % name)
-            d, db, dmem = _buffer(self._side(dst, i), self._elem[i], True,
-                                  "destination of '%s'" % name)
-            mem = _native.MEM_CUDA if _native.MEM_CUDA in (smem, dmem) else _native.MEM_HOST
-            arr[i] = _native.BuffersT(s, sb, d, db, mem)
-            for obj in (self._side(src, i), self._side(dst, i)):
-                torch_cuda = torch_cuda or bool(getattr(obj, "is_cuda", False))
+            pair = []
+            for k, (bufs, writable, what) in enumerate(
+                    ((src, False, "source"), (dst, True, "destination"))):
+                obj = self._side(bufs, i)
+                want = self._wants.get((i, k))
+                if want is None:  # once per plan: the rank's shard of each side
+                    want = _buffers.Want(self._sides[i][k], rank, writable,
+                                         "%s of '%s'" % (what, name))
+                    self._wants[(i, k)] = want
+                if want.numel:
+                    needs.append((i, k))
+                try:
+                    b = _buffers.check(obj, want)
+                except _buffers.Problem as e:
+                    problems.append((i, k, str(e)))
+                    b = _buffers.Buffer()
+                pair.append(b)
+                torch_cuda = torch_cuda or bool(getattr(_buffers.local_tensor(obj), "is_cuda",
+                                                        False))
+            held.append(pair)
+        if problems:
+            # Tell every rank through the start exchange: a needed buffer handed over empty
+            # fails the execution everywhere before any byte moves.
+            if not any((i, k) in needs for i, k, _ in problems) and needs:
+                held[needs[0][0]][needs[0][1]] = _buffers.Buffer()
+        for i, (s, d) in enumerate(held):
+            mem = _native.MEM_CUDA if _native.MEM_CUDA in (s.mem, d.mem) else _native.MEM_HOST
+            arr[i] = _native.BuffersT(s.ptr, s.nbytes, d.ptr, d.nbytes, mem)
         handle = _stream_handle(stream, torch_cuda)
         lib = _native.lib()
-        if handle is None:
-            _check(lib.reshard_plan_execute(self._h, arr))
-        else:
-            _check(lib.reshard_plan_execute_stream(self._h, arr, ctypes.c_void_p(handle)))
+        try:
+            if handle is None:
+                _check(lib.reshard_plan_execute(self._h, arr))
+            else:
+                _check(lib.reshard_plan_execute_stream(self._h, arr, ctypes.c_void_p(handle)))
+        except ReshardError as e:
+            if problems:
+                raise ReshardError(STATUS["ERR_BUFFER"], "%s (every rank was told: %s)"
+                                   % (problems[0][2], e.message)) from None
+            raise
+        if problems:  # this rank needed nothing: the others went on, it still fails
+            raise ReshardError(STATUS["ERR_BUFFER"], problems[0][2])
+        _bump_versions(d.tensor for _, d in held)
 
     def refit(self, named_src, named_dst, stream=None):
         """execute() by tensor name: a whole model's {name: source shard} and

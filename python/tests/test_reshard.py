@@ -167,9 +167,13 @@ class Refits(unittest.TestCase):
             want = {"w": "complete", "b": "complete" if rank >= 2 else "none"}
             self.assertEqual(outcome, want, "rank %d" % rank)
             self.assertEqual(short[0], "ERR_BUFFER", "rank %d: %s" % (rank, short))
-            self.assertIn("rank 3: destination buffer of tensor b holds 232 bytes", short[1])
+            # rank 3 says what is wrong; every rank hears which rank and tensor failed
+            if rank == 3:
+                self.assertIn("destination of 'b' on rank 3 has shape (29,), its shard has "
+                              "shape (30,)", short[1])
+            self.assertIn("rank 3: destination buffer of tensor b holds 0 bytes", short[1])
 
-    def test_bad_buffers_are_refused_before_the_library_sees_them(self):
+    def test_bad_buffers_are_refused_with_what_works(self):
         ctx = multiprocessing.get_context("fork")
         out = ctx.Queue()
         uid = reshard.unique_id()
@@ -178,11 +182,10 @@ class Refits(unittest.TestCase):
         got = out.get(timeout=60)
         p.join(30)
         self.assertEqual(got[0], None, got)
-        self.assertEqual(got[1], ["ERR_INVALID_ARG"] * 4, got)
-        self.assertIn("not C-contiguous", got[2][0])
-        self.assertIn("8-byte elements (float64), the layout 4-byte ones", got[2][1])
-        self.assertIn("read-only", got[2][2])
-        self.assertIn("3 buffers for 1 tensors", got[2][3])
+        self.assertEqual(got[1], ["OK", "ERR_BUFFER", "ERR_BUFFER", "ERR_INVALID_ARG"], got)
+        self.assertIn("has dtype float64, the layout's is f32", got[2][0])
+        self.assertIn("is read-only", got[2][1])
+        self.assertIn("3 buffers for 1 tensors", got[2][2])
 
 
 def bad_buffers_rank(uid, out):
@@ -193,7 +196,7 @@ def bad_buffers_rank(uid, out):
         ok = np.zeros((4, 4), np.float32)
         ro = np.zeros((4, 4), np.float32)
         ro.setflags(write=False)
-        cases = [([np.zeros((4, 8), np.float32)[:, ::2]], [ok]),
+        cases = [([np.zeros((4, 8), np.float32)[:, ::2]], [ok]),  # a strided source: a copy
                  ([np.zeros((4, 4), np.float64)], [ok]),
                  ([ok], [ro]),
                  ([ok, ok, ok], [ok])]
@@ -255,6 +258,50 @@ class Cluster(unittest.TestCase):
         hosts = {int(rank): host for rank, host, _, _ in lines}
         self.assertNotEqual(hosts[0], hosts[2], "ranks 0 and 2 sit on different nodes")
         self.assertGreater(sum(int(n) for _, _, _, n in lines), 0, "bytes crossed the network")
+
+
+# ---- the launcher's environment ----
+
+class FromEnv(unittest.TestCase):
+    def launch(self, port, timeout=20, size=4):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   WORLD_SIZE=str(size), LOCAL_WORLD_SIZE=str(size), RESHARD_TIMEOUT=str(timeout),
+                   PYTHONPATH=os.path.join(ROOT, "python"))
+        procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "env_rank.py")],
+                                  env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(size)]
+        return [p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in procs]
+
+    def test_ranks_meet_at_master_port_plus_one(self):
+        import socket
+
+        with socket.socket() as s:  # a free port, bound and read back, then released
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = self.launch(port - 1)
+        self.assertEqual([l.split()[0] for l in out], ["OK"] * 4, out)
+
+    def test_rank_0s_bind_failure_reaches_every_rank(self):
+        """Another program holds MASTER_PORT+1: rank 0 fails at once naming the port, and the
+        others are told instead of waiting out RESHARD_TIMEOUT (ERR_TIMEOUT)."""
+        import socket
+
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", 0))
+            holder.listen(64)
+            port = holder.getsockname()[1]
+            out = self.launch(port - 1, timeout=10)
+        status = [l.split()[0] for l in out]
+        self.assertNotEqual(status[0], "OK", out)
+        self.assertIn(str(port), out[0])
+        if status[1:] == ["ERR_TIMEOUT"] * 3:
+            self.skipTest("the library does not pass rank 0's bind failure on yet (issue 20 "
+                          "item 7, transport/boot): ranks 1-3 waited out RESHARD_TIMEOUT: %s"
+                          % out[1])
+        for r in range(1, 4):
+            self.assertNotIn(status[r], ("OK", "ERR_TIMEOUT"), out)
+            self.assertLess(float(out[r].split()[1]), 15.0, out)
 
 
 # ---- NCCL, through the stand-ins of test/fake ----
@@ -377,29 +424,37 @@ def torch_rank(uid, out):
 # ---- packaging ----
 
 class Package(unittest.TestCase):
-    def test_pip_installs_the_package_without_a_build_step(self):
+    def test_pip_install_builds_the_library_into_the_package(self):
+        lib = os.environ.get("RESHARD_LIB") or os.path.join(ROOT, "build",
+                                                            "libnccl-net-reshard.so")
         with tempfile.TemporaryDirectory() as tmp:
-            source = os.path.join(tmp, "src")  # pip writes build files next to the sources
-            shutil.copytree(os.path.join(ROOT, "python"), source,
-                            ignore=shutil.ignore_patterns("__pycache__", "tests", "examples"))
-            # Debian's setuptools and wheel build it: no index, no download
             r = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages",
                                 os.path.join(tmp, "venv")], capture_output=True, text=True)
             if r.returncode != 0:
                 self.skipTest("python3 -m venv does not work here: " + r.stderr.strip()[-200:])
             venv_python = os.path.join(tmp, "venv", "bin", "python")
+            # Debian's setuptools and wheel build it: no index, no download; make builds the
+            # library where the tests' one is (up to date: nothing to do)
+            env = dict(os.environ, RESHARD_BUILD=os.path.dirname(os.path.abspath(lib)))
+            env.pop("RESHARD_LIB", None)
             r = subprocess.run([venv_python, "-m", "pip", "install", "--no-index",
-                                "--no-build-isolation", "--quiet", source],
-                               capture_output=True, text=True, cwd=tmp)
+                                "--no-build-isolation", "--quiet", ROOT],
+                               capture_output=True, text=True, cwd=tmp, env=env, timeout=600)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-            check = ("import reshard, os; l = reshard.Layout('shape=8 ranks=0-1 place=S(0)');"
-                     "print(os.path.dirname(reshard.__file__), l.shard_index(1, 0))")
+            check = ("import reshard, reshard._native as n, os; "
+                     "l = reshard.Layout('shape=8 ranks=0-1 place=S(0)'); "
+                     "print(os.path.dirname(reshard.__file__), n.lib()._name, l.shard_index(1, 0))")
+            env = {k: v for k, v in os.environ.items() if k not in ("RESHARD_LIB", "PYTHONPATH")}
             r = subprocess.run([venv_python, "-c", check], capture_output=True, text=True,
-                               cwd=tmp, env=dict(os.environ, PYTHONPATH=""))
+                               cwd=tmp, env=env)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-            where, index = r.stdout.split(" ", 1)
+            where, loaded, index = r.stdout.split(" ", 2)
             self.assertTrue(where.startswith(os.path.join(tmp, "venv")), where)
+            self.assertEqual(loaded, os.path.join(where, "libnccl-net-reshard.so"))
             self.assertEqual(index.strip(), "[4, 5, 6, 7]")
+        leftovers = subprocess.run(["git", "-C", ROOT, "status", "--porcelain"],
+                                   capture_output=True, text=True).stdout
+        self.assertNotIn("egg-info", leftovers)
 
 
 if __name__ == "__main__":

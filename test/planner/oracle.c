@@ -37,10 +37,14 @@ int64_t oracle_indices(const struct rs_layout *l, int pos, int dim, int64_t *out
         int m = l->mesh[i], c = mesh_coord(l, pos, i);
         if (p->kind == RS_PLACE_S) {
             n = chunk(cur, n, m, c, next);
-        } else { /* k equal pieces, each chunked, this rank's chunks concatenated */
-            int64_t piece = n / p->k, k = 0;
-            for (int64_t q = 0; q < p->k; q++)
-                k += chunk(cur + q * piece, piece, m, c, next + k);
+        } else { /* torch's _StridedShard: chunk into k pieces, chunk each piece over the
+                  * m ranks, this rank's chunks concatenated in piece order */
+            int64_t *piece = malloc((size_t)(n ? n : 1) * sizeof(int64_t)), k = 0;
+            for (int64_t q = 0; q < p->k; q++) {
+                int64_t len = chunk(cur, n, (int)p->k, (int)q, piece);
+                k += chunk(piece, len, m, c, next + k);
+            }
+            free(piece);
             n = k;
         }
         int64_t *t = cur;
@@ -304,8 +308,8 @@ static void random_mesh(struct rng *r, struct rs_layout *l, int max)
     l->nranks = size;
 }
 
-/* Placements: R, S or SS on any dim; SS's k divides what it cuts (retried up to a bound,
- * else the mesh dim replicates). */
+/* Placements: R, S or SS on any dim; SS's split factor need not divide what it cuts (torch's
+ * _StridedShard chunks unevenly), and may exceed it. */
 static void random_places(struct rng *r, struct rs_layout *l)
 {
     for (int i = 0; i < l->mesh_ndim; i++) {
@@ -315,23 +319,8 @@ static void random_places(struct rng *r, struct rs_layout *l)
             continue;
         l->place[i].dim = rng_int(r, 0, l->ndim - 1);
         l->place[i].kind = kind < 7 ? RS_PLACE_S : RS_PLACE_SS;
-        if (l->place[i].kind == RS_PLACE_SS) {
-            l->place[i].k = rng_int(r, 1, 3);
-            struct rs_shardmap map;
-            int saved = l->mesh_ndim;
-            l->mesh_ndim = i + 1; /* check divisibility of the prefix, with R after */
-            int nr = l->nranks, size = 1;
-            for (int k = 0; k <= i; k++)
-                size *= l->mesh[k];
-            l->nranks = size;
-            int ok = shardmap_build(l, &map, NULL) == RESHARD_OK;
-            if (ok)
-                shardmap_free(&map);
-            l->mesh_ndim = saved;
-            l->nranks = nr;
-            if (!ok)
-                l->place[i] = (struct rs_place){RS_PLACE_S, l->place[i].dim, 1};
-        }
+        if (l->place[i].kind == RS_PLACE_SS)
+            l->place[i].k = rng_int(r, 1, 4);
     }
 }
 

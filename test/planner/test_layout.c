@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Local ranges of every placement against examples computed by hand. */
+#include "oracle.h"
 #include "base/error.h"
 #include "planner/layout.h"
 #include "planner/spec.h"
@@ -129,6 +130,77 @@ Test(layout, strided_then_plain_shard_is_fsdp_over_tp)
     expect_segments(&m, 1, 0, 1, r1);
     expect_segments(&m, 2, 0, 1, r2);
     expect_segments(&m, 3, 0, 1, r3);
+    release(&l, &m);
+}
+
+Test(layout, strided_shard_with_uneven_pieces_follows_torch)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    /* torch.chunk(5, 2) gives pieces [0,3) and [3,5); each chunked over 2 ranks */
+    build("shape=5 ranks=0-1 place=SS(0,2)", &l, &m);
+    static const int64_t r0[][2] = {{0, 2}, {3, 1}}, r1[][2] = {{2, 1}, {4, 1}};
+    expect_segments(&m, 0, 0, 2, r0);
+    expect_segments(&m, 1, 0, 2, r1);
+    release(&l, &m);
+}
+
+Test(layout, fsdp_over_tp_of_an_odd_dim_matches_torch)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    /* shape (5,), mesh 2x2, [_StridedShard(0, split_factor=2), Shard(0)]: torch and FSDP2 give
+     * r0 [0,1], r1 [3], r2 [2], r3 [4] */
+    build("shape=5 ranks=0-3 mesh=2x2 place=SS(0,2),S(0)", &l, &m);
+    static const int64_t r0[][2] = {{0, 2}}, r1[][2] = {{3, 1}}, r2[][2] = {{2, 1}},
+                         r3[][2] = {{4, 1}};
+    expect_segments(&m, 0, 0, 1, r0);
+    expect_segments(&m, 1, 0, 1, r1);
+    expect_segments(&m, 2, 0, 1, r2);
+    expect_segments(&m, 3, 0, 1, r3);
+    release(&l, &m);
+}
+
+Test(layout, split_factor_larger_than_the_dim_leaves_empty_pieces)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    /* torch.chunk(2, 3) gives [0] and [1] and no third piece: rank 0 takes both, rank 1 none */
+    build("shape=2 ranks=0-1 place=SS(0,3)", &l, &m);
+    static const int64_t r0[][2] = {{0, 2}};
+    expect_segments(&m, 0, 0, 1, r0);
+    expect_segments(&m, 1, 0, 0, NULL);
+    cr_assert_eq(shardmap_local_numel(&m, 1), 0);
+    release(&l, &m);
+}
+
+Test(layout, strided_shard_of_what_an_uneven_shard_left)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    /* S(0) over 3 leaves 4, 4, 3; SS(0,2) over 1 cuts 3 into [8,10) and [10,11) */
+    build("shape=11 ranks=0-2 mesh=3x1 place=S(0),SS(0,2)", &l, &m);
+    static const int64_t r2[][2] = {{8, 3}};
+    expect_segments(&m, 2, 0, 1, r2);
+    release(&l, &m);
+}
+
+Test(layout, a_vocabulary_of_50257_rows_under_tp2_and_fsdp2)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    /* TP2 cuts 50257 into 25129 + 25128; FSDP2 cuts each half: every row held exactly once */
+    build("shape=50257x8 ranks=0-3 mesh=2x2 place=SS(0,2),S(0)", &l, &m);
+    static const int64_t r0[][2] = {{0, 12565}}, r1[][2] = {{25129, 12564}},
+                         r2[][2] = {{12565, 12564}}, r3[][2] = {{37693, 12564}};
+    expect_segments(&m, 0, 0, 1, r0);
+    expect_segments(&m, 1, 0, 1, r1);
+    expect_segments(&m, 2, 0, 1, r2);
+    expect_segments(&m, 3, 0, 1, r3);
+    int64_t total = 0;
+    for (int p = 0; p < 4; p++)
+        total += shardmap_local_numel(&m, p);
+    cr_assert_eq(total, INT64_C(50257) * 8);
     release(&l, &m);
 }
 
@@ -321,4 +393,41 @@ Test(layout, too_many_segments_is_an_error)
                  RESHARD_ERR_TOO_LARGE);
     cr_assert_str_eq(rs_error_message(),
                      "place: more than 4194304 segments in one tensor dim at column 31");
+}
+
+/* Every rank's index list of every dim, from the shard map, equals the oracle's literal
+ * simulation of torch (chunk, then _StridedShard's pieces and chunks) on random layouts. */
+Test(layout, shard_maps_equal_the_oracle_on_random_layouts)
+{
+    int64_t want[64], got[64];
+    int checked_ss = 0;
+    for (uint64_t seed = 1; seed <= 3000; seed++) {
+        struct random_case c;
+        random_case_make(seed, &c);
+        struct rs_layout *sides[2] = {&c.src, &c.dst};
+        for (int s = 0; s < 2; s++) {
+            struct rs_shardmap m;
+            cr_assert_eq(shardmap_build(sides[s], &m, NULL), RESHARD_OK, "seed %llu: %s",
+                         (unsigned long long)seed, rs_error_message());
+            for (int i = 0; i < sides[s]->mesh_ndim; i++)
+                checked_ss += sides[s]->place[i].kind == RS_PLACE_SS;
+            for (int pos = 0; pos < sides[s]->nranks; pos++)
+                for (int j = 0; j < sides[s]->ndim; j++) {
+                    int64_t n = oracle_indices(sides[s], pos, j, want), k = 0;
+                    const struct rs_dimmap *d = &m.dim[j];
+                    int g = shardmap_group(&m, pos, j);
+                    for (int q = d->first[g]; q < d->first[g + 1]; q++)
+                        for (int64_t e = 0; e < d->segs[q].len && k < 64; e++)
+                            got[k++] = d->segs[q].start + e;
+                    cr_assert_eq(k, n, "seed %llu side %d pos %d dim %d", (unsigned long long)seed,
+                                 s, pos, j);
+                    for (int64_t e = 0; e < n; e++)
+                        cr_assert_eq(got[e], want[e], "seed %llu side %d pos %d dim %d elem %lld",
+                                     (unsigned long long)seed, s, pos, j, (long long)e);
+                }
+            shardmap_free(&m);
+        }
+        random_case_free(&c);
+    }
+    cr_assert_gt(checked_ss, 1000, "the generator draws SS placements");
 }

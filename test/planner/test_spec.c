@@ -164,11 +164,6 @@ Test(spec, semantic_errors_have_their_own_status)
                  "place: S(2) shards dim 2 but the tensor has 2 dims at column 27");
     expect_error("shape=4 mesh=2x2 place=R,SS(1,2)", RESHARD_ERR_SHARD_DIM,
                  "place: SS(1,2) shards dim 1 but the tensor has 1 dim at column 26");
-    expect_error("shape=6x4 ranks=0-3 place=SS(0,4)", RESHARD_ERR_NOT_DIVISIBLE,
-                 "place: SS(0,4) needs dim 0's local size 6 to divide by 4 at column 27");
-    /* divisibility is judged on what the earlier mesh dims left: 11 -> 4 + 4 + 3 */
-    expect_error("shape=11 mesh=3x1 place=S(0),SS(0,2)", RESHARD_ERR_NOT_DIVISIBLE,
-                 "place: SS(0,2) needs dim 0's local size 3 to divide by 2 at column 30");
     expect_error("shape=4 mesh=1024x1024x2", RESHARD_ERR_MESH_SIZE,
                  "mesh: more than 1048576 ranks at column 14");
     /* four dims of 2^20 would wrap a 64-bit product */

@@ -91,7 +91,7 @@ Test(reshard_plan, bad_input_exits_2_with_one_line, .timeout = 60)
     cr_assert_str_eq(out,
                      "error: mesh: 2x3 holds 6 ranks but ranks lists 4 at column 26 (in --dst)\n");
     cr_assert_eq(plan("--src 'shape=4x4 ranks=0-3' --dst 'shape=4x4 ranks=0-3 place=S(5)'"), 2);
-    cr_assert_eq(plan("--src 'shape=6 ranks=0-3 place=SS(0,4)' --dst 'shape=6 ranks=0-3'"), 2);
+    cr_assert_eq(plan("--src 'shape=6 ranks=0-3 place=SS(0,0)' --dst 'shape=6 ranks=0-3'"), 2);
     cr_assert_eq(plan("--src 'shape=4x4 ranks=0-3' --dst 'shape=4x4 dtype=f32 ranks=0-3'"), 2);
     cr_assert_str_eq(out, "error: tensor 'tensor': source dtype bf16 differs from destination "
                           "dtype f32\n");

@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The binding against the real frameworks (make test-frameworks installs the pinned ones,
+python/requirements-frameworks.txt): each check is a script of its own, run here in a fresh
+interpreter, that prints its figures; with Debian's packages alone each test skips saying
+which package is missing."""
+import importlib.util
+import os
+import subprocess
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def missing(*modules):
+    gone = [m for m in modules if importlib.util.find_spec(m) is None]
+    return "not installed here: %s (make test-frameworks installs them)" % ", ".join(gone) \
+        if gone else None
+
+
+def run_check(test, script, *args, timeout=900):
+    r = subprocess.run([sys.executable, os.path.join(HERE, script)] + list(args),
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode == 77:
+        test.skipTest(r.stdout.strip().splitlines()[-1])
+    summary = [l for l in r.stdout.splitlines() if l.startswith(script.split(".")[0] + ":") or
+               l.startswith("|")]
+    print("\n" + "\n".join(summary), file=sys.stderr)
+    test.assertEqual(r.returncode, 0, r.stdout[-6000:] + r.stderr[-6000:])
+    return r.stdout
+
+
+class DTensor(unittest.TestCase):
+    @unittest.skipIf(missing("torch"), missing("torch"))
+    def test_240_placements_layouts_and_refits_on_gloo(self):
+        out = run_check(self, "dtensor_check.py", "240")
+        self.assertIn("0 local tensors differ from Layout.from_dtensor", out)
+        self.assertIn("refit DTensor -> DTensor of all 264: 0 elements wrong", out)
+
+
+class Megatron(unittest.TestCase):
+    @unittest.skipIf(missing("torch", "megatron"), missing("torch", "megatron"))
+    def test_megatron_core_layers_refit_through_the_helpers(self):
+        out = run_check(self, "megatron_check.py")
+        self.assertIn("13 tensors (tp 2 x pp 2 -> tp 4), 0 elements wrong", out)
+
+
+class Vllm(unittest.TestCase):
+    @unittest.skipIf(missing("torch", "vllm"), missing("torch", "vllm"))
+    def test_the_reshard_engine_through_vllms_registries(self):
+        out = run_check(self, "vllm_check.py")
+        self.assertIn("0 elements differ from vLLM's weight loaders", out)
+
+    @unittest.skipIf(missing("vllm"), missing("vllm"))
+    def test_the_installed_package_declares_the_plugin(self):
+        from importlib.metadata import entry_points
+
+        eps = [e for e in entry_points(group="vllm.general_plugins") if e.name == "reshard"]
+        if not eps:
+            self.skipTest("reshard is not pip-installed here (make test-frameworks installs it)")
+        self.assertEqual(eps[0].value, "reshard.vllm_plugin:register")
+        from vllm.plugins import load_general_plugins
+        from vllm.distributed.weight_transfer.factory import (WeightTransferEngineFactory,
+                                                              WeightTransferTrainerFactory)
+
+        load_general_plugins()
+        load_general_plugins()  # vLLM calls it in every process, maybe more than once
+        self.assertEqual(WeightTransferEngineFactory._registry["reshard"]().__name__,
+                         "ReshardWeightTransferEngine")
+        self.assertEqual(WeightTransferTrainerFactory._registry["reshard"]().__name__,
+                         "ReshardTrainerWeightTransferEngine")
+
+
+class CrossChecks(unittest.TestCase):
+    @unittest.skipIf(missing("torch", "transformers"), missing("torch", "transformers"))
+    def test_gen_manifest_inventories_equal_transformers_models(self):
+        out = run_check(self, "crosscheck.py", "models")
+        self.assertEqual(out.count("| yes |"), 5, out)
+
+    @unittest.skipIf(missing("megatron"), missing("megatron"))
+    def test_gen_manifest_rank_orders_equal_megatron_cores(self):
+        out = run_check(self, "crosscheck.py", "ranks")
+        self.assertNotIn("DIFFERENT", out)
+        self.assertIn("21 configs megatron-core accepts", out)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -158,12 +158,31 @@ add_node() {
     fi
 }
 
+# The kernel reports a veth's carrier (IFF_RUNNING) a moment after both ends are up, later
+# still on a loaded machine; ranks that start before it see no usable interface. Waits for
+# every node's link to be up, 20 s at most.
+wait_links() {
+    local pfx=$1 nodes=$2 i state tries
+    for ((i = 0; i < nodes; i++)); do
+        for ((tries = 0; tries < 200; tries++)); do
+            state=$(ip -n "$(ns_name "$pfx" "$i")" -o link show "$(veth_node "$pfx" "$i")" 2>/dev/null)
+            case $state in *"state UP"*) break ;; esac
+            sleep 0.1
+        done
+        case $state in
+        *"state UP"*) ;;
+        *) echo "cluster.sh: node $i's link did not come up in 20 s: $state" >&2; return 1 ;;
+        esac
+    done
+}
+
 cluster_up() {
     local pfx=$1 nodes=$2 rate=$3 owner=$4 i
     reserve_cluster "$pfx" "$nodes" "$rate" "$owner"
     for ((i = 0; i < nodes; i++)); do
         add_node "$pfx" "$i" "$rate"
     done
+    wait_links "$pfx" "$nodes"
 }
 
 # Kills whatever still runs in the cluster's namespaces (only our namespaces, so only processes

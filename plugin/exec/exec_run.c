@@ -20,6 +20,8 @@
 
 #define DRAIN_MS      1000 /* how long a failed run waits for its requests */
 #define WAIT_CAP_MS   2    /* longest sleep: UCX over TCP may not re-signal a half-read socket */
+#define SEND_SPINS    16   /* idle turns with sends in flight before sleeping on the transport */
+#define SEND_WAIT_MS  1    /* ... and that sleep's cap */
 #define BOOT_CHECK_MS 20   /* how often a run looks for failures the others report */
 #define CAUSE_WAIT_MS 100  /* how long a failed run listens for another rank's report */
 
@@ -199,6 +201,7 @@ static reshard_status_t wait_done(struct exec_run *r)
     int timeout = comm_timeout_ms();
     r->last_event_ms = rs_now_ms();
     int64_t next_check = r->last_event_ms + BOOT_CHECK_MS;
+    int idle_spins = 0;
     while (r->st == RESHARD_OK && !run_done(r)) {
         if (atomic_load(&x->comm->abort_req))
             return exec_run_fail(r, rs_error(RESHARD_ERR_ABORTED,
@@ -216,8 +219,10 @@ static reshard_status_t wait_done(struct exec_run *r)
         reshard_status_t st = exec_post_drain(r);
         if (st != RESHARD_OK)
             return st;
-        if (net->ops->progress(net))
+        if (net->ops->progress(net)) {
+            idle_spins = 0;
             continue;
+        }
         if (r->st != RESHARD_OK || run_done(r))
             break;
         if (net->failed_peer >= 0) { /* a rank's own report names the cause better */
@@ -237,15 +242,18 @@ static reshard_status_t wait_done(struct exec_run *r)
                                              "rank %d: no progress for %d s, still waiting for %s",
                                              x->comm->rank, timeout / 1000, what));
         }
-        if (r->inflight > 0 || r->ipc_tail > r->ipc_head) {
-            /* Our own sends need our progress to leave (UCX over TCP does not always signal
-             * a socket that drained), and copies on the GPU signal nothing: poll, but let
-             * other ranks on this core run. */
+        if (r->ipc_tail > r->ipc_head || (r->inflight > 0 && ++idle_spins < SEND_SPINS)) {
+            /* Copies on the GPU signal nothing, and our own sends need our progress to leave:
+             * poll, letting other ranks on this core run. */
             sched_yield();
             continue;
         }
-        int64_t left = timeout - idle;
-        st = net->ops->wait(net, left < WAIT_CAP_MS ? (int)left : WAIT_CAP_MS);
+        /* Sends still in flight after SEND_SPINS idle turns: sleep on the transport, briefly
+         * (UCX over TCP does not always signal a socket that drained), rather than spin a core
+         * other ranks need. */
+        idle_spins = 0;
+        int64_t left = timeout - idle, cap = r->inflight > 0 ? SEND_WAIT_MS : WAIT_CAP_MS;
+        st = net->ops->wait(net, left < cap ? (int)left : (int)cap);
         if (st != RESHARD_OK)
             return exec_run_fail(r, st);
     }

@@ -532,7 +532,24 @@ static reshard_status_t phase_post(struct exec *x, struct link_phase *ph,
     return RESHARD_OK;
 }
 
-static reshard_status_t phase_wait(struct exec *x, struct link_phase *ph)
+static reshard_status_t decode_received(struct exec *x, struct link_phase *ph, uint32_t seq,
+                                        int only_done);
+
+/* A message failed: a peer's malformed announcement, already here, says more about why than
+ * our send to it that its exit broke. */
+static reshard_status_t failed(struct exec *x, struct link_phase *ph, uint32_t seq, int i)
+{
+    struct rs_saved_error why;
+    rs_error_save(&why);
+    reshard_status_t st = decode_received(x, ph, seq, 1);
+    if (st != RESHARD_OK)
+        return st;
+    rs_error_restore(&why);
+    return rs_error(ph->m[i].st, "rank %d: %s rank %d's buffers failed", x->comm->rank,
+                    ph->m[i].recv ? "hearing of" : "telling", ph->m[i].req.peer);
+}
+
+static reshard_status_t phase_wait(struct exec *x, struct link_phase *ph, uint32_t seq)
 {
     struct reshard_comm *c = x->comm;
     struct tp_ctx *net = c->net;
@@ -551,8 +568,7 @@ static reshard_status_t phase_wait(struct exec *x, struct link_phase *ph)
             continue;
         for (int i = 0; i < ph->n; i++)
             if (ph->m[i].done && ph->m[i].st != RESHARD_OK)
-                return rs_error(ph->m[i].st, "rank %d: %s rank %d's buffers failed", c->rank,
-                                ph->m[i].recv ? "hearing of" : "telling", ph->m[i].req.peer);
+                return failed(x, ph, seq, i);
         if (net->failed_peer >= 0) {
             RS_CHECK(boot_check(c->boot)); /* its own report names the cause better */
             return rs_error(RESHARD_ERR_NETWORK, "rank %d: connection to rank %d failed: %s",
@@ -568,18 +584,20 @@ static reshard_status_t phase_wait(struct exec *x, struct link_phase *ph)
     }
     for (int i = 0; i < ph->n; i++)
         if (ph->m[i].st != RESHARD_OK)
-            return rs_error(ph->m[i].st, "rank %d: %s rank %d's buffers failed", c->rank,
-                            ph->m[i].recv ? "hearing of" : "telling", ph->m[i].req.peer);
+            return failed(x, ph, seq, i);
     return RESHARD_OK;
 }
 
-/* What the peers said, checked, into the links; mappings of buffers a receiver no longer
- * exports are closed. */
-static reshard_status_t phase_store(struct exec *x, struct link_phase *ph, uint32_t seq)
+/* What the peers said, checked, into the links (only_done: of the receives that completed
+ * well, when others failed); mappings of buffers a receiver no longer exports are closed. */
+static reshard_status_t decode_received(struct exec *x, struct link_phase *ph, uint32_t seq,
+                                        int only_done)
 {
     struct exec_links *l = &x->links;
     struct reshard_comm *c = x->comm;
     for (int k = 0; k < l->to.n; k++) {
+        if (only_done && (!ph->m[2 * k].done || ph->m[2 * k].st != RESHARD_OK))
+            continue;
         uint32_t first = l->to.first[k], n = l->to.first[k + 1] - first;
         struct exec_ann_want w = {l->to.peer[k],    c->pid[l->to.peer[k]], seq, x->plan->hash, n,
                                   l->to.ent + first};
@@ -595,6 +613,8 @@ static reshard_status_t phase_store(struct exec *x, struct link_phase *ph, uint3
     }
     for (int j = 0; j < l->from.n; j++) {
         int i = 2 * l->to.n + 2 * j; /* the writer's message in */
+        if (only_done && (!ph->m[i].done || ph->m[i].st != RESHARD_OK))
+            continue;
         RS_CHECK(exec_writer_decode(ph->buf[i], ph->m[i].got, l->from.peer[j], seq, x->plan->hash,
                                     &l->cuda[j]));
     }
@@ -633,9 +653,9 @@ reshard_status_t exec_links_announce(struct exec *x, const reshard_buffers_t *bu
         ph->m[i] = (struct link_msg){.ph = ph, .recv = !(i % 2)};
     reshard_status_t st = phase_post(x, ph, bufs, dev, seq);
     if (st == RESHARD_OK)
-        st = phase_wait(x, ph);
+        st = phase_wait(x, ph, seq);
     if (st == RESHARD_OK)
-        st = phase_store(x, ph, seq);
+        st = decode_received(x, ph, seq, 0);
     if (st != RESHARD_OK && ph->left > 0) { /* requests may still point into it */
         struct rs_saved_error why;
         rs_error_save(&why);

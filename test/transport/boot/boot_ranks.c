@@ -14,7 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 int64_t now_ms(void)
 {
     struct timespec ts;
@@ -157,7 +156,7 @@ void *rank_main(void *arg)
     int64_t t0 = now_ms();
     rs_error_clear();
     r->st = boot_init(&r->id, r->rank, r->size, r->timeout_ms, &r->b);
-    r->ms = now_ms() - t0;
+    r->ms = r->init_ms = now_ms() - t0;
     if (r->st == RESHARD_OK)
         do_work(r);
     snprintf(r->msg, sizeof(r->msg), "%s", rs_error_message());
@@ -167,7 +166,7 @@ void *rank_main(void *arg)
 }
 
 void prep(struct rank_run *r, const struct boot_id *id, int rank, int size, int timeout_ms,
-                 enum work work)
+          enum work work)
 {
     memset(r, 0, sizeof(*r));
     r->id = *id;
@@ -183,7 +182,7 @@ void launch(struct rank_run *r)
 }
 
 void start(struct rank_run *r, const struct boot_id *id, int rank, int size, int timeout_ms,
-                  enum work work)
+           enum work work)
 {
     prep(r, id, rank, size, timeout_ms, work);
     launch(r);
@@ -311,4 +310,3 @@ void set_torchrun(const char *run_id)
     setenv("LOCAL_WORLD_SIZE", "4", 1);
     setenv("TORCHELASTIC_RUN_ID", run_id, 1);
 }
-

@@ -29,9 +29,10 @@ struct rank_run {
     sem_t *done;  /* posted when the rank returns, if set */
     reshard_status_t st;
     char msg[RS_ERROR_MAX];
-    int64_t ms;     /* time the failing (or last) call took */
-    int data_ok;    /* the collectives produced the expected bytes */
-    struct boot *b; /* left open for the test to look at */
+    int64_t ms;      /* time the failing (or last) call took */
+    int64_t init_ms; /* time boot_init took */
+    int data_ok;     /* the collectives produced the expected bytes */
+    struct boot *b;  /* left open for the test to look at */
     pthread_t thread;
 };
 
@@ -54,6 +55,8 @@ void prep(struct rank_run *r, const struct boot_id *id, int rank, int size, int 
 void launch(struct rank_run *r);
 void start(struct rank_run *r, const struct boot_id *id, int rank, int size, int timeout_ms,
            enum work work);
+/* A thread's body: do_work on r's open bootstrap, its message kept. */
+void *work_main(void *arg);
 /* Every rank of r (already joined) runs `work` on its open bootstrap, in its own thread. */
 void work_all(struct rank_run *r, int n, enum work work);
 void finish(struct rank_run *r);

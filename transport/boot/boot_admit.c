@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Admission at a bootstrap listener (rank 0's, or a tree parent's): the challenge, the hello
- * and the admission, their codecs and MACs, and the door (struct boot_gate) that keeps
- * strangers from crowding out the job's ranks. Every connection is sent a fresh nonce as soon
- * as it is accepted; it must answer with a hello MACed under the job's secret within
- * RESHARD_BOOT_HELLO_MS. At most BOOT_PENDING_MAX connections wait at once; when the table is
- * full, a newcomer takes the place of the oldest once that one has had an eighth of its time,
- * and is answered BUSY (and tries again) before, so that idle or slow connections delay a real
- * rank by little, and never lock it out.
+ * Admission at a bootstrap listener (rank 0's, or a tree parent's): the opening, the challenge,
+ * the hello and the admission, their codecs and MACs, and the door (struct boot_gate in
+ * boot_int.h) that keeps strangers from crowding out the job's ranks. A joiner speaks first
+ * (OPEN) as soon as it connects, so its words are usually in by the time the listener accepts
+ * it: connections that say nothing make way for those that do. One that has spoken is sent a
+ * fresh nonce and must answer with a hello MACed under the job's secret within
+ * RESHARD_BOOT_HELLO_MS. Idle or slow connections thus delay a real rank by little, and never
+ * lock it out.
  */
 #include "boot_int.h"
 
@@ -21,9 +21,9 @@
 
 /* Refusals logged one by one at each door; the rest are counted in its closing line. */
 #define BOOT_WARN_MAX 4
-/* Connections the first look at a listener takes, so that a backlog left by strangers while
- * nobody served it is cleared at once (the newest kept: the job's ranks come last). */
-#define BOOT_SWEEP_MAX 8192
+/* Connections one look at the listener takes: a backlog left by strangers while nobody served
+ * it is cleared in a few looks. */
+#define BOOT_ACCEPT_MAX 1024
 /* How long sending one small frame on a fresh connection may take. */
 #define BOOT_SEND_NOW_MS 100
 
@@ -142,20 +142,31 @@ int boot_gate_poll(const struct boot_gate *g, struct pollfd *pf)
     return 1 + g->np;
 }
 
+/* How long a connection may wait: to speak at all, then to answer its challenge. */
+static int64_t boot_gate_until(const struct boot_gate *g, const struct boot_pending *p)
+{
+    return p->since + (p->spoken ? g->hello_ms : g->hello_ms / 8);
+}
+
 int64_t boot_gate_expiry(const struct boot_gate *g)
 {
     int64_t t = INT64_MAX;
     for (int i = 0; i < g->np; i++)
-        if (g->p[i].since + g->hello_ms < t)
-            t = g->p[i].since + g->hello_ms;
+        if (boot_gate_until(g, &g->p[i]) < t)
+            t = boot_gate_until(g, &g->p[i]);
     return t;
+}
+
+/* The transfer of a pending entry points into the entry: after a move, again. */
+static void boot_gate_rehome(struct boot_pending *p)
+{
+    p->x.data = p->spoken ? (void *)p->hello : (void *)p->open;
 }
 
 static void boot_gate_remove(struct boot_gate *g, int i)
 {
-    struct boot_pending *p = &g->p[i];
-    *p = g->p[--g->np];
-    p->x.data = p->hello; /* the moved transfer pointed into its old slot */
+    g->p[i] = g->p[--g->np];
+    boot_gate_rehome(&g->p[i]);
 }
 
 /* Drops entry i without a word (it ran out of time, or made way for a newcomer). */
@@ -195,6 +206,8 @@ static void boot_gate_hello(struct boot_gate *g, int i)
     unsigned char mac[BOOT_MAC_BYTES];
     char claim[64] = "", why[256] = "";
     boot_hello_get(p->hello, &h);
+    if (h.version == BOOT_VERSION)
+        snprintf(claim, sizeof(claim), " claiming rank %d of %d", h.rank, h.size);
     if (h.version != BOOT_VERSION) {
         snprintf(why, sizeof(why), "bootstrap version %u, this rank speaks %u", h.version,
                  BOOT_VERSION);
@@ -204,7 +217,6 @@ static void boot_gate_hello(struct boot_gate *g, int i)
     } else if (!boot_mac_equal(mac, h.mac)) {
         snprintf(why, sizeof(why), "wrong secret: not part of this job");
     } else {
-        snprintf(claim, sizeof(claim), " claiming rank %d of %d", h.rank, h.size);
         int fd = p->fd;
         p->fd = -1;
         int taken = g->admit(g->arg, fd, p->addr, &h, p->nonce, why, sizeof(why));
@@ -218,132 +230,138 @@ static void boot_gate_hello(struct boot_gate *g, int i)
             return;
         }
     }
-    if (!claim[0] && h.version == BOOT_VERSION)
-        snprintf(claim, sizeof(claim), " claiming rank %d of %d", h.rank, h.size);
     boot_gate_refuse(g, &p->fd, p->addr, claim, why);
     boot_gate_remove(g, i);
 }
 
-static void boot_gate_step(struct boot_gate *g, int i)
+/* An OPEN is in: the joiner's version checked, then its challenge. 0, or -1 when refused or
+ * dropped (p->fd is then closed). */
+static int boot_gate_challenge(struct boot_gate *g, struct boot_pending *p)
 {
-    struct boot_pending *p = &g->p[i];
+    struct boot *b = g->b;
+    unsigned char w[BOOT_CHALLENGE_BYTES];
+    struct rs_saved_error saved;
+    unsigned v = (unsigned)sock_wire_get(p->open, 4);
+    if (v != BOOT_VERSION) {
+        char why[96];
+        snprintf(why, sizeof(why), "bootstrap version %u, this rank speaks %u", v, BOOT_VERSION);
+        boot_gate_refuse(g, &p->fd, p->addr, "", why);
+        return -1;
+    }
+    rs_error_save(&saved);
+    sock_wire_put(w, BOOT_VERSION, 4);
+    sock_wire_put(w + 4, 0, 4);
+    if (boot_random(p->nonce, sizeof(p->nonce)) != RESHARD_OK ||
+        (memcpy(w + 8, p->nonce, BOOT_NONCE_BYTES),
+         boot_send_now(b, p->fd, p->addr, SOCK_FRAME_CHALLENGE, w, sizeof(w))) != RESHARD_OK) {
+        rs_error_restore(&saved);
+        sock_close(&p->fd);
+        g->dropped++;
+        return -1;
+    }
+    p->spoken = 1;
+    sock_xfer_init(&p->x, p->fd, "the peer", 0,
+                   (struct sock_frame_hdr){.type = SOCK_FRAME_HELLO, .len = BOOT_HELLO_BYTES},
+                   p->hello);
+    return 0;
+}
+
+/* Moves p's frame on as far as the socket allows. 0 while it waits (challenged, or not yet
+ * spoken), 1 when its hello is in, -1 when it is gone (refused, or dropped: p->fd closed). */
+static int boot_gate_step_one(struct boot_gate *g, struct boot_pending *p)
+{
     size_t before = p->x.hdr_done + p->x.done;
     reshard_status_t st = sock_xfer_step(&p->x, NULL);
     g->b->form_received += p->x.hdr_done + p->x.done - before;
     if (st != RESHARD_OK && p->x.eof && p->x.hdr_done == 0) {
-        boot_gate_drop(g, i); /* gone before a word: nothing to answer */
-    } else if (st != RESHARD_OK) {
+        sock_close(&p->fd); /* gone before a word: nothing to answer */
+        g->dropped++;
+        return -1;
+    }
+    if (st != RESHARD_OK) {
         char why[RS_ERROR_MAX];
-        snprintf(why, sizeof(why), "no valid hello (%s)", sock_msg_body(rs_error_message()));
+        snprintf(why, sizeof(why), "no valid %s (%s)", p->spoken ? "hello" : "opening",
+                 sock_msg_body(rs_error_message()));
         boot_gate_refuse(g, &p->fd, p->addr, "", why);
-        boot_gate_remove(g, i);
-    } else if (p->x.finished) {
-        boot_gate_hello(g, i);
+        return -1;
     }
+    if (!p->x.finished)
+        return 0;
+    if (p->spoken)
+        return 1;
+    return boot_gate_challenge(g, p) == 0 ? boot_gate_step_one(g, p) : -1;
 }
 
-/* Sends a fresh connection its challenge and keeps it; closes it when that cannot be done. */
-static void boot_gate_challenge(struct boot_gate *g, int fd, const char *addr)
+static void boot_gate_step(struct boot_gate *g, int i)
 {
-    struct boot *b = g->b;
-    struct boot_pending *p = &g->p[g->np];
-    unsigned char w[BOOT_CHALLENGE_BYTES];
-    struct rs_saved_error saved;
-    rs_error_save(&saved);
-    p->fd = fd;
-    if (boot_random(p->nonce, sizeof(p->nonce)) != RESHARD_OK) {
-        rs_error_restore(&saved);
-        sock_close(&p->fd);
-        g->dropped++;
-        return;
-    }
-    sock_wire_put(w, BOOT_VERSION, 4);
-    sock_wire_put(w + 4, 0, 4);
-    memcpy(w + 8, p->nonce, BOOT_NONCE_BYTES);
-    snprintf(p->addr, sizeof(p->addr), "%s", addr);
-    if (boot_send_now(b, fd, addr, SOCK_FRAME_CHALLENGE, w, sizeof(w)) != RESHARD_OK) {
-        rs_error_restore(&saved);
-        sock_close(&p->fd);
-        g->dropped++;
-        return;
-    }
-    p->since = rs_now_ms();
-    sock_xfer_init(&p->x, fd, "the peer", 0,
-                   (struct sock_frame_hdr){.type = SOCK_FRAME_HELLO, .len = BOOT_HELLO_BYTES},
-                   p->hello);
-    g->np++;
+    int r = boot_gate_step_one(g, &g->p[i]);
+    if (r < 0)
+        boot_gate_remove(g, i);
+    else if (r > 0)
+        boot_gate_hello(g, i);
 }
 
-/* A newcomer at a full table: the oldest gives way if it has had an eighth of its time; else
- * the newcomer is told to come back. Returns whether there is room now. */
-static int boot_gate_make_room(struct boot_gate *g, int fd, const char *addr)
+/* Room for a newcomer (spoken: it has sent its OPEN): one that never spoke makes way at once,
+ * a challenged one once it has had an eighth of its time. Returns whether there is room. */
+static int boot_gate_make_room(struct boot_gate *g, int spoken)
 {
     if (g->np < BOOT_PENDING_MAX)
         return 1;
-    int oldest = 0;
-    for (int i = 1; i < g->np; i++)
-        if (g->p[i].since < g->p[oldest].since)
+    if (!spoken)
+        return 0;
+    int unspoken = -1, oldest = -1;
+    for (int i = 0; i < g->np; i++) {
+        if (!g->p[i].spoken && (unspoken < 0 || g->p[i].since < g->p[unspoken].since))
+            unspoken = i;
+        if (g->p[i].spoken && (oldest < 0 || g->p[i].since < g->p[oldest].since))
             oldest = i;
-    if (rs_now_ms() - g->p[oldest].since >= g->hello_ms / 8) {
-        boot_gate_drop(g, oldest);
-        return 1;
     }
-    static const char text[] = "every place for connections that have not said hello yet is "
-                               "taken; try again";
-    struct rs_saved_error saved;
-    rs_error_save(&saved);
-    boot_send_now(g->b, fd, addr, SOCK_FRAME_BUSY, text, sizeof(text) - 1);
-    rs_error_restore(&saved);
-    g->busy++;
-    return 0;
+    int victim = unspoken >= 0                                                        ? unspoken
+                 : oldest >= 0 && rs_now_ms() - g->p[oldest].since >= g->hello_ms / 8 ? oldest
+                                                                                      : -1;
+    if (victim < 0)
+        return 0;
+    boot_gate_drop(g, victim);
+    return 1;
 }
 
-/* The first look: everything the backlog holds, the newest BOOT_PENDING_MAX kept. */
-static reshard_status_t boot_gate_sweep(struct boot_gate *g)
+/* A fresh connection: what it has said already is read, then it is kept, or told to come back. */
+static void boot_gate_take(struct boot_gate *g, int fd, const union sock_addr *a)
 {
-    int fds[BOOT_PENDING_MAX], head = 0, n = 0;
-    char addrs[BOOT_PENDING_MAX][SOCK_ADDR_STR];
-    reshard_status_t st = RESHARD_OK;
-    g->swept = 1;
-    for (int taken = 0; taken < BOOT_SWEEP_MAX; taken++) {
-        union sock_addr a;
-        int fd;
-        if ((st = sock_accept(g->lfd, &fd, &a)) != RESHARD_OK || fd < 0)
-            break;
-        int at = (head + n) % BOOT_PENDING_MAX;
-        if (n == BOOT_PENDING_MAX) { /* the oldest goes */
-            sock_close(&fds[head]);
-            g->dropped++;
-            head = (head + 1) % BOOT_PENDING_MAX;
-            n--;
-        }
-        fds[at] = fd;
-        sock_addr_str(&a, addrs[at], SOCK_ADDR_STR);
-        n++;
+    struct boot_pending p = {.fd = fd, .since = rs_now_ms()};
+    sock_addr_str(a, p.addr, sizeof(p.addr));
+    sock_xfer_init(&p.x, fd, "the peer", 0,
+                   (struct sock_frame_hdr){.type = SOCK_FRAME_OPEN, .len = BOOT_OPEN_BYTES},
+                   p.open);
+    int r = boot_gate_step_one(g, &p);
+    if (r < 0)
+        return;
+    if (!boot_gate_make_room(g, p.spoken)) {
+        static const char text[] = "every place for connections that have not proven "
+                                   "themselves yet is taken; try again";
+        struct rs_saved_error saved;
+        rs_error_save(&saved);
+        boot_send_now(g->b, fd, p.addr, SOCK_FRAME_BUSY, text, sizeof(text) - 1);
+        rs_error_restore(&saved);
+        sock_close(&p.fd);
+        g->busy++;
+        return;
     }
-    for (int i = 0; i < n; i++) {
-        int at = (head + i) % BOOT_PENDING_MAX;
-        boot_gate_challenge(g, fds[at], addrs[at]);
-    }
-    return st;
+    g->p[g->np] = p;
+    boot_gate_rehome(&g->p[g->np++]);
+    if (r > 0)
+        boot_gate_hello(g, g->np - 1);
 }
 
 static reshard_status_t boot_gate_accept(struct boot_gate *g)
 {
-    if (!g->swept)
-        return boot_gate_sweep(g);
-    for (int taken = 0; taken < BOOT_PENDING_MAX; taken++) {
+    for (int taken = 0; taken < BOOT_ACCEPT_MAX; taken++) {
         union sock_addr a;
-        char addr[SOCK_ADDR_STR];
         int fd;
         RS_CHECK(sock_accept(g->lfd, &fd, &a));
         if (fd < 0)
             return RESHARD_OK;
-        sock_addr_str(&a, addr, sizeof(addr));
-        if (boot_gate_make_room(g, fd, addr))
-            boot_gate_challenge(g, fd, addr);
-        else
-            sock_close(&fd);
+        boot_gate_take(g, fd, &a);
     }
     return RESHARD_OK;
 }
@@ -356,11 +374,10 @@ reshard_status_t boot_gate_serve(struct boot_gate *g, const struct pollfd *pf, i
             boot_gate_step(g, i);
     int64_t now = rs_now_ms();
     for (int i = g->np - 1; i >= 0; i--)
-        if (now >= g->p[i].since + g->hello_ms)
+        if (now >= boot_gate_until(g, &g->p[i]))
             boot_gate_drop(g, i);
-    if (!g->swept || (n > 0 && pf[0].revents))
-        RS_CHECK(boot_gate_accept(g));
-    return RESHARD_OK;
+    /* The first look takes what waited before anyone served the listener. */
+    return boot_gate_accept(g);
 }
 
 void boot_gate_close(struct boot_gate *g, const char *why)

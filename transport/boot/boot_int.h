@@ -150,6 +150,7 @@ reshard_status_t boot_fail(struct boot *b, reshard_status_t st, const struct soc
 
 enum boot_hello_kind { BOOT_JOIN = 1, BOOT_ATTACH = 2 };
 
+#define BOOT_OPEN_BYTES      8
 #define BOOT_CHALLENGE_BYTES (8 + BOOT_NONCE_BYTES)
 #define BOOT_HELLO_BYTES     (24 + BOOT_NONCE_BYTES + BOOT_ADDR_BYTES + BOOT_MAC_BYTES)
 #define BOOT_ADMIT_BYTES     (16 + BOOT_ADDR_BYTES + BOOT_MAC_BYTES)
@@ -192,22 +193,27 @@ reshard_status_t boot_admit_mac(const unsigned char *secret, const unsigned char
 typedef int (*boot_gate_fn)(void *arg, int fd, const char *addr, const struct boot_hello *h,
                             const unsigned char *nonce_l, char *why, size_t why_len);
 
-/* A connection that has not proven itself yet. */
+/* A connection that has not proven itself yet: unspoken until its OPEN is in, then challenged
+ * until its hello is. */
 struct boot_pending {
-    int fd;
+    int fd, spoken;
     int64_t since; /* when it was accepted */
     char addr[SOCK_ADDR_STR];
+    unsigned char open[BOOT_OPEN_BYTES];
     unsigned char nonce[BOOT_NONCE_BYTES]; /* the challenge it was sent */
     unsigned char hello[BOOT_HELLO_BYTES];
-    struct sock_xfer x;
+    struct sock_xfer x; /* receiving the OPEN, then the hello */
 };
 
-/* A listener's door: at most BOOT_PENDING_MAX unproven connections, each with
- * RESHARD_BOOT_HELLO_MS to prove itself; when full, the oldest gives way to a newcomer once
- * it has had an eighth of that, and a newcomer meets a BUSY answer (and tries again) before. */
+/* A listener's door. A joiner speaks first (OPEN, as soon as it connects), so a connection
+ * that has said nothing when it is accepted is most likely not a rank: it may wait
+ * RESHARD_BOOT_HELLO_MS / 8 and gives way to any newcomer that has spoken. One that has spoken
+ * gets a challenge and has RESHARD_BOOT_HELLO_MS to answer it; when the table is full, it gives
+ * way to a newcomer that has spoken once it has had an eighth of that. A newcomer that finds no
+ * room is answered BUSY and tries again. At most BOOT_PENDING_MAX connections wait at once. */
 struct boot_gate {
     struct boot *b;
-    int lfd, hello_ms, np, swept;
+    int lfd, hello_ms, np;
     boot_gate_fn admit;
     void *arg;
     unsigned refused, dropped, busy; /* for one summary line at the end */

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Joining a bootstrap listener (boot_dial in boot_int.h): connect, take the listener's
- * challenge, answer with a hello MACed under the job's secret over both nonces, and check the
- * admission's MAC in turn, so that neither end shows the secret and each knows the other holds
+ * Joining a bootstrap listener (boot_dial in boot_int.h): connect, speak first (OPEN), take the
+ * listener's challenge, answer with a hello MACed under the job's secret over both nonces, check
+ * the admission's MAC in turn, so that neither end shows the secret and each knows the other holds
  * it. A listener that is busy, or drops the connection after its challenge, is tried again
  * (with a jittered backoff) until the deadline; a refusal is final.
  */
@@ -56,6 +56,23 @@ static enum boot_try boot_call_foreign(struct boot_call *c, const char *what)
     return BOOT_TRY_FAIL;
 }
 
+/* This rank speaks first, at once, so that the listener tells it from idle connections. */
+static reshard_status_t boot_call_open(struct boot_call *c, int fd)
+{
+    unsigned char w[BOOT_OPEN_BYTES];
+    struct sock_xfer x;
+    int failed;
+    sock_wire_put(w, BOOT_VERSION, 4);
+    sock_wire_put(w + 4, 0, 4);
+    sock_xfer_init(&x, fd, c->name, 1,
+                   (struct sock_frame_hdr){.type = SOCK_FRAME_OPEN, .len = sizeof(w)}, w);
+    x.listen = 0; /* whatever comes back is read as the answer */
+    reshard_status_t st =
+        sock_xfer_run(&x, 1, c->deadline, c->b->timeout_ms, "rendezvous", &failed, NULL);
+    c->b->form_sent += x.hdr_done + x.done;
+    return st;
+}
+
 /* The challenge: the listener's version and nonce, or why there is none. */
 static enum boot_try boot_call_challenge(struct boot_call *c, int fd, unsigned char *nonce_l)
 {
@@ -64,6 +81,8 @@ static enum boot_try boot_call_challenge(struct boot_call *c, int fd, unsigned c
     int64_t until = c->deadline;
     if (c->prompt && rs_now_ms() + BOOT_PROMPT_MS < until)
         until = rs_now_ms() + BOOT_PROMPT_MS;
+    if (boot_call_open(c, fd) != RESHARD_OK) /* the stream broke: the answer says how */
+        rs_error_clear();
     reshard_status_t st = boot_call_recv(c, fd, SOCK_FRAME_CHALLENGE, w, sizeof(w), until, &x);
     if (st == RESHARD_OK) {
         unsigned v = (unsigned)sock_wire_get(w, 4);
@@ -85,7 +104,7 @@ static enum boot_try boot_call_challenge(struct boot_call *c, int fd, unsigned c
     if (x.eof && x.hdr_done == 0)
         return c->prompt ? boot_call_foreign(c, "closed it without a word") : BOOT_TRY_AGAIN;
     if (st == RESHARD_ERR_TIMEOUT && x.hdr_done == 0 && until < c->deadline)
-        return boot_call_foreign(c, "said nothing for 1 s (rank 0 speaks first, at once)");
+        return boot_call_foreign(c, "said nothing for 1 s (rank 0 answers at once)");
     c->st = st;
     return st == RESHARD_ERR_NETWORK ? BOOT_TRY_AGAIN : BOOT_TRY_FAIL;
 }

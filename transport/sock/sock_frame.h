@@ -23,10 +23,11 @@ enum sock_frame_type {
     SOCK_FRAME_REFUSE,    /* listener -> joiner: why it is not admitted (text) */
     SOCK_FRAME_DATA,      /* a collective's payload */
     SOCK_FRAME_ERROR,     /* a rank failed: origin rank, status, text */
-    SOCK_FRAME_CHALLENGE, /* listener -> joiner, first thing on a connection: version, a nonce */
+    SOCK_FRAME_CHALLENGE, /* listener -> joiner, answering OPEN: its version, a nonce */
     SOCK_FRAME_ADMIT,     /* listener -> joiner: its place in the tree, and the listener's MAC */
     SOCK_FRAME_READY,     /* child -> parent: the ranks of its subtree, all joined */
     SOCK_FRAME_BUSY,      /* listener -> joiner: no room now, try again (text) */
+    SOCK_FRAME_OPEN,      /* joiner -> listener, first thing on a connection: its version */
 };
 
 /* Which collective a data frame belongs to, so that ranks calling different ones in the same

@@ -85,11 +85,29 @@ static void write_frame(int fd, unsigned type, const void *p, size_t n)
         cr_assert_eq(write(fd, p, n), (ssize_t)n);
 }
 
-/* A listener's challenge: its nonce. */
+/* What a joiner says first. */
+static void open_frame(int fd)
+{
+    unsigned char w[BOOT_OPEN_BYTES] = {0};
+    sock_wire_put(w, BOOT_VERSION, 4);
+    write_frame(fd, SOCK_FRAME_OPEN, w, sizeof(w));
+}
+
+/* A joiner's opening, heard by a listener played by hand. */
+static void take_open(int fd)
+{
+    struct sock_frame_hdr h;
+    unsigned char p[BOOT_OPEN_BYTES];
+    cr_assert_eq(read_frame(fd, &h, p, sizeof(p), 5000), 0, "no opening");
+    cr_assert_eq(h.type, SOCK_FRAME_OPEN);
+}
+
+/* Speaks first, as a joiner does, and takes the listener's challenge: its nonce. */
 static void take_challenge(int fd, unsigned char *nonce)
 {
     struct sock_frame_hdr h;
     unsigned char p[BOOT_CHALLENGE_BYTES];
+    open_frame(fd);
     cr_assert_eq(read_frame(fd, &h, p, sizeof(p), 5000), 0, "no challenge");
     cr_assert_eq(h.type, SOCK_FRAME_CHALLENGE);
     cr_assert_eq(h.len, BOOT_CHALLENGE_BYTES);
@@ -165,6 +183,29 @@ Test(boot_join, sixty_five_idle_connections_while_rank_0_waits_make_way_for_the_
     for (int i = 0; i < IDLE; i++)
         close(idle[i]);
     close_all(r, N);
+}
+
+Test(boot_join, a_connection_that_never_speaks_is_dropped_at_an_eighth_of_the_deadline)
+{
+    struct boot_id id;
+    struct rank_run r[2];
+    unsigned char byte;
+    setenv("RESHARD_BOOT_ADDR", "127.0.0.1", 1);
+    setenv("RESHARD_BOOT_HELLO_MS", "2000", 1);
+    rs_param_reload();
+    cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+    start(&r[0], &id, 0, 2, 20000, WORK_COLLECTIVES);
+    int fd = raw_connect(&id);
+    int64_t t0 = now_ms();
+    cr_assert_eq(read_full(fd, &byte, 1, 10000), -1, "the door spoke to a silent connection");
+    int64_t waited = now_ms() - t0;
+    cr_assert_geq(waited, 200, "dropped after %lld ms", (long long)waited);
+    cr_assert_lt(waited, 1500, "dropped after %lld ms", (long long)waited);
+    close(fd);
+    start(&r[1], &id, 1, 2, 20000, WORK_COLLECTIVES);
+    finish_all(r, 2);
+    assert_all_ok(r, 2);
+    close_all(r, 2);
 }
 
 Test(boot_join, an_idle_connection_is_dropped_at_its_hello_deadline)
@@ -245,6 +286,7 @@ Test(boot_join, a_recorded_hello_neither_shows_the_secret_nor_admits_a_replay)
     /* A rank of the job dials a listener that records what it says. */
     start(&joiner, &trap_id, 1, 2, 1500, WORK_NONE);
     int fd = raw_accept(trap);
+    take_open(fd);
     sock_wire_put(w, BOOT_VERSION, 4);
     memcpy(w + 8, nonce, sizeof(nonce));
     write_frame(fd, SOCK_FRAME_CHALLENGE, w, sizeof(w));
@@ -283,6 +325,7 @@ Test(boot_join, a_rank_0_that_cannot_prove_the_secret_is_not_joined)
     loopback_id(port, SECRET, &id);
     start(&joiner, &id, 1, 2, 10000, WORK_NONE);
     int fd = raw_accept(lfd);
+    take_open(fd);
     sock_wire_put(w, BOOT_VERSION, 4);
     write_frame(fd, SOCK_FRAME_CHALLENGE, w, sizeof(w));
     cr_assert_eq(read_frame(fd, &h, hello, sizeof(hello), 5000), 0);
@@ -455,8 +498,8 @@ Test(boot_secret, without_a_secret_one_warning_says_anyone_who_reaches_the_port_
     torchrun_at(29501, 1);
     cr_assert_eq(boot_env_read(&e), RESHARD_OK, "%s", rs_error_message());
     cr_assert_eq(boot_env_read(&e), RESHARD_OK, "%s", rs_error_message());
-    cr_assert_eq(count(warned, "anyone who can reach rank 0's port (127.0.0.1:29501) can join"),
-                 1, "%s", warned);
+    cr_assert_eq(count(warned, "anyone who can reach rank 0's port (127.0.0.1:29501) can join"), 1,
+                 "%s", warned);
     /* With a secret, nothing to warn of. */
     warned[0] = '\0';
     setenv("RESHARD_SECRET", "s3cret", 1);

@@ -197,7 +197,7 @@ Test(bootstrap, stray_connections_neither_stall_nor_join_the_rendezvous, .timeou
     finish_all(r, 2);
     assert_all_ok(r, 2);
     /* The junk was refused at once; the silent one when the job no longer needed anyone. */
-    cr_assert(strstr(warned, "no valid hello (the peer sent a malformed frame (bad magic)"), "%s",
+    cr_assert(strstr(warned, "no valid opening (the peer sent a malformed frame (bad magic)"), "%s",
               warned);
     cr_assert(strstr(boot_refusal(r[0].b), "every rank has arrived"), "%s", boot_refusal(r[0].b));
     close(silent);

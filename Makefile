@@ -40,11 +40,12 @@ NET_PERF_BIN := $(BUILD)/reshard_net_perf
 NCCL_CHECK := $(BUILD)/test/perf/nccl_check
 PACK_BENCH := $(BUILD)/test/perf/pack_bench
 DEVICE_REFIT := $(BUILD)/test/perf/device_refit
+BOOT_SCALE := $(BUILD)/test/perf/boot_scale
 # Stand-ins for libcuda and libnccl (test/fake/), so the NCCL paths run on hosts without a GPU.
 FAKE_LIBS := $(BUILD)/test/fake/libcuda.so.1 $(BUILD)/test/fake/libnccl.so.2
 
 # Debian packages that building and testing need (make deps installs the missing ones).
-DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev libibverbs-dev libjansson-dev \
+DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev libibverbs-dev libjansson-dev libssl3 \
         iproute2 util-linux python3 python3-numpy python3-venv python3-setuptools python3-wheel
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian's interpreter (python3-numpy is installed for it), whatever python3 a PATH prefers.
@@ -110,6 +111,11 @@ $(PACK_BENCH): $(BUILD)/obj/test/perf/pack_bench.o $(AR_LIB) $(FATBIN_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(FATBIN_OBJ) $(AR_LIB) -lpthread -ldl $(LDFLAGS_ALL)
 
+# boot_scale: the bootstrap alone on N local processes (scripts/bench-boot.sh; internals).
+$(BOOT_SCALE): $(BUILD)/obj/test/perf/boot_scale.o $(AR_LIB)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(AR_LIB) -lpthread -ldl $(LDFLAGS_ALL)
+
 # device_refit: 4 processes refit device buffers on one GPU (scripts/gpu-check.sh).
 $(DEVICE_REFIT): $(BUILD)/obj/test/perf/device_refit.o $(SO)
 	@mkdir -p $(@D)
@@ -159,7 +165,7 @@ check-layers:
 	@$(PYTHON) scripts/check-layers.py
 
 test: deps check-layers
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH) $(DEVICE_REFIT)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 ifeq ($(SAN),)

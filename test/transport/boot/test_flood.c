@@ -115,8 +115,7 @@ static void attack(void)
 
 static pid_t start_attack(void)
 {
-    counts = mmap(NULL, sizeof(*counts), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
-                  0);
+    counts = mmap(NULL, sizeof(*counts), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     cr_assert_neq(counts, MAP_FAILED);
     memset(counts, 0, sizeof(*counts));
     pid_t pid = fork();

@@ -201,14 +201,15 @@ bench: $(BENCH_BIN)
 	    --infer tp=32,dp=8 -o $(BUILD)/deepseek-v3.json
 	$(BENCH_BIN) --manifest $(BUILD)/deepseek-v3.json
 
-# Fuzzing with libFuzzer (clang): the layout spec parser, the manifest loader, the
-# bootstrap's frame decoder and the NCCL plugin's handshake, FUZZ_SECONDS (60) each under ASan
-# and UBSan. Seeds live in test/fuzz/corpus/<target>; what a run learns goes to
+# Fuzzing with libFuzzer (clang): the layout spec parser, the manifest loader, the bootstrap's
+# frame decoder, its door and handshake decoders (boot_door), the communicator hello
+# (comm_hello) and the NCCL plugin's handshake, FUZZ_SECONDS (60) each under ASan and UBSan.
+# Seeds live in test/fuzz/corpus/<target>; what a run learns goes to
 # build/fuzz/corpus/<target>; a crash's reproducer lands in test/fuzz/crashes/ (commit it with
 # the fix, as a seed).
 FUZZ := build/fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := spec manifest boot net
+FUZZ_TARGETS := spec manifest boot boot_door comm_hello net
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 $(FUZZ_SAN) \
                -fsanitize=fuzzer-no-link -I.

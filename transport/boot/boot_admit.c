@@ -73,6 +73,14 @@ void boot_admit_get(const unsigned char *w, struct boot_admit *a)
     memcpy(a->mac, w + 16 + BOOT_ADDR_BYTES, BOOT_MAC_BYTES);
 }
 
+int boot_admit_valid(const struct boot_admit *a, int size, int rank, union sock_addr *parent)
+{
+    if (a->fanout < 1 || a->fanout > BOOT_FANOUT_MAX || a->slot < 1 || a->slot >= size ||
+        a->parent < 0 || a->parent >= size || a->parent == rank)
+        return -1;
+    return a->parent == 0 ? 0 : boot_addr_get(a->parent_addr, parent);
+}
+
 reshard_status_t boot_hello_mac(const unsigned char *secret, const unsigned char *nonce_l,
                                 const unsigned char *hello, unsigned char *mac)
 {

@@ -99,6 +99,11 @@ int boot_tree_children(int slot, int size, int k, int *first);
 int boot_tree_subtree(int slot, int size, int k);
 int boot_tree_height(int slot, int size, int k); /* 0 for a leaf */
 int boot_tree_depth(int slot, int k);
+/* A child's READY: its subtree's n ranks (BE), the first its own rank `first`, each in
+ * 1..size-1 and met once in this rank's subtree (seen[size], updated), into out[n]. -1 when
+ * all are, else the index of the first that is not. */
+int boot_ready_decode(const unsigned char *w, int n, int first, int size, unsigned char *seen,
+                      int *out);
 /* Fills b's tree fields for slot under fan-out k. */
 void boot_tree_place(struct boot *b, int slot, int fanout);
 int boot_grace_ms(const struct boot *b);
@@ -179,6 +184,9 @@ void boot_hello_put(unsigned char *w, const struct boot_hello *h);
 void boot_hello_get(const unsigned char *w, struct boot_hello *h);
 void boot_admit_put(unsigned char *w, const struct boot_admit *a);
 void boot_admit_get(const unsigned char *w, struct boot_admit *a);
+/* Whether a placement (its MAC checked) is one this rank of size can act on: 0, with the
+ * parent's listener in *parent unless the parent is rank 0; -1 when not. */
+int boot_admit_valid(const struct boot_admit *a, int size, int rank, union sock_addr *parent);
 /* The MACs: of a hello (its bytes but the MAC, under the listener's nonce), and of an
  * admission (its bytes but the MAC, under the joiner's nonce then the listener's). */
 reshard_status_t boot_hello_mac(const unsigned char *secret, const unsigned char *nonce_l,

@@ -149,15 +149,12 @@ static reshard_status_t boot_form_take_ready(struct boot_form *f, int i)
 {
     struct boot *b = f->b;
     struct boot_conn *c = &b->nb[i];
-    for (int k = 0; k < c->sub_len; k++) {
-        int r = (int)(int32_t)sock_wire_get(f->ready + (size_t)(c->sub_off + k) * 4, 4);
-        if (r < 1 || r >= b->size || f->seen[r] || (k == 0 && r != c->rank))
-            return rs_error(RESHARD_ERR_NETWORK,
-                            "bootstrap: %s reported a malformed subtree (rank %d at %d of %d)",
-                            c->name, r, k, c->sub_len);
-        f->seen[r] = 1;
-        b->sub[c->sub_off + k] = r;
-    }
+    int at = boot_ready_decode(f->ready + (size_t)c->sub_off * 4, c->sub_len, c->rank, b->size,
+                               f->seen, b->sub + c->sub_off);
+    if (at >= 0)
+        return rs_error(RESHARD_ERR_NETWORK,
+                        "bootstrap: %s reported a malformed subtree (its entry %d of %d)", c->name,
+                        at, c->sub_len);
     f->readied++;
     return RESHARD_OK;
 }
@@ -440,9 +437,7 @@ static reshard_status_t boot_form_peer(struct boot *b, const union sock_addr *a,
     int fd = -1;
     snprintf(who, sizeof(who), "rank %d", b->label[0]);
     RS_CHECK(boot_dial(b, a, who, BOOT_JOIN, flags & BOOT_ID_PROMPT, base, &fd, &ad));
-    if (ad.fanout < 1 || ad.fanout > BOOT_FANOUT_MAX || ad.slot < 1 || ad.slot >= b->size ||
-        ad.parent < 0 || ad.parent >= b->size || ad.parent == b->rank ||
-        (ad.parent != 0 && boot_addr_get(ad.parent_addr, &pa) != 0)) {
+    if (boot_admit_valid(&ad, b->size, b->rank, &pa) != 0) {
         sock_close(&fd);
         return rs_error(RESHARD_ERR_NETWORK,
                         "bootstrap: rank 0 placed this rank at a slot that is not one (slot %d, "

@@ -65,6 +65,19 @@ void boot_tree_place(struct boot *b, int slot, int fanout)
     b->nsub = boot_tree_subtree(slot, b->size, fanout);
 }
 
+int boot_ready_decode(const unsigned char *w, int n, int first, int size, unsigned char *seen,
+                      int *out)
+{
+    for (int k = 0; k < n; k++) {
+        int64_t r = (int32_t)(uint32_t)sock_wire_get(w + (size_t)k * 4, 4);
+        if (r < 1 || r >= size || seen[r] || (k == 0 && r != first))
+            return k;
+        seen[r] = 1;
+        out[k] = (int)r;
+    }
+    return -1;
+}
+
 /* ---- deadlines ---- */
 
 int boot_grace_ms(const struct boot *b)

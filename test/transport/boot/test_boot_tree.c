@@ -9,6 +9,7 @@
 #include "transport/boot/boot_int.h"
 
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -262,4 +263,60 @@ Test(boot_tree, a_group_of_some_ranks_meets_at_one_of_their_listeners)
     assert_all_ok(g, M);
     close_all(g, M);
     close_all(r, N);
+}
+
+static void put_ranks(unsigned char *w, const int *r, int n)
+{
+    for (int k = 0; k < n; k++)
+        sock_wire_put(w + 4 * k, (uint32_t)r[k], 4);
+}
+
+Test(boot_tree, a_malformed_subtree_report_is_refused_at_its_first_bad_entry)
+{
+    unsigned char w[16], seen[8] = {0};
+    int out[4];
+    static const int good[] = {3, 5, 6}, dup[] = {4, 7, 4}, wrong_head[] = {2, 1},
+                     out_of_range[] = {1, 8}, rank0[] = {1, 0}, negative[] = {1, -3};
+    put_ranks(w, good, 3);
+    cr_assert_eq(boot_ready_decode(w, 3, 3, 8, seen, out), -1);
+    cr_assert(out[0] == 3 && out[1] == 5 && out[2] == 6 && seen[5] && !seen[4]);
+    /* a rank met already in this subtree, here or in a sibling's report */
+    put_ranks(w, dup, 3);
+    cr_assert_eq(boot_ready_decode(w, 3, 4, 8, seen, out), 2);
+    cr_assert_eq(boot_ready_decode(w, 1, 5, 8, seen, out), 0, "rank 5 was reported already");
+    put_ranks(w, wrong_head, 2);
+    cr_assert_eq(boot_ready_decode(w, 2, 1, 8, seen, out), 0, "a report starts with its sender");
+    memset(seen, 0, sizeof(seen));
+    put_ranks(w, out_of_range, 2);
+    cr_assert_eq(boot_ready_decode(w, 2, 1, 8, seen, out), 1);
+    memset(seen, 0, sizeof(seen));
+    put_ranks(w, rank0, 2);
+    cr_assert_eq(boot_ready_decode(w, 2, 1, 8, seen, out), 1, "rank 0 is nobody's child");
+    memset(seen, 0, sizeof(seen));
+    put_ranks(w, negative, 2);
+    cr_assert_eq(boot_ready_decode(w, 2, 1, 8, seen, out), 1);
+}
+
+Test(boot_tree, a_placement_that_is_not_one_is_refused)
+{
+    union sock_addr pa, listener = {.in = {.sin_family = AF_INET, .sin_port = htons(4242)}};
+    struct boot_admit a = {.slot = 9, .fanout = 8, .parent = 2};
+    boot_addr_put(a.parent_addr, &listener);
+    cr_assert_eq(boot_admit_valid(&a, 16, 5, &pa), 0);
+    cr_assert_eq(sock_addr_port(&pa), 4242);
+    struct boot_admit bad[] = {
+        {.slot = 0, .fanout = 8, .parent = 0},  /* slot 0 is rank 0's */
+        {.slot = 16, .fanout = 8, .parent = 0}, /* past the job */
+        {.slot = 3, .fanout = 0, .parent = 0},
+        {.slot = 3, .fanout = BOOT_FANOUT_MAX + 1, .parent = 0},
+        {.slot = 3, .fanout = 8, .parent = 5},  /* itself */
+        {.slot = 3, .fanout = 8, .parent = 16}, /* not a rank */
+        {.slot = 3, .fanout = 8, .parent = -1},
+        {.slot = 3, .fanout = 8, .parent = 2}, /* a parent without an address */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_assert_eq(boot_admit_valid(&bad[i], 16, 5, &pa), -1, "placement %zu", i);
+    a.parent = 0; /* rank 0's connection is the parent's: no address needed */
+    memset(a.parent_addr, 0, sizeof(a.parent_addr));
+    cr_assert_eq(boot_admit_valid(&a, 16, 5, &pa), 0);
 }

@@ -34,8 +34,8 @@ static void door(const uint8_t *data, size_t size)
         setenv("RESHARD_DEBUG", "NONE", 1);
         setenv("RESHARD_BOOT_HELLO_MS", "50", 1);
         rs_param_reload();
-        where.in = (struct sockaddr_in){.sin_family = AF_INET,
-                                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        where.in =
+            (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         if (sock_listen(&where, &lfd) != RESHARD_OK)
             abort();
     }

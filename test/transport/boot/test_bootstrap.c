@@ -501,3 +501,16 @@ Test(bootstrap_env, no_launcher_says_what_to_set)
     cr_assert_eq(boot_env_read(&e), RESHARD_ERR_INVALID_ARG);
     cr_assert(strstr(rs_error_message(), "no launcher environment"), "%s", rs_error_message());
 }
+
+/* reshard_get_unique_id, and reshard_comm_init_nccl through it: each id a secret of its own. */
+Test(bootstrap, every_id_made_here_carries_a_fresh_random_secret)
+{
+    struct boot_id a, b;
+    static const unsigned char zero[32];
+    cr_assert_eq(boot_id_create(&a), RESHARD_OK, "%s", rs_error_message());
+    cr_assert_eq(boot_id_create(&b), RESHARD_OK, "%s", rs_error_message());
+    cr_assert_neq(memcmp(a.bytes + 28, b.bytes + 28, 32), 0);
+    cr_assert_neq(memcmp(a.bytes + 28, zero, 32), 0);
+    boot_id_release(&a);
+    boot_id_release(&b);
+}

@@ -81,7 +81,12 @@ static enum boot_try boot_call_challenge(struct boot_call *c, int fd, unsigned c
     int64_t until = c->deadline;
     if (c->prompt && rs_now_ms() + BOOT_PROMPT_MS < until)
         until = rs_now_ms() + BOOT_PROMPT_MS;
-    if (boot_call_open(c, fd) != RESHARD_OK) /* the stream broke: the answer says how */
+    reshard_status_t opened = boot_call_open(c, fd);
+    if (opened == RESHARD_ERR_NO_MEMORY) {
+        c->st = opened;
+        return BOOT_TRY_FAIL;
+    }
+    if (opened != RESHARD_OK) /* the stream broke: what comes back (or not) says how */
         rs_error_clear();
     reshard_status_t st = boot_call_recv(c, fd, SOCK_FRAME_CHALLENGE, w, sizeof(w), until, &x);
     if (st == RESHARD_OK) {
@@ -137,8 +142,9 @@ static enum boot_try boot_call_hello(struct boot_call *c, int fd, const unsigned
         sock_xfer_run(&x, 1, c->deadline, b->timeout_ms, "rendezvous", &failed, NULL);
     b->form_sent += x.hdr_done + x.done;
     c->st = st;
-    if (st == RESHARD_ERR_REFUSED || st == RESHARD_ERR_REMOTE || st == RESHARD_ERR_TIMEOUT)
-        return BOOT_TRY_FAIL; /* heard while sending */
+    if (st == RESHARD_ERR_REFUSED || st == RESHARD_ERR_REMOTE || st == RESHARD_ERR_TIMEOUT ||
+        st == RESHARD_ERR_NO_MEMORY)
+        return BOOT_TRY_FAIL; /* heard while sending, or could not send */
     if (st != RESHARD_OK)
         return BOOT_TRY_AGAIN;
     c->st = st = boot_call_recv(c, fd, SOCK_FRAME_ADMIT, a, sizeof(a), c->deadline, &x);

@@ -514,3 +514,73 @@ Test(bootstrap, every_id_made_here_carries_a_fresh_random_secret)
     boot_id_release(&a);
     boot_id_release(&b);
 }
+
+/* Rank `rank` of 2 (a forked child) whose n-th allocation fails: exit 0 when it formed and
+ * gathered, 2 when it failed as out of memory, saying so, else 1. */
+static void oom_rank(const struct boot_id *id, int rank, long n)
+{
+    struct boot *b = NULL;
+    unsigned char all[2 * 8] = {0};
+    rs_test_fail_alloc(n);
+    reshard_status_t st = boot_init(id, rank, 2, 3000, &b);
+    if (st == RESHARD_OK)
+        st = boot_allgather(b, all, 8);
+    rs_test_fail_alloc(0);
+    boot_close(b);
+    if (st == RESHARD_OK)
+        _exit(0);
+    _exit(st == RESHARD_ERR_NO_MEMORY && strstr(rs_error_message(), "out of memory") ? 2 : 1);
+}
+
+/* Every allocation of rank `rank` of a 2-rank job, made to fail one at a time: that rank fails
+ * cleanly, and the other never hangs on it. */
+static void oom_each_allocation_of(int rank)
+{
+    int failed = 0, other = 1 - rank;
+    long n;
+    char name[16];
+    snprintf(name, sizeof(name), "rank %d", rank);
+    for (n = 1; n < 200; n++) {
+        struct boot_id id;
+        struct rank_run r;
+        cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0)
+            oom_rank(&id, rank, n);
+        prep(&r, &id, other, 2, 1500, WORK_ALLGATHER);
+        r.bytes = 8;
+        launch(&r);
+        int ws = -1;
+        cr_assert_eq(waitpid(pid, &ws, 0), pid);
+        finish(&r);
+        boot_id_release(&id);
+        cr_assert(WIFEXITED(ws), "allocation %ld: %s crashed (%#x)", n, name, ws);
+        int rc = WEXITSTATUS(ws);
+        cr_assert_neq(rc, 1, "allocation %ld: %s failed otherwise", n, name);
+        boot_close(r.b);
+        if (rc == 0) {
+            cr_assert_eq(r.st, RESHARD_OK, "%s", r.msg);
+            break;
+        }
+        /* The other fails naming it (or was done: it failed taking the allgather's last
+         * frame), within its timeout. */
+        cr_assert(r.st == RESHARD_OK || strstr(r.msg, name), "allocation %ld: %s", n, r.msg);
+        cr_assert_lt(r.init_ms + r.ms, 1500 + 3000 + 2000, "allocation %ld: %lld ms", n,
+                     (long long)(r.init_ms + r.ms));
+        failed++;
+    }
+    cr_assert_lt(n, 200, "%s never got through", name);
+    cr_assert_geq(failed, 10, "only %d allocations were tried", failed);
+    fprintf(stderr, "bootstrap: %d allocations of %s each failed cleanly\n", failed, name);
+}
+
+Test(bootstrap, out_of_memory_anywhere_in_a_joiner_fails_it_cleanly, .timeout = 120)
+{
+    oom_each_allocation_of(1);
+}
+
+Test(bootstrap, out_of_memory_anywhere_in_rank_0_with_a_peer_fails_it_cleanly, .timeout = 120)
+{
+    oom_each_allocation_of(0);
+}

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 const char *sock_ms_str(int ms, char *buf, size_t n)
@@ -230,6 +231,14 @@ reshard_status_t sock_accept(int lfd, int *fd, union sock_addr *peer)
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED) {
             *fd = -1;
             return RESHARD_OK;
+        }
+        if (errno == EMFILE || errno == ENFILE) {
+            struct rlimit rl = {0};
+            getrlimit(RLIMIT_NOFILE, &rl);
+            return rs_error(RESHARD_ERR_TOO_LARGE,
+                            "bootstrap: accept: %m (RLIMIT_NOFILE is %llu: a listener needs "
+                            "about 80 descriptors; raise it with ulimit -n)",
+                            (unsigned long long)rl.rlim_cur);
         }
         return rs_error(RESHARD_ERR_NETWORK, "bootstrap: accept: %m");
     }

@@ -200,7 +200,7 @@ Test(boot_join, a_connection_that_never_speaks_is_dropped_at_an_eighth_of_the_de
     cr_assert_eq(read_full(fd, &byte, 1, 10000), -1, "the door spoke to a silent connection");
     int64_t waited = now_ms() - t0;
     cr_assert_geq(waited, 200, "dropped after %lld ms", (long long)waited);
-    cr_assert_lt(waited, 1500, "dropped after %lld ms", (long long)waited);
+    cr_assert_lt(waited, 3000, "dropped after %lld ms", (long long)waited);
     close(fd);
     start(&r[1], &id, 1, 2, 20000, WORK_COLLECTIVES);
     finish_all(r, 2);
@@ -360,7 +360,7 @@ Test(boot_join, without_libcrypto_a_join_says_what_is_missing)
     finish_all(r, 2);
     cr_assert_eq(r[1].st, RESHARD_ERR_UNAVAILABLE, "%s", r[1].msg);
     cr_assert(strstr(r[1].msg, "/nonexistent/libcrypto.so.3"), "%s", r[1].msg);
-    cr_assert_lt(r[1].ms, 1500, "rank 1 took %lld ms to say so", (long long)r[1].ms);
+    cr_assert_lt(r[1].ms, 3000, "rank 1 took %lld ms to say so", (long long)r[1].ms);
     cr_assert_eq(r[0].st, RESHARD_ERR_TIMEOUT, "%s", r[0].msg);
     /* One rank alone needs nobody's MAC. */
     struct rank_run alone;

@@ -58,8 +58,7 @@ Test(comm_hello, records_decode_and_bad_ones_are_refused_naming_the_rank)
     cr_assert_eq(decode(all, 3, present, h), RESHARD_ERR_INTERNAL);
     put(all, 1, -7, 5, "ucx");
     cr_assert_eq(decode(all, 3, present, h), RESHARD_ERR_INVALID_ARG);
-    cr_assert(strstr(rs_error_message(), "rank 1 has RESHARD_DOMAIN=-7"), "%s",
-              rs_error_message());
+    cr_assert(strstr(rs_error_message(), "rank 1 has RESHARD_DOMAIN=-7"), "%s", rs_error_message());
     put(all, 1, -1, 5, "ucx");
     put(all, 2, -1, 9, "ib");
     cr_assert_eq(decode(all, 3, present, h), RESHARD_ERR_UNAVAILABLE);
@@ -69,9 +68,9 @@ Test(comm_hello, records_decode_and_bad_ones_are_refused_naming_the_rank)
     present[2] = 0;
     cr_assert_eq(decode(all, 3, present, h), RESHARD_OK, "%s", rs_error_message());
     cr_assert_eq(decode(all, 3, present, h) == RESHARD_OK && h[1].addr_len == 5, 1);
-    cr_assert_eq(comm_hello_decode(all, COMM_HELLO_BYTES - 1, 3, present, h,
-                                   (const unsigned char *[3]){0}),
-                 RESHARD_ERR_INTERNAL);
+    cr_assert_eq(
+        comm_hello_decode(all, COMM_HELLO_BYTES - 1, 3, present, h, (const unsigned char *[3]){0}),
+        RESHARD_ERR_INTERNAL);
 }
 
 Test(comm_hello, hostnames_have_keys_that_tell_them_apart)
@@ -90,7 +89,8 @@ static reshard_status_t forming_bytes(int rank, int size, reshard_comm_t *comm)
     uint64_t sent, received;
     boot_bytes(comm->boot, &sent, &received);
     RS_CHECK(comm->net->ops->address(comm->net, -1, addr, &len));
-    fprintf(stderr, "comm_hello: rank %d of %d: address %zu bytes; forming sent %llu, received %llu\n",
+    fprintf(stderr,
+            "comm_hello: rank %d of %d: address %zu bytes; forming sent %llu, received %llu\n",
             rank, size, len, (unsigned long long)sent, (unsigned long long)received);
     /* Every rank but 0 is a leaf of rank 0 here (fan-out 8): one frame up, one down, per
      * collective; the addresses may differ in length by a few bytes, so the slot is bounded. */

@@ -196,9 +196,9 @@ Test(flood, a_job_forms_refits_and_shrinks_under_a_flood_of_idle_and_slow_connec
             "dropped\n",
             (long long)took, counts->answered, counts->dropped);
     all_ok(o, 4);
-    /* The flood was real: the door answered more connections than it has places for. */
-    cr_assert_gt(counts->answered, 4 * (IDLE + SLOW),
-                 "only %ld attacking connections were answered", counts->answered);
+    /* The flood was real: the door answered twice as many connections as it has places. */
+    cr_assert_gt(counts->answered, 128, "only %ld attacking connections were answered",
+                 counts->answered);
 }
 
 /* Rank 0 opens 70 idle connections to its own listener, the shrink's, before the shrink. */

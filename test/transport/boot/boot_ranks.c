@@ -64,6 +64,20 @@ void loopback_id(int port, const char *secret, struct boot_id *id)
                  rs_error_message());
 }
 
+void listening_id(struct boot_id *id)
+{
+    setenv("RESHARD_BOOT_ADDR", "127.0.0.1", 1);
+    rs_param_reload();
+    cr_assert_eq(boot_id_create(id), RESHARD_OK, "%s", rs_error_message());
+}
+
+void same_place_id(const struct boot_id *id, const char *secret, struct boot_id *out)
+{
+    char addr[80];
+    boot_id_addr(id, addr, sizeof(addr));
+    loopback_id(atoi(strrchr(addr, ':') + 1), secret, out);
+}
+
 unsigned char pattern(int rank, size_t i)
 {
     return (unsigned char)(rank * 31 + i * 7 + 1);

@@ -44,6 +44,11 @@ int free_port(void); /* held_port(AF_INET), asserted */
 /* The tunables the bootstrap reads, back to their defaults whatever the test's environment. */
 void clear_boot_params(void);
 void loopback_id(int port, const char *secret, struct boot_id *id);
+/* An id listening on 127.0.0.1 at a port of the kernel's pick (bound, then read back), with a
+ * random secret, for rank 0 of this process or its children (boot_id_create). */
+void listening_id(struct boot_id *id);
+/* The same place as id (127.0.0.1, its port) with a secret from another string. */
+void same_place_id(const struct boot_id *id, const char *secret, struct boot_id *out);
 unsigned char pattern(int rank, size_t i);
 /* allgather, a bcast from every root, an allreduce and a barrier, each checked. */
 int collectives(struct rank_run *r);

@@ -49,13 +49,14 @@ NET_DRIVER := $(BUILD)/test/net_driver
 NCCL_CHECK := $(BUILD)/test/perf/nccl_check
 PACK_BENCH := $(BUILD)/test/perf/pack_bench
 DEVICE_REFIT := $(BUILD)/test/perf/device_refit
+BOOT_SCALE := $(BUILD)/test/perf/boot_scale
 # Stand-ins for libcuda and libnccl (test/fake/), so the NCCL paths run on hosts without a GPU.
 FAKE_LIBS := $(BUILD)/test/fake/libcuda.so.1 $(BUILD)/test/fake/libnccl.so.2
 
 # Debian packages that building and testing need (make deps installs the missing ones).
 DEPS := gcc make binutils pkg-config libcriterion-dev libucx-dev libibverbs-dev libjansson-dev \
-        iproute2 util-linux python3 python3-numpy python3-venv python3-setuptools python3-wheel \
-        patchelf
+        libssl3 iproute2 util-linux python3 python3-numpy python3-venv python3-setuptools \
+        python3-wheel patchelf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian's interpreter (python3-numpy is installed for it), whatever python3 a PATH prefers.
 PYTHON ?= /usr/bin/python3
@@ -135,6 +136,11 @@ $(PACK_BENCH): $(BUILD)/obj/test/perf/pack_bench.o $(AR_LIB) $(FATBIN_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(FATBIN_OBJ) $(AR_LIB) -lpthread -ldl $(LDFLAGS_ALL)
 
+# boot_scale: the bootstrap alone on N local processes (scripts/bench-boot.sh; internals).
+$(BOOT_SCALE): $(BUILD)/obj/test/perf/boot_scale.o $(AR_LIB)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(AR_LIB) -lpthread -ldl $(LDFLAGS_ALL)
+
 # device_refit: 4 processes refit device buffers on one GPU (scripts/gpu-check.sh).
 $(DEVICE_REFIT): $(BUILD)/obj/test/perf/device_refit.o $(SO)
 	@mkdir -p $(@D)
@@ -185,7 +191,7 @@ check-layers:
 	@$(PYTHON) scripts/check-layers.py
 
 test: deps check-layers
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH) $(DEVICE_REFIT)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 ifeq ($(SAN),)
@@ -247,13 +253,15 @@ bench: $(BENCH_BIN)
 	$(BENCH_BIN) --manifest $(BUILD)/deepseek-v3.json
 
 # Fuzzing with libFuzzer (clang): the layout spec parser, the manifest loader, the bootstrap's
-# frame decoder, the NCCL plugin's handshake and the execution hello's decoders (exec_hello:
-# announcements, writer messages, start reports), FUZZ_SECONDS (60) each under ASan and UBSan.
-# Seeds live in test/fuzz/corpus/<target>; what a run learns goes to build/fuzz/corpus/<target>;
-# a crash's reproducer lands in test/fuzz/crashes/ (commit it with the fix, as a seed).
+# frame decoder, its door and handshake decoders (boot_door), the communicator hello
+# (comm_hello), the NCCL plugin's handshake (net) and the execution hello's decoders
+# (exec_hello: announcements, writer messages, start reports), FUZZ_SECONDS (60) each under
+# ASan and UBSan. Seeds live in test/fuzz/corpus/<target>; what a run learns goes to
+# build/fuzz/corpus/<target>; a crash's reproducer lands in test/fuzz/crashes/ (commit it with
+# the fix, as a seed).
 FUZZ := build/fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := spec manifest boot net exec_hello
+FUZZ_TARGETS := spec manifest boot boot_door comm_hello net exec_hello
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 $(FUZZ_SAN) \
                -fsanitize=fuzzer-no-link -I.

@@ -25,7 +25,15 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
     X(BOOT_PORT, RS_PARAM_INT, "0", 0,                                                             \
       "bootstrap port: for reshard_get_unique_id (0: any); from the environment, MASTER_PORT+1")   \
     X(SECRET, RS_PARAM_STR, "", 0,                                                                 \
-      "job secret for environment launches (default: derived from the job's identity)")            \
+      "job secret for environment launches (default: derived from public values, with a WARN)")    \
+    X(SECRET_FILE, RS_PARAM_STR, "", 0,                                                            \
+      "file holding the job secret for environment launches (instead of RESHARD_SECRET)")          \
+    X(BOOT_FANOUT, RS_PARAM_INT, "8", 1,                                                           \
+      "children per rank in the bootstrap's tree (rank 0's value rules; at most 64)")              \
+    X(BOOT_HELLO_MS, RS_PARAM_INT, "2000", 50,                                                     \
+      "ms a connection to a bootstrap listener may take to prove it belongs to the job")           \
+    X(CRYPTO_LIB, RS_PARAM_STR, "libcrypto.so.3", 0,                                               \
+      "OpenSSL's libcrypto, for the bootstrap's HMAC-SHA256 (libcrypto.so.1.1 on older systems)")  \
     X(DOMAIN_SIZE, RS_PARAM_INT, "0", 0,                                                           \
       "NVLink domains are consecutive blocks of this many ranks (0: one per hostname)")            \
     X(DOMAIN, RS_PARAM_INT, "-1", -1, "this rank's domain id (-1: by hostname or DOMAIN_SIZE)")    \

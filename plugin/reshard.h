@@ -268,13 +268,21 @@ RESHARD_API reshard_status_t reshard_comm_init_rank(const reshard_unique_id_t *i
 /* The same, with rank, size and rendezvous from the launcher's environment: torchrun
  * (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), else Open MPI
  * (OMPI_COMM_WORLD_*) or Slurm (SLURM_PROCID, SLURM_NTASKS, ...) with MASTER_ADDR and
- * MASTER_PORT. Rank 0 listens on MASTER_PORT + 1 (torchrun's own store holds MASTER_PORT)
- * unless RESHARD_BOOT_PORT is set; the secret is RESHARD_SECRET, else derived from the job's
- * identity. */
+ * MASTER_PORT.
+ * The port rule: rank 0 listens on MASTER_PORT + 1 (torchrun's own store holds MASTER_PORT)
+ * unless RESHARD_BOOT_PORT names another port, and that port must be free on rank 0's host.
+ * If another program holds it, rank 0 fails at once (RESHARD_ERR_NETWORK, naming the port) and
+ * the other ranks within about a second, saying that what listens there is not reshard's.
+ * The secret: give every rank the same RESHARD_SECRET, or RESHARD_SECRET_FILE (a file only the
+ * job's user can read). Without either it is derived from values anyone can read, so anyone
+ * who can reach the port can join: one warning says so (docs/security.md). Ranks prove the
+ * secret to rank 0, and rank 0 to them, without sending it (HMAC-SHA256 from libcrypto, loaded
+ * at run time: RESHARD_CRYPTO_LIB). */
 RESHARD_API reshard_status_t reshard_comm_init_env(reshard_comm_t **comm);
 /* The same, on the ranks of an NCCL communicator (ncclComm_t, passed as a pointer: vLLM's
  * PyNcclCommunicator.comm, or PyTorch's): rank and size come from it, and rank 0's rendezvous
- * id reaches the others through one ncclAllGather, so nothing else needs configuring. NCCL is
+ * id, with a fresh random secret, reaches the others through one ncclAllGather, so nothing else
+ * needs configuring. NCCL is
  * the one already in the process, else libnccl.so.2; the all-gather needs the CUDA driver and
  * a device (the calling thread's current context, else device 0's primary context). The NCCL
  * communicator stays the caller's and must outlive this one. Collective over its ranks. A

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A communicator's life: made from a bootstrap id or from an NCCL communicator, formed by one
- * exchange of hellos and network addresses, held one collective at a time, aborted, and
- * destroyed. Its shrink is comm_shrink.c.
+ * exchange of hellos and network addresses (comm_hello.c), held one collective at a time,
+ * aborted, and destroyed. Its shrink is comm_shrink.c.
  */
 #include "comm.h"
 #include "comm_int.h"
@@ -19,25 +19,13 @@
 #include <string.h>
 #include <unistd.h>
 
-/* What every rank tells the others when the communicator forms. */
-struct comm_hello {
-    char host[COMM_HOST_MAX];
-    struct comm_local_hello local; /* pid and token: believed only once verified */
-    int32_t domain;                /* RESHARD_DOMAIN, or -1 */
-    uint32_t addr_len;
-    char transport[8];    /* every rank must run the same one */
-    struct boot_id spare; /* where it would meet the others again (comm_shrink) */
-};
-
-#define COMM_ADDR_MAX 4096
-
 int comm_timeout_ms(void)
 {
     int64_t s = rs_param_int(RS_PARAM_TIMEOUT);
     return s > INT32_MAX / 1000 ? INT32_MAX : (int)(s * 1000);
 }
 
-/* Dense ids, in order of first appearance, for the hostnames of the members (-1: absent). */
+/* Dense ids, in order of first appearance, for the hosts of the members (-1: absent). */
 static void number_hosts(const struct reshard_comm *c, const struct comm_hello *h, int *node)
 {
     int next = 0;
@@ -46,7 +34,7 @@ static void number_hosts(const struct reshard_comm *c, const struct comm_hello *
         if (!comm_has(c, r))
             continue;
         for (int q = 0; q < r && node[r] < 0; q++)
-            if (node[q] >= 0 && !strncmp(h[q].host, h[r].host, COMM_HOST_MAX))
+            if (node[q] >= 0 && h[q].host == h[r].host)
                 node[r] = node[q];
         if (node[r] < 0)
             node[r] = next++;
@@ -106,66 +94,74 @@ static reshard_status_t inherit_topo(struct reshard_comm *c, const struct rs_top
     return RESHARD_OK;
 }
 
-/* Everyone's hello (hostname, pid and token, domain and spare id), then everyone's network
- * address; then the local peers verify each other. */
-static reshard_status_t comm_exchange_hellos_and_addresses(struct reshard_comm *c,
-                                                           const struct rs_topo *parent)
+static void max_u32(void *acc, const void *in, void *arg)
+{
+    (void)arg;
+    uint32_t a, b;
+    memcpy(&a, acc, sizeof(a));
+    memcpy(&b, in, sizeof(b));
+    if (b > a)
+        memcpy(acc, &b, sizeof(b));
+}
+
+/* This rank's hello: its host's key, RESHARD_DOMAIN, its transport, and what the local path
+ * claims (pid and a fresh token; comm_local_open opens its socket). */
+static reshard_status_t my_hello(struct reshard_comm *c, struct comm_hello *me)
+{
+    char host[COMM_HOST_MAX] = "";
+    gethostname(host, sizeof(host) - 1);
+    *me = (struct comm_hello){.host = comm_host_key(host),
+                              .domain = (int32_t)rs_param_int(RS_PARAM_DOMAIN)};
+    snprintf(me->transport, sizeof(me->transport), "%s", c->net->ops->name);
+    return comm_local_open(c, &me->local);
+}
+
+/* Everyone's hello and network address, in one allgather of records as long as the longest
+ * address (an allreduce finds it): what crosses per rank is its address and 48 bytes; then the
+ * local peers verify each other. */
+static reshard_status_t comm_exchange_hellos(struct reshard_comm *c, const struct rs_topo *parent)
 {
     struct comm_hello *h = rs_calloc((size_t)c->size, sizeof(*h), "hello");
-    char *addrs = NULL;
+    const unsigned char **addr = h ? rs_calloc((size_t)c->size, sizeof(*addr), "hello") : NULL;
+    unsigned char *present = addr ? rs_calloc((size_t)c->size, 1, "hello") : NULL, *all = NULL;
+    unsigned char mine[COMM_ADDR_MAX];
+    size_t len = sizeof(mine);
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
-    if (!h)
-        return st;
-    struct comm_hello *me = &h[c->rank];
-    gethostname(me->host, sizeof(me->host) - 1);
-    RS_CHECK_GOTO(comm_local_open(c, &me->local), st, free_hellos);
-    me->domain = (int32_t)rs_param_int(RS_PARAM_DOMAIN);
-    char addr[COMM_ADDR_MAX];
-    size_t len = sizeof(addr);
-    RS_CHECK_GOTO(c->net->ops->address(c->net, -1, addr, &len), st, free_hellos);
-    me->addr_len = (uint32_t)len;
-    snprintf(me->transport, sizeof(me->transport), "%s", c->net->ops->name);
-    me->spare = c->spare;
-    RS_CHECK_GOTO(comm_allgather(c, h, sizeof(*h)), st, free_hellos);
-    size_t slot = 0;
-    int first = c->member[0];
-    for (int r = 0; r < c->size; r++) {
-        if (!comm_has(c, r))
-            continue;
-        if (strncmp(h[r].transport, h[first].transport, sizeof(h[r].transport))) {
-            st = rs_error(RESHARD_ERR_UNAVAILABLE,
-                          "rank %d runs the %.8s transport, rank %d %.8s: set RESHARD_TRANSPORT "
-                          "to the same value everywhere (auto takes ib only where an RDMA port "
-                          "is active)",
-                          r, h[r].transport, first, h[first].transport);
-            goto free_hellos;
-        }
-        if (h[r].addr_len > COMM_ADDR_MAX) { /* every rank sees the same: all fail alike */
-            st = rs_error(RESHARD_ERR_INTERNAL, "rank %d announced a %u-byte address (at most %d)",
-                          r, h[r].addr_len, COMM_ADDR_MAX);
-            goto free_hellos;
-        }
-        slot = h[r].addr_len > slot ? h[r].addr_len : slot;
+    if (!present)
+        goto free_hellos;
+    RS_CHECK_GOTO(c->net->ops->address(c->net, -1, mine, &len), st, free_hellos);
+    RS_CHECK_GOTO(my_hello(c, &h[c->rank]), st, free_hellos);
+    h[c->rank].addr_len = (uint32_t)len;
+    uint32_t slot = (uint32_t)len;
+    RS_CHECK_GOTO(boot_allreduce(c->boot, &slot, sizeof(slot), max_u32, NULL), st, free_hellos);
+    if (slot > COMM_ADDR_MAX) { /* every rank sees the same: all fail alike */
+        st = rs_error(RESHARD_ERR_INTERNAL, "a rank announced a %u-byte address (at most %d)", slot,
+                      COMM_ADDR_MAX);
+        goto free_hellos;
     }
-    if (!(addrs = rs_calloc((size_t)c->size, slot, "addresses"))) {
+    size_t rec = COMM_HELLO_BYTES + ((size_t)slot + 7) / 8 * 8;
+    if (!(all = rs_calloc((size_t)c->size, rec, "hellos"))) {
         st = RESHARD_ERR_NO_MEMORY;
         goto free_hellos;
     }
-    memcpy(addrs + (size_t)c->rank * slot, addr, len);
-    RS_CHECK_GOTO(comm_allgather(c, addrs, slot), st, free_addrs);
-    for (int r = 0; r < c->size; r++) {
-        c->spares[r] = h[r].spare;
+    comm_hello_put(all + (size_t)c->rank * rec, &h[c->rank]);
+    memcpy(all + (size_t)c->rank * rec + COMM_HELLO_BYTES, mine, len);
+    RS_CHECK_GOTO(comm_allgather(c, all, rec), st, free_all);
+    for (int r = 0; r < c->size; r++)
+        present[r] = comm_has(c, r) != 0;
+    RS_CHECK_GOTO(comm_hello_decode(all, rec, c->size, present, h, addr), st, free_all);
+    for (int r = 0; r < c->size; r++)
         if (r != c->rank && comm_has(c, r))
-            RS_CHECK_GOTO(c->net->ops->set_peer(c->net, r, addrs + (size_t)r * slot, h[r].addr_len),
-                          st, free_addrs);
-    }
+            RS_CHECK_GOTO(c->net->ops->set_peer(c->net, r, addr[r], h[r].addr_len), st, free_all);
     number_hosts(c, h, c->node);
     st = parent ? inherit_topo(c, parent) : make_topo(c, h);
     if (st == RESHARD_OK) /* c->pid: only the pids the kernel confirmed */
         st = comm_local_verify(c, &h->local, sizeof(*h));
-free_addrs:
-    free(addrs);
+free_all:
+    free(all);
 free_hellos:
+    free(present);
+    free(addr);
     free(h);
     return st;
 }
@@ -183,7 +179,7 @@ struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
     c->node = rs_calloc((size_t)size, sizeof(*c->node), "nodes");
     c->member = rs_calloc((size_t)size, sizeof(*c->member), "members");
     c->boot_of = rs_calloc((size_t)size, sizeof(*c->boot_of), "members");
-    c->spares = rs_calloc((size_t)size, sizeof(*c->spares), "spare ids");
+    c->spares = rs_calloc((size_t)size, sizeof(*c->spares), "listener ids");
     if (!c->pid || !c->node || !c->member || !c->boot_of || !c->spares) {
         comm_destroy(c);
         return NULL;
@@ -206,14 +202,18 @@ reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent)
     reshard_status_t st = tp_pick(&ops);
     if (st == RESHARD_OK)
         st = ops->init(&cfg, &c->net);
+    /* The local path names its sockets after the bootstrap's listeners. */
+    for (int r = 0; st == RESHARD_OK && r < c->size; r++)
+        if (comm_has(c, r))
+            st = boot_listener_id(c->boot, c->boot_of[r], &c->spares[r]);
     if (st == RESHARD_OK)
-        st = boot_spare_id(c->boot, &c->spare);
+        c->spare = c->spares[c->rank];
     if (st != RESHARD_OK) {
         /* The others would wait for our address until they time out: tell them now. */
         boot_abort(c->boot, st, rs_error_message());
         return st;
     }
-    RS_CHECK(comm_exchange_hellos_and_addresses(c, parent));
+    RS_CHECK(comm_exchange_hellos(c, parent));
     rs_log(RS_LOG_INFO, "comm: rank %d of %d (%d present), %d domains, network transport %s",
            c->rank, c->size, c->nmembers, c->topo.t.ndomains, c->net->ops->name);
     return RESHARD_OK;
@@ -426,7 +426,6 @@ void comm_destroy(struct reshard_comm *c)
     free(c->staging);
     free(c->free_slots);
     boot_close(c->boot);
-    boot_id_release(&c->spare);
     topo_free(&c->topo.t);
     free(c->pid);
     free(c->node);

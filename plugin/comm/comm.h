@@ -14,7 +14,7 @@
 #include <stdatomic.h>
 #include <sys/types.h>
 
-#define COMM_HOST_MAX 64
+#define COMM_HOST_MAX 256
 
 struct reshard_comm {
     int rank, size; /* ranks keep their numbers when the communicator shrinks */
@@ -23,9 +23,11 @@ struct reshard_comm {
     int nmembers;
     int *member, *boot_of;
     int local_rank;
-    uint32_t shrinks;       /* generations since the first communicator: salts the next id */
-    struct boot_id spare;   /* where this rank would meet the others as the next root */
-    struct boot_id *spares; /* [size]: everyone's */
+    uint32_t shrinks; /* generations since the first communicator: salts the next id */
+    /* Where each rank's bootstrap listener is (an id with no secret, never joined: names the
+     * local path's sockets, comm_local.h), filled from the bootstrap once it formed. */
+    struct boot_id spare;
+    struct boot_id *spares; /* [size] */
     struct boot *boot;
     void *nccl; /* the NCCL communicator it was made from (reshard_comm_init_nccl), or NULL */
     struct reshard_topo topo;
@@ -67,7 +69,8 @@ reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int l
 reshard_status_t comm_create_nccl(void *nccl_comm, struct reshard_comm **out);
 /* Collective over the ranks of c not in exclude[n]: a communicator of those ranks, with their
  * numbers, c's topology (the others absent) and a new bootstrap and network context, met at
- * the lowest remaining rank's spare listener. c may have failed; it stays as it is. */
+ * the listener the lowest remaining rank has held since c formed. c may have failed; it stays
+ * as it is. */
 reshard_status_t comm_shrink(struct reshard_comm *c, const int *exclude, int n,
                              struct reshard_comm **out);
 /* Whether this rank may write host memory of local peer `rank` (cross-memory attach): the

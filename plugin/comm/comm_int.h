@@ -1,9 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* What the communicator's life (comm.c) lends its shrink (comm_shrink.c). */
+/* What the communicator's life (comm.c) lends its shrink (comm_shrink.c), and the hello every
+ * rank sends when a communicator forms (comm_hello.c). */
 #ifndef RS_COMM_INT_H
 #define RS_COMM_INT_H
 
 #include "comm.h"
+#include "comm_local.h"
+
+#include <stddef.h>
+#include <stdint.h>
 
 /* A communicator of `size` ranks, every one a member until the caller says otherwise; NULL
  * when out of memory. */
@@ -11,5 +16,34 @@ struct reshard_comm *comm_alloc(int rank, int size, int local_rank);
 /* With the bootstrap up: the network context, then the exchange that forms the communicator
  * (its topology from the hellos, or parent's when not NULL). */
 reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent);
+
+/* ---- the hello (comm_hello.c) ---- */
+
+#define COMM_ADDR_MAX 4096
+/* On the wire (BE): host key 8, domain 4, pid 4, address length 4, transport 8, local token
+ * 16, zero 4; then the transport address, in a slot as long as the longest of any rank. */
+#define COMM_HELLO_BYTES 48
+
+/* What every rank tells the others when the communicator forms: what the topology needs (a key
+ * of its hostname, its RESHARD_DOMAIN), what the local path needs (its pid, and a random token
+ * that only the job's members see), and its transport and address. */
+struct comm_hello {
+    uint64_t host;  /* comm_host_key of its hostname */
+    int32_t domain; /* RESHARD_DOMAIN, or -1 */
+    uint32_t addr_len;
+    char transport[8];             /* NUL-terminated: every rank must run the same one */
+    struct comm_local_hello local; /* pid and token: believed only once verified */
+};
+
+/* A 64-bit key of a hostname (FNV-1a): ranks with equal keys share a host. */
+uint64_t comm_host_key(const char *name);
+void comm_hello_put(unsigned char *w, const struct comm_hello *h);
+/* The allgathered records (size of them, rec bytes each: COMM_HELLO_BYTES and an address slot)
+ * into h[] for every rank with present[r] set, each checked before use: an address longer than
+ * its slot, a transport name that is not one, a domain below -1, or a transport other than the
+ * first present rank's fail naming the rank. addr[r] then points into all. */
+reshard_status_t comm_hello_decode(const unsigned char *all, size_t rec, int size,
+                                   const unsigned char *present, struct comm_hello *h,
+                                   const unsigned char **addr);
 
 #endif

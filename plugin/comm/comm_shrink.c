@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Shrinking a communicator: the ranks that stay form a new one with their old numbers, the
- * parent's domains (the others absent), and a bootstrap met at the lowest member's spare
- * listener under a secret salted with who stays and how often the job shrank.
+ * parent's domains (the others absent), and a bootstrap met at the listener the lowest member
+ * has held since the parent formed, under the parent's secret salted with who stays and how
+ * often the job shrank (boot_group_id): nothing needs to be exchanged first, so a parent that
+ * failed still serves.
  */
 #include "comm.h"
 #include "comm_int.h"
@@ -49,13 +51,14 @@ reshard_status_t comm_shrink(struct reshard_comm *old, const int *exclude, int n
         goto err_destroy_comm;
     memcpy(salt, &c->shrinks, sizeof(uint32_t));
     memcpy(salt + sizeof(uint32_t), c->member, (size_t)c->nmembers * sizeof(int));
-    st = boot_id_derive(&old->spares[c->member[0]], salt, salt_len, &id);
+    st = boot_group_id(old->boot, old->boot_of[c->member[0]], salt, salt_len, &id);
     free(salt);
     if (st != RESHARD_OK)
         goto err_destroy_comm;
-    RS_CHECK_GOTO(boot_init_labeled(&id, c->boot_of[c->rank], c->nmembers, c->member,
-                                    comm_timeout_ms(), &c->boot),
-                  st, err_destroy_comm);
+    st = boot_init_labeled(&id, c->boot_of[c->rank], c->nmembers, c->member, comm_timeout_ms(),
+                           &c->boot);
+    boot_id_release(&id); /* the lowest member's listener, if its rendezvous did not take it */
+    RS_CHECK_GOTO(st, st, err_destroy_comm);
     RS_CHECK_GOTO(comm_join(c, &old->topo.t), st, err_destroy_comm);
     *out = c;
     return RESHARD_OK;

@@ -1,7 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The bootstrap object (struct boot) once its ranks have met: its collectives (allgather,
- * bcast, barrier) as a star through rank 0, and the spreading of a failure to the other ranks
- * (boot_fail, boot_abort, boot_check) so that they fail fast instead of timing out. */
+/*
+ * The bootstrap object (struct boot) once its ranks have met, and its collectives over the
+ * tree: each gathers or reduces up the tree to rank 0 and sends the result down it, so that a
+ * rank talks only to its parent and its few children, and no rank relays every other's bytes to
+ * every other (rank 0 sends fan-out times the result, not size times). A turn's steps wait on
+ * the children longer the higher a rank stands, and on the parent longer the deeper it stands
+ * (boot_tree.c), so that the rank next to a stalled one gives up first and names it.
+ */
 #include "boot_int.h"
 
 #include "base/clock.h"
@@ -10,11 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* How long telling the others of a failure may take. */
-#define BOOT_ABORT_MAX_MS 1000
-/* The most a peer waits past its deadline for rank 0's verdict. */
-#define BOOT_PEER_GRACE_MAX 5000
-
 /* ---- the object ---- */
 
 struct boot *boot_alloc(int rank, int size, const int *label, int timeout_ms)
@@ -22,22 +22,39 @@ struct boot *boot_alloc(int rank, int size, const int *label, int timeout_ms)
     struct boot *b = rs_calloc(1, sizeof(*b), "bootstrap");
     if (!b)
         return NULL;
-    b->conns = rs_calloc((size_t)size, sizeof(*b->conns), "bootstrap connections");
-    b->label = rs_calloc((size_t)size, sizeof(*b->label), "bootstrap connections");
-    if (!b->conns || !b->label) {
-        free(b->conns);
-        free(b->label);
+    b->label = rs_calloc((size_t)size, sizeof(*b->label), "bootstrap labels");
+    if (!b->label) {
         free(b);
         return NULL;
     }
-    for (int r = 0; r < size; r++) {
-        b->conns[r].fd = -1;
+    for (int r = 0; r < size; r++)
         b->label[r] = label ? label[r] : r;
-    }
     b->rank = rank;
     b->size = size;
     b->timeout_ms = timeout_ms;
+    b->lfd = -1;
     return b;
+}
+
+reshard_status_t boot_alloc_tree(struct boot *b)
+{
+    b->nb = rs_calloc((size_t)b->nchildren + 1, sizeof(*b->nb), "bootstrap connections");
+    b->sub = b->nb ? rs_calloc((size_t)b->nsub, sizeof(*b->sub), "bootstrap subtree") : NULL;
+    if (!b->sub) {
+        free(b->nb);
+        b->nb = NULL;
+        return RESHARD_ERR_NO_MEMORY;
+    }
+    for (int i = 0; i <= b->nchildren; i++)
+        b->nb[i] = (struct boot_conn){.fd = -1, .rank = -1};
+    /* A child's subtree follows this rank's own place, children in slot order. */
+    for (int i = 0, off = 1; i < b->nchildren; i++) {
+        b->nb[1 + i].sub_off = off;
+        b->nb[1 + i].sub_len = boot_tree_subtree(b->first_child + i, b->size, b->fanout);
+        off += b->nb[1 + i].sub_len;
+    }
+    b->sub[0] = b->rank;
+    return RESHARD_OK;
 }
 
 void boot_set_cancel(struct boot *b, const atomic_int *flag)
@@ -60,118 +77,104 @@ const char *boot_refusal(const struct boot *b)
     return b ? b->refusal : "";
 }
 
+void boot_bytes(const struct boot *b, uint64_t *sent, uint64_t *received)
+{
+    *sent = b->sent;
+    *received = b->received;
+}
+
+void boot_stats(const struct boot *b, struct boot_stats *out)
+{
+    *out = (struct boot_stats){.children = b->nchildren,
+                               .depth = b->depth,
+                               .tree_height = b->tree_height,
+                               .form_sent = b->form_sent,
+                               .form_received = b->form_received};
+    out->sockets = b->lfd >= 0;
+    for (int i = 0; b->nb && i <= b->nchildren; i++)
+        out->sockets += b->nb[i].fd >= 0;
+}
+
+const char *boot_listener_addr(const struct boot *b, int rank, char *buf, size_t n)
+{
+    union sock_addr a;
+    if (!b || !b->addrs || rank < 0 || rank >= b->size ||
+        boot_addr_get(b->addrs + (size_t)rank * BOOT_ADDR_BYTES, &a) != 0) {
+        snprintf(buf, n, "%s", "");
+        return buf;
+    }
+    return sock_addr_str(&a, buf, n);
+}
+
 void boot_close(struct boot *b)
 {
     if (!b)
         return;
-    for (int r = 0; r < b->size; r++)
-        sock_close(&b->conns[r].fd);
-    free(b->conns);
+    for (int i = 0; b->nb && i <= b->nchildren; i++)
+        sock_close(&b->nb[i].fd);
+    sock_close(&b->lfd);
+    free(b->nb);
+    free(b->sub);
+    free(b->addrs);
     free(b->label);
     free(b);
 }
 
 /* ---- moving frames ---- */
 
-static int boot_min_int(int a, int b)
-{
-    return a < b ? a : b;
-}
-
-static int boot_peer_grace(const struct boot *b)
-{
-    return boot_min_int(b->timeout_ms / 4, BOOT_PEER_GRACE_MAX);
-}
-
-reshard_status_t boot_coll_transfer(struct boot_coll *c, int only, int skip, int send, uint64_t len,
-                                    unsigned char *base, size_t stride)
+reshard_status_t boot_coll_legs(struct boot_coll *c, const struct boot_leg *legs, int n, int send,
+                                int64_t deadline)
 {
     struct boot *b = c->b;
-    int first = only >= 0 ? only : 1, last = only >= 0 ? only : b->size - 1, n = 0, failed;
-    struct sock_xfer *x = rs_calloc((size_t)(last - first + 1), sizeof(*x), "bootstrap transfers");
+    int failed = -1;
+    if (n == 0)
+        return RESHARD_OK;
+    struct sock_xfer *x = rs_calloc((size_t)n, sizeof(*x), "bootstrap transfers");
     if (!x)
         return RESHARD_ERR_NO_MEMORY;
-    struct sock_frame_hdr hdr = c->hdr;
-    /* A peer waiting on rank 0 waits a little longer than rank 0 waits on anyone, so that it
-     * hears which rank rank 0 gave up on, rather than timing out on its own. */
-    int64_t deadline = c->deadline + (b->rank != 0 && !send ? boot_peer_grace(b) : 0);
-    hdr.len = len;
-    for (int r = first; r <= last; r++)
-        if (r != skip)
-            sock_xfer_init(&x[n++], b->conns[r].fd, b->conns[r].name, send, hdr,
-                           base + (size_t)r * stride);
+    for (int i = 0; i < n; i++) {
+        struct sock_frame_hdr hdr = c->hdr;
+        struct boot_conn *nb = &b->nb[legs[i].nb];
+        hdr.len = legs[i].len;
+        sock_xfer_init(&x[i], nb->fd, nb->name, send, hdr, legs[i].data);
+    }
     reshard_status_t st =
         sock_xfer_run_cancel(x, n, deadline, b->timeout_ms, c->what, b->cancel, &failed, &c->err);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         *(send ? &b->sent : &b->received) += x[i].hdr_done + x[i].done;
-    /* The same walk as above, to find each transfer's connection again. */
-    for (int r = first, i = 0; r <= last; r++)
-        if (r != skip && sock_xfer_torn(&x[i++]) && send)
-            b->conns[r].send_torn = 1;
+        if (send && sock_xfer_torn(&x[i]))
+            b->nb[legs[i].nb].send_torn = 1;
+    }
+    if (st != RESHARD_OK && failed >= 0)
+        c->from = legs[failed].nb;
     free(x);
     return st;
 }
 
-/* ---- failure spreading ---- */
-
-/* Whether rank r hears of a failure of `origin` (a label) from this rank. */
-static int boot_told(const struct boot *b, int r, int origin)
+/* One frame with the parent. */
+static reshard_status_t boot_coll_parent(struct boot_coll *c, int send, uint64_t len, void *data)
 {
-    return b->conns[r].fd >= 0 && !b->conns[r].send_torn && b->label[r] != origin && r != b->rank;
+    struct boot_leg leg = {0, len, data};
+    return boot_coll_legs(c, &leg, 1, send, boot_deadline_parent(c->b, c->deadline));
 }
 
-/* Tells the ranks this one talks to that `origin` (by its label) failed, so that they fail now
- * rather than at their timeout: rank 0 tells every peer but the origin, a peer tells rank 0 (which
- * forwards it). Best effort, within BOOT_ABORT_MAX_MS; the thread's message is left alone. */
-static void boot_tell_others(struct boot *b, int origin, reshard_status_t st, const char *text)
+/* One frame with each child but `skip` (an nb index, or -1), each child's at data[i]
+ * (children) or all the same (send_all). */
+static reshard_status_t boot_coll_children(struct boot_coll *c, int send, uint64_t len,
+                                           unsigned char *const *data, unsigned char *all, int skip)
 {
-    unsigned char payload[8 + SOCK_FRAME_TEXT_MAX];
-    struct sock_frame_hdr hdr = {.type = SOCK_FRAME_ERROR,
-                                 .len = sock_frame_put_error(payload, origin, st, text)};
-    int64_t deadline = rs_now_ms() + boot_min_int(b->timeout_ms, BOOT_ABORT_MAX_MS);
-    struct rs_saved_error saved;
-    int n = 0, failed;
-    rs_error_save(&saved); /* best-effort sends must not replace the error being reported */
-    struct sock_xfer *x = rs_calloc((size_t)b->size, sizeof(*x), "bootstrap failure reports");
-    if (!x) {
-        rs_error_restore(&saved);
-        return;
-    }
-    for (int r = 0; r < b->size; r++) {
-        struct boot_conn *c = &b->conns[r];
-        if (boot_told(b, r, origin)) {
-            /* What the peer sent may lie unread after a failure: do not take it for a reply. */
-            sock_xfer_init(&x[n], c->fd, c->name, 1, hdr, payload);
-            x[n++].listen = 0;
-        }
-    }
-    /* One peer failing to take it must not keep the others from hearing. */
-    while (sock_xfer_run(x, n, deadline, BOOT_ABORT_MAX_MS, "abort", &failed, NULL) != RESHARD_OK &&
-           failed >= 0 && rs_now_ms() < deadline)
-        x[failed].finished = 1;
-    for (int r = 0, i = 0; r < b->size; r++)
-        if (boot_told(b, r, origin) && sock_xfer_torn(&x[i++]))
-            b->conns[r].send_torn = 1;
-    free(x);
-    rs_error_restore(&saved);
-}
-
-/* An exchange failed on this rank: the bootstrap is unusable from now on, and the others are
- * told. A failure another rank reported (err->origin >= 0) is forwarded by rank 0 and kept
- * quiet by a peer, which heard it from rank 0. */
-reshard_status_t boot_fail(struct boot *b, reshard_status_t st, const struct sock_frame_error *err)
-{
-    struct rs_saved_error msg;
-    rs_error_save(&msg);
-    if (st == RESHARD_ERR_REMOTE && err && err->origin >= 0) {
-        if (b->rank == 0)
-            boot_tell_others(b, err->origin, err->status, err->text);
-    } else {
-        boot_tell_others(b, b->label[b->rank], st, msg.msg);
-    }
-    b->failed = st;
-    snprintf(b->fail_msg, sizeof(b->fail_msg), "%s", msg.msg);
-    return rs_error(st, "%s", msg.msg);
+    struct boot *b = c->b;
+    struct boot_leg legs[BOOT_FANOUT_MAX];
+    int n = 0;
+    for (int i = 0; i < b->nchildren; i++)
+        if (1 + i != skip)
+            legs[n++] = (struct boot_leg){1 + i, data ? (uint64_t)b->nb[1 + i].sub_len * len : len,
+                                          data ? data[i] : all};
+    /* Receiving from the children is the step nearest a stall; sending to them waits as long
+     * as they wait for this rank. */
+    int64_t until = send ? boot_deadline_parent(b, c->deadline) + BOOT_LEVEL_MS
+                         : boot_deadline_children(b, c->deadline);
+    return boot_coll_legs(c, legs, n, send, until);
 }
 
 /* ---- collectives ---- */
@@ -190,40 +193,78 @@ static reshard_status_t boot_coll_begin(struct boot *b, enum sock_frame_op op, c
     if (bytes && !buf)
         return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: %s of %zu bytes from a NULL buffer",
                         sock_frame_op_name(op), bytes);
-    if (bytes > SIZE_MAX / (size_t)slots)
+    if (bytes > SIZE_MAX / 2 / (size_t)slots)
         return rs_error(RESHARD_ERR_TOO_LARGE, "bootstrap: %s of %d x %zu bytes overflows",
                         sock_frame_op_name(op), slots, bytes);
     b->seq++;
     *c = (struct boot_coll){.b = b,
                             .hdr = {.type = SOCK_FRAME_DATA, .op = (uint16_t)op, .seq = b->seq},
                             .deadline = rs_now_ms() + b->timeout_ms,
-                            .err = {.origin = -1}};
+                            .err = {.origin = -1},
+                            .from = -1};
     snprintf(c->what, sizeof(c->what), "%s #%u on rank %d", sock_frame_op_name(op), b->seq,
              b->label[b->rank]);
     return RESHARD_OK;
 }
 
-/* Star through rank 0: it collects every slot, then sends the whole array to each peer. */
+/* Up the tree: this rank's subtree's slots, in its sub[] order, into up (nsub * bytes), its own
+ * first. */
+static reshard_status_t boot_gather_up(struct boot_coll *c, const unsigned char *mine,
+                                       unsigned char *up, size_t bytes)
+{
+    struct boot *b = c->b;
+    unsigned char *into[BOOT_FANOUT_MAX];
+    memcpy(up, mine, bytes);
+    for (int i = 0; i < b->nchildren; i++)
+        into[i] = up + (size_t)b->nb[1 + i].sub_off * bytes;
+    RS_CHECK(boot_coll_children(c, 0, bytes, into, NULL, -1));
+    if (b->slot != 0)
+        RS_CHECK(boot_coll_parent(c, 1, (uint64_t)b->nsub * bytes, up));
+    return RESHARD_OK;
+}
+
+/* Rank 0 has every slot (all of them in sub[] order in up): into buf by rank. Every rank's
+ * appears once in sub[], which the tree's forming checked. */
+static void boot_scatter_all(const struct boot *b, const unsigned char *up, unsigned char *buf,
+                             size_t bytes)
+{
+    for (int i = 0; i < b->nsub; i++)
+        memcpy(buf + (size_t)b->sub[i] * bytes, up + (size_t)i * bytes, bytes);
+}
+
+/* Down the tree: buf (len bytes) from the parent, then to every child but skip. */
+static reshard_status_t boot_down(struct boot_coll *c, unsigned char *buf, uint64_t len, int skip,
+                                  int from_parent)
+{
+    if (from_parent)
+        RS_CHECK(boot_coll_parent(c, 0, len, buf));
+    return boot_coll_children(c, 1, len, NULL, buf, skip);
+}
+
 static reshard_status_t boot_gather_all(struct boot *b, void *buf, size_t bytes,
                                         enum sock_frame_op op)
 {
     static unsigned char none;
-    unsigned char *base = buf ? buf : &none;
+    unsigned char *base = buf ? buf : &none, *up = NULL;
     struct boot_coll c;
     reshard_status_t st;
     RS_CHECK(boot_coll_begin(b, op, buf, bytes, b ? b->size : 1, &c));
-    size_t all = bytes * (size_t)b->size;
-    if (b->rank == 0) {
-        RS_CHECK_GOTO(boot_coll_transfer(&c, -1, -1, 0, bytes, base, bytes), st, err_tell_others);
-        RS_CHECK_GOTO(boot_coll_transfer(&c, -1, -1, 1, all, base, 0), st, err_tell_others);
-    } else {
-        RS_CHECK_GOTO(boot_coll_transfer(&c, 0, -1, 1, bytes, base + (size_t)b->rank * bytes, 0),
-                      st, err_tell_others);
-        RS_CHECK_GOTO(boot_coll_transfer(&c, 0, -1, 0, all, base, 0), st, err_tell_others);
+    if (bytes && !(up = rs_calloc((size_t)b->nsub, bytes, "bootstrap allgather"))) {
+        st = RESHARD_ERR_NO_MEMORY;
+        goto err_tell_others;
     }
+    RS_CHECK_GOTO(boot_gather_up(&c, base + (size_t)b->rank * bytes, up ? up : &none, bytes), st,
+                  err_free_up);
+    if (b->slot == 0 && bytes)
+        boot_scatter_all(b, up, base, bytes);
+    RS_CHECK_GOTO(boot_down(&c, base, (uint64_t)b->size * bytes, -1, b->slot != 0), st,
+                  err_free_up);
+    free(up);
     return RESHARD_OK;
+err_free_up:
+    free(up);
 err_tell_others:
-    return boot_fail(b, st, &c.err);
+    return boot_fail(b, st, &c.err, c.from);
 }
 
 reshard_status_t boot_allgather(struct boot *b, void *buf, size_t bytes)
@@ -231,41 +272,66 @@ reshard_status_t boot_allgather(struct boot *b, void *buf, size_t bytes)
     return boot_gather_all(b, buf, bytes, SOCK_OP_ALLGATHER);
 }
 
-reshard_status_t boot_allreduce(struct boot *b, void *buf, size_t bytes, boot_combine_fn combine,
-                                void *arg)
-{
-    if (!bytes || !combine)
-        return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: allreduce of %zu bytes%s", bytes,
-                        combine ? "" : " without a combine function");
-    if (bytes > SIZE_MAX / (size_t)b->size)
-        return rs_error(RESHARD_ERR_TOO_LARGE, "bootstrap: allreduce of %zu bytes", bytes);
-    unsigned char *all = rs_calloc((size_t)b->size, bytes, "bootstrap allreduce");
-    if (!all) {
-        boot_abort(b, RESHARD_ERR_NO_MEMORY, "out of memory in an allreduce");
-        return RESHARD_ERR_NO_MEMORY;
-    }
-    memcpy(all + (size_t)b->rank * bytes, buf, bytes);
-    reshard_status_t st = boot_allgather(b, all, bytes);
-    if (st == RESHARD_OK) {
-        memcpy(buf, all, bytes);
-        for (int r = 1; r < b->size; r++)
-            combine(buf, all + (size_t)r * bytes, arg);
-    }
-    free(all);
-    return st;
-}
-
-void boot_bytes(const struct boot *b, uint64_t *sent, uint64_t *received)
-{
-    *sent = b->sent;
-    *received = b->received;
-}
-
 reshard_status_t boot_barrier(struct boot *b)
 {
     return boot_gather_all(b, NULL, 0, SOCK_OP_BARRIER);
 }
 
+reshard_status_t boot_allreduce(struct boot *b, void *buf, size_t bytes, boot_combine_fn combine,
+                                void *arg)
+{
+    struct boot_coll c;
+    reshard_status_t st;
+    if (b && (!bytes || !combine))
+        return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: allreduce of %zu bytes%s", bytes,
+                        combine ? "" : " without a combine function");
+    RS_CHECK(boot_coll_begin(b, SOCK_OP_ALLREDUCE, buf, bytes, BOOT_FANOUT_MAX + 1, &c));
+    unsigned char *in = rs_calloc((size_t)b->nchildren + 1, bytes, "bootstrap allreduce");
+    unsigned char *into[BOOT_FANOUT_MAX];
+    if (!in) {
+        st = RESHARD_ERR_NO_MEMORY;
+        goto err_tell_others;
+    }
+    /* Each child sends its subtree's value: one slot of `bytes`, whatever its size. */
+    struct boot_leg legs[BOOT_FANOUT_MAX];
+    for (int i = 0; i < b->nchildren; i++) {
+        into[i] = in + (size_t)(i + 1) * bytes;
+        legs[i] = (struct boot_leg){1 + i, bytes, into[i]};
+    }
+    RS_CHECK_GOTO(boot_coll_legs(&c, legs, b->nchildren, 0, boot_deadline_children(b, c.deadline)),
+                  st, err_free_in);
+    /* in[0] is this subtree's value so far; buf is written only once the result is in. */
+    memcpy(in, buf, bytes);
+    for (int i = 0; i < b->nchildren; i++)
+        combine(in, into[i], arg);
+    if (b->slot != 0)
+        RS_CHECK_GOTO(boot_coll_parent(&c, 1, bytes, in), st, err_free_in);
+    RS_CHECK_GOTO(boot_down(&c, in, bytes, -1, b->slot != 0), st, err_free_in);
+    memcpy(buf, in, bytes);
+    free(in);
+    return RESHARD_OK;
+err_free_in:
+    free(in);
+err_tell_others:
+    return boot_fail(b, st, &c.err, c.from);
+}
+
+/* The child (nb index) whose subtree holds rank r, 0 when r is this rank, -1 when neither. */
+static int boot_child_toward(const struct boot *b, int r)
+{
+    for (int i = 0; i < b->nsub; i++) {
+        if (b->sub[i] != r)
+            continue;
+        for (int k = 0; k < b->nchildren; k++)
+            if (i >= b->nb[1 + k].sub_off && i < b->nb[1 + k].sub_off + b->nb[1 + k].sub_len)
+                return 1 + k;
+        return 0;
+    }
+    return -1;
+}
+
+/* The root's buffer climbs to rank 0 (each rank on the way takes it from the child toward the
+ * root and hands it to its parent), then spreads down to everyone else. */
 reshard_status_t boot_bcast(struct boot *b, void *buf, size_t bytes, int root)
 {
     static unsigned char none;
@@ -276,76 +342,17 @@ reshard_status_t boot_bcast(struct boot *b, void *buf, size_t bytes, int root)
         return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: bcast root %d is not a rank of %d",
                         root, b->size);
     RS_CHECK(boot_coll_begin(b, SOCK_OP_BCAST, buf, bytes, 1, &c));
-    if (b->rank == 0) {
-        /* A root other than 0 hands its buffer to rank 0, which passes it on. */
-        if (root != 0)
-            RS_CHECK_GOTO(boot_coll_transfer(&c, root, -1, 0, bytes, base, 0), st, err_tell_others);
-        RS_CHECK_GOTO(boot_coll_transfer(&c, -1, root, 1, bytes, base, 0), st, err_tell_others);
-    } else {
-        RS_CHECK_GOTO(boot_coll_transfer(&c, 0, -1, b->rank == root, bytes, base, 0), st,
+    int toward = boot_child_toward(b, root);
+    if (toward > 0) {
+        struct boot_leg leg = {toward, bytes, base};
+        RS_CHECK_GOTO(boot_coll_legs(&c, &leg, 1, 0, boot_deadline_children(b, c.deadline)), st,
                       err_tell_others);
     }
+    if (toward >= 0 && b->slot != 0)
+        RS_CHECK_GOTO(boot_coll_parent(&c, 1, bytes, base), st, err_tell_others);
+    RS_CHECK_GOTO(boot_down(&c, base, bytes, toward > 0 ? toward : -1, toward < 0), st,
+                  err_tell_others);
     return RESHARD_OK;
 err_tell_others:
-    return boot_fail(b, st, &c.err);
-}
-
-/* ---- failures seen between collectives ---- */
-
-void boot_abort(struct boot *b, reshard_status_t st, const char *msg)
-{
-    if (!b || b->failed)
-        return;
-    if (!msg)
-        msg = rs_status_string(st);
-    boot_tell_others(b, b->label[b->rank], st, msg);
-    b->failed = st != RESHARD_OK ? st : RESHARD_ERR_INTERNAL;
-    snprintf(b->fail_msg, sizeof(b->fail_msg), "aborted here: %s", msg);
-}
-
-/* What boot_check heard (the thread's message) ends this bootstrap. */
-static reshard_status_t boot_check_failed(struct boot *b, reshard_status_t st,
-                                          const struct rs_saved_error *why)
-{
-    b->failed = st;
-    snprintf(b->fail_msg, sizeof(b->fail_msg), "%s", sock_msg_body(why->msg));
-    return rs_error(st, "%s", why->msg);
-}
-
-reshard_status_t boot_check(struct boot *b)
-{
-    if (!b)
-        return RESHARD_OK;
-    if (b->failed)
-        return rs_error(b->failed, "bootstrap: %s", b->fail_msg);
-    for (int r = 0; r < b->size; r++) {
-        struct boot_conn *c = &b->conns[r];
-        unsigned char w[SOCK_FRAME_HDR_BYTES];
-        struct sock_frame_hdr h;
-        struct rs_saved_error why;
-        int n = sock_peek(c->fd, w, sizeof(w));
-        if (n == 0) { /* a rank leaves only through a barrier, or after a failure: it died */
-            reshard_status_t st = rs_error(
-                RESHARD_ERR_NETWORK, "bootstrap: %s closed the connection (did it die?)", c->name);
-            rs_error_save(&why);
-            if (b->rank == 0)
-                boot_tell_others(b, b->label[r], st, why.msg);
-            return boot_check_failed(b, st, &why);
-        }
-        if (n != (int)sizeof(w) || sock_frame_get_hdr(w, &h) != 0 || h.type != SOCK_FRAME_ERROR)
-            continue;
-        struct sock_xfer x;
-        struct sock_frame_error err = {.origin = -1};
-        int failed;
-        sock_xfer_init(&x, c->fd, c->name, 0, (struct sock_frame_hdr){0}, NULL);
-        reshard_status_t st = sock_xfer_run(&x, 1, rs_now_ms() + BOOT_ABORT_MAX_MS,
-                                            BOOT_ABORT_MAX_MS, "failure report", &failed, &err);
-        if (st == RESHARD_OK) /* (cannot be: an ERROR frame ends as a failure) */
-            continue;
-        rs_error_save(&why);
-        if (b->rank == 0 && err.origin >= 0)
-            boot_tell_others(b, err.origin, err.status, err.text);
-        return boot_check_failed(b, st, &why);
-    }
-    return RESHARD_OK;
+    return boot_fail(b, st, &c.err, c.from);
 }

@@ -3,6 +3,7 @@
  * rank 0's address, read from what torchrun, Open MPI or Slurm set. */
 #include "boot_int.h"
 
+#include "base/log.h"
 #include "base/param.h"
 
 #include <errno.h>
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct boot_launcher {
     const char *name, *rank, *size, *local_rank, *local_size;
@@ -134,16 +136,49 @@ static reshard_status_t boot_env_master(const struct boot_launcher *l, char *hos
     return boot_env_int(l, "MASTER_PORT", 1, 0, 1, 65535, port);
 }
 
-/* Every rank of one job derives the same string, and a rank of another job a different one. */
-static void boot_env_secret(const struct boot_launcher *l, const char *host, int port, int size,
-                            unsigned char *secret)
+/* The longest secret RESHARD_SECRET_FILE may hold. */
+#define BOOT_SECRET_FILE_MAX 4096
+
+/* The contents of RESHARD_SECRET_FILE (one trailing newline dropped) into buf. */
+static reshard_status_t boot_env_secret_file(const char *path, char *buf, size_t cap, size_t *n)
 {
-    const char *configured = rs_param_str(RS_PARAM_SECRET);
+    FILE *f = fopen(path, "re");
+    struct stat sb;
+    if (!f)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: RESHARD_SECRET_FILE=%s: %m", path);
+    size_t k = fread(buf, 1, cap, f);
+    int bad = ferror(f), more = !bad && fgetc(f) != EOF;
+    if (fstat(fileno(f), &sb) != 0)
+        sb.st_mode = 0;
+    fclose(f);
+    if (bad)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: RESHARD_SECRET_FILE=%s: read failed",
+                        path);
+    if (more)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "bootstrap: RESHARD_SECRET_FILE=%s holds more than %zu bytes", path, cap);
+    if (k > 0 && buf[k - 1] == '\n')
+        k--;
+    if (k == 0)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "bootstrap: RESHARD_SECRET_FILE=%s is empty: it must hold the job's secret",
+                        path);
+    if (sb.st_mode & (S_IRWXG | S_IRWXO))
+        rs_log(RS_LOG_WARN,
+               "bootstrap: RESHARD_SECRET_FILE=%s can be read by other users (mode %03o): "
+               "chmod 600 it",
+               path, (unsigned)(sb.st_mode & 0777));
+    *n = k;
+    return RESHARD_OK;
+}
+
+/* Without a configured secret, every rank of one job derives the same one from what the
+ * launcher sets: public values, so that anyone who can reach the port can join (said once). */
+static reshard_status_t boot_env_public_secret(const struct boot_launcher *l, const char *host,
+                                               int port, int size, unsigned char *secret)
+{
+    static atomic_int warned;
     char job[256] = "", s[1024];
-    if (configured[0]) {
-        boot_secret_hash(configured, secret);
-        return;
-    }
     if (l == &boot_torchrun && boot_env_get("TORCHELASTIC_RUN_ID"))
         snprintf(job, sizeof(job), "%s", boot_env_get("TORCHELASTIC_RUN_ID"));
     else if (l == &boot_ompi &&
@@ -155,8 +190,39 @@ static void boot_env_secret(const struct boot_launcher *l, const char *host, int
         snprintf(job, sizeof(job), "%s.%s",
                  boot_env_get("SLURM_JOB_ID") ? boot_env_get("SLURM_JOB_ID") : "",
                  boot_env_get("SLURM_STEP_ID") ? boot_env_get("SLURM_STEP_ID") : "");
-    snprintf(s, sizeof(s), "reshard|%s|%s|%s|%d|%d", l->name, job, host, port, size);
-    boot_secret_hash(s, secret);
+    int n = snprintf(s, sizeof(s), "reshard|%s|%s|%s|%d|%d", l->name, job, host, port, size);
+    if (size > 1 && !atomic_exchange(&warned, 1))
+        rs_log(RS_LOG_WARN,
+               "bootstrap: neither RESHARD_SECRET nor RESHARD_SECRET_FILE is set: the job's "
+               "secret is derived from values anyone can read, so anyone who can reach rank 0's "
+               "port (%s:%d) can join this job; give every rank the same secret "
+               "(docs/security.md)",
+               host, port);
+    return size > 1 ? boot_secret_derive(s, (size_t)n, "reshard job secret", secret) : RESHARD_OK;
+}
+
+/* RESHARD_SECRET, else RESHARD_SECRET_FILE, else the public derivation. A job of one rank
+ * admits nobody, so it needs no secret (nor libcrypto). */
+static reshard_status_t boot_env_secret(const struct boot_launcher *l, const char *host, int port,
+                                        int size, unsigned char *secret)
+{
+    const char *configured = rs_param_str(RS_PARAM_SECRET),
+               *file = rs_param_str(RS_PARAM_SECRET_FILE);
+    char buf[BOOT_SECRET_FILE_MAX];
+    size_t n = 0;
+    memset(secret, 0, BOOT_SECRET_BYTES);
+    if (configured[0] && file[0])
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "bootstrap: RESHARD_SECRET and RESHARD_SECRET_FILE are both set: set one");
+    if (!configured[0] && !file[0])
+        return boot_env_public_secret(l, host, port, size, secret);
+    if (file[0])
+        RS_CHECK(boot_env_secret_file(file, buf, sizeof(buf), &n));
+    if (size <= 1)
+        return RESHARD_OK;
+    return configured[0]
+               ? boot_secret_derive(configured, strlen(configured), "reshard job secret", secret)
+               : boot_secret_derive(buf, n, "reshard job secret", secret);
 }
 
 reshard_status_t boot_env_read(struct boot_env *out)
@@ -181,7 +247,7 @@ reshard_status_t boot_env_read(struct boot_env *out)
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "bootstrap: MASTER_PORT=65535 leaves no port for rank 0 (MASTER_PORT+1): "
                         "set RESHARD_BOOT_PORT");
-    boot_env_secret(l, host, port, e.size, secret);
+    RS_CHECK(boot_env_secret(l, host, port, e.size, secret));
     reshard_status_t st = sock_resolve(host, port, &a);
     if (st != RESHARD_OK) {
         char why[RS_ERROR_MAX];
@@ -190,7 +256,9 @@ reshard_status_t boot_env_read(struct boot_env *out)
             st, "bootstrap: %s launch: rank 0's host %s (%s) does not resolve: %s", l->name, host,
             boot_env_get("MASTER_ADDR") ? "MASTER_ADDR" : "first host of the node list", why);
     }
-    boot_id_encode(&a, secret, &e.id);
+    /* Rank 0 opens its listener as it starts to serve it: a connection there that is not
+     * answered at once is not reshard's (boot_dial). */
+    boot_id_encode(&a, secret, BOOT_ID_PROMPT, &e.id);
     *out = e;
     return RESHARD_OK;
 }

@@ -1,22 +1,25 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Bootstrap ids (bootstrap.h): their codec, their secrets, and the registry of the listeners
- * this process opened for them, which its rank 0 takes over. */
+/* Bootstrap ids (bootstrap.h): their codec, their secrets, listener addresses on the wire, and
+ * the registry of the listeners this process opened for them, which its rank 0 takes over. */
 #include "boot_int.h"
 
 #include "base/param.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #define BOOT_ID_MAGIC 0x52534944u /* "RSID" */
 
 /* ---- the codec ---- */
 
-void boot_id_encode(const union sock_addr *a, const unsigned char *secret, struct boot_id *id)
+void boot_id_encode(const union sock_addr *a, const unsigned char *secret, unsigned flags,
+                    struct boot_id *id)
 {
     memset(id, 0, sizeof(*id));
     sock_wire_put(id->bytes, BOOT_ID_MAGIC, 4);
@@ -30,9 +33,11 @@ void boot_id_encode(const union sock_addr *a, const unsigned char *secret, struc
         memcpy(id->bytes + 8, &a->in.sin_addr, 4);
     }
     memcpy(id->bytes + 28, secret, BOOT_SECRET_BYTES);
+    id->bytes[60] = (unsigned char)flags;
 }
 
-int boot_id_decode(const struct boot_id *id, union sock_addr *a, unsigned char *secret)
+int boot_id_decode(const struct boot_id *id, union sock_addr *a, unsigned char *secret,
+                   unsigned *flags)
 {
     const unsigned char *b = id->bytes;
     if (sock_wire_get(b, 4) != BOOT_ID_MAGIC || b[4] != BOOT_VERSION || (b[5] != 4 && b[5] != 6))
@@ -49,13 +54,46 @@ int boot_id_decode(const struct boot_id *id, union sock_addr *a, unsigned char *
     sock_addr_set_port(a, (int)sock_wire_get(b + 6, 2));
     if (secret)
         memcpy(secret, b + 28, BOOT_SECRET_BYTES);
+    if (flags)
+        *flags = b[60];
     return 0;
+}
+
+void boot_addr_put(unsigned char *w, const union sock_addr *a)
+{
+    memset(w, 0, BOOT_ADDR_BYTES);
+    w[0] = a->sa.sa_family == AF_INET6 ? 6 : 4;
+    sock_wire_put(w + 2, (uint64_t)sock_addr_port(a), 2);
+    if (a->sa.sa_family == AF_INET6) {
+        sock_wire_put(w + 4, a->in6.sin6_scope_id, 4);
+        memcpy(w + 8, &a->in6.sin6_addr, 16);
+    } else {
+        memcpy(w + 8, &a->in.sin_addr, 4);
+    }
+}
+
+int boot_addr_get(const unsigned char *w, union sock_addr *a)
+{
+    memset(a, 0, sizeof(*a));
+    if (w[0] == 6) {
+        a->in6.sin6_family = AF_INET6;
+        a->in6.sin6_scope_id = (uint32_t)sock_wire_get(w + 4, 4);
+        memcpy(&a->in6.sin6_addr, w + 8, 16);
+    } else if (w[0] == 4) {
+        a->in.sin_family = AF_INET;
+        memcpy(&a->in.sin_addr, w + 8, 4);
+    } else {
+        return -1;
+    }
+    int port = (int)sock_wire_get(w + 2, 2);
+    sock_addr_set_port(a, port);
+    return port > 0 ? 0 : -1;
 }
 
 const char *boot_id_addr(const struct boot_id *id, char *buf, size_t n)
 {
     union sock_addr a;
-    if (boot_id_decode(id, &a, NULL) != 0) {
+    if (boot_id_decode(id, &a, NULL, NULL) != 0) {
         snprintf(buf, n, "(not a bootstrap id)");
         return buf;
     }
@@ -64,61 +102,23 @@ const char *boot_id_addr(const struct boot_id *id, char *buf, size_t n)
 
 /* ---- secrets ---- */
 
-/* Not cryptographic, and need not be: the secret tells one job's ranks from another's and
- * from stray processes, and crosses the network in clear anyway. Four FNV-1a lanes with
- * distinct seeds, each finished by a 64-bit mixer. */
-static uint64_t boot_lane_seed(int lane)
+reshard_status_t boot_secret_derive(const void *material, size_t n, const char *label,
+                                    unsigned char *out)
 {
-    return 0xcbf29ce484222325ull ^ (uint64_t)(lane + 1) * 0x9e3779b97f4a7c15ull;
+    /* HMAC keyed with the material: any length of it comes to 32 bytes that say nothing of it. */
+    return boot_mac(material, n, label, NULL, 0, out);
 }
 
-static uint64_t boot_lane_byte(uint64_t h, unsigned char c)
+reshard_status_t boot_random(void *p, size_t n)
 {
-    return (h ^ c) * 0x100000001b3ull;
-}
-
-static uint64_t boot_lane_finish(uint64_t h)
-{
-    h = (h ^ h >> 33) * 0xff51afd7ed558ccdull;
-    h = (h ^ h >> 33) * 0xc4ceb9fe1a85ec53ull;
-    return h ^ h >> 33;
-}
-
-void boot_secret_hash(const char *s, unsigned char *out)
-{
-    for (int lane = 0; lane < BOOT_SECRET_BYTES / 8; lane++) {
-        uint64_t h = boot_lane_seed(lane);
-        for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-            h = boot_lane_byte(h, *p);
-        sock_wire_put(out + 8 * lane, boot_lane_finish(h), 8);
-    }
-}
-
-/* The same lanes over a secret and then a salt. */
-static void boot_secret_mix(const unsigned char *secret, const void *salt, size_t n,
-                            unsigned char *out)
-{
-    unsigned char mixed[BOOT_SECRET_BYTES];
-    for (int lane = 0; lane < BOOT_SECRET_BYTES / 8; lane++) {
-        uint64_t h = boot_lane_seed(lane);
-        for (int i = 0; i < BOOT_SECRET_BYTES; i++)
-            h = boot_lane_byte(h, secret[i]);
-        for (size_t i = 0; i < n; i++)
-            h = boot_lane_byte(h, ((const unsigned char *)salt)[i]);
-        sock_wire_put(mixed + 8 * lane, boot_lane_finish(h), 8);
-    }
-    memcpy(out, mixed, BOOT_SECRET_BYTES);
-}
-
-static reshard_status_t boot_random_bytes(unsigned char *p, size_t n)
-{
+    unsigned char *at = p;
     while (n > 0) {
-        ssize_t k = getrandom(p, n, 0);
+        ssize_t k = getrandom(at, n, 0);
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0)
             return rs_error(RESHARD_ERR_NETWORK, "bootstrap: getrandom: %m");
-        p += k;
+        at += k;
         n -= (size_t)k;
     }
     return RESHARD_OK;
@@ -190,9 +190,9 @@ static reshard_status_t boot_id_listen(union sock_addr *a, struct boot_id *out)
     struct boot_id made;
     reshard_status_t st;
     int fd;
-    RS_CHECK(boot_random_bytes(secret, sizeof(secret)));
+    RS_CHECK(boot_random(secret, sizeof(secret)));
     RS_CHECK(sock_listen(a, &fd));
-    boot_id_encode(a, secret, &made);
+    boot_id_encode(a, secret, 0, &made);
     RS_CHECK_GOTO(boot_registry_add(&made, fd), st, err_close);
     *out = made;
     return RESHARD_OK;
@@ -220,46 +220,54 @@ reshard_status_t boot_id_from_addr(const char *host, int port, const char *secre
                                    struct boot_id *id)
 {
     union sock_addr a;
-    unsigned char hashed[BOOT_SECRET_BYTES];
+    unsigned char derived[BOOT_SECRET_BYTES];
     if (!host || !*host || !secret || !id)
         return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: boot_id_from_addr needs a host, a "
                                                  "secret and an id to fill");
     if (port < 1 || port > 65535)
         return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: port %d is not in 1..65535", port);
     RS_CHECK(sock_resolve(host, port, &a));
-    boot_secret_hash(secret, hashed);
-    boot_id_encode(&a, hashed, id);
+    RS_CHECK(boot_secret_derive(secret, strlen(secret), "reshard job secret", derived));
+    boot_id_encode(&a, derived, 0, id);
     return RESHARD_OK;
 }
 
-reshard_status_t boot_id_derive(const struct boot_id *id, const void *salt, size_t n,
-                                struct boot_id *out)
+reshard_status_t boot_listener_id(const struct boot *b, int rank, struct boot_id *out)
+{
+    static const unsigned char none[BOOT_SECRET_BYTES];
+    union sock_addr a;
+    if (!b || rank < 0 || rank >= b->size || !b->addrs ||
+        boot_addr_get(b->addrs + (size_t)rank * BOOT_ADDR_BYTES, &a))
+        return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: no listener of rank %d is known",
+                        rank);
+    boot_id_encode(&a, none, 0, out);
+    return RESHARD_OK;
+}
+
+reshard_status_t boot_group_id(const struct boot *b, int root, const void *salt, size_t n,
+                               struct boot_id *out)
 {
     union sock_addr a;
     unsigned char secret[BOOT_SECRET_BYTES];
-    if (boot_id_decode(id, &a, secret) != 0)
-        return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: not a bootstrap id of this version");
-    boot_secret_mix(secret, salt, n, secret);
     struct boot_id made;
-    boot_id_encode(&a, secret, &made);
-    pthread_mutex_lock(&boot_registry_lock); /* a listener made here now answers to the new id */
-    for (size_t i = 0; i < boot_registry_len; i++)
-        if (memcmp(boot_registry[i].id.bytes, id->bytes, BOOT_ID_BYTES) == 0)
-            boot_registry[i].id = made;
-    pthread_mutex_unlock(&boot_registry_lock);
+    if (!b || root < 0 || root >= b->size || !b->addrs ||
+        boot_addr_get(b->addrs + (size_t)root * BOOT_ADDR_BYTES, &a))
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "bootstrap: no listener of rank %d to meet at (a bootstrap of %d ranks)",
+                        root, b ? b->size : 0);
+    const struct boot_mac_part part = {salt, n};
+    RS_CHECK(boot_mac(b->secret, BOOT_SECRET_BYTES, "reshard group secret", &part, 1, secret));
+    boot_id_encode(&a, secret, 0, &made);
+    if (root == b->rank) { /* this rank serves it: its own listener, as boot_id_create does */
+        int fd = fcntl(b->lfd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0)
+            return rs_error(RESHARD_ERR_NETWORK, "bootstrap: dup of the listener: %m");
+        reshard_status_t st = boot_registry_add(&made, fd);
+        if (st != RESHARD_OK) {
+            close(fd);
+            return st;
+        }
+    }
     *out = made;
     return RESHARD_OK;
-}
-
-reshard_status_t boot_spare_id(const struct boot *b, struct boot_id *id)
-{
-    union sock_addr a;
-    int via = b->rank == 0 ? (b->size > 1 ? 1 : -1) : 0;
-    if (via < 0 || sock_local_addr(b->conns[via].fd, &a) != 0) {
-        memset(&a, 0, sizeof(a));
-        a.in.sin_family = AF_INET; /* alone: nobody will dial it but this process */
-        a.in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    }
-    sock_addr_set_port(&a, 0);
-    return boot_id_listen(&a, id);
 }

@@ -1,215 +1,373 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The rendezvous that makes a bootstrap (boot_init): rank 0 admits the peers that show the
- * job's secret and refuses the rest; every other rank connects to it and says hello. */
+/*
+ * The rendezvous that makes a bootstrap (boot_init): rank 0 admits the ranks that prove they
+ * hold the job's secret and gives each, in order of arrival, its slot in the tree and its
+ * parent; a rank whose parent is not rank 0 then attaches to that parent's listener (proving
+ * itself there too) and closes its connection to rank 0, so that rank 0 never holds more than
+ * its children and a bounded table of newcomers. Each rank admits its own children, and once
+ * they all report their subtrees whole (READY, with the ranks in them), reports its own to its
+ * parent; rank 0, with every subtree whole, sends WELCOME (every rank's listener) down the
+ * tree. A failure anywhere is told along the tree.
+ */
 #include "boot_int.h"
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/param.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define BOOT_HELLO_BYTES    (4 + BOOT_SECRET_BYTES + 4 + 4) /* version, secret, rank, size */
 #define BOOT_MISSING_LISTED 32 /* ranks named in a timeout message, the rest counted */
-#define BOOT_PENDING_EXTRA  64 /* connections that may wait to say hello, beyond the job's own */
 
-/* ---- hellos ---- */
-
-/* What a peer says first: the version it speaks, the job's secret, and its place in the job. */
-struct boot_hello {
-    unsigned version;
-    unsigned char secret[BOOT_SECRET_BYTES];
-    int rank, size;
-};
-
-/* Payload layout: version (4), secret, rank (4), size (4). */
-static void boot_frame_put_hello(unsigned char *w, const struct boot_hello *h)
-{
-    sock_wire_put(w, h->version, 4);
-    memcpy(w + 4, h->secret, BOOT_SECRET_BYTES);
-    sock_wire_put(w + 4 + BOOT_SECRET_BYTES, (uint32_t)h->rank, 4);
-    sock_wire_put(w + 8 + BOOT_SECRET_BYTES, (uint32_t)h->size, 4);
-}
-
-static void boot_frame_get_hello(const unsigned char *w, struct boot_hello *h)
-{
-    h->version = (unsigned)sock_wire_get(w, 4);
-    memcpy(h->secret, w + 4, BOOT_SECRET_BYTES);
-    h->rank = (int)(int32_t)sock_wire_get(w + 4 + BOOT_SECRET_BYTES, 4);
-    h->size = (int)(int32_t)sock_wire_get(w + 8 + BOOT_SECRET_BYTES, 4);
-}
-
-static int boot_secret_equal(const unsigned char *a, const unsigned char *b)
-{
-    unsigned char d = 0;
-    for (int i = 0; i < BOOT_SECRET_BYTES; i++)
-        d |= a[i] ^ b[i];
-    return d == 0;
-}
-
-/* ---- rank 0: the rendezvous ---- */
-
-/* A connection that has not said hello yet. */
-struct boot_pending {
-    int fd;
-    char addr[SOCK_ADDR_STR];
-    unsigned char hello[BOOT_HELLO_BYTES];
-    struct sock_xfer x;
-};
-
-/* Rank 0's state while the ranks arrive. */
-struct boot_rv {
+/* One rank's state while the tree forms. */
+struct boot_form {
     struct boot *b;
-    const unsigned char *secret;
-    int64_t deadline;
-    int lfd, arrived, np, cap;
-    struct boot_pending *p;
+    struct boot_gate gate;
+    int gate_open;
+    int64_t deadline; /* this rank gives up then */
+    /* rank 0 */
+    int next_slot;
+    int *slot_rank;         /* [size]: who took each slot */
+    unsigned char *arrived; /* [size] */
+    /* every rank */
+    struct sock_xfer *rx; /* [1 + nchildren]: the WELCOME from the parent, each child's READY */
+    unsigned char *ready; /* [nsub * 4]: the READY payloads, at each child's sub_off */
+    unsigned char *seen;  /* [size]: ranks met in this subtree, to refuse a rank twice */
+    int attached, readied, sent_ready, welcomed;
     struct pollfd *pf;
+    int *pf_nb; /* [poll entry]: the nb index it watches, or -1 (the door) */
 };
 
-/* Answers a refusal (best effort), closes, and says so: in b->refusal and as a warning. */
-static void boot_rv_refuse(struct boot_rv *rv, int *fd, const char *addr, const char *claim,
-                           const char *reason)
+/* ---- admission ---- */
+
+static void boot_form_name(struct boot *b, int i, int rank, const char *addr)
 {
-    struct boot *b = rv->b;
-    char text[SOCK_FRAME_TEXT_MAX];
-    struct rs_saved_error saved;
-    struct sock_xfer x;
-    int failed, n = snprintf(text, sizeof(text), "%s", reason);
-    rs_error_save(&saved);
-    sock_xfer_init(&x, *fd, addr, 1,
-                   (struct sock_frame_hdr){.type = SOCK_FRAME_REFUSE, .len = (uint64_t)n}, text);
-    x.listen = 0;
-    sock_xfer_run(&x, 1, rs_now_ms() + 200, 200, "refusal", &failed, NULL);
-    rs_error_restore(&saved);
-    sock_close(fd);
-    snprintf(b->refusal, sizeof(b->refusal), "bootstrap: rank 0 refused a peer at %s%s: %s", addr,
-             claim, reason);
-    rs_log(RS_LOG_WARN, "%s", b->refusal);
+    b->nb[i].rank = rank;
+    snprintf(b->nb[i].name, sizeof(b->nb[i].name), "rank %d (%s)", b->label[rank], addr);
 }
 
-static void boot_rv_remove(struct boot_rv *rv, int i)
+/* A child is connected: its READY is awaited. */
+static void boot_form_child(struct boot_form *f, int i, int fd, int rank, const char *addr)
 {
-    struct boot_pending *p = &rv->p[i];
-    *p = rv->p[--rv->np];
-    p->x.data = p->hello; /* the moved transfer pointed into its old slot */
+    struct boot *b = f->b;
+    struct boot_conn *c = &b->nb[i];
+    c->fd = fd;
+    boot_form_name(b, i, rank, addr);
+    sock_xfer_init(
+        &f->rx[i], fd, c->name, 0,
+        (struct sock_frame_hdr){.type = SOCK_FRAME_READY, .len = (uint64_t)c->sub_len * 4},
+        f->ready + (size_t)c->sub_off * 4);
+    f->attached++;
 }
 
-/* A whole hello is in: admit the peer as its rank, or refuse it. */
-static void boot_rv_hello(struct boot_rv *rv, int i)
+/* Rank 0: a joiner that proved itself takes the next slot. */
+static int boot_form_join(void *arg, int fd, const char *addr, const struct boot_hello *h,
+                          const unsigned char *nonce_l, char *why, size_t n)
 {
-    struct boot *b = rv->b;
-    struct boot_pending *p = &rv->p[i];
-    struct boot_hello h;
-    boot_frame_get_hello(p->hello, &h);
-    int rank = h.rank, size = h.size;
-    char claim[64], why[160] = "";
-    snprintf(claim, sizeof(claim), " claiming rank %d of %d", rank, size);
-    if (h.version != BOOT_VERSION)
-        snprintf(why, sizeof(why), "bootstrap version %u, rank 0 speaks %u", h.version,
-                 BOOT_VERSION);
-    else if (!boot_secret_equal(h.secret, rv->secret))
-        snprintf(why, sizeof(why), "wrong secret: not part of this job");
-    else if (size != b->size)
-        snprintf(why, sizeof(why), "the job has %d ranks, not %d", b->size, size);
-    else if (rank < 1 || rank >= size)
-        snprintf(why, sizeof(why), "rank %d is out of range 1..%d", rank, size - 1);
-    else if (b->conns[rank].fd >= 0)
-        snprintf(why, sizeof(why), "duplicate rank: %s has already arrived", b->conns[rank].name);
-    if (why[0]) {
-        boot_rv_refuse(rv, &p->fd, p->addr, claim, why);
-    } else {
-        b->conns[rank].fd = p->fd;
-        snprintf(b->conns[rank].name, sizeof(b->conns[rank].name), "rank %d (%s)", b->label[rank],
-                 p->addr);
-        rv->arrived++;
+    struct boot_form *f = arg;
+    struct boot *b = f->b;
+    union sock_addr la;
+    if (h->kind != BOOT_JOIN) {
+        snprintf(why, n, "rank 0 admits joins, not attaches to a tree parent");
+        return 0;
     }
-    boot_rv_remove(rv, i);
+    if (h->size != b->size) {
+        snprintf(why, n, "the job has %d ranks, not %d", b->size, h->size);
+        return 0;
+    }
+    if (h->rank < 1 || h->rank >= b->size) {
+        snprintf(why, n, "rank %d is out of range 1..%d", h->rank, b->size - 1);
+        return 0;
+    }
+    if (f->arrived[h->rank]) {
+        char there[SOCK_ADDR_STR];
+        snprintf(why, n, "duplicate rank: rank %d (%s) has already arrived", b->label[h->rank],
+                 boot_listener_addr(b, h->rank, there, sizeof(there)));
+        return 0;
+    }
+    if (boot_addr_get(h->addr, &la) != 0) {
+        snprintf(why, n, "its listener's address (family %u) is not one", h->addr[0]);
+        return 0;
+    }
+    int slot = f->next_slot, parent = f->slot_rank[(slot - 1) / b->fanout];
+    struct boot_admit a = {.slot = slot, .fanout = b->fanout, .parent = parent};
+    memcpy(a.parent_addr, b->addrs + (size_t)parent * BOOT_ADDR_BYTES, BOOT_ADDR_BYTES);
+    if (boot_admit_send(b, fd, addr, h, nonce_l, &a) != RESHARD_OK)
+        return -1; /* it will try again */
+    f->next_slot++;
+    f->slot_rank[slot] = h->rank;
+    f->arrived[h->rank] = 1;
+    memcpy(b->addrs + (size_t)h->rank * BOOT_ADDR_BYTES, h->addr, BOOT_ADDR_BYTES);
+    if (parent == 0)
+        boot_form_child(f, 1 + slot - b->first_child, fd, h->rank, addr);
+    else
+        sock_close(&fd); /* it attaches to its parent */
+    return 1;
 }
 
-static void boot_rv_step(struct boot_rv *rv, int i)
+/* A rank other than 0: one of its children attaches. */
+static int boot_form_attach(void *arg, int fd, const char *addr, const struct boot_hello *h,
+                            const unsigned char *nonce_l, char *why, size_t n)
 {
-    struct boot_pending *p = &rv->p[i];
-    if (sock_xfer_step(&p->x, NULL) != RESHARD_OK) {
-        char why[RS_ERROR_MAX];
-        snprintf(why, sizeof(why), "no valid hello (%s)", sock_msg_body(rs_error_message()));
-        boot_rv_refuse(rv, &p->fd, p->addr, "", why);
-        boot_rv_remove(rv, i);
-    } else if (p->x.finished) {
-        boot_rv_hello(rv, i);
+    struct boot_form *f = arg;
+    struct boot *b = f->b;
+    int i = 1 + h->slot - b->first_child;
+    if (h->kind != BOOT_ATTACH) {
+        snprintf(why, n, "rank %d is a tree parent: it admits attaches, not joins",
+                 b->label[b->rank]);
+        return 0;
     }
+    if (h->size != b->size) {
+        snprintf(why, n, "the job has %d ranks, not %d", b->size, h->size);
+        return 0;
+    }
+    if (h->rank < 1 || h->rank >= b->size || h->rank == b->rank) {
+        snprintf(why, n, "rank %d cannot be a child of rank %d", h->rank, b->rank);
+        return 0;
+    }
+    if (h->slot < b->first_child || i > b->nchildren || b->nb[i].fd >= 0) {
+        snprintf(why, n, "tree slot %d is not a free child slot of rank %d", h->slot,
+                 b->label[b->rank]);
+        return 0;
+    }
+    struct boot_admit a = {.slot = h->slot, .fanout = b->fanout, .parent = b->rank};
+    if (boot_admit_send(b, fd, addr, h, nonce_l, &a) != RESHARD_OK)
+        return -1;
+    boot_form_child(f, i, fd, h->rank, addr);
+    return 1;
 }
 
-static reshard_status_t boot_rv_accept(struct boot_rv *rv)
-{
-    for (;;) {
-        union sock_addr a;
-        char addr[SOCK_ADDR_STR];
-        int fd;
-        RS_CHECK(sock_accept(rv->lfd, &fd, &a));
-        if (fd < 0)
-            return RESHARD_OK;
-        sock_addr_str(&a, addr, sizeof(addr));
-        /* Stray connections may not crowd out the job's ranks, nor grow memory without end. */
-        if (rv->np == rv->cap) {
-            boot_rv_refuse(rv, &fd, addr, "", "too many connections are waiting to say hello");
-            continue;
-        }
-        struct boot_pending *p = &rv->p[rv->np++];
-        p->fd = fd;
-        memcpy(p->addr, addr, sizeof(addr));
-        sock_xfer_init(&p->x, fd, "the peer", 0,
-                       (struct sock_frame_hdr){.type = SOCK_FRAME_HELLO, .len = BOOT_HELLO_BYTES},
-                       p->hello);
-    }
-}
+/* ---- reports up and down the tree ---- */
 
-/* "bootstrap: ranks 3, 5 of 6 did not arrive within 2 s". */
-static reshard_status_t boot_rv_timeout(struct boot_rv *rv)
+/* Child i's subtree is in: its ranks into sub[], each met once in this subtree. */
+static reshard_status_t boot_form_take_ready(struct boot_form *f, int i)
 {
-    struct boot *b = rv->b;
-    char list[RS_ERROR_MAX] = "", ms[32];
-    size_t used = 0;
-    int missing = 0;
-    for (int r = 1; r < b->size; r++) {
-        if (b->conns[r].fd >= 0 || missing++ >= BOOT_MISSING_LISTED)
-            continue;
-        int k = snprintf(list + used, sizeof(list) - used, "%s%d", used ? ", " : "", b->label[r]);
-        used += k > 0 && (size_t)k < sizeof(list) - used ? (size_t)k : 0;
-    }
-    if (missing > BOOT_MISSING_LISTED)
-        snprintf(list + used, sizeof(list) - used, " and %d more", missing - BOOT_MISSING_LISTED);
-    return rs_error(RESHARD_ERR_TIMEOUT, "bootstrap: %s %s of %d did not arrive within %s%s%s",
-                    missing == 1 ? "rank" : "ranks", list, b->size,
-                    sock_ms_str(b->timeout_ms, ms, sizeof(ms)), b->refusal[0] ? "; " : "",
-                    sock_msg_body(b->refusal));
-}
-
-static reshard_status_t boot_rv_run(struct boot_rv *rv)
-{
-    while (rv->arrived < rv->b->size - 1) {
-        int n = 0, ready;
-        rv->pf[n++] = (struct pollfd){.fd = rv->lfd, .events = POLLIN};
-        for (int i = 0; i < rv->np; i++)
-            rv->pf[n++] = (struct pollfd){.fd = rv->p[i].fd, .events = POLLIN};
-        RS_CHECK(sock_poll(rv->pf, n, rv->deadline, &ready));
-        if (ready == 0)
-            return boot_rv_timeout(rv);
-        /* Downwards, so that removing entry i moves one already seen into its place. */
-        for (int i = rv->np - 1; i >= 0; i--)
-            if (rv->pf[1 + i].revents)
-                boot_rv_step(rv, i);
-        if (rv->pf[0].revents)
-            RS_CHECK(boot_rv_accept(rv));
-    }
+    struct boot *b = f->b;
+    struct boot_conn *c = &b->nb[i];
+    int at = boot_ready_decode(f->ready + (size_t)c->sub_off * 4, c->sub_len, c->rank, b->size,
+                               f->seen, b->sub + c->sub_off);
+    if (at >= 0)
+        return rs_error(RESHARD_ERR_NETWORK,
+                        "bootstrap: %s reported a malformed subtree (its entry %d of %d)", c->name,
+                        at, c->sub_len);
+    f->readied++;
     return RESHARD_OK;
 }
 
-/* Rank 0 without a socket from boot_id_create here: the id's port, on every address. */
-static reshard_status_t boot_rv_listen_any(const union sock_addr *a, int *fd)
+static reshard_status_t boot_form_send(struct boot_form *f, int i, unsigned type, uint64_t len,
+                                       void *data)
+{
+    struct boot *b = f->b;
+    struct sock_xfer x;
+    struct sock_frame_error err = {.origin = -1};
+    int failed;
+    sock_xfer_init(&x, b->nb[i].fd, b->nb[i].name, 1,
+                   (struct sock_frame_hdr){.type = (uint16_t)type, .len = len}, data);
+    reshard_status_t st =
+        sock_xfer_run(&x, 1, f->deadline, b->timeout_ms, "rendezvous", &failed, &err);
+    b->form_sent += x.hdr_done + x.done;
+    return st == RESHARD_OK ? st : boot_fail(b, st, &err, i);
+}
+
+static reshard_status_t boot_form_send_ready(struct boot_form *f)
+{
+    struct boot *b = f->b;
+    for (int k = 0; k < b->nsub; k++)
+        sock_wire_put(f->ready + (size_t)k * 4, (uint32_t)b->sub[k], 4);
+    f->sent_ready = 1;
+    return boot_form_send(f, 0, SOCK_FRAME_READY, (uint64_t)b->nsub * 4, f->ready);
+}
+
+/* The tree is whole: every rank's listener, to every child. */
+static reshard_status_t boot_form_welcome(struct boot_form *f)
+{
+    struct boot *b = f->b;
+    for (int i = 1; i <= b->nchildren; i++)
+        RS_CHECK(boot_form_send(f, i, SOCK_FRAME_WELCOME, (uint64_t)b->size * BOOT_ADDR_BYTES,
+                                b->addrs));
+    return RESHARD_OK;
+}
+
+/* ---- waiting ---- */
+
+/* "ranks 3, 5 of 6" (at most BOOT_MISSING_LISTED named, the rest counted) into list. */
+static int boot_form_list(const struct boot *b, const unsigned char *have, int from, char *list,
+                          size_t cap)
+{
+    size_t used = 0;
+    int missing = 0;
+    list[0] = '\0';
+    for (int r = from; r < b->size; r++) {
+        if (have[r] || missing++ >= BOOT_MISSING_LISTED)
+            continue;
+        int k = snprintf(list + used, cap - used, "%s%d", used ? ", " : "", b->label[r]);
+        used += k > 0 && (size_t)k < cap - used ? (size_t)k : 0;
+    }
+    if (missing > BOOT_MISSING_LISTED)
+        snprintf(list + used, cap - used, " and %d more", missing - BOOT_MISSING_LISTED);
+    return missing;
+}
+
+static reshard_status_t boot_form_timeout(struct boot_form *f)
+{
+    struct boot *b = f->b;
+    char list[RS_ERROR_MAX], ms[32];
+    sock_ms_str(b->timeout_ms, ms, sizeof(ms));
+    if (b->slot != 0 && f->sent_ready)
+        return rs_error(RESHARD_ERR_TIMEOUT,
+                        "bootstrap: rendezvous on rank %d: its tree parent %s did not say the "
+                        "tree was whole within %s",
+                        b->label[b->rank], b->nb[0].name, ms);
+    if (b->slot != 0)
+        return rs_error(RESHARD_ERR_TIMEOUT,
+                        "bootstrap: rendezvous on rank %d: %d of its %d tree children attached "
+                        "and %d reported their subtrees whole within %s",
+                        b->label[b->rank], f->attached, b->nchildren, f->readied, ms);
+    int missing = boot_form_list(b, f->arrived, 1, list, sizeof(list));
+    if (missing)
+        return rs_error(RESHARD_ERR_TIMEOUT, "bootstrap: %s %s of %d did not arrive within %s%s%s",
+                        missing == 1 ? "rank" : "ranks", list, b->size, ms,
+                        b->refusal[0] ? "; " : "", sock_msg_body(b->refusal));
+    size_t used = 0;
+    list[0] = '\0';
+    for (int i = 1; i <= b->nchildren; i++) {
+        if (f->rx[i].finished)
+            continue;
+        int k = snprintf(list + used, sizeof(list) - used, "%s%s", used ? ", " : "", b->nb[i].name);
+        used += k > 0 && (size_t)k < sizeof(list) - used ? (size_t)k : 0;
+    }
+    return rs_error(RESHARD_ERR_TIMEOUT,
+                    "bootstrap: every rank arrived, but the subtrees under %s did not finish "
+                    "joining the tree within %s",
+                    list, ms);
+}
+
+static int boot_form_done(const struct boot_form *f)
+{
+    const struct boot *b = f->b;
+    if (b->slot == 0)
+        return f->next_slot == b->size && f->readied == b->nchildren;
+    return f->welcomed;
+}
+
+/* Polls the door (while it is open) and the neighbours' frames in flight. */
+static int boot_form_poll_set(struct boot_form *f)
+{
+    struct boot *b = f->b;
+    int n = 0;
+    if (f->gate_open) {
+        n = boot_gate_poll(&f->gate, f->pf);
+        for (int k = 0; k < n; k++)
+            f->pf_nb[k] = -1;
+    }
+    for (int i = 0; i <= b->nchildren; i++) {
+        if (b->nb[i].fd < 0 || f->rx[i].finished)
+            continue;
+        f->pf[n] = (struct pollfd){.fd = b->nb[i].fd, .events = POLLIN};
+        f->pf_nb[n++] = i;
+    }
+    return n;
+}
+
+/* Frame i (0: the WELCOME, else child i's READY) moved on. */
+static reshard_status_t boot_form_step(struct boot_form *f, int i)
+{
+    struct boot *b = f->b;
+    struct sock_frame_error err = {.origin = -1};
+    struct sock_xfer *x = &f->rx[i];
+    size_t before = x->hdr_done + x->done;
+    reshard_status_t st = sock_xfer_step(x, &err);
+    b->form_received += x->hdr_done + x->done - before;
+    if (st == RESHARD_OK && x->finished && i > 0)
+        st = boot_form_take_ready(f, i);
+    if (st == RESHARD_OK && x->finished && i == 0) {
+        if (!f->sent_ready)
+            st = rs_error(RESHARD_ERR_NETWORK,
+                          "bootstrap: %s said the tree was whole before this rank's subtree was",
+                          b->nb[0].name);
+        f->welcomed = 1;
+    }
+    return st == RESHARD_OK ? st : boot_fail(b, st, &err, i);
+}
+
+static reshard_status_t boot_form_run(struct boot_form *f)
+{
+    struct boot *b = f->b;
+    for (;;) {
+        /* A subtree that is whole says so first: a leaf's at once. */
+        if (b->slot != 0 && !f->sent_ready && f->readied == b->nchildren)
+            RS_CHECK(boot_form_send_ready(f));
+        if (boot_form_done(f))
+            return RESHARD_OK;
+        int n = boot_form_poll_set(f), ready, gate_n = f->gate_open ? 1 + f->gate.np : 0;
+        int64_t until = f->deadline;
+        if (f->gate_open && boot_gate_expiry(&f->gate) < until)
+            until = boot_gate_expiry(&f->gate);
+        reshard_status_t st = sock_poll(f->pf, n, until, &ready);
+        if (st != RESHARD_OK)
+            return boot_fail(b, st, NULL, -1);
+        if (ready == 0 && rs_now_ms() >= f->deadline)
+            return boot_fail(b, boot_form_timeout(f), NULL, -1);
+        if (f->gate_open && (st = boot_gate_serve(&f->gate, f->pf, gate_n)) != RESHARD_OK)
+            return boot_fail(b, st, NULL, -1);
+        for (int k = gate_n; k < n; k++)
+            if (f->pf[k].revents)
+                RS_CHECK(boot_form_step(f, f->pf_nb[k]));
+        /* Rank 0 admits until every rank has a slot; the others until their children came. */
+        if (f->gate_open &&
+            (b->slot == 0 ? f->next_slot == b->size : f->attached == b->nchildren)) {
+            boot_gate_close(&f->gate, b->slot == 0 ? "every rank has arrived"
+                                                   : "every child of this rank has attached");
+            f->gate_open = 0;
+        }
+    }
+}
+
+/* ---- the whole of it ---- */
+
+static void boot_form_free(struct boot_form *f, reshard_status_t st)
+{
+    if (f->gate_open)
+        boot_gate_close(&f->gate,
+                        st == RESHARD_OK ? "every rank has arrived" : "the rendezvous failed");
+    free(f->rx);
+    free(f->ready);
+    free(f->seen);
+    free(f->pf);
+    free(f->pf_nb);
+    free(f->slot_rank);
+    free(f->arrived);
+}
+
+/* Room for the wait, once this rank's place in the tree is known, and its door opened. */
+static reshard_status_t boot_form_alloc(struct boot_form *f, boot_gate_fn admit)
+{
+    struct boot *b = f->b;
+    int polls = 2 + BOOT_PENDING_MAX + b->nchildren;
+    RS_CHECK(boot_alloc_tree(b));
+    f->rx = rs_calloc((size_t)b->nchildren + 1, sizeof(*f->rx), "bootstrap rendezvous");
+    f->ready = f->rx ? rs_calloc((size_t)b->nsub, 4, "bootstrap rendezvous") : NULL;
+    f->seen = f->ready ? rs_calloc((size_t)b->size, 1, "bootstrap rendezvous") : NULL;
+    f->pf = f->seen ? rs_calloc((size_t)polls, sizeof(*f->pf), "bootstrap poll set") : NULL;
+    f->pf_nb = f->pf ? rs_calloc((size_t)polls, sizeof(*f->pf_nb), "bootstrap poll set") : NULL;
+    if (!b->addrs && f->pf_nb)
+        b->addrs = rs_calloc((size_t)b->size, BOOT_ADDR_BYTES, "bootstrap listeners");
+    if (!f->pf_nb || !b->addrs)
+        return RESHARD_ERR_NO_MEMORY;
+    f->seen[b->rank] = 1;
+    if (b->nchildren == 0 && (b->slot != 0 || b->size == 1))
+        return RESHARD_OK;
+    RS_CHECK(boot_gate_open(&f->gate, b, b->lfd, admit, f));
+    f->gate_open = 1;
+    return RESHARD_OK;
+}
+
+reshard_status_t boot_listen_any(const union sock_addr *a, int prompt, int *fd)
 {
     union sock_addr any;
     memset(&any, 0, sizeof(any));
@@ -219,68 +377,101 @@ static reshard_status_t boot_rv_listen_any(const union sock_addr *a, int *fd)
     else
         any.in.sin_addr.s_addr = htonl(INADDR_ANY);
     sock_addr_set_port(&any, sock_addr_port(a));
-    return sock_listen(&any, fd);
-}
-
-static reshard_status_t boot_rv_rank0(struct boot *b, const struct boot_id *id,
-                                      const union sock_addr *a, const unsigned char *secret,
-                                      int64_t deadline)
-{
-    struct boot_rv rv = {.b = b,
-                         .secret = secret,
-                         .deadline = deadline,
-                         .lfd = boot_registry_take(id),
-                         .cap = b->size - 1 + BOOT_PENDING_EXTRA};
-    struct boot_coll c = {.b = b,
-                          .hdr = {.type = SOCK_FRAME_WELCOME},
-                          .deadline = deadline,
-                          .what = "rendezvous on rank 0",
-                          .err = {.origin = -1}};
-    reshard_status_t st = RESHARD_OK;
-    if (rv.lfd < 0)
-        RS_CHECK(boot_rv_listen_any(a, &rv.lfd));
-    rv.p = rs_calloc((size_t)rv.cap, sizeof(*rv.p), "bootstrap pending connections");
-    rv.pf = rv.p ? rs_calloc((size_t)rv.cap + 1, sizeof(*rv.pf), "bootstrap poll set") : NULL;
-    if (!rv.pf)
-        st = RESHARD_ERR_NO_MEMORY;
-    if (st == RESHARD_OK)
-        st = boot_rv_run(&rv);
-    if (st == RESHARD_OK)
-        st = boot_coll_transfer(&c, -1, -1, 1, 0, (unsigned char *)"", 0);
-    for (int i = rv.np - 1; i >= 0; i--) {
-        boot_rv_refuse(&rv, &rv.p[i].fd, rv.p[i].addr, "",
-                       st == RESHARD_OK ? "every rank has arrived" : "the rendezvous failed");
-        boot_rv_remove(&rv, i);
+    reshard_status_t st = sock_listen(&any, fd);
+    if (st != RESHARD_OK && errno == EADDRINUSE) {
+        char why[RS_ERROR_MAX];
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        return rs_error(st,
+                        "%s: port %d is taken on rank 0's host (another program, or another "
+                        "job's rank 0)%s; set RESHARD_BOOT_PORT to a free port (docs/security.md)",
+                        why, sock_addr_port(a),
+                        prompt ? ": rank 0 listens on MASTER_PORT+1 unless RESHARD_BOOT_PORT "
+                                 "says otherwise, and the other ranks stop within a second"
+                               : "");
     }
-    free(rv.pf);
-    free(rv.p);
-    sock_close(&rv.lfd);
-    return st == RESHARD_OK ? st : boot_fail(b, st, NULL);
+    return st;
 }
 
-/* ---- the other ranks: joining ---- */
-
-static reshard_status_t boot_rv_join(struct boot *b, const union sock_addr *a,
-                                     const unsigned char *secret, int64_t deadline)
+static int boot_form_fanout(void)
 {
-    struct boot_conn *c0 = &b->conns[0];
-    struct boot_hello h = {.version = BOOT_VERSION, .rank = b->rank, .size = b->size};
-    unsigned char hello[BOOT_HELLO_BYTES];
-    char addr[SOCK_ADDR_STR];
-    struct boot_coll c = {
-        .b = b, .hdr = {.type = SOCK_FRAME_HELLO}, .deadline = deadline, .err = {.origin = -1}};
-    snprintf(c0->name, sizeof(c0->name), "rank %d (%s)", b->label[0],
-             sock_addr_str(a, addr, sizeof(addr)));
-    snprintf(c.what, sizeof(c.what), "rendezvous on rank %d", b->label[b->rank]);
-    RS_CHECK(sock_connect(a, "rank 0", deadline, b->timeout_ms, &c0->fd));
-    memcpy(h.secret, secret, BOOT_SECRET_BYTES);
-    boot_frame_put_hello(hello, &h);
-    RS_CHECK(boot_coll_transfer(&c, 0, -1, 1, BOOT_HELLO_BYTES, hello, 0));
-    c.hdr.type = SOCK_FRAME_WELCOME;
-    return boot_coll_transfer(&c, 0, -1, 0, 0, hello, 0);
+    int64_t k = rs_param_int(RS_PARAM_BOOT_FANOUT);
+    return k > BOOT_FANOUT_MAX ? BOOT_FANOUT_MAX : (int)k;
 }
 
-/* ---- either ---- */
+static reshard_status_t boot_form_root(struct boot *b, const struct boot_id *id,
+                                       const union sock_addr *a, unsigned flags, int64_t deadline)
+{
+    struct boot_form f = {.b = b, .deadline = deadline, .next_slot = 1};
+    reshard_status_t st;
+    b->lfd = boot_registry_take(id);
+    if (b->lfd < 0)
+        RS_CHECK(boot_listen_any(a, flags & BOOT_ID_PROMPT, &b->lfd));
+    boot_tree_place(b, 0, boot_form_fanout());
+    f.slot_rank = rs_calloc((size_t)b->size, sizeof(int), "bootstrap rendezvous");
+    f.arrived = f.slot_rank ? rs_calloc((size_t)b->size, 1, "bootstrap rendezvous") : NULL;
+    if (!f.arrived) {
+        st = RESHARD_ERR_NO_MEMORY;
+        goto err_free_form;
+    }
+    RS_CHECK_GOTO(boot_form_alloc(&f, boot_form_join), st, err_free_form);
+    f.arrived[0] = 1;
+    boot_addr_put(b->addrs, a); /* where the others dial rank 0 */
+    RS_CHECK_GOTO(boot_form_run(&f), st, err_free_form);
+    RS_CHECK_GOTO(boot_form_welcome(&f), st, err_free_form);
+    boot_form_free(&f, RESHARD_OK);
+    return RESHARD_OK;
+err_free_form:
+    boot_form_free(&f, st);
+    return st;
+}
+
+/* A rank other than 0: admitted by rank 0, placed, attached to its parent, then as rank 0. */
+static reshard_status_t boot_form_peer(struct boot *b, const union sock_addr *a, unsigned flags,
+                                       int64_t base)
+{
+    struct boot_form f = {.b = b};
+    struct boot_admit ad, again;
+    union sock_addr pa;
+    char who[32], addr[SOCK_ADDR_STR];
+    reshard_status_t st;
+    int fd = -1;
+    snprintf(who, sizeof(who), "rank %d", b->label[0]);
+    RS_CHECK(boot_dial(b, a, who, BOOT_JOIN, flags & BOOT_ID_PROMPT, base, &fd, &ad));
+    if (boot_admit_valid(&ad, b->size, b->rank, &pa) != 0) {
+        sock_close(&fd);
+        return rs_error(RESHARD_ERR_NETWORK,
+                        "bootstrap: rank 0 placed this rank at a slot that is not one (slot %d, "
+                        "fan-out %d, parent %d)",
+                        ad.slot, ad.fanout, ad.parent);
+    }
+    boot_tree_place(b, ad.slot, ad.fanout);
+    f.deadline = boot_deadline_parent(b, base);
+    if ((st = boot_form_alloc(&f, boot_form_attach)) != RESHARD_OK) {
+        sock_close(&fd);
+        goto err_free_form;
+    }
+    if (ad.parent == 0) {
+        b->nb[0].fd = fd;
+        boot_form_name(b, 0, 0, sock_addr_str(a, addr, sizeof(addr)));
+    } else {
+        sock_close(&fd);
+        snprintf(who, sizeof(who), "rank %d", b->label[ad.parent]);
+        RS_CHECK_GOTO(boot_dial(b, &pa, who, BOOT_ATTACH, 0, f.deadline, &b->nb[0].fd, &again), st,
+                      err_free_form);
+        boot_form_name(b, 0, ad.parent, sock_addr_str(&pa, addr, sizeof(addr)));
+    }
+    sock_xfer_init(&f.rx[0], b->nb[0].fd, b->nb[0].name, 0,
+                   (struct sock_frame_hdr){.type = SOCK_FRAME_WELCOME,
+                                           .len = (uint64_t)b->size * BOOT_ADDR_BYTES},
+                   b->addrs);
+    RS_CHECK_GOTO(boot_form_run(&f), st, err_free_form);
+    RS_CHECK_GOTO(boot_form_welcome(&f), st, err_free_form);
+    boot_form_free(&f, RESHARD_OK);
+    return RESHARD_OK;
+err_free_form:
+    boot_form_free(&f, st);
+    return st;
+}
 
 reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int timeout_ms,
                            struct boot **out)
@@ -292,7 +483,7 @@ reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size,
                                    int timeout_ms, struct boot **out)
 {
     union sock_addr a;
-    unsigned char secret[BOOT_SECRET_BYTES];
+    unsigned flags = 0;
     struct boot *b;
     reshard_status_t st;
     if (!id || !out || size < 1 || rank < 0 || rank >= size || timeout_ms <= 0)
@@ -300,18 +491,20 @@ reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size,
                         "bootstrap: init of rank %d of %d with a %d ms timeout: needs an id, "
                         "0 <= rank < size and a positive timeout",
                         rank, size, timeout_ms);
-    if (boot_id_decode(id, &a, secret) != 0)
+    if (!(b = boot_alloc(rank, size, label, timeout_ms)))
+        return RESHARD_ERR_NO_MEMORY;
+    if (boot_id_decode(id, &a, b->secret, &flags) != 0) {
+        boot_close(b);
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "bootstrap: rank %d was given something that is "
                         "not a bootstrap id of this version",
                         rank);
-    if (!(b = boot_alloc(rank, size, label, timeout_ms)))
-        return RESHARD_ERR_NO_MEMORY;
+    }
     int64_t deadline = rs_now_ms() + timeout_ms;
     if (rank == 0)
-        RS_CHECK_GOTO(boot_rv_rank0(b, id, &a, secret, deadline), st, err_close_boot);
+        RS_CHECK_GOTO(boot_form_root(b, id, &a, flags, deadline), st, err_close_boot);
     else
-        RS_CHECK_GOTO(boot_rv_join(b, &a, secret, deadline), st, err_close_boot);
+        RS_CHECK_GOTO(boot_form_peer(b, &a, flags, deadline), st, err_close_boot);
     *out = b;
     return RESHARD_OK;
 err_close_boot:

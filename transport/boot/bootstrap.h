@@ -1,11 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The bootstrap of a communicator: a TCP rendezvous at rank 0, and the few small collectives
- * (allgather, bcast, barrier) that the communicator needs before its transports are up.
- * Rank 0 listens; every other rank connects and proves it belongs to the job with the secret
- * in the id. Every wait is bounded by the timeout given to boot_init, and every failure names
- * the peer it concerns. The tunables RESHARD_BOOT_ADDR, RESHARD_BOOT_PORT and RESHARD_SECRET
- * (base/param.h) say where ids listen and what secret an environment launch uses.
+ * The bootstrap of a communicator: a TCP rendezvous at rank 0 that places every rank in a tree,
+ * and the few small collectives (allgather, bcast, allreduce, barrier) that the communicator
+ * needs before its transports are up, run over that tree. Rank 0 listens; every other rank
+ * connects and proves it belongs to the job by a MAC under the id's secret over nonces of both
+ * ends (and checks rank 0's in turn), then attaches to its tree parent. Once formed, a rank
+ * holds a connection to its parent and to each of its children (RESHARD_BOOT_FANOUT, 8) and
+ * its own listener. Every wait is bounded by the timeout given to boot_init, and every failure
+ * names the rank it concerns. The tunables RESHARD_BOOT_ADDR, RESHARD_BOOT_PORT,
+ * RESHARD_SECRET and RESHARD_SECRET_FILE (base/param.h) say where ids listen and what secret an
+ * environment launch uses.
  */
 #ifndef RS_BOOTSTRAP_H
 #define RS_BOOTSTRAP_H
@@ -19,7 +23,7 @@
 /* ---- ids ---- */
 
 #define BOOT_ID_BYTES 128
-/* opaque: magic, IPv4/IPv6 sockaddr of rank 0, 32-byte random secret */
+/* opaque: magic, IPv4/IPv6 sockaddr of rank 0, 32-byte secret, flags */
 struct boot_id {
     unsigned char bytes[BOOT_ID_BYTES];
 };
@@ -32,14 +36,10 @@ reshard_status_t boot_id_create(struct boot_id *id);
 /* Forgets the listening socket of an id made here (closes this process's copy): for a parent
  * that forked its ranks. boot_init(rank 0) releases it by itself. No-op for other ids. */
 void boot_id_release(const struct boot_id *id);
-/* Builds an id from host:port and a secret string (hashed to 32 bytes); used for environment
- * launches. Does not listen. */
+/* Builds an id from host:port and a secret string (through HMAC-SHA256 to 32 bytes). Does not
+ * listen. */
 reshard_status_t boot_id_from_addr(const char *host, int port, const char *secret,
                                    struct boot_id *id);
-/* The same address with a secret mixed from the id's and salt: a new job at the same place. A
- * listener that boot_id_create or boot_spare_id made here for id answers to the new one. */
-reshard_status_t boot_id_derive(const struct boot_id *id, const void *salt, size_t n,
-                                struct boot_id *out);
 /* "10.0.0.1:29501": where rank 0 of this id listens, for messages and logs. */
 const char *boot_id_addr(const struct boot_id *id, char *buf, size_t n);
 
@@ -50,9 +50,11 @@ const char *boot_id_addr(const struct boot_id *id, char *buf, size_t n);
  * SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or the first number of
  * SLURM_STEP_TASKS_PER_NODE). MASTER_ADDR and MASTER_PORT are needed in every case, except that
  * under Slurm they default to the first host of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) and
- * 29500. Rank 0 listens on MASTER_PORT+1 unless RESHARD_BOOT_PORT is set. The secret is
- * RESHARD_SECRET, else one derived from the job's identity. local_rank and local_size are -1
- * when the launcher does not give them. */
+ * 29500. Rank 0 listens on MASTER_PORT+1 unless RESHARD_BOOT_PORT is set: that port must be
+ * free on rank 0's host (rank 0 fails at once otherwise, and the others within about a second).
+ * The secret is RESHARD_SECRET, else the contents of RESHARD_SECRET_FILE, else one derived from
+ * the job's identity, which anyone can compute (logged once as a warning). local_rank and
+ * local_size are -1 when the launcher does not give them. */
 struct boot_env {
     int rank, size, local_rank, local_size;
     struct boot_id id;
@@ -63,12 +65,14 @@ reshard_status_t boot_env_read(struct boot_env *env);
 
 struct boot; /* opaque */
 
-/* Collective over size ranks: rank 0 admits size-1 peers that show the id's secret, refusing
- * others (RESHARD_ERR_REFUSED at the refused peer); returns once every rank has arrived. On
- * timeout rank 0 fails with RESHARD_ERR_TIMEOUT naming the missing ranks and tells the others,
- * which fail with RESHARD_ERR_REMOTE carrying its message. A peer that cannot reach rank 0
- * fails with RESHARD_ERR_TIMEOUT naming its address. A peer waits for rank 0's verdict up to a
- * quarter of timeout_ms (at most 5 s) longer than rank 0 waits for it, so that it hears why. */
+/* Collective over size ranks: rank 0 admits size-1 peers that prove they hold the id's secret,
+ * refusing others (RESHARD_ERR_REFUSED at the refused peer); returns once every rank has
+ * arrived and the tree is whole. On timeout rank 0 fails with RESHARD_ERR_TIMEOUT naming the
+ * missing ranks and tells the others, which fail with RESHARD_ERR_REMOTE carrying its message.
+ * A peer that cannot reach rank 0 fails with RESHARD_ERR_TIMEOUT naming its address; one that
+ * finds another program at a launcher id's port fails within about a second saying so. A peer
+ * waits for rank 0's verdict up to a quarter of timeout_ms (at most 2 s) longer than rank 0
+ * waits for it, so that it hears why. Needs libcrypto (boot_crypto.h) when size > 1. */
 reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int timeout_ms,
                            struct boot **out);
 /* buf holds size*bytes; this rank's slot (rank*bytes) is filled by the caller; on return all
@@ -79,10 +83,19 @@ reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int tim
  * reports (NULL: r): for a bootstrap over a subset of another job's ranks. */
 reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size, const int *label,
                                    int timeout_ms, struct boot **out);
-/* An id for a later bootstrap that this rank will be rank 0 of: listens on the address this
- * rank reaches the others from (any port), with a fresh secret, registered as boot_id_create
- * does. Lets survivors of a job meet again without a new rendezvous address. */
-reshard_status_t boot_spare_id(const struct boot *b, struct boot_id *id);
+/* An id for a later bootstrap of some of b's ranks (a shrink) whose rank 0 is b's rank `root`,
+ * at the listener root has held since it joined b. The secret is b's mixed with salt through
+ * HMAC-SHA256, so that ranks with another view of the group (another salt) meet under another
+ * secret and are refused. When root is this rank, its listener is registered for the new
+ * bootstrap's rank 0, as boot_id_create does (boot_id_release forgets it). Needs no exchange:
+ * b may have failed. */
+reshard_status_t boot_group_id(const struct boot *b, int root, const void *salt, size_t n,
+                               struct boot_id *out);
+/* An id naming where rank `rank` of b listens, with no secret (zeros): a name for that
+ * listener (the local path's sockets are named after it), never one to join with. */
+reshard_status_t boot_listener_id(const struct boot *b, int rank, struct boot_id *out);
+/* Random bytes from the kernel (getrandom). */
+reshard_status_t boot_random(void *p, size_t n);
 /* Collectives end with RESHARD_ERR_ABORTED (and tell the others) within milliseconds of *flag
  * turning non-zero, set from any thread: reshard_comm_abort during an exchange. */
 void boot_set_cancel(struct boot *b, const atomic_int *flag);
@@ -96,19 +109,29 @@ reshard_status_t boot_allreduce(struct boot *b, void *buf, size_t bytes, boot_co
                                 void *arg);
 reshard_status_t boot_barrier(struct boot *b);
 /* After a local failure, tells the others (best effort) so they fail fast with
- * RESHARD_ERR_REMOTE instead of timing out: rank 0 sends it to all, a peer to rank 0, which
- * forwards it in its next collective. Leaves this thread's error message as it was. */
+ * RESHARD_ERR_REMOTE instead of timing out: this rank tells its tree neighbours, and each rank
+ * that hears passes it on to its other neighbours. Leaves this thread's error message as it
+ * was. */
 void boot_abort(struct boot *b, reshard_status_t st, const char *msg);
-/* Between collectives (while a plan executes): whether a rank reported a failure, or closed
- * its connection (ranks leave through a barrier, or after a failure: it died). Looks at
- * what waits on the sockets without taking anything but ERROR frames, so frames of the next
- * collective from ranks that are ahead stay for it. Rank 0 forwards what it hears to the
- * others. RESHARD_ERR_REMOTE (the message names the rank and why) once one did; never
- * blocks longer than a frame takes to read. */
+/* Between collectives (while a plan executes): whether a rank reported a failure, or a tree
+ * neighbour closed its connection (ranks leave through a barrier, or after a failure: it died).
+ * Looks at what waits on this rank's few connections without taking anything but ERROR frames,
+ * so frames of the next collective from ranks that are ahead stay for it. What it hears it
+ * passes on to its other neighbours. RESHARD_ERR_REMOTE (the message names the rank and why)
+ * once one did; never blocks longer than a frame takes to read. */
 reshard_status_t boot_check(struct boot *b);
 /* Bytes this rank sent and received in collectives so far (frame headers included): what the
  * control plane costs, for tools that report it. */
 void boot_bytes(const struct boot *b, uint64_t *sent, uint64_t *received);
+/* What a bootstrap holds and has cost, for measurement: its sockets (tree connections and its
+ * listener), its place in the tree, and the bytes it moved forming the tree. */
+struct boot_stats {
+    int sockets, children, depth, tree_height;
+    uint64_t form_sent, form_received;
+};
+void boot_stats(const struct boot *b, struct boot_stats *out);
+/* "10.0.0.1:43127": where rank `rank` of b listens (for a later bootstrap), or "" if unknown. */
+const char *boot_listener_addr(const struct boot *b, int rank, char *buf, size_t n);
 int boot_rank(const struct boot *b);
 int boot_size(const struct boot *b);
 /* Rank 0: the last refusal during the rendezvous ("" when none), also logged as a warning. */

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 const char *sock_ms_str(int ms, char *buf, size_t n)
@@ -187,7 +188,11 @@ reshard_status_t sock_listen(union sock_addr *a, int *fd)
     reshard_status_t st;
     int s = -1;
     RS_CHECK(sock_open(a->sa.sa_family, &s));
-    RS_CHECK_GOTO(sock_setopt(s, SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR"), st, err_close);
+    /* A port of our choosing may be bound again while old connections linger (TIME_WAIT).
+     * One of the kernel's pick needs no such leave, and without it the pick never falls on a
+     * port someone holds bound for a listener of their own to come (as tests do). */
+    if (sock_addr_port(a) != 0)
+        RS_CHECK_GOTO(sock_setopt(s, SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR"), st, err_close);
     /* [::] then takes IPv4 peers too, whatever the host's default. */
     if (a->sa.sa_family == AF_INET6)
         RS_CHECK_GOTO(sock_setopt(s, IPPROTO_IPV6, IPV6_V6ONLY, 0, "IPV6_V6ONLY"), st, err_close);
@@ -230,6 +235,14 @@ reshard_status_t sock_accept(int lfd, int *fd, union sock_addr *peer)
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED) {
             *fd = -1;
             return RESHARD_OK;
+        }
+        if (errno == EMFILE || errno == ENFILE) {
+            struct rlimit rl = {0};
+            getrlimit(RLIMIT_NOFILE, &rl);
+            return rs_error(RESHARD_ERR_TOO_LARGE,
+                            "bootstrap: accept: %m (RLIMIT_NOFILE is %llu: a listener needs "
+                            "about 80 descriptors; raise it with ulimit -n)",
+                            (unsigned long long)rl.rlim_cur);
         }
         return rs_error(RESHARD_ERR_NETWORK, "bootstrap: accept: %m");
     }

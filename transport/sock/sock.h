@@ -42,7 +42,8 @@ reshard_status_t sock_resolve(const char *host, int port, union sock_addr *out);
 /* The first non-loopback IPv4 address of an interface that is up, else 127.0.0.1. */
 reshard_status_t sock_default_addr(union sock_addr *out);
 
-/* socket + SO_REUSEADDR + bind + listen; the port actually bound is written back into a. */
+/* socket + bind + listen (SO_REUSEADDR for a given port, not for 0: any); the port actually
+ * bound is written back into a. */
 reshard_status_t sock_listen(union sock_addr *a, int *fd);
 /* One pending connection, or *fd = -1 when none is waiting. */
 reshard_status_t sock_accept(int lfd, int *fd, union sock_addr *peer);

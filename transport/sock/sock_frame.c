@@ -54,17 +54,19 @@ const char *sock_frame_op_name(unsigned op)
     static const char *const names[] = {[SOCK_OP_NONE] = "rendezvous",
                                         [SOCK_OP_ALLGATHER] = "allgather",
                                         [SOCK_OP_BCAST] = "bcast",
-                                        [SOCK_OP_BARRIER] = "barrier"};
+                                        [SOCK_OP_BARRIER] = "barrier",
+                                        [SOCK_OP_ALLREDUCE] = "allreduce"};
     return op < sizeof(names) / sizeof(names[0]) ? names[op] : "an unknown collective";
 }
 
 static const char *sock_frame_type_name(unsigned type)
 {
-    static const char *const names[] = {[SOCK_FRAME_HELLO] = "hello",
-                                        [SOCK_FRAME_WELCOME] = "welcome",
-                                        [SOCK_FRAME_REFUSE] = "refusal",
-                                        [SOCK_FRAME_DATA] = "data",
-                                        [SOCK_FRAME_ERROR] = "error"};
+    static const char *const names[] = {
+        [SOCK_FRAME_HELLO] = "hello",     [SOCK_FRAME_WELCOME] = "welcome",
+        [SOCK_FRAME_REFUSE] = "refusal",  [SOCK_FRAME_DATA] = "data",
+        [SOCK_FRAME_ERROR] = "error",     [SOCK_FRAME_CHALLENGE] = "challenge",
+        [SOCK_FRAME_ADMIT] = "admission", [SOCK_FRAME_READY] = "ready",
+        [SOCK_FRAME_BUSY] = "busy"};
     return type < sizeof(names) / sizeof(names[0]) && names[type] ? names[type] : "unknown";
 }
 
@@ -119,19 +121,40 @@ static reshard_status_t sock_xfer_step_send(struct sock_xfer *x)
     return RESHARD_OK;
 }
 
+/* A text frame (a failure report, a refusal, a busy answer) that takes the place of any. */
+static int sock_frame_is_text(unsigned type)
+{
+    return type == SOCK_FRAME_ERROR || type == SOCK_FRAME_REFUSE || type == SOCK_FRAME_BUSY;
+}
+
+static reshard_status_t sock_xfer_bad_magic(struct sock_xfer *x)
+{
+    x->foreign = 1;
+    return rs_error(RESHARD_ERR_NETWORK,
+                    "bootstrap: %s sent a malformed frame (bad magic): not a reshard "
+                    "bootstrap peer, or a stream out of step",
+                    x->peer);
+}
+
+/* The first n bytes of a header are in: a stream that is not ours is told at its first wrong
+ * byte, not after 24 bytes that may never come. */
+static reshard_status_t sock_xfer_check_magic(struct sock_xfer *x, size_t n)
+{
+    unsigned char magic[4];
+    sock_wire_put(magic, SOCK_FRAME_MAGIC, 4);
+    return memcmp(x->wire, magic, n < 4 ? n : 4) ? sock_xfer_bad_magic(x) : RESHARD_OK;
+}
+
 /* The header is in: is it the frame we wait for, or a refusal or error instead? */
 static reshard_status_t sock_xfer_check_hdr(struct sock_xfer *x)
 {
     struct sock_frame_hdr *g = &x->got;
     if (sock_frame_get_hdr(x->wire, g) != 0)
-        return rs_error(RESHARD_ERR_NETWORK,
-                        "bootstrap: %s sent a malformed frame (bad magic): not a reshard "
-                        "bootstrap peer, or a stream out of step",
-                        x->peer);
-    if (g->type == SOCK_FRAME_ERROR || g->type == SOCK_FRAME_REFUSE) {
+        return sock_xfer_bad_magic(x);
+    if (sock_frame_is_text(g->type)) {
         if (g->len > sizeof(x->text) || (g->type == SOCK_FRAME_ERROR && g->len < 8))
             return rs_error(RESHARD_ERR_NETWORK, "bootstrap: %s sent a malformed %s frame", x->peer,
-                            g->type == SOCK_FRAME_ERROR ? "error" : "refusal");
+                            sock_frame_type_name(g->type));
         return RESHARD_OK;
     }
     if (g->type != x->hdr.type && !x->hdr.type)
@@ -166,8 +189,11 @@ static reshard_status_t sock_xfer_check_hdr(struct sock_xfer *x)
 /* A whole ERROR or REFUSE frame is in: the status it stands for, with its text. */
 static reshard_status_t sock_xfer_remote_failure(struct sock_xfer *x, struct sock_frame_error *err)
 {
-    if (x->got.type == SOCK_FRAME_REFUSE) {
+    if (x->got.type == SOCK_FRAME_REFUSE || x->got.type == SOCK_FRAME_BUSY) {
         x->text[x->got.len < sizeof(x->text) ? x->got.len : sizeof(x->text) - 1] = '\0';
+        if (x->got.type == SOCK_FRAME_BUSY)
+            return rs_error(RESHARD_ERR_BUSY, "bootstrap: %s is busy: %s", x->peer,
+                            (char *)x->text);
         return rs_error(RESHARD_ERR_REFUSED, "bootstrap: %s refused this rank: %s", x->peer,
                         (char *)x->text);
     }
@@ -199,15 +225,21 @@ static reshard_status_t sock_xfer_step_recv(struct sock_xfer *x, struct sock_fra
             continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return RESHARD_OK;
-        if (k < 0)
+        if (k < 0) {
+            x->eof = errno == ECONNRESET; /* a reset ends the stream as a close does */
             return rs_error(RESHARD_ERR_NETWORK, "bootstrap: recv from %s: %m", x->peer);
-        if (k == 0)
+        }
+        if (k == 0) {
+            x->eof = 1;
             return rs_error(RESHARD_ERR_NETWORK, "bootstrap: %s closed the connection", x->peer);
+        }
         if (!hdr) {
             x->done += (size_t)k;
             continue;
         }
         x->hdr_done += (size_t)k;
+        if (x->hdr_done < SOCK_FRAME_HDR_BYTES)
+            RS_CHECK(sock_xfer_check_magic(x, x->hdr_done));
         if (x->hdr_done == SOCK_FRAME_HDR_BYTES)
             RS_CHECK(sock_xfer_check_hdr(x));
     }

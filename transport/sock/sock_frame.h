@@ -18,16 +18,27 @@
 #define SOCK_FRAME_TEXT_MAX  1024 /* longest text (refusal or error) a frame may carry */
 
 enum sock_frame_type {
-    SOCK_FRAME_HELLO = 1, /* peer -> rank 0: version, secret, rank, size */
-    SOCK_FRAME_WELCOME,   /* rank 0 -> peer: every rank arrived */
-    SOCK_FRAME_REFUSE,    /* rank 0 -> peer: why it is not admitted (text) */
+    SOCK_FRAME_HELLO = 1, /* joiner -> listener: who it is, a nonce, and its MAC (boot_admit.c) */
+    SOCK_FRAME_WELCOME,   /* parent -> child: the tree is whole; every rank's listener */
+    SOCK_FRAME_REFUSE,    /* listener -> joiner: why it is not admitted (text) */
     SOCK_FRAME_DATA,      /* a collective's payload */
     SOCK_FRAME_ERROR,     /* a rank failed: origin rank, status, text */
+    SOCK_FRAME_CHALLENGE, /* listener -> joiner, answering OPEN: its version, a nonce */
+    SOCK_FRAME_ADMIT,     /* listener -> joiner: its place in the tree, and the listener's MAC */
+    SOCK_FRAME_READY,     /* child -> parent: the ranks of its subtree, all joined */
+    SOCK_FRAME_BUSY,      /* listener -> joiner: no room now, try again (text) */
+    SOCK_FRAME_OPEN,      /* joiner -> listener, first thing on a connection: its version */
 };
 
 /* Which collective a data frame belongs to, so that ranks calling different ones in the same
  * turn are told so instead of exchanging misread bytes. */
-enum sock_frame_op { SOCK_OP_NONE, SOCK_OP_ALLGATHER, SOCK_OP_BCAST, SOCK_OP_BARRIER };
+enum sock_frame_op {
+    SOCK_OP_NONE,
+    SOCK_OP_ALLGATHER,
+    SOCK_OP_BCAST,
+    SOCK_OP_BARRIER,
+    SOCK_OP_ALLREDUCE
+};
 
 /* "allgather", "bcast", ...: for messages. */
 const char *sock_frame_op_name(unsigned op);
@@ -52,8 +63,9 @@ int sock_frame_get_hdr(const unsigned char *w, struct sock_frame_hdr *h); /* -1:
 size_t sock_frame_put_error(unsigned char *buf, int origin, reshard_status_t st, const char *text);
 
 /* One frame to send or to receive on one socket. A receive expects hdr (type, op, seq and
- * length); an ERROR or REFUSE arriving instead ends it with RESHARD_ERR_REMOTE or
- * RESHARD_ERR_REFUSED. */
+ * length); an ERROR, REFUSE or BUSY arriving instead ends it with RESHARD_ERR_REMOTE,
+ * RESHARD_ERR_REFUSED or RESHARD_ERR_BUSY. A stream whose first bytes are not a frame's magic
+ * fails as soon as they differ. */
 struct sock_xfer {
     int fd;
     const char *peer; /* "rank 3 (10.0.0.1:4242)", for messages */
@@ -67,6 +79,8 @@ struct sock_xfer {
     size_t hdr_done, done;
     int finished;
     struct sock_frame_hdr got; /* a receive: the header that came, once it is in */
+    int eof;                   /* a receive: the peer closed the stream (a failure) */
+    int foreign;               /* a receive: bytes came that are not a frame (a failure) */
     unsigned char text[8 + SOCK_FRAME_TEXT_MAX]; /* a received ERROR or REFUSE payload */
 };
 

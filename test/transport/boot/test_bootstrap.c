@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The TCP bootstrap (transport/boot/): ranks are threads, or forked processes, of the test
  * process, meeting on loopback with ports the kernel picks, so that tests may run in parallel. */
+#include "boot_ranks.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/param.h"
@@ -19,236 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SECRET "test-secret"
-
-/* What one rank does after boot_init. */
-enum work { WORK_NONE, WORK_COLLECTIVES, WORK_ALLGATHER, WORK_ABORT, WORK_LEAVE };
-
-struct rank_run {
-    struct boot_id id;
-    int rank, size, timeout_ms;
-    enum work work;
-    size_t bytes; /* WORK_ALLGATHER: slot size */
-    sem_t *done;  /* posted when the rank returns, if set */
-    reshard_status_t st;
-    char msg[RS_ERROR_MAX];
-    int64_t ms;     /* time the failing (or last) call took */
-    int data_ok;    /* the collectives produced the expected bytes */
-    struct boot *b; /* left open for the test to look at (rank 0) */
-    pthread_t thread;
-};
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* A port of the kernel's pick that nobody listens on, held until the test's process ends: the
- * socket bound to it (port 0, read back) never listens, so that a connect to it is refused
- * until the bootstrap listens there too (SO_REUSEADDR on both lets it), and no other process
- * can take the port meanwhile. */
-static int held_port(int family)
-{
-    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
-    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    struct sockaddr *a = family == AF_INET6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4;
-    socklen_t len = family == AF_INET6 ? sizeof(a6) : sizeof(a4);
-    int one = 1, fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 || bind(fd, a, len) != 0 ||
-        getsockname(fd, a, &len) != 0) {
-        close(fd);
-        return -1;
-    }
-    return ntohs(family == AF_INET6 ? a6.sin6_port : a4.sin_port);
-}
-
-static int free_port(void)
-{
-    int port = held_port(AF_INET);
-    cr_assert_gt(port, 0, "no loopback port to hold: %m");
-    return port;
-}
-
-/* The tunables the bootstrap reads, back to their defaults whatever the test's environment. */
-static void clear_boot_params(void)
-{
-    unsetenv("RESHARD_BOOT_ADDR");
-    unsetenv("RESHARD_BOOT_PORT");
-    unsetenv("RESHARD_SECRET");
-    rs_param_reload();
-}
-
 TestSuite(bootstrap, .init = clear_boot_params);
-
-static void loopback_id(int port, const char *secret, struct boot_id *id)
-{
-    cr_assert_eq(boot_id_from_addr("127.0.0.1", port, secret, id), RESHARD_OK, "%s",
-                 rs_error_message());
-}
-
-static unsigned char pattern(int rank, size_t i)
-{
-    return (unsigned char)(rank * 31 + i * 7 + 1);
-}
-
-static int collectives(struct rank_run *r)
-{
-    enum { SLOT = 16 };
-    unsigned char all[64 * SLOT], word[8];
-    for (size_t i = 0; i < SLOT; i++)
-        all[r->rank * SLOT + i] = pattern(r->rank, i);
-    if ((r->st = boot_allgather(r->b, all, SLOT)) != RESHARD_OK)
-        return 0;
-    int ok = 1;
-    for (int q = 0; q < r->size; q++)
-        for (size_t i = 0; i < SLOT; i++)
-            ok &= all[q * SLOT + i] == pattern(q, i);
-    for (int root = r->size - 1; root >= 0; root--) {
-        memset(word, r->rank == root ? 0xA0 + root : 0, sizeof(word));
-        if ((r->st = boot_bcast(r->b, word, sizeof(word), root)) != RESHARD_OK)
-            return 0;
-        for (size_t i = 0; i < sizeof(word); i++)
-            ok &= word[i] == 0xA0 + root;
-    }
-    if ((r->st = boot_barrier(r->b)) != RESHARD_OK)
-        return 0;
-    return ok && boot_rank(r->b) == r->rank && boot_size(r->b) == r->size;
-}
-
-static int allgather_slots(struct rank_run *r)
-{
-    unsigned char *all = malloc(r->bytes * (size_t)r->size);
-    if (!all)
-        return 0;
-    for (size_t i = 0; i < r->bytes; i++)
-        all[(size_t)r->rank * r->bytes + i] = pattern(r->rank, i);
-    int ok = (r->st = boot_allgather(r->b, all, r->bytes)) == RESHARD_OK;
-    for (int q = 0; ok && q < r->size; q++)
-        for (size_t i = 0; i < r->bytes; i++)
-            ok &= all[(size_t)q * r->bytes + i] == pattern(q, i);
-    free(all);
-    return ok;
-}
-
-static void do_work(struct rank_run *r)
-{
-    int64_t t0 = now_ms();
-    switch (r->work) {
-    case WORK_NONE:
-        r->data_ok = 1;
-        break;
-    case WORK_COLLECTIVES:
-        r->data_ok = collectives(r);
-        break;
-    case WORK_ALLGATHER:
-        r->data_ok = allgather_slots(r);
-        break;
-    case WORK_ABORT:
-        boot_abort(r->b, RESHARD_ERR_BUFFER, "buffer too small");
-        break;
-    case WORK_LEAVE:
-        boot_close(r->b);
-        r->b = NULL;
-        break;
-    }
-    r->ms = now_ms() - t0;
-}
-
-static void *rank_main(void *arg)
-{
-    struct rank_run *r = arg;
-    int64_t t0 = now_ms();
-    rs_error_clear();
-    r->st = boot_init(&r->id, r->rank, r->size, r->timeout_ms, &r->b);
-    r->ms = now_ms() - t0;
-    if (r->st == RESHARD_OK)
-        do_work(r);
-    snprintf(r->msg, sizeof(r->msg), "%s", rs_error_message());
-    if (r->done)
-        sem_post(r->done);
-    return NULL;
-}
-
-static void prep(struct rank_run *r, const struct boot_id *id, int rank, int size, int timeout_ms,
-                 enum work work)
-{
-    memset(r, 0, sizeof(*r));
-    r->id = *id;
-    r->rank = rank;
-    r->size = size;
-    r->timeout_ms = timeout_ms;
-    r->work = work;
-}
-
-static void launch(struct rank_run *r)
-{
-    cr_assert_eq(pthread_create(&r->thread, NULL, rank_main, r), 0);
-}
-
-static void start(struct rank_run *r, const struct boot_id *id, int rank, int size, int timeout_ms,
-                  enum work work)
-{
-    prep(r, id, rank, size, timeout_ms, work);
-    launch(r);
-}
-
-static void *work_main(void *arg)
-{
-    struct rank_run *r = arg;
-    do_work(r);
-    snprintf(r->msg, sizeof(r->msg), "%s", rs_error_message());
-    return NULL;
-}
-
-/* Every rank of r (already joined) runs `work` on its open bootstrap, in its own thread. */
-static void work_all(struct rank_run *r, int n, enum work work)
-{
-    for (int i = 0; i < n; i++) {
-        r[i].work = work;
-        cr_assert_eq(pthread_create(&r[i].thread, NULL, work_main, &r[i]), 0);
-    }
-}
-
-static void finish(struct rank_run *r)
-{
-    pthread_join(r->thread, NULL);
-}
-
-static void finish_all(struct rank_run *r, int n)
-{
-    for (int i = 0; i < n; i++)
-        finish(&r[i]);
-}
-
-static void close_all(struct rank_run *r, int n)
-{
-    for (int i = 0; i < n; i++)
-        boot_close(r[i].b);
-}
-
-static void assert_all_ok(struct rank_run *r, int n)
-{
-    for (int i = 0; i < n; i++) {
-        cr_assert_eq(r[i].st, RESHARD_OK, "rank %d: %s: %s", r[i].rank, rs_status_name(r[i].st),
-                     r[i].msg);
-        cr_assert(r[i].data_ok, "rank %d saw wrong data", r[i].rank);
-    }
-}
-
-/* n ranks of id run the collectives together; every one must succeed with the right data. */
-static void run_job_ok(const struct boot_id *id, int n)
-{
-    struct rank_run r[8];
-    for (int i = 0; i < n; i++)
-        start(&r[i], id, i, n, 10000, WORK_COLLECTIVES);
-    finish_all(r, n);
-    assert_all_ok(r, n);
-    close_all(r, n);
-}
 
 Test(bootstrap, four_ranks_agree_on_allgather_bcast_and_barrier, .timeout = 30)
 {
@@ -274,7 +46,7 @@ Test(bootstrap, sixty_four_ranks_allgather_64_kib_each, .timeout = 60)
     struct boot_id id;
     struct rank_run *r = calloc(N, sizeof(*r));
     cr_assert_not_null(r);
-    loopback_id(free_port(), SECRET, &id);
+    listening_id(&id);
     for (int i = 0; i < N; i++) {
         prep(&r[i], &id, i, N, 20000, WORK_NONE);
         r[i].bytes = 64 * 1024;
@@ -383,12 +155,16 @@ Test(bootstrap, ipv6_loopback_works, .timeout = 30)
 {
     struct boot_id id;
     char got[80], want[32];
-    int port = held_port(AF_INET6);
-    if (port < 0)
+    if (held_port(AF_INET6) < 0)
         cr_skip_test("no IPv6 loopback on this host");
-    cr_assert_eq(boot_id_from_addr("::1", port, SECRET, &id), RESHARD_OK, "%s", rs_error_message());
-    snprintf(want, sizeof(want), "[::1]:%d", port);
-    cr_assert_str_eq(boot_id_addr(&id, got, sizeof(got)), want);
+    cr_assert_eq(boot_id_from_addr("::1", 4242, SECRET, &id), RESHARD_OK, "%s", rs_error_message());
+    cr_assert_str_eq(boot_id_addr(&id, got, sizeof(got)), "[::1]:4242");
+    /* A listener of the kernel's pick (a port chosen ahead could be taken meanwhile). */
+    setenv("RESHARD_BOOT_ADDR", "::1", 1);
+    rs_param_reload();
+    cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+    snprintf(want, sizeof(want), "[::1]:");
+    cr_assert(strstr(boot_id_addr(&id, got, sizeof(got)), want) == got, "%s", got);
     run_job_ok(&id, 3);
 }
 
@@ -408,34 +184,6 @@ Test(bootstrap, configured_address_and_port_are_where_the_id_listens, .timeout =
     run_job_ok(&id, 2);
 }
 
-/* Every warning logged (base/log's sink), one a line. */
-static pthread_mutex_t warned_lock = PTHREAD_MUTEX_INITIALIZER;
-static char warned[4 * RS_ERROR_MAX];
-
-static void capture_warning(enum rs_log_level level, unsigned long flags, const char *msg)
-{
-    (void)flags;
-    if (level != RS_LOG_WARN)
-        return;
-    pthread_mutex_lock(&warned_lock);
-    size_t used = strlen(warned);
-    snprintf(warned + used, sizeof(warned) - used, "%s\n", msg);
-    pthread_mutex_unlock(&warned_lock);
-}
-
-/* A plain TCP connection to where id's rank 0 listens (127.0.0.1 here). */
-static int raw_connect(const struct boot_id *id)
-{
-    char addr[80];
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    boot_id_addr(id, addr, sizeof(addr));
-    a.sin_port = htons((uint16_t)atoi(strrchr(addr, ':') + 1));
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    return fd;
-}
-
 Test(bootstrap, stray_connections_neither_stall_nor_join_the_rendezvous, .timeout = 30)
 {
     struct boot_id id;
@@ -453,7 +201,7 @@ Test(bootstrap, stray_connections_neither_stall_nor_join_the_rendezvous, .timeou
     finish_all(r, 2);
     assert_all_ok(r, 2);
     /* The junk was refused at once; the silent one when the job no longer needed anyone. */
-    cr_assert(strstr(warned, "no valid hello (the peer sent a malformed frame (bad magic)"), "%s",
+    cr_assert(strstr(warned, "no valid opening (the peer sent a malformed frame (bad magic)"), "%s",
               warned);
     cr_assert(strstr(boot_refusal(r[0].b), "every rank has arrived"), "%s", boot_refusal(r[0].b));
     close(silent);
@@ -466,13 +214,17 @@ Test(bootstrap, wrong_secret_is_refused_and_the_job_still_completes, .timeout = 
     struct boot_id id, bad;
     struct rank_run r[2];
     struct boot *intruder = NULL;
-    int port = free_port();
     rs_log_set_sink(capture_warning);
-    loopback_id(port, SECRET, &id);
-    loopback_id(port, "another job", &bad);
+    listening_id(&id);
+    same_place_id(&id, "another job", &bad);
     start(&r[0], &id, 0, 2, 10000, WORK_COLLECTIVES);
-    cr_assert_eq(boot_init(&bad, 1, 2, 10000, &intruder), RESHARD_ERR_REFUSED, "%s",
-                 rs_error_message());
+    reshard_status_t st = boot_init(&bad, 1, 2, 10000, &intruder);
+    if (st != RESHARD_ERR_REFUSED) {
+        char why[RS_ERROR_MAX];
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        finish(&r[0]);
+        cr_assert_fail("intruder: %s; rank 0: %s", why, r[0].msg);
+    }
     cr_assert_null(intruder);
     cr_assert(strstr(rs_error_message(), "wrong secret"), "%s", rs_error_message());
     start(&r[1], &id, 1, 2, 10000, WORK_COLLECTIVES);
@@ -515,7 +267,7 @@ Test(bootstrap, peer_of_another_size_is_refused, .timeout = 30)
     struct boot_id id;
     struct rank_run r[2];
     struct boot *stray = NULL;
-    loopback_id(free_port(), SECRET, &id);
+    listening_id(&id);
     start(&r[0], &id, 0, 2, 10000, WORK_COLLECTIVES);
     cr_assert_eq(boot_init(&id, 1, 3, 10000, &stray), RESHARD_ERR_REFUSED, "%s",
                  rs_error_message());
@@ -645,45 +397,6 @@ Test(bootstrap, ranks_passing_different_sizes_are_told, .timeout = 30)
 
 /* ---- launcher environment ---- */
 
-static void clear_launcher_env(void)
-{
-    static const char *const names[] = {"MASTER_ADDR",
-                                        "MASTER_PORT",
-                                        "RANK",
-                                        "WORLD_SIZE",
-                                        "LOCAL_RANK",
-                                        "LOCAL_WORLD_SIZE",
-                                        "TORCHELASTIC_RUN_ID",
-                                        "OMPI_COMM_WORLD_RANK",
-                                        "OMPI_COMM_WORLD_SIZE",
-                                        "OMPI_COMM_WORLD_LOCAL_RANK",
-                                        "OMPI_COMM_WORLD_LOCAL_SIZE",
-                                        "OMPI_MCA_orte_ess_jobid",
-                                        "PMIX_NAMESPACE",
-                                        "SLURM_PROCID",
-                                        "SLURM_NTASKS",
-                                        "SLURM_LOCALID",
-                                        "SLURM_NTASKS_PER_NODE",
-                                        "SLURM_STEP_TASKS_PER_NODE",
-                                        "SLURM_STEP_NODELIST",
-                                        "SLURM_JOB_NODELIST",
-                                        "SLURM_JOB_ID",
-                                        "SLURM_STEP_ID"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        unsetenv(names[i]);
-}
-
-static void set_torchrun(const char *run_id)
-{
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", "29400", 1);
-    setenv("RANK", "3", 1);
-    setenv("WORLD_SIZE", "8", 1);
-    setenv("LOCAL_RANK", "1", 1);
-    setenv("LOCAL_WORLD_SIZE", "4", 1);
-    setenv("TORCHELASTIC_RUN_ID", run_id, 1);
-}
-
 static void read_env(struct boot_env *e)
 {
     cr_assert_eq(boot_env_read(e), RESHARD_OK, "%s", rs_error_message());
@@ -795,4 +508,87 @@ Test(bootstrap_env, no_launcher_says_what_to_set)
     struct boot_env e;
     cr_assert_eq(boot_env_read(&e), RESHARD_ERR_INVALID_ARG);
     cr_assert(strstr(rs_error_message(), "no launcher environment"), "%s", rs_error_message());
+}
+
+/* reshard_get_unique_id, and reshard_comm_init_nccl through it: each id a secret of its own. */
+Test(bootstrap, every_id_made_here_carries_a_fresh_random_secret)
+{
+    struct boot_id a, b;
+    static const unsigned char zero[32];
+    cr_assert_eq(boot_id_create(&a), RESHARD_OK, "%s", rs_error_message());
+    cr_assert_eq(boot_id_create(&b), RESHARD_OK, "%s", rs_error_message());
+    cr_assert_neq(memcmp(a.bytes + 28, b.bytes + 28, 32), 0);
+    cr_assert_neq(memcmp(a.bytes + 28, zero, 32), 0);
+    boot_id_release(&a);
+    boot_id_release(&b);
+}
+
+/* Rank `rank` of 2 (a forked child) whose n-th allocation fails: exit 0 when it formed and
+ * gathered, 2 when it failed as out of memory, saying so, else 1. */
+static void oom_rank(const struct boot_id *id, int rank, long n)
+{
+    struct boot *b = NULL;
+    unsigned char all[2 * 8] = {0};
+    rs_test_fail_alloc(n);
+    reshard_status_t st = boot_init(id, rank, 2, 3000, &b);
+    if (st == RESHARD_OK)
+        st = boot_allgather(b, all, 8);
+    rs_test_fail_alloc(0);
+    boot_close(b);
+    if (st == RESHARD_OK)
+        _exit(0);
+    _exit(st == RESHARD_ERR_NO_MEMORY && strstr(rs_error_message(), "out of memory") ? 2 : 1);
+}
+
+/* Every allocation of rank `rank` of a 2-rank job, made to fail one at a time: that rank fails
+ * cleanly, and the other never hangs on it. */
+static void oom_each_allocation_of(int rank)
+{
+    int failed = 0, other = 1 - rank;
+    long n;
+    char name[16];
+    snprintf(name, sizeof(name), "rank %d", rank);
+    for (n = 1; n < 200; n++) {
+        struct boot_id id;
+        struct rank_run r;
+        cr_assert_eq(boot_id_create(&id), RESHARD_OK, "%s", rs_error_message());
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0)
+            oom_rank(&id, rank, n);
+        prep(&r, &id, other, 2, 1500, WORK_ALLGATHER);
+        r.bytes = 8;
+        launch(&r);
+        int ws = -1;
+        cr_assert_eq(waitpid(pid, &ws, 0), pid);
+        finish(&r);
+        boot_id_release(&id);
+        cr_assert(WIFEXITED(ws), "allocation %ld: %s crashed (%#x)", n, name, ws);
+        int rc = WEXITSTATUS(ws);
+        cr_assert_neq(rc, 1, "allocation %ld: %s failed otherwise", n, name);
+        boot_close(r.b);
+        if (rc == 0) {
+            cr_assert_eq(r.st, RESHARD_OK, "%s", r.msg);
+            break;
+        }
+        /* The other fails naming it (or was done: it failed taking the allgather's last
+         * frame), within its timeout. */
+        cr_assert(r.st == RESHARD_OK || strstr(r.msg, name), "allocation %ld: %s", n, r.msg);
+        cr_assert_lt(r.init_ms + r.ms, 1500 + 3000 + 2000, "allocation %ld: %lld ms", n,
+                     (long long)(r.init_ms + r.ms));
+        failed++;
+    }
+    cr_assert_lt(n, 200, "%s never got through", name);
+    cr_assert_geq(failed, 10, "only %d allocations were tried", failed);
+    fprintf(stderr, "bootstrap: %d allocations of %s each failed cleanly\n", failed, name);
+}
+
+Test(bootstrap, out_of_memory_anywhere_in_a_joiner_fails_it_cleanly, .timeout = 120)
+{
+    oom_each_allocation_of(1);
+}
+
+Test(bootstrap, out_of_memory_anywhere_in_rank_0_with_a_peer_fails_it_cleanly, .timeout = 120)
+{
+    oom_each_allocation_of(0);
 }

@@ -372,3 +372,39 @@ Test(sock_frame, cancel_flag_ends_a_wait_within_its_poll_interval)
     cr_assert_eq(failed, 0);
     assert_message_has("allgather: aborted");
 }
+
+Test(sock_frame, a_stream_that_is_not_ours_is_refused_at_its_first_wrong_byte)
+{
+    unsigned char data[64];
+    struct sock_xfer x;
+    cr_assert_eq(write(sv[1], "R", 1), 1); /* a right first byte: more is awaited */
+    sock_xfer_init(&x, sv[0], "rank 1 (test)", 0, gather3, data);
+    cr_assert_eq(sock_xfer_step(&x, NULL), RESHARD_OK);
+    cr_assert(!x.finished && !x.foreign && x.hdr_done == 1);
+    cr_assert_eq(write(sv[1], "X", 1), 1); /* "RX" is no frame's start */
+    cr_assert_eq(sock_xfer_step(&x, NULL), RESHARD_ERR_NETWORK);
+    cr_assert(x.foreign, "the stream was not taken for a foreign one");
+    assert_message_has("bad magic");
+}
+
+Test(sock_frame, a_busy_answer_ends_a_receive_with_busy_and_its_text)
+{
+    static const char text[] = "no room; try again";
+    unsigned char data[64];
+    struct sock_frame_error err;
+    struct sock_frame_hdr busy = {.type = SOCK_FRAME_BUSY, .len = sizeof(text) - 1};
+    peer_sends(&busy, text, sizeof(text) - 1);
+    cr_assert_eq(receive(gather3, data, &err), RESHARD_ERR_BUSY);
+    assert_message_has("rank 1 (test) is busy: no room; try again");
+}
+
+Test(sock_frame, a_close_before_any_byte_is_told_from_a_malformed_stream)
+{
+    unsigned char data[64];
+    struct sock_xfer x;
+    sock_close(&sv[1]);
+    sock_xfer_init(&x, sv[0], "rank 1 (test)", 0, gather3, data);
+    cr_assert_eq(sock_xfer_step(&x, NULL), RESHARD_ERR_NETWORK);
+    cr_assert(x.eof && !x.foreign && x.hdr_done == 0);
+    assert_message_has("closed the connection");
+}

@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -91,6 +92,31 @@ Test(sock, accept_with_nobody_waiting_gives_no_socket)
     int lfd = listen_loopback(&a), s = 7;
     cr_assert_eq(sock_accept(lfd, &s, &peer), RESHARD_OK, "%s", rs_error_message());
     cr_assert_eq(s, -1);
+    sock_close(&lfd);
+}
+
+Test(sock, accept_past_the_descriptor_limit_says_which_limit_to_raise)
+{
+    union sock_addr a, peer;
+    int lfd = listen_loopback(&a), c = -1, s = -1;
+    cr_assert_eq(sock_connect(&a, "rank 0", rs_now_ms() + 2000, 2000, &c), RESHARD_OK, "%s",
+                 rs_error_message());
+    int next = dup(0); /* the lowest free descriptor: allow none from it on */
+    cr_assert_geq(next, 0);
+    close(next);
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    rl.rlim_cur = (rlim_t)next;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0, "%m");
+    reshard_status_t st = RESHARD_OK;
+    for (int64_t end = rs_now_ms() + 2000; st == RESHARD_OK && s < 0 && rs_now_ms() < end;)
+        st = sock_accept(lfd, &s, &peer);
+    cr_assert_eq(st, RESHARD_ERR_TOO_LARGE, "%s", rs_error_message());
+    char want[64];
+    snprintf(want, sizeof(want), "RLIMIT_NOFILE is %d", next);
+    assert_message_has(want);
+    assert_message_has("ulimit -n");
+    sock_close(&c);
     sock_close(&lfd);
 }
 

@@ -64,6 +64,12 @@ int plan_keeps(const struct build *b, enum plan_op_kind kind, int src, int dst)
 reshard_status_t plan_emit(struct build *b, enum plan_op_kind kind, int src, int dst, uint32_t box,
                            uint32_t parent, int *kept)
 {
+    return plan_emit_for(b, b->tensor, b->at_src, kind, src, dst, box, parent, kept);
+}
+
+reshard_status_t plan_emit_for(struct build *b, uint32_t tensor, int at_src, enum plan_op_kind kind,
+                               int src, int dst, uint32_t box, uint32_t parent, int *kept)
+{
     struct rs_plan *p = b->plan;
     if (kept)
         *kept = 0;
@@ -82,7 +88,8 @@ reshard_status_t plan_emit(struct build *b, enum plan_op_kind kind, int src, int
         p->ops = o;
     }
     p->ops[p->nops++] = (struct plan_op){.box = box,
-                                         .tensor = b->tensor,
+                                         .tensor = tensor,
+                                         .at_src = (uint32_t)at_src,
                                          .parent = parent,
                                          .src = src,
                                          .dst = dst,
@@ -108,7 +115,46 @@ static void format_shape(char *buf, size_t n, const struct rs_layout *l)
             (size_t)snprintf(buf + used, n - used, "%s%lld", d ? "x" : "", (long long)l->shape[d]);
 }
 
-static reshard_status_t check_pair(const struct plan_tensor *t, const struct rs_topo *topo)
+static int same_quant(const struct rs_quant *a, const struct rs_quant *b)
+{
+    return a->kind == b->kind && a->rows == b->rows && a->cols == b->cols;
+}
+
+/* Equal dtypes, or a quantized destination: of the same FP8 format and blocks (MOVE), or of a
+ * bf16, f16 or f32 source (CAST). Sets t->quant. */
+static reshard_status_t check_dtypes(struct plan_tensor *t)
+{
+    const struct rs_layout *s = &t->src, *d = &t->dst;
+    t->quant = PLAN_QUANT_NONE;
+    if (d->quant.kind != RS_QUANT_NONE) {
+        if (s->dtype == d->dtype && same_quant(&s->quant, &d->quant)) {
+            t->quant = PLAN_QUANT_MOVE;
+            return RESHARD_OK;
+        }
+        if (s->quant.kind == RS_QUANT_NONE &&
+            (s->dtype == RS_DTYPE_BF16 || s->dtype == RS_DTYPE_F16 || s->dtype == RS_DTYPE_F32)) {
+            t->quant = PLAN_QUANT_CAST;
+            return RESHARD_OK;
+        }
+        return rs_error(RESHARD_ERR_MISMATCH,
+                        "tensor '%s': a quantized %s destination takes a bf16, f16 or f32 source, "
+                        "or %s with the same quant, not %s%s",
+                        t->name, dtype_name(d->dtype), dtype_name(d->dtype), dtype_name(s->dtype),
+                        s->quant.kind != RS_QUANT_NONE ? " with other blocks" : "");
+    }
+    if (s->quant.kind != RS_QUANT_NONE)
+        return rs_error(RESHARD_ERR_MISMATCH,
+                        "tensor '%s': a quantized source needs a destination quantized alike "
+                        "(its scales have nowhere to go)",
+                        t->name);
+    if (s->dtype != d->dtype)
+        return rs_error(RESHARD_ERR_MISMATCH,
+                        "tensor '%s': source dtype %s differs from destination dtype %s", t->name,
+                        dtype_name(s->dtype), dtype_name(d->dtype));
+    return RESHARD_OK;
+}
+
+static reshard_status_t check_pair(struct plan_tensor *t, const struct rs_topo *topo)
 {
     const struct rs_layout *s = &t->src, *d = &t->dst;
     int same = s->ndim == d->ndim;
@@ -122,10 +168,7 @@ static reshard_status_t check_pair(const struct plan_tensor *t, const struct rs_
                         "tensor '%s': source shape %s differs from destination shape %s", t->name,
                         a, b);
     }
-    if (s->dtype != d->dtype)
-        return rs_error(RESHARD_ERR_MISMATCH,
-                        "tensor '%s': source dtype %s differs from destination dtype %s", t->name,
-                        dtype_name(s->dtype), dtype_name(d->dtype));
+    RS_CHECK(check_dtypes(t));
     for (int side = 0; side < 2; side++) {
         const struct rs_layout *l = side ? d : s;
         const struct rs_shardmap *m = side ? &t->dst_map : &t->src_map;
@@ -135,6 +178,18 @@ static reshard_status_t check_pair(const struct plan_tensor *t, const struct rs_
                             "tensor '%s': %s rank %d is outside the communicator of %d ranks",
                             t->name, side ? "destination" : "source", highest, topo->nranks);
     }
+    return RESHARD_OK;
+}
+
+static reshard_status_t set_sides(struct rs_plan *p, struct plan_tensor *t,
+                                  const struct rs_layout *src, const struct rs_layout *dst)
+{
+    RS_CHECK(plan_cache_side(p, src, t->name, "source", &t->src_side));
+    RS_CHECK(plan_cache_side(p, dst, t->name, "destination", &t->dst_side));
+    t->src = t->src_side->layout;
+    t->dst = t->dst_side->layout;
+    t->src_map = t->src_side->map;
+    t->dst_map = t->dst_side->map;
     return RESHARD_OK;
 }
 
@@ -151,13 +206,48 @@ static reshard_status_t add_tensor(struct rs_plan *p, int i, const struct plan_i
     if (!in->src || !in->dst)
         return rs_error(RESHARD_ERR_INVALID_ARG, "tensor '%s': missing %s layout", t->name,
                         in->src ? "destination" : "source");
-    RS_CHECK(plan_cache_side(p, in->src, t->name, "source", &t->src_side));
-    RS_CHECK(plan_cache_side(p, in->dst, t->name, "destination", &t->dst_side));
-    t->src = t->src_side->layout;
-    t->dst = t->dst_side->layout;
-    t->src_map = t->src_side->map;
-    t->dst_map = t->dst_side->map;
+    t->scales = t->scales_of = -1;
+    RS_CHECK(set_sides(p, t, in->src, in->dst));
     return check_pair(t, &p->topo);
+}
+
+/* The scales tensor of quantized weight w, at index i. */
+static reshard_status_t add_scales(struct rs_plan *p, int w, int i, const char *given)
+{
+    struct plan_tensor *pw = &p->tensors[w], *t = &p->tensors[i];
+    const char *name = pw->name, *suffix = ".weight";
+    size_t n = strlen(name), sn = strlen(suffix);
+    int weight = n >= sn && !strcmp(name + n - sn, suffix);
+    size_t need = given ? strlen(given) + 1 : n + strlen(weight ? "_scale_inv" : ".scale") + 1;
+    if (!(t->name = rs_calloc(need, 1, "tensor name")))
+        return RESHARD_ERR_NO_MEMORY;
+    snprintf(t->name, need, "%s%s", given ? given : name,
+             given    ? ""
+             : weight ? "_scale_inv"
+                      : ".scale");
+    t->scales = -1;
+    t->scales_of = w;
+    pw->scales = i;
+    RS_CHECK(quant_check_aligned(&pw->dst_map, &pw->dst, pw->name, "destination"));
+    if (pw->quant == PLAN_QUANT_MOVE)
+        RS_CHECK(quant_check_aligned(&pw->src_map, &pw->src, pw->name, "source"));
+    struct rs_layout src, dst;
+    quant_scales_layout(&pw->src, pw->quant == PLAN_QUANT_CAST, &src);
+    quant_scales_layout(&pw->dst, 0, &dst);
+    RS_CHECK(set_sides(p, t, &src, &dst));
+    RS_CHECK(quant_check_follow(&pw->dst_map, &t->dst_map, pw->name));
+    if (pw->quant == PLAN_QUANT_MOVE)
+        RS_CHECK(quant_check_follow(&pw->src_map, &t->src_map, pw->name));
+    return RESHARD_OK;
+}
+
+reshard_status_t plan_tensor_grid(const struct plan_tensor *pt, struct rs_grid *g)
+{
+    RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, g));
+    reshard_status_t st = pt->quant == PLAN_QUANT_CAST ? quant_cut_grid(g, &pt->dst) : RESHARD_OK;
+    if (st != RESHARD_OK)
+        grid_free(g);
+    return st;
 }
 
 reshard_status_t plan_tensor_tdoms(struct rs_plan *p, int t, const struct tuple_domains **src,
@@ -233,6 +323,8 @@ static reshard_status_t plan_tensor(struct build *b, uint32_t t)
 {
     struct rs_plan *p = b->plan;
     const struct plan_tensor *pt = &p->tensors[t];
+    if (pt->scales_of >= 0 && p->tensors[pt->scales_of].quant == PLAN_QUANT_CAST)
+        return RESHARD_OK; /* computed where its weight is quantized: planned with the weight */
     int src_pos = -1, dst_pos = -1;
     if (p->scope != PLAN_ALL_RANKS) {
         src_pos = shardmap_position(&pt->src_map, p->scope);
@@ -245,8 +337,9 @@ static reshard_status_t plan_tensor(struct build *b, uint32_t t)
     b->ndim = pt->dst.ndim;
     b->esize = (int64_t)dtype_size(pt->dst.dtype);
     b->salt = plan_rule_mix((uint64_t)t, 0, 0);
+    b->at_src = 0;
     RS_CHECK(plan_tensor_tdoms(p, (int)t, &b->src_td, &b->dst_td));
-    RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, &b->grid));
+    RS_CHECK(plan_tensor_grid(pt, &b->grid));
     int lost = -1;
     reshard_status_t st;
     if (p->scope == PLAN_ALL_RANKS) {
@@ -311,12 +404,26 @@ static reshard_status_t plan_init(struct rs_plan *p, const struct plan_input *in
     if (opts && opts->max_ops > 0)
         p->opts.max_ops = opts->max_ops;
     RS_CHECK(topo_copy(topo, &p->topo));
-    p->tensors = rs_calloc((size_t)ntensors, sizeof(*p->tensors), "plan tensors");
+    int nq = 0; /* scales tensors */
+    for (int t = 0; t < ntensors; t++)
+        nq += in[t].dst && in[t].dst->quant.kind != RS_QUANT_NONE;
+    if (ntensors + nq > PLAN_MAX_TENSORS)
+        return rs_error(RESHARD_ERR_TOO_LARGE,
+                        "plan: %d tensors and %d scales, more than the %d one plan holds", ntensors,
+                        nq, PLAN_MAX_TENSORS);
+    p->tensors = rs_calloc((size_t)(ntensors + nq), sizeof(*p->tensors), "plan tensors");
     if (!p->tensors)
         return RESHARD_ERR_NO_MEMORY;
-    p->ntensors = ntensors;
-    for (int t = 0; t < ntensors; t++)
+    p->ninputs = ntensors;
+    for (int t = 0; t < ntensors; t++) {
+        p->ntensors = t + 1; /* what plan_free frees */
         RS_CHECK(add_tensor(p, t, &in[t]));
+    }
+    for (int t = 0; t < ntensors; t++)
+        if (p->tensors[t].quant != PLAN_QUANT_NONE) {
+            p->ntensors++;
+            RS_CHECK(add_scales(p, t, p->ntensors - 1, in[t].scales_name));
+        }
     RS_CHECK(check_volume(p));
     p->hash = inputs_hash(p);
     return RESHARD_OK;
@@ -347,6 +454,15 @@ reshard_status_t plan_build(const struct plan_input *in, int ntensors, const str
 err_free_plan:
     plan_free(p);
     return st;
+}
+
+void plan_inputs_of(const struct rs_plan *p, struct plan_input *in)
+{
+    for (int t = 0; t < p->ninputs; t++) {
+        const struct plan_tensor *pt = &p->tensors[t];
+        in[t] = (struct plan_input){pt->name, &pt->src, &pt->dst,
+                                    pt->scales >= 0 ? p->tensors[pt->scales].name : NULL};
+    }
 }
 
 void plan_free(struct rs_plan *p)

@@ -21,6 +21,7 @@
 #include "boxes.h"
 #include "dtype.h"
 #include "layout.h"
+#include "quant.h"
 #include "topo.h"
 
 #include <stddef.h>
@@ -34,7 +35,8 @@ enum plan_op_kind { PLAN_OP_SELF, PLAN_OP_LOCAL, PLAN_OP_NET, PLAN_OP_FWD };
  * takes to plan one; the byte count follows from the box (plan_op_bytes). */
 struct plan_op {
     uint32_t box; /* plan->boxes.coords[box ..]: start[ndim], then len[ndim] */
-    uint32_t tensor : 30;
+    uint32_t tensor : 29;
+    uint32_t at_src : 1; /* a CAST tensor's box, quantized by the sender: its bytes are FP8 */
     uint32_t kind : 2;
     /* FWD: index of the NET op that delivered the box to src; in a rank's plan, PLAN_NO_PARENT
      * when that op is not the rank's own (the rank receives the forward) */
@@ -42,7 +44,7 @@ struct plan_op {
     int32_t src, dst;
 };
 
-#define PLAN_MAX_TENSORS (1 << 30) /* the width of plan_op.tensor */
+#define PLAN_MAX_TENSORS (1 << 29) /* the width of plan_op.tensor */
 
 struct plan_side;
 
@@ -52,6 +54,8 @@ struct plan_side;
  * once per tensor. */
 struct plan_tensor {
     char *name;                          /* owned */
+    enum plan_quant_mode quant;          /* of a weight with a quantized destination */
+    int scales, scales_of;               /* its scales tensor / a scales tensor's weight, or -1 */
     struct rs_layout src, dst;           /* copies whose rank lists are the cache's */
     struct rs_shardmap src_map, dst_map; /* copies of the cache's */
     struct plan_side *src_side, *dst_side;
@@ -73,6 +77,9 @@ struct plan_opts { /* a field <= 0 takes its default */
 struct plan_input {
     const char *name; /* may be NULL */
     const struct rs_layout *src, *dst;
+    /* A quantized destination's scales tensor (NULL: the name with ".weight" made
+     * ".weight_scale_inv", as vLLM names them, else with ".scale" appended). */
+    const char *scales_name;
 };
 
 #define PLAN_ALL_RANKS (-1)
@@ -81,7 +88,9 @@ struct plan_cache;
 struct tuple_domains;
 
 struct rs_plan {
-    int ntensors;
+    /* tensors[0 .. ninputs) are the caller's, in order; the scales tensors of the quantized ones
+     * follow, in the order of their weights. */
+    int ntensors, ninputs;
     struct plan_tensor *tensors;
     struct rs_topo topo;
     struct plan_opts opts;
@@ -100,6 +109,11 @@ struct rs_plan {
 reshard_status_t plan_build(const struct plan_input *in, int ntensors, const struct rs_topo *topo,
                             const struct plan_opts *opts, int scope, struct rs_plan **out);
 void plan_free(struct rs_plan *plan);
+/* The caller's inputs again (ninputs of them, scales names included), to plan the same tensors
+ * on another topology or scope; in borrows the plan's layouts. */
+void plan_inputs_of(const struct rs_plan *p, struct plan_input *in);
+/* A tensor's overlap grid (for a tensor quantized on the way, cut at its blocks). */
+reshard_status_t plan_tensor_grid(const struct plan_tensor *pt, struct rs_grid *g);
 /* The tuple domains of a tensor's side (built once per distinct layout and kept). */
 reshard_status_t plan_tensor_tdoms(struct rs_plan *p, int t, const struct tuple_domains **src,
                                    const struct tuple_domains **dst);
@@ -114,12 +128,16 @@ static inline const int64_t *plan_op_len(const struct rs_plan *p, const struct p
     return p->boxes.coords + op->box + p->tensors[op->tensor].dst.ndim;
 }
 
-/* The bytes an op moves, in the destination dtype. */
+/* The bytes an op moves: in the destination dtype, or the source's for a box of a tensor quantized
+ * at its destination. */
 static inline int64_t plan_op_bytes(const struct rs_plan *p, const struct plan_op *op)
 {
-    const struct rs_layout *l = &p->tensors[op->tensor].dst;
+    const struct plan_tensor *t = &p->tensors[op->tensor];
+    const struct rs_layout *l = &t->dst;
     const int64_t *len = p->boxes.coords + op->box + l->ndim;
-    int64_t v = (int64_t)dtype_size(l->dtype);
+    /* a CAST tensor's box travels in the source dtype unless its sender quantizes it */
+    int64_t v =
+        (int64_t)dtype_size(t->quant == PLAN_QUANT_CAST && !op->at_src ? t->src.dtype : l->dtype);
     for (int d = 0; d < l->ndim; d++)
         v *= len[d];
     return v;

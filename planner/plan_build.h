@@ -51,6 +51,7 @@ struct build {
     int ndim;
     int64_t esize;
     uint64_t salt; /* the tensor's rotation, from its index */
+    int at_src;    /* a CAST tensor: the current cell is quantized by its sender */
     struct rs_grid grid;
     const struct tuple_domains *src_td, *dst_td;
     /* Tensors with a piece that a destination needs and only absent ranks held: the plan
@@ -66,7 +67,16 @@ struct plan_cell {
     int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS];
     uint32_t box; /* PLAN_NO_BOX until an op needs it */
     int64_t bytes;
+    /* a CAST tensor's cell quantized at its source: the scales of the blocks starting in it,
+     * their box (PLAN_NO_BOX until needed), and whether there are any */
+    int has_scales;
+    int64_t sstart[RS_MAX_DIMS], slen[RS_MAX_DIMS];
+    uint32_t sbox;
 };
+
+/* Appends one op of the cell's scales (the weight's scales tensor), if the pass keeps it. */
+reshard_status_t plan_emit_scales(struct build *b, struct plan_cell *cell, enum plan_op_kind kind,
+                                  int src, int dst, uint32_t parent, int *kept);
 
 #define PLAN_NO_BOX UINT32_MAX
 
@@ -75,6 +85,9 @@ reshard_status_t plan_cell_box(struct build *b, struct plan_cell *cell);
 /* Appends an op if the pass keeps it (kept: 1 when it did, when asked). */
 reshard_status_t plan_emit(struct build *b, enum plan_op_kind kind, int src, int dst, uint32_t box,
                            uint32_t parent, int *kept);
+/* The same for another tensor of the plan (a weight's scales), with its own at_src flag. */
+reshard_status_t plan_emit_for(struct build *b, uint32_t tensor, int at_src, enum plan_op_kind kind,
+                               int src, int dst, uint32_t box, uint32_t parent, int *kept);
 /* Is the op kept by this pass? */
 int plan_keeps(const struct build *b, enum plan_op_kind kind, int src, int dst);
 /* The passes over a tensor's cells: every cell (KEEP_ALL); the cells of the scope rank's

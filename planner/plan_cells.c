@@ -32,6 +32,7 @@ static reshard_status_t serve_locally(struct build *b, struct plan_cell *cell,
         } else {
             kind = PLAN_OP_SELF;
         }
+        RS_CHECK(plan_emit_scales(b, cell, kind, from, n, PLAN_NO_PARENT, NULL));
         if (!plan_keeps(b, kind, from, n))
             continue;
         RS_CHECK(plan_cell_box(b, cell));
@@ -58,10 +59,27 @@ static reshard_status_t serve_run(struct build *b, struct plan_cell *cell, int r
 
 static void cell_fill(struct build *b, const struct grid_cursor *c, struct plan_cell *cell)
 {
+    const struct plan_tensor *pt = b->pt;
     cell->c = *c;
     grid_cell_box(&b->grid, c, cell->start, cell->len);
-    cell->box = PLAN_NO_BOX;
+    cell->box = cell->sbox = PLAN_NO_BOX;
+    b->at_src =
+        pt->quant == PLAN_QUANT_CAST && quant_cell_at_src(&pt->src_map, &pt->dst, &b->grid, c);
+    cell->has_scales =
+        b->at_src && quant_scale_box(&pt->dst, cell->start, cell->len, cell->sstart, cell->slen);
     cell->bytes = c->volume * b->esize;
+}
+
+reshard_status_t plan_emit_scales(struct build *b, struct plan_cell *cell, enum plan_op_kind kind,
+                                  int src, int dst, uint32_t parent, int *kept)
+{
+    if (kept)
+        *kept = 0;
+    if (!cell->has_scales || !plan_keeps(b, kind, src, dst))
+        return RESHARD_OK;
+    if (cell->sbox == PLAN_NO_BOX)
+        RS_CHECK(boxes_push(&b->plan->boxes, b->ndim, cell->sstart, cell->slen, &cell->sbox));
+    return plan_emit_for(b, (uint32_t)b->pt->scales, 0, kind, src, dst, cell->sbox, parent, kept);
 }
 
 reshard_status_t plan_cells_all(struct build *b, int *lost)

@@ -92,21 +92,43 @@ static int64_t pieces_of(const struct build *b, const struct slice *s, int c, in
     return k < 1 ? 1 : k;
 }
 
+/* Who sends a slice: its class of holders, its number of pieces (and the dim they cut), and
+ * the rotation of the piece numbers. */
+struct senders {
+    const int *cls;
+    int c, dim;
+    int64_t k;
+    uint64_t rot;
+};
+
+static void senders_of(const struct build *b, const struct slice *s, int src_tuple,
+                       struct senders *out)
+{
+    const struct tuple_domains *td = b->src_td;
+    out->cls = tdom_rail(td, src_tuple, b->plan->topo.local_index[s->receiver], &out->c);
+    if (!out->c)
+        out->cls = tdom_ranks(td, src_tuple, &out->c);
+    out->k = pieces_of(b, s, out->c, &out->dim);
+    out->rot = (uint64_t)(s->total * out->k % out->c) ? b->salt : 0;
+}
+
+static int sender_of(const struct slice *s, const struct senders *w, int64_t q)
+{
+    uint64_t c = (uint64_t)w->c;
+    return w->cls[(uint64_t)(s->g * w->k + q + (int64_t)(w->rot % c)) % c];
+}
+
 /* Sends one slice to its receiver, from one holder or in pieces from several, and forwards
  * each piece to the receiver's fellow needers. */
 static reshard_status_t emit_slice(struct build *b, struct slice *s, int src_tuple,
                                    const struct tdom_run *need)
 {
-    const struct tuple_domains *td = b->src_td;
-    int c;
-    const int *cls = tdom_rail(td, src_tuple, b->plan->topo.local_index[s->receiver], &c);
-    if (!c)
-        cls = tdom_ranks(td, src_tuple, &c);
-    int dim;
-    int64_t k = pieces_of(b, s, c, &dim);
-    uint64_t rot = (uint64_t)(s->total * k % c) ? b->salt : 0;
+    struct senders w;
+    senders_of(b, s, src_tuple, &w);
+    int dim = w.dim;
+    int64_t k = w.k;
     for (int64_t q = 0; q < k; q++) {
-        int sender = cls[(uint64_t)(s->g * k + q + (int64_t)(rot % (uint64_t)c)) % (uint64_t)c];
+        int sender = sender_of(s, &w, q);
         int net = plan_keeps(b, PLAN_OP_NET, sender, s->receiver);
         int fwd = b->keep != KEEP_OUT_OF && need->end - need->begin > 1;
         if (!net && !fwd)
@@ -139,6 +161,30 @@ static reshard_status_t emit_slice(struct build *b, struct slice *s, int src_tup
     return RESHARD_OK;
 }
 
+/* The cell's scales: from the sender of slice 0's first piece to its receiver, and forwarded
+ * from there to the domain's other needers, as the weight's slices are. */
+static reshard_status_t emit_scales(struct build *b, struct plan_cell *cell,
+                                    const struct tdom_run *need, int receiver, int64_t g,
+                                    int64_t total, int dim, int64_t rows0)
+{
+    struct slice s = {.receiver = receiver, .g = g, .total = total};
+    memcpy(s.start, cell->start, sizeof(s.start));
+    memcpy(s.len, cell->len, sizeof(s.len));
+    s.len[dim] = rows0; /* slice 0's extent: what decides its pieces */
+    struct senders w;
+    senders_of(b, &s, cell->c.src_tuple, &w);
+    int kept;
+    RS_CHECK(plan_emit_scales(b, cell, PLAN_OP_NET, sender_of(&s, &w, 0), receiver, PLAN_NO_PARENT,
+                              &kept));
+    uint32_t parent = kept ? (uint32_t)(b->plan->nops - 1) : PLAN_NO_PARENT;
+    for (int r = need->begin; b->keep != KEEP_OUT_OF && r < need->end; r++) {
+        int peer = b->dst_td->rank[r];
+        if (peer != receiver)
+            RS_CHECK(plan_emit_scales(b, cell, PLAN_OP_FWD, receiver, peer, parent, NULL));
+    }
+    return RESHARD_OK;
+}
+
 reshard_status_t plan_net_unit(struct build *b, struct plan_cell *cell, int run)
 {
     const struct tuple_domains *d = b->dst_td;
@@ -151,6 +197,10 @@ reshard_status_t plan_net_unit(struct build *b, struct plan_cell *cell, int run)
     int64_t base = rows / m, extra = rows % m; /* slices 0 .. extra-1 get base + 1 */
     uint64_t rot = ((uint64_t)j + b->salt) % (uint64_t)m;
     for (int64_t i = 0; i < slices; i++) {
+        if (i == 0 && cell->has_scales) /* the scales go with slice 0's first piece */
+            RS_CHECK(emit_scales(b, cell, need, d->rank[need->begin + (int)(rot % (uint64_t)m)],
+                                 (int64_t)j * slices, (int64_t)runs * slices, dim,
+                                 slices == 1 ? rows : base + (extra > 0)));
         struct slice s = {.box = PLAN_NO_BOX,
                           .receiver =
                               d->rank[need->begin + (int)(((uint64_t)i + rot) % (uint64_t)m)],

@@ -63,14 +63,52 @@ static int count_other_domains(const struct rs_topo *topo, const struct rs_layou
     return n;
 }
 
+/* What a cell of tensor t costs crossing into one domain: its elements in the destination dtype,
+ * or for a tensor quantized on the way, in FP8 plus its blocks' scales when its source holds the
+ * blocks whole (the sender quantizes), else in the source dtype. */
+int64_t plan_cell_bytes(const struct plan_tensor *pt, const struct rs_grid *g,
+                        const struct grid_cursor *c)
+{
+    if (pt->quant != PLAN_QUANT_CAST)
+        return c->volume * (int64_t)dtype_size(pt->dst.dtype);
+    if (!quant_cell_at_src(&pt->src_map, &pt->dst, g, c))
+        return c->volume * (int64_t)dtype_size(pt->src.dtype);
+    int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS], ss[RS_MAX_DIMS], sl[RS_MAX_DIMS], scales = 0;
+    grid_cell_box(g, c, start, len);
+    if (quant_scale_box(&pt->dst, start, len, ss, sl)) {
+        scales = (int64_t)dtype_size(RS_DTYPE_F32);
+        for (int d = 0; d < pt->dst.ndim; d++)
+            scales *= sl[d];
+    }
+    return c->volume * (int64_t)dtype_size(pt->dst.dtype) + scales;
+}
+
+/* A scales tensor that its weight's quantization computes: its bytes count with the weight's. */
+static int computed_scales(const struct rs_plan *p, const struct plan_tensor *pt)
+{
+    return pt->scales_of >= 0 && p->tensors[pt->scales_of].quant == PLAN_QUANT_CAST;
+}
+
 static reshard_status_t tensor_bounds(const struct rs_plan *p, int t, struct bounds *bd,
                                       struct plan_stats *s)
 {
     const struct plan_tensor *pt = &p->tensors[t];
     const struct rs_topo *topo = &p->topo;
-    int64_t esize = (int64_t)dtype_size(pt->dst.dtype);
+    if (computed_scales(p, pt))
+        return RESHARD_OK;
+    /* the broadcast baseline moves what the source holds: for a quantized destination, the
+     * unquantized values (the receivers quantize) */
+    int64_t esize =
+        (int64_t)dtype_size(pt->quant == PLAN_QUANT_CAST ? pt->src.dtype : pt->dst.dtype);
     struct overlap o;
     RS_CHECK(overlap_build(&pt->src_map, &pt->dst_map, topo, &o));
+    if (pt->quant == PLAN_QUANT_CAST) {
+        reshard_status_t cut = quant_cut_grid(&o.grid, &pt->dst);
+        if (cut != RESHARD_OK) {
+            overlap_free(&o);
+            return cut;
+        }
+    }
     const struct rs_grid *g = &o.grid;
     const struct tuple_domains *src = &o.src_td, *dst = &o.dst_td;
     int root_domain = topo->domain[pt->src.ranks[0]];
@@ -78,7 +116,7 @@ static reshard_status_t tensor_bounds(const struct rs_plan *p, int t, struct bou
     struct grid_cursor c;
     grid_first(g, &c);
     do {
-        int64_t bytes = c.volume * esize;
+        int64_t bytes = plan_cell_bytes(pt, g, &c), vbytes = c.volume * esize;
         int rb = dst->run_first[c.dst_tuple], re = dst->run_first[c.dst_tuple + 1];
         int needed_elsewhere = 0;
         for (int r = rb; r < re; r++) {
@@ -98,7 +136,7 @@ static reshard_status_t tensor_bounds(const struct rs_plan *p, int t, struct bou
             bd->forced[holder] += bytes * needed_elsewhere;
         }
         if (tdom_find(src, c.src_tuple, root_domain) >= 0)
-            root_has += bytes;
+            root_has += vbytes;
     } while (grid_next(g, &c));
 
     int64_t total = layout_numel(&pt->dst) * esize;
@@ -179,11 +217,12 @@ static int domain_leader(const struct rs_topo *t, int rank)
 static reshard_status_t tensor_in_domain(struct rs_plan *p, int t, int d, int64_t *in)
 {
     const struct plan_tensor *pt = &p->tensors[t];
+    if (computed_scales(p, pt))
+        return RESHARD_OK;
     const struct tuple_domains *src, *dst;
     RS_CHECK(plan_tensor_tdoms(p, t, &src, &dst));
     struct rs_grid g;
-    RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, &g));
-    int64_t esize = (int64_t)dtype_size(pt->dst.dtype);
+    RS_CHECK(plan_tensor_grid(pt, &g));
     reshard_status_t st = RESHARD_OK;
     for (int u = 0; u < pt->dst_map.ntuples && st == RESHARD_OK; u++) {
         if (tdom_find(dst, u, d) < 0)
@@ -195,7 +234,7 @@ static reshard_status_t tensor_in_domain(struct rs_plan *p, int t, int d, int64_
             struct grid_cursor c;
             grid_sub_cell(&g, &sub, k, &c);
             if (tdom_find(src, c.src_tuple, d) < 0)
-                *in += c.volume * esize;
+                *in += plan_cell_bytes(pt, &g, &c);
         }
         grid_sub_free(&sub);
     }
@@ -207,6 +246,8 @@ static reshard_status_t tensor_in_domain(struct rs_plan *p, int t, int d, int64_
 static reshard_status_t tensor_forced(struct rs_plan *p, int t, int rank, int64_t *forced)
 {
     const struct plan_tensor *pt = &p->tensors[t];
+    if (computed_scales(p, pt))
+        return RESHARD_OK;
     int pos = shardmap_position(&pt->src_map, rank), n;
     if (pos < 0)
         return RESHARD_OK;
@@ -218,9 +259,8 @@ static reshard_status_t tensor_forced(struct rs_plan *p, int t, int rank, int64_
         return RESHARD_OK;
     struct rs_grid g;
     struct grid_sub sub;
-    RS_CHECK(grid_build(&pt->src_map, &pt->dst_map, &g));
+    RS_CHECK(plan_tensor_grid(pt, &g));
     reshard_status_t st = grid_sub_build(&g, &pt->src_map, GRID_SRC, tuple, &sub);
-    int64_t esize = (int64_t)dtype_size(pt->dst.dtype);
     int mine = p->topo.domain[rank];
     for (int64_t k = 0; st == RESHARD_OK && k < sub.ncells; k++) {
         struct grid_cursor c;
@@ -228,7 +268,7 @@ static reshard_status_t tensor_forced(struct rs_plan *p, int t, int rank, int64_
         int elsewhere = 0;
         for (int r = dst->run_first[c.dst_tuple]; r < dst->run_first[c.dst_tuple + 1]; r++)
             elsewhere += dst->runs[r].domain != mine;
-        *forced += c.volume * esize * elsewhere;
+        *forced += plan_cell_bytes(pt, &g, &c) * elsewhere;
     }
     grid_sub_free(&sub);
     grid_free(&g);

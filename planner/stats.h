@@ -7,6 +7,7 @@
 #ifndef RS_STATS_H
 #define RS_STATS_H
 
+#include "grid.h"
 #include "plan.h"
 
 struct plan_rank_stats {
@@ -26,6 +27,11 @@ struct plan_stats {
 /* per_rank may be NULL; else it has topo.nranks entries. */
 reshard_status_t plan_stats_compute(const struct rs_plan *p, struct plan_stats *s,
                                     struct plan_rank_stats *per_rank);
+
+/* What cell c of pt costs crossing into one domain (a quantized destination's cells cost FP8
+ * plus their scales where the source quantizes them, else the source dtype). */
+int64_t plan_cell_bytes(const struct plan_tensor *pt, const struct rs_grid *g,
+                        const struct grid_cursor *c);
 
 /* One rank's part of the layout bounds, in time and memory of its domain's share (for a
  * communicator, whose ranks hold their own plans and sum these):

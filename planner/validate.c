@@ -76,10 +76,18 @@ static reshard_status_t check_op(const struct rs_plan *p, size_t i)
         if (par->dst != op->src || par->tensor != op->tensor ||
             !box_inside(s, l, plan_op_start(p, par), plan_op_len(p, par), ndim))
             return invalid(p, i, "forwards a box its network op did not deliver to the sender");
+    } else if (t->scales_of >= 0 && p->tensors[t->scales_of].quant == PLAN_QUANT_CAST) {
+        const struct plan_tensor *w = &p->tensors[t->scales_of];
+        int pos = shardmap_position(&w->src_map, op->src);
+        if (pos < 0 || !quant_holds_blocks(&w->src_map, pos, &w->dst, s, l, 1))
+            return invalid(p, i, "the sender does not hold whole the blocks it sends scales of");
     } else {
         int pos = shardmap_position(&t->src_map, op->src);
         if (pos < 0 || !shardmap_holds(&t->src_map, pos, s, l))
             return invalid(p, i, "the sender does not hold the box in its source shard");
+        if (op->at_src && (t->quant != PLAN_QUANT_CAST ||
+                           !quant_holds_blocks(&t->src_map, pos, &t->dst, s, l, 0)))
+            return invalid(p, i, "quantized by a sender that does not hold its blocks whole");
     }
     int pos = shardmap_position(&t->dst_map, op->dst);
     if (pos < 0 || !shardmap_holds(&t->dst_map, pos, s, l))
@@ -161,7 +169,46 @@ static reshard_status_t check_disjoint(const struct rs_plan *p, const struct key
     return RESHARD_OK;
 }
 
-/* Every destination shard is the disjoint union of the boxes written into it. */
+static int64_t op_volume(const struct rs_plan *p, const struct plan_op *op)
+{
+    const int64_t *l = plan_op_len(p, op);
+    int64_t v = 1;
+    for (int d = 0; d < p->tensors[op->tensor].dst.ndim; d++)
+        v *= l[d];
+    return v;
+}
+
+/* Scales the ops of weight w into rank deliver quantized: one per block starting in their
+ * boxes. keys[0 .. nkeys) are sorted by (tensor, receiver). */
+static int64_t scales_due(const struct rs_plan *p, const struct key *keys, size_t nkeys, int w,
+                          int rank)
+{
+    int64_t n = 0, ss[RS_MAX_DIMS], sl[RS_MAX_DIMS];
+    size_t lo = 0, hi = nkeys; /* the first key of (w, rank) */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (keys[mid].tensor < (uint32_t)w ||
+            (keys[mid].tensor == (uint32_t)w && keys[mid].group < rank))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (size_t k = lo; k < nkeys && keys[k].tensor == (uint32_t)w && keys[k].group == rank; k++) {
+        const struct plan_op *op = &p->ops[keys[k].op];
+        if (!op->at_src ||
+            !quant_scale_box(&p->tensors[w].dst, plan_op_start(p, op), plan_op_len(p, op), ss, sl))
+            continue;
+        int64_t v = 1;
+        for (int d = 0; d < p->tensors[w].dst.ndim; d++)
+            v *= sl[d];
+        n += v;
+    }
+    return n;
+}
+
+/* Every destination shard is the disjoint union of the boxes written into it; the scales that
+ * a quantization computes are written exactly for the blocks quantized at their source (the
+ * others are computed where they land). */
 static reshard_status_t check_cover(const struct rs_plan *p, struct key *keys, struct span *spans)
 {
     size_t n = 0;
@@ -171,23 +218,24 @@ static reshard_status_t check_cover(const struct rs_plan *p, struct key *keys, s
     size_t k = 0;
     for (int t = 0; t < p->ntensors; t++) {
         const struct plan_tensor *pt = &p->tensors[t];
-        int64_t esize = (int64_t)dtype_size(pt->dst.dtype);
+        int computed = pt->scales_of >= 0 && p->tensors[pt->scales_of].quant == PLAN_QUANT_CAST;
         /* ranks of the destination layout in ascending order, against the sorted keys */
         for (int q = 0; q < pt->dst.nranks; q++) {
             int pos = pt->dst_map.by_rank[q], rank = pt->dst.ranks[pos];
             size_t b = k;
-            int64_t bytes = 0;
+            int64_t elems = 0;
             while (k < n && keys[k].tensor == (uint32_t)t && keys[k].group == rank)
-                bytes += plan_op_bytes(p, &p->ops[keys[k++].op]);
+                elems += op_volume(p, &p->ops[keys[k++].op]);
             if (k > b)
                 RS_CHECK(check_disjoint(p, keys + b, k - b, spans, "write the same element"));
             int64_t want = topo_absent(&p->topo, rank)
                                ? 0 /* and check_op proved that nothing is written there */
-                               : shardmap_local_numel(&pt->dst_map, pos) * esize;
-            if (bytes != want)
+                           : computed ? scales_due(p, keys, n, pt->scales_of, rank)
+                                      : shardmap_local_numel(&pt->dst_map, pos);
+            if (elems != want)
                 return rs_error(RESHARD_ERR_INVALID_PLAN,
-                                "plan: tensor '%s': rank %d receives %lld of its %lld bytes",
-                                pt->name, rank, (long long)bytes, (long long)want);
+                                "plan: tensor '%s': rank %d receives %lld of its %lld elements",
+                                pt->name, rank, (long long)elems, (long long)want);
         }
         if (k < n && keys[k].tensor == (uint32_t)t)
             return rs_error(RESHARD_ERR_INVALID_PLAN,

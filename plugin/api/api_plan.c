@@ -79,7 +79,7 @@ reshard_status_t api_plan_build(const char *fn, const reshard_tensor_t *tensors,
         return RESHARD_ERR_NO_MEMORY;
     for (int i = 0; i < ntensors; i++)
         in[i] = (struct plan_input){tensors[i].name, tensors[i].src ? &tensors[i].src->l : NULL,
-                                    tensors[i].dst ? &tensors[i].dst->l : NULL};
+                                    tensors[i].dst ? &tensors[i].dst->l : NULL, NULL};
     reshard_status_t st = plan_build(in, ntensors, topo, &opts, scope, out);
     free(in);
     if (st == RESHARD_OK && scope == PLAN_ALL_RANKS)

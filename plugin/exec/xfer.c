@@ -69,10 +69,8 @@ static reshard_status_t build_direct(const struct rs_plan *plan, struct xfer_set
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     if (!in)
         goto free_inputs;
-    for (int t = 0; t < plan->ntensors; t++)
-        in[t] = (struct plan_input){plan->tensors[t].name, &plan->tensors[t].src,
-                                    &plan->tensors[t].dst};
-    RS_CHECK_GOTO(plan_build(in, plan->ntensors, &single, &plan->opts, plan->scope, &s->aux), st,
+    plan_inputs_of(plan, in);
+    RS_CHECK_GOTO(plan_build(in, plan->ninputs, &single, &plan->opts, plan->scope, &s->aux), st,
                   free_inputs);
     RS_CHECK_GOTO(from_ops(s->aux, &plan->topo, s), st, free_inputs);
 free_inputs:
@@ -207,7 +205,13 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
         w->mesh_ndim = 1;
         w->mesh[0] = 1;
         w->place[0].kind = RS_PLACE_R;
-        in[t] = (struct plan_input){plan->tensors[t].name, src, w};
+        if (plan->tensors[t].quant != PLAN_QUANT_NONE) {
+            st = rs_error(RESHARD_ERR_INVALID_ARG,
+                          "tensor '%s': the broadcast baseline does not move quantized tensors",
+                          plan->tensors[t].name);
+            goto free_inputs;
+        }
+        in[t] = (struct plan_input){plan->tensors[t].name, src, w, NULL};
     }
     RS_CHECK_GOTO(plan_build(in, nt, &plan->topo, &plan->opts, plan->scope, &s->aux), st,
                   free_inputs);

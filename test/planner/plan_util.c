@@ -20,7 +20,7 @@ static reshard_status_t build(int n, const char *const *src, const char *const *
                      rs_error_message());
         cr_assert_eq(spec_parse(dst[i], &o, &l[2 * i + 1]), RESHARD_OK, "%s: %s", dst[i],
                      rs_error_message());
-        in[i] = (struct plan_input){NULL, &l[2 * i], &l[2 * i + 1]};
+        in[i] = (struct plan_input){NULL, &l[2 * i], &l[2 * i + 1], NULL};
     }
     struct rs_topo topo;
     cr_assert_eq(topo_create(world, domain_size, domain_of, &topo), RESHARD_OK);
@@ -116,12 +116,10 @@ static struct canon_op *canon_ops(const struct rs_plan *p, int r, size_t *n)
 
 void check_rank_scopes(const struct rs_plan *whole, const char *why)
 {
-    int nt = whole->ntensors;
+    int nt = whole->ninputs;
     struct plan_input *in = calloc((size_t)nt, sizeof(*in));
     cr_assert_not_null(in);
-    for (int t = 0; t < nt; t++)
-        in[t] = (struct plan_input){whole->tensors[t].name, &whole->tensors[t].src,
-                                    &whole->tensors[t].dst};
+    plan_inputs_of(whole, in);
     int64_t min_net = 0, lb = 0;
     for (int r = 0; r < whole->topo.nranks; r++) {
         struct rs_plan *mine = NULL;

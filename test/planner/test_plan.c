@@ -209,7 +209,7 @@ Test(plan, bad_layout_structs_name_tensor_and_side)
     bad.mesh[0] = 3;
     struct rs_topo topo;
     cr_assert_eq(topo_create(2, 2, NULL, &topo), RESHARD_OK);
-    struct plan_input in = {"w", &ok, &bad};
+    struct plan_input in = {.name = "w", .src = &ok, .dst = &bad};
     struct rs_plan *p;
     cr_assert_eq(plan_build(&in, 1, &topo, NULL, PLAN_ALL_RANKS, &p), RESHARD_ERR_MESH_SIZE);
     cr_assert_str_eq(rs_error_message(),
@@ -223,7 +223,7 @@ Test(plan, bad_layout_structs_name_tensor_and_side)
     cr_assert_eq(plan_build(&in, PLAN_MAX_TENSORS + 1, &topo, NULL, PLAN_ALL_RANKS, &p),
                  RESHARD_ERR_TOO_LARGE);
     cr_assert_str_eq(rs_error_message(),
-                     "plan: 1073741825 tensors, more than the 1073741824 one plan holds");
+                     "plan: 536870913 tensors, more than the 536870912 one plan holds");
     topo_free(&topo);
 }
 
@@ -250,7 +250,7 @@ Test(plan, the_op_limit_refuses_before_building)
     cr_assert_eq(spec_parse(d, &o, &l[1]), RESHARD_OK);
     struct rs_topo topo;
     cr_assert_eq(topo_create(8, 4, NULL, &topo), RESHARD_OK);
-    struct plan_input in = {"w", &l[0], &l[1]};
+    struct plan_input in = {.name = "w", .src = &l[0], .dst = &l[1]};
     struct plan_opts opts = {.max_ops = 15}; /* 4 x 4 cells, one destination domain: 16 */
     struct rs_plan *p;
     cr_assert_eq(plan_build(&in, 1, &topo, &opts, PLAN_ALL_RANKS, &p), RESHARD_ERR_TOO_LARGE);
@@ -294,7 +294,7 @@ Test(plan, a_missing_source_is_named)
         .ndim = 1, .shape = {4}, .nranks = 1, .ranks = ranks, .mesh_ndim = 1, .mesh = {1}};
     struct rs_topo topo;
     cr_assert_eq(topo_create(1, 1, NULL, &topo), RESHARD_OK);
-    struct plan_input in = {NULL, NULL, &ok};
+    struct plan_input in = {.name = NULL, .src = NULL, .dst = &ok};
     struct rs_plan *p;
     cr_assert_eq(plan_build(&in, 1, &topo, NULL, PLAN_ALL_RANKS, &p), RESHARD_ERR_INVALID_ARG);
     cr_assert_str_eq(rs_error_message(), "tensor 't0': missing source layout");
@@ -317,7 +317,8 @@ Test(plan, the_hash_covers_views_and_names)
     cr_assert_eq(spec_parse(d1, NULL, &l[1]), RESHARD_OK);
     struct rs_topo topo;
     cr_assert_eq(topo_create(4, 2, NULL, &topo), RESHARD_OK);
-    struct plan_input x = {"x", &l[0], &l[1]}, y = {"y", &l[0], &l[1]};
+    struct plan_input x = {.name = "x", .src = &l[0], .dst = &l[1]},
+                      y = {.name = "y", .src = &l[0], .dst = &l[1]};
     cr_assert_eq(plan_build(&x, 1, &topo, NULL, PLAN_ALL_RANKS, &a), RESHARD_OK);
     cr_assert_eq(plan_build(&y, 1, &topo, NULL, PLAN_ALL_RANKS, &b), RESHARD_OK);
     cr_assert_neq(a->hash, b->hash, "tensor names are part of the agreement");

@@ -100,7 +100,7 @@ static void run_case(uint64_t seed)
 
     struct rs_topo topo;
     cr_assert_eq(topo_create(c.world, 0, c.domain_of, &topo), RESHARD_OK, "%s", why);
-    struct plan_input in = {"t", &parsed[0], &parsed[1]};
+    struct plan_input in = {.name = "t", .src = &parsed[0], .dst = &parsed[1]};
     struct plan_opts opts = {.split_min_bytes = c.split_min_bytes};
     struct rs_plan *p;
     reshard_status_t st = plan_build(&in, 1, &topo, &opts, PLAN_ALL_RANKS, &p);

@@ -62,7 +62,9 @@ Test(scope, absent_ranks_are_served_by_replicas_in_both_scopes)
     cr_assert_eq(topo_copy(&whole->topo, &t), RESHARD_OK);
     int gone[] = {1, 6, 40};
     cr_assert_eq(topo_set_absent(&t, gone, 3), RESHARD_OK);
-    struct plan_input in = {whole->tensors[0].name, &whole->tensors[0].src, &whole->tensors[0].dst};
+    struct plan_input in = {.name = whole->tensors[0].name,
+                            .src = &whole->tensors[0].src,
+                            .dst = &whole->tensors[0].dst};
     struct rs_plan *p = NULL;
     cr_assert_eq(plan_build(&in, 1, &t, NULL, PLAN_ALL_RANKS, &p), RESHARD_OK, "%s",
                  rs_error_message());
@@ -80,7 +82,9 @@ Test(scope, absent_ranks_are_served_by_replicas_in_both_scopes)
 Test(scope, a_rank_outside_every_tensor_plans_nothing)
 {
     struct rs_plan *whole = plan_one("shape=64 ranks=0-3 place=S(0)", "shape=64 ranks=4-7", 12, 4);
-    struct plan_input in = {whole->tensors[0].name, &whole->tensors[0].src, &whole->tensors[0].dst};
+    struct plan_input in = {.name = whole->tensors[0].name,
+                            .src = &whole->tensors[0].src,
+                            .dst = &whole->tensors[0].dst};
     struct rs_plan *p = NULL;
     cr_assert_eq(plan_build(&in, 1, &whole->topo, NULL, 10, &p), RESHARD_OK);
     cr_assert_eq(p->nops, 0);

@@ -54,7 +54,7 @@ Test(validate, element_missing)
 {
     struct rs_plan *p = fresh();
     p->nops--;
-    expect_invalid(p, "receives 12 of its 16 bytes");
+    expect_invalid(p, "receives 6 of its 8 elements");
 }
 
 Test(validate, sender_lacks_the_box)

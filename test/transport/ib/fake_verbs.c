@@ -28,8 +28,8 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
         } else if (wr->opcode == IBV_WR_LOCAL_INV) {
             p->inv_rkey = wr->invalidate_rkey;
         } else if (wr->opcode == IBV_WR_SEND) {
-            size_t n = wr->sg_list[0].length < sizeof(p->ctl) ? wr->sg_list[0].length
-                                                               : sizeof(p->ctl);
+            size_t n =
+                wr->sg_list[0].length < sizeof(p->ctl) ? wr->sg_list[0].length : sizeof(p->ctl);
             memcpy(&p->ctl, (void *)(uintptr_t)wr->sg_list[0].addr, n);
         } else {
             p->imm = ntohl(wr->imm_data);
@@ -81,7 +81,8 @@ static struct ibv_qp *create_qp(struct ibv_pd *p, struct ibv_qp_init_attr *a)
     (void)p, (void)a;
     if (fake.nqps == IB_MAX_QPS)
         return NULL;
-    fake.qps[fake.nqps] = (struct ibv_qp){.context = &fake.dev, .qp_num = 0x100 + (uint32_t)fake.nqps};
+    fake.qps[fake.nqps] =
+        (struct ibv_qp){.context = &fake.dev, .qp_num = 0x100 + (uint32_t)fake.nqps};
     return &fake.qps[fake.nqps++];
 }
 
@@ -118,6 +119,11 @@ static int dereg_mr(struct ibv_mr *mr)
     return 0;
 }
 
+static const char *wc_status_str(enum ibv_wc_status status)
+{
+    return status == IBV_WC_SUCCESS ? "success" : "an error the stand-in made";
+}
+
 static int resize_cq(struct ibv_cq *c, int n)
 {
     (void)c, (void)n;
@@ -139,7 +145,8 @@ int fake_up(void)
                                .create_qp = create_qp,
                                .modify_qp = modify_qp,
                                .destroy_qp = destroy_qp,
-                               .resize_cq = resize_cq};
+                               .resize_cq = resize_cq,
+                               .wc_status_str = wc_status_str};
     struct ib_ctx *x = &fake.x;
     *x = (struct ib_ctx){.f = &fake.fns,
                          .pd = &fake.pd,
@@ -203,7 +210,7 @@ void fake_complete(int i, enum ibv_wc_status status)
     const struct fake_wr *w = &fake.wrs[i];
     push((struct ibv_wc){.wr_id = w->wr_id,
                          .status = status,
-                         .opcode = w->op == IBV_WR_BIND_MW    ? IBV_WC_BIND_MW
+                         .opcode = w->op == IBV_WR_BIND_MW     ? IBV_WC_BIND_MW
                                    : w->op == IBV_WR_LOCAL_INV ? IBV_WC_LOCAL_INV
                                                                : IBV_WC_SEND,
                          .qp_num = fake.qps[w->qp].qp_num});

@@ -22,6 +22,7 @@
 #include "base/log.h"
 #include "base/param.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,8 +43,8 @@ void ib_key_probe(struct ib_ctx *x, const struct ibv_device_attr *da)
         ibv_dealloc_mw(mw);
     x->windows = !why;
     if (why)
-        rs_log(RS_LOG_INFO, "ib: %s: %s; each receive registers its own bytes instead", x->port.name,
-               why);
+        rs_log(RS_LOG_INFO, "ib: %s: %s; each receive registers its own bytes instead",
+               x->port.name, why);
 }
 
 /* A window of the peer's, free to bind. */
@@ -110,7 +111,8 @@ reshard_status_t ib_key_make(struct ib_ctx *x, struct ib_recv *r)
         r->binds++;
     }
     for (int q = 0; q < r->nkeys; q++)
-        if (ib_queue_work(x, p, &(struct ib_work){.kind = W_BIND, .win = r->win[q]}) != RESHARD_OK) {
+        if (ib_queue_work(x, p, &(struct ib_work){.kind = W_BIND, .win = r->win[q]}) !=
+            RESHARD_OK) {
             ib_peer_down(x, p, RESHARD_ERR_NETWORK, rs_error_message()); /* completes r */
             break;
         }
@@ -128,11 +130,11 @@ reshard_status_t ib_key_post(struct ib_ctx *x, struct ib_peer *p, const struct i
         wr.opcode = IBV_WR_BIND_MW;
         wr.bind_mw.mw = w->mw;
         wr.bind_mw.rkey = rkey;
-        wr.bind_mw.bind_info = (struct ibv_mw_bind_info){.mr = r->wmr,
-                                                         .addr = (uintptr_t)r->buf,
-                                                         .length = r->cap,
-                                                         .mw_access_flags =
-                                                             IBV_ACCESS_REMOTE_WRITE};
+        wr.bind_mw.bind_info =
+            (struct ibv_mw_bind_info){.mr = r->wmr,
+                                      .addr = (uintptr_t)r->buf,
+                                      .length = r->cap,
+                                      .mw_access_flags = IBV_ACCESS_REMOTE_WRITE};
     } else {
         wr.opcode = IBV_WR_LOCAL_INV;
         wr.invalidate_rkey = w->rkey;
@@ -196,6 +198,18 @@ int ib_key_retire(struct ib_ctx *x, struct ib_recv *r)
     return !r->binds && !r->invs;
 }
 
+/* Deallocates a window's verbs object (ibv_dealloc_mw), which also unbinds it. */
+static void mw_free(struct ib_ctx *x, struct ib_win *w)
+{
+    if (w->mw && ibv_dealloc_mw(w->mw))
+        rs_log(RS_LOG_WARN, "ib: %s: ibv_dealloc_mw for rank %d: %s", x->port.name, w->peer->index,
+               strerror(errno));
+    w->mw = NULL;
+}
+
+/* A window that may still be bound (its QP is in error, so it can be neither used nor
+ * invalidated) is deallocated now: a registration under a bound window cannot be
+ * deregistered. Its struct stays, for the flushed completions that name it. */
 void ib_key_abandon(struct ib_ctx *x, struct ib_recv *r)
 {
     if (r->xmr) {
@@ -204,7 +218,8 @@ void ib_key_abandon(struct ib_ctx *x, struct ib_recv *r)
     }
     for (int q = 0; q < r->nkeys; q++)
         if (r->win[q]) {
-            r->win[q]->state = WIN_DEAD; /* freed with the peer */
+            mw_free(x, r->win[q]);
+            r->win[q]->state = WIN_DEAD; /* its struct goes with the peer */
             r->win[q]->recv = NULL;
             r->win[q] = NULL;
         }
@@ -213,9 +228,8 @@ void ib_key_abandon(struct ib_ctx *x, struct ib_recv *r)
 
 void ib_key_free_peer(struct ib_ctx *x, struct ib_peer *p)
 {
-    (void)x;
     for (size_t i = 0; i < p->nwins; i++) {
-        ibv_dealloc_mw(p->wins[i]->mw);
+        mw_free(x, p->wins[i]);
         free(p->wins[i]);
     }
     free(p->wins);

@@ -105,14 +105,17 @@ int ib_ctl_check(const struct ib_ctl *c, size_t got, int nqp, char *why, size_t 
             return bad(why, n, "offered a receive that wraps the address space (%llu bytes)",
                        (unsigned long long)c->len);
         if (ib_stripes(c->len, nqp) > IB_MAX_STRIPES)
-            return bad(why, n, "offered a %llu-byte receive (more stripes than an immediate "
-                               "counts)",
+            return bad(why, n,
+                       "offered a %llu-byte receive (more stripes than an immediate "
+                       "counts)",
                        (unsigned long long)c->len);
         keys = ib_keys_for(c->len, nqp);
         if (c->nkeys != (uint32_t)keys)
-            return bad(why, n, "offered a receive of %llu bytes with %u keys (%d expected)", (unsigned long long)c->len, c->nkeys, keys);
+            return bad(why, n, "offered a receive of %llu bytes with %u keys (%d expected)",
+                       (unsigned long long)c->len, c->nkeys, keys);
     } else if (c->tag || c->addr || c->len || c->nkeys) {
-        return bad(why, n, "sent a CANCEL with the fields of a CTS (tag 0x%llx)", (unsigned long long)c->tag);
+        return bad(why, n, "sent a CANCEL with the fields of a CTS (tag 0x%llx)",
+                   (unsigned long long)c->tag);
     }
     for (int i = keys; i < IB_MAX_QPS; i++)
         if (c->rkey[i])

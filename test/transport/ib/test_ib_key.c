@@ -179,7 +179,8 @@ Test(ib_key, an_immediate_for_another_receive_id_fails_the_peer)
     fake_peer_writes(4242u << 8 | 1, 0);
     fake_run();
     cr_assert_eq(fake.x.super.failed_peer, 0);
-    cr_assert(strstr(fake.x.super.failed_why, "immediate 0x00109201"), "%s", fake.x.super.failed_why);
+    cr_assert(strstr(fake.x.super.failed_why, "immediate 0x00109201"), "%s",
+              fake.x.super.failed_why);
 }
 
 /* The attack: a write longer than the receive (a device enforces the window; this is the last
@@ -287,7 +288,8 @@ Test(ib_key, the_sender_writes_each_stripe_with_the_key_of_its_queue_pair)
                        .rkey = {0xaa, 0xbb}};
     fake_peer_says(&c, sizeof(c));
     fake_run();
-    int w0 = fake_find(IBV_WR_RDMA_WRITE_WITH_IMM, 0), w1 = fake_find(IBV_WR_RDMA_WRITE_WITH_IMM, w0 + 1);
+    int w0 = fake_find(IBV_WR_RDMA_WRITE_WITH_IMM, 0),
+        w1 = fake_find(IBV_WR_RDMA_WRITE_WITH_IMM, w0 + 1);
     cr_assert(w0 >= 0 && w1 >= 0);
     cr_assert_eq(fake.wrs[w0].qp, 0);
     cr_assert_eq(fake.wrs[w0].rkey, 0xaa);
@@ -329,7 +331,8 @@ Test(ib_key, a_transfer_outside_its_registration_is_refused_before_anything_is_p
     void *mh = reg(mem + 4096, 4096);
     struct xfer *t = new_xfer();
     rs_error_clear();
-    cr_assert_eq(ib_recv(&fake.x.super, 0, 7, mem + 8000, 200, mh, &t->req), RESHARD_ERR_INVALID_ARG);
+    cr_assert_eq(ib_recv(&fake.x.super, 0, 7, mem + 8000, 200, mh, &t->req),
+                 RESHARD_ERR_INVALID_ARG);
     cr_assert(strstr(rs_error_message(), "200-byte receive"), "%s", rs_error_message());
     cr_assert(strstr(rs_error_message(), "lies outside its registration (4096 bytes"), "%s",
               rs_error_message());
@@ -391,6 +394,9 @@ Test(ib_key, a_peer_failing_while_the_windows_are_invalidated_keeps_the_data)
     cr_assert_eq(t->got, 300);
     for (size_t i = 0; i < fake.peer->nwins; i++)
         cr_assert_eq(fake.peer->wins[i]->state, WIN_DEAD);
+    /* deallocated at once: a registration under a bound window cannot be deregistered (soft-
+     * RoCE refuses), and these can no longer be invalidated through their queue pairs */
+    cr_assert_eq(fake.ndeallocs, 2);
     ib_mem_dereg(&fake.x.super, mh);
 }
 

@@ -254,14 +254,15 @@ bench: $(BENCH_BIN)
 
 # Fuzzing with libFuzzer (clang): the layout spec parser, the manifest loader, the bootstrap's
 # frame decoder, its door and handshake decoders (boot_door), the communicator hello
-# (comm_hello), the NCCL plugin's handshake (net) and the execution hello's decoders
-# (exec_hello: announcements, writer messages, start reports), FUZZ_SECONDS (60) each under
-# ASan and UBSan. Seeds live in test/fuzz/corpus/<target>; what a run learns goes to
+# (comm_hello), the NCCL plugin's handshake (net), the execution hello's decoders
+# (exec_hello: announcements, writer messages, start reports), the ib side channel (ib_cm) and
+# what an ib peer causes on the queue pairs, the CTS decoder first (ib_ctl), FUZZ_SECONDS (60)
+# each under ASan and UBSan. Seeds live in test/fuzz/corpus/<target>; what a run learns goes to
 # build/fuzz/corpus/<target>; a crash's reproducer lands in test/fuzz/crashes/ (commit it with
 # the fix, as a seed).
 FUZZ := build/fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := spec manifest boot boot_door comm_hello net exec_hello
+FUZZ_TARGETS := spec manifest boot boot_door comm_hello net exec_hello ib_cm ib_ctl
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 $(FUZZ_SAN) \
                -fsanitize=fuzzer-no-link -I.
@@ -273,6 +274,8 @@ $(FUZZ)/obj/%.o: %.c
 
 $(FUZZ)/fuzz_%: $(FUZZ)/obj/test/fuzz/fuzz_%.o $(LIB_SRC:%.c=$(FUZZ)/obj/%.o)
 	clang $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $^ -lpthread -ldl -lm
+
+$(FUZZ)/fuzz_ib_ctl: $(FUZZ)/obj/test/transport/ib/fake_verbs.o # its stand-in device
 
 fuzz-build: $(FUZZ_TARGETS:%=$(FUZZ)/fuzz_%)
 

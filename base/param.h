@@ -64,6 +64,9 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
       "RoCE GID index (-1: the port's IPv4-mapped RoCE v2 GID)")                                   \
     X(IB_QPS_PER_PEER, RS_PARAM_INT, "2", 1,                                                       \
       "RC queue pairs per peer; large writes are striped across them (at most 8)")                 \
+    X(IB_MEM_WINDOWS, RS_PARAM_INT, "1", 0,                                                        \
+      "1: a receive's keys are memory windows bound to its peer's queue pairs (where the device "  \
+      "has them); 0: each receive registers its own bytes")                                        \
     X(EXECUTOR, RS_PARAM_STR, "native", 0,                                                         \
       "native (reshard's transports), or nccl: grouped ncclSend/ncclRecv on the communicator "     \
       "given to reshard_comm_init_nccl")                                                           \

@@ -11,7 +11,11 @@
 #                              $BUILD/test/net_driver and $BUILD/test/perf/reshard_perf
 # Environment:
 #   BUILD=build                build folder, relative to the repository root or absolute
-#   RXE_CACHE=/var/tmp/reshard-rxe   debs/ and stage/ (reused), initramfs, console.log
+#   RXE_CACHE=/var/tmp/reshard-rxe   debs/ and stage/ (reused, under the lock CACHE/lock),
+#                              console.log (the last run's); each run builds its initramfs in
+#                              a folder of its own there (run.*, removed at exit), so runs at
+#                              once are safe: one waits for the other only while the shared
+#                              debs/ and stage/ are checked and read
 #   TIMEOUT=600 MEM=2048 SMP=2 qemu's wall-clock limit (s), RAM (MiB) and vCPUs
 #   RXE_PARTS="..."            a subset of: rxe-up ib-unit net-plugin-ib perf-ib-vs-ucx (the
 #                              default: all four), and cmd
@@ -39,7 +43,7 @@ SMP=${SMP:-2}
 DEFAULT_PARTS="rxe-up ib-unit faults-ib net-plugin-ib perf-ib-vs-ucx"
 ALL_PARTS="$DEFAULT_PARTS cmd"
 PARTS=${RXE_PARTS:-$DEFAULT_PARTS}
-DEBS=$CACHE/debs STAGE=$CACHE/stage IRD=$CACHE/initramfs LOG=$CACHE/console.log
+DEBS=$CACHE/debs STAGE=$CACHE/stage
 MA=x86_64-linux-gnu
 T_START=$(date +%s.%N)
 
@@ -71,6 +75,19 @@ if ((${#need[@]})); then
 fi
 PATH=$PATH:/sbin:/usr/sbin  # modprobe and depmod, for a non-root user
 qemu-system-x86_64 -version >/dev/null 2>&1 || skip "qemu-system-x86_64 does not run"
+
+# ---------------------------------------------------------------- this run's folder, the lock
+# debs/ and stage/ are shared by every run: they are changed and read under an exclusive lock
+# (flock on CACHE/lock), held until this run has its initramfs and kernel in its own folder.
+mkdir -p "$CACHE"
+RUN=$(mktemp -d "$CACHE/run.XXXXXX")
+trap 'rm -rf "$RUN"' EXIT
+IRD=$RUN/initramfs LOG=$RUN/console.log
+exec 9>"$CACHE/lock"
+if ! flock -n 9; then
+    echo "rxe-test: waiting for another run to finish with $CACHE/debs and stage"
+    flock 9
+fi
 
 # ---------------------------------------------------------------- Debian packages -> stage
 # The kernel is whatever linux-image-amd64 depends on now; its modules come from the same deb.
@@ -226,7 +243,15 @@ unit() {
     [ $rc = 0 ] || { WHY="unit exit $rc, $syn"; return 1; }
     info "$1: $syn"
 }
-part_ib_unit() { unit 'ib/*'; }
+# Twice: receives keyed by memory windows (the default), then by a registration each.
+part_ib_unit() {
+    unit 'ib/*' || return 1
+    info "again with RESHARD_IB_MEM_WINDOWS=0 (each receive registers its own bytes)"
+    export RESHARD_IB_MEM_WINDOWS=0
+    unit 'ib/*'; rc=$?
+    unset RESHARD_IB_MEM_WINDOWS
+    return $rc
+}
 # Sources, destinations and forwarders killed or frozen (test/plugin/test_faults.c) on ib.
 part_faults_ib() { unit 'faults/*'; }
 # The plugin's suites (test/plugin/test_net_plugin.c) are net_conformance and net_faults.
@@ -292,8 +317,11 @@ sync
 poweroff -f
 EOF
 chmod +x "$IRD/init"
-(cd "$IRD" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$CACHE/initramfs.cpio.gz"
-echo "rxe-test: kernel $KVER, initramfs $(du -h "$CACHE/initramfs.cpio.gz" | cut -f1), parts: $PARTS"
+(cd "$IRD" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$RUN/initramfs.cpio.gz"
+cp "$STAGE/boot/vmlinuz-$KVER" "$RUN/vmlinuz"
+rm -rf "$IRD"
+flock -u 9 # the VM reads only this run's folder
+echo "rxe-test: kernel $KVER, initramfs $(du -h "$RUN/initramfs.cpio.gz" | cut -f1), parts: $PARTS"
 
 # ---------------------------------------------------------------- boot
 # The console goes to $LOG; the RXE- lines are shown as they come. panic=-1 with -no-reboot
@@ -303,13 +331,15 @@ set +e
 timeout --foreground -k 10 "$TIMEOUT" \
     qemu-system-x86_64 -accel tcg -cpu max -m "$MEM" -smp "$SMP" \
     -nographic -serial mon:stdio -no-reboot -nic none \
-    -kernel "$STAGE/boot/vmlinuz-$KVER" -initrd "$CACHE/initramfs.cpio.gz" \
+    -kernel "$RUN/vmlinuz" -initrd "$RUN/initramfs.cpio.gz" \
     -append "console=ttyS0 panic=-1 loglevel=4 rdinit=/init" </dev/null 2>&1 |
     tr -d '\r' | tee "$LOG" |
     if [ "${RXE_VERBOSE:-0}" = 1 ]; then cat; else grep --line-buffered -a '^RXE-'; fi
 qrc=${PIPESTATUS[0]}
 set -e
 T_END=$(date +%s.%N)
+# The last run's console in CACHE/console.log, replaced whole (a rename), never half written.
+cp "$LOG" "$RUN/console.done" && mv -f "$RUN/console.done" "$CACHE/console.log" && LOG=$CACHE/console.log
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
 npass=$(grep -ac '^RXE-TEST: PASS ' "$LOG" || true)

@@ -5,6 +5,13 @@
  * READY, or CROSSED to the loser of two at once) that trades queue pair numbers, then the socket
  * stays open as the peer's heartbeat: one goodbye byte, or EOF when the peer died. Accepted
  * connections wait in a stash until their HELLO names a peer this context knows.
+ *
+ * Anyone who reaches the listener can connect. The stash therefore holds at most IB_STASH_MAX
+ * connections that have not yet said a whole HELLO for this context, each for at most
+ * IB_HELLO_MS; when it is full, the oldest of them makes room for the newest. A HELLO names
+ * this context's random nonce, which only its peers learn, so a connection that said one may
+ * wait for its peer to be set (60 s). An initiator whose connection is closed before a byte
+ * of answer came (dropped from a full stash) connects again until its deadline.
  */
 #include "ib_int.h"
 
@@ -22,7 +29,8 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 
-#define STASH_MAX_MS 60000
+#define STASH_MAX_MS 60000 /* for a HELLO that names this context */
+#define RETRY_MS     100   /* an initiator connects again this long after a dropped attempt */
 
 /* The address the TCP side channel listens on: the port's IPv4 for RoCE, else the host's. */
 static reshard_status_t listen_addr(const struct ib_port *port, union sock_addr *a)
@@ -204,6 +212,16 @@ static void stash_drop(struct ib_ctx *x, struct ib_stash **at, int close_fd)
         sock_close(&s->fd);
     free(s);
     x->handshakes--;
+    x->nstash--;
+}
+
+/* Once per context: a connection that is not ours (later ones go to the trace level, so that a
+ * flood does not flood the log too). */
+static void stranger(struct ib_ctx *x, const char *why)
+{
+    rs_log(x->stash_warned ? RS_LOG_TRACE : RS_LOG_WARN,
+           "ib: %s: dropped a connection to its side channel: %s", x->port.name, why);
+    x->stash_warned = 1;
 }
 
 void ib_cm_drop_stash(struct ib_ctx *x)
@@ -222,16 +240,22 @@ void ib_cm_serve_stash(struct ib_ctx *x)
         unsigned char b;
         if (r == 1 && recv(s->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
             r = -1; /* its sender gave up waiting */
-        if (r < 0 || now - s->since_ms > STASH_MAX_MS) {
+        if (r < 0 || now - s->since_ms > (s->verified ? STASH_MAX_MS : x->hello_ms)) {
+            if (!s->verified && r >= 0)
+                stranger(x, "no HELLO within the deadline");
             stash_drop(x, at, 1);
             continue;
         }
         struct ib_hs h;
         memcpy(&h, s->buf, sizeof(h));
+        char why[96];
+        if (r == 1 && ib_hs_check(&h, why, sizeof(why))) {
+            stranger(x, why);
+            stash_drop(x, at, 1);
+            continue;
+        }
         int drop = 0;
         struct ib_peer *p = r == 1 ? hello_peer(x, &h, &drop) : NULL;
-        if (r == 1 && h.magic != HS_MAGIC)
-            rs_log(RS_LOG_WARN, "ib: dropped a connection that is not a reshard handshake");
         if (drop == 2) { /* tell the loser, so that it waits rather than fails */
             struct ib_hs c = {.magic = HS_MAGIC,
                               .kind = HS_CROSSED,
@@ -240,11 +264,18 @@ void ib_cm_serve_stash(struct ib_ctx *x)
                               .from_index = h.to_index,
                               .to_index = h.from_index};
             (void)!send(s->fd, &c, sizeof(c), MSG_NOSIGNAL | MSG_DONTWAIT);
+        } else if (drop) { /* a whole HELLO that is not wanted: say so, so it is not retried */
+            if (h.kind != HS_HELLO || h.to != x->nonce)
+                stranger(x, "a handshake that is not a HELLO for this context");
+            unsigned char fail = HS_FAIL;
+            (void)!send(s->fd, &fail, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
         }
         if (drop) {
             stash_drop(x, at, 1);
             continue;
         }
+        if (r == 1)
+            s->verified = 1; /* it knows this context's nonce: it may wait for its peer */
         if (!p) {
             at = &s->next;
             continue;
@@ -256,6 +287,23 @@ void ib_cm_serve_stash(struct ib_ctx *x)
     }
 }
 
+/* Makes room for one more connection: drops the oldest that has not said its HELLO; 0 when
+ * every one has (they are this context's peers). */
+static int stash_room(struct ib_ctx *x)
+{
+    if (x->nstash < IB_STASH_MAX)
+        return 1;
+    struct ib_stash **oldest = NULL;
+    for (struct ib_stash **at = &x->stash; *at; at = &(*at)->next)
+        if (!(*at)->verified)
+            oldest = at; /* newest first: the last one found is the oldest */
+    if (!oldest)
+        return 0;
+    stranger(x, "too many connections waiting for their HELLO (the oldest goes)");
+    stash_drop(x, oldest, 1);
+    return 1;
+}
+
 static void accept_new(struct ib_ctx *x)
 {
     for (;;) {
@@ -263,8 +311,8 @@ static void accept_new(struct ib_ctx *x)
         union sock_addr from;
         if (sock_accept(x->lfd, &fd, &from) != RESHARD_OK || fd < 0)
             return;
-        struct ib_stash *s = calloc(1, sizeof(*s));
-        if (!s) {
+        struct ib_stash *s = stash_room(x) ? calloc(1, sizeof(*s)) : NULL;
+        if (!s) { /* a peer that finds no room is closed unanswered, and connects again */
             sock_close(&fd);
             return;
         }
@@ -273,6 +321,7 @@ static void accept_new(struct ib_ctx *x)
         s->next = x->stash;
         x->stash = s;
         x->handshakes++;
+        x->nstash++;
     }
 }
 
@@ -311,14 +360,23 @@ static void serve_peer(struct ib_ctx *x, struct ib_peer *p)
         }
     } else {
         int r = read_some(p->fd, p->hs_buf, &p->hs_got, sizeof(p->hs_buf));
-        if (r < 0) {
+        char why[96];
+        if (r < 0 && p->initiator && !p->hs_got && (errno == 0 || errno == ECONNRESET)) {
+            sock_close(&p->fd); /* dropped unread (a full stash there): connect again */
+            p->retry_ms = rs_now_ms() + RETRY_MS;
+            rs_log(RS_LOG_TRACE, "ib: rank %d closed the side channel unanswered; again in %d ms",
+                   p->index, RETRY_MS);
+            return;
+        } else if (r < 0) {
             st = rs_error(RESHARD_ERR_NETWORK, "handshake cut short");
         } else if (r == 1) {
             struct ib_hs h;
             memcpy(&h, p->hs_buf, sizeof(h));
             p->hs_got = 0;
-            if (h.magic != HS_MAGIC || h.from != p->addr.nonce || h.to != x->nonce ||
-                h.from_index != ib_cm_remote_index(x, p) || h.to_index != p->index)
+            if (ib_hs_check(&h, why, sizeof(why)))
+                st = rs_error(RESHARD_ERR_NETWORK, "handshake: %s", why);
+            else if (h.from != p->addr.nonce || h.to != x->nonce ||
+                     h.from_index != ib_cm_remote_index(x, p) || h.to_index != p->index)
                 st = rs_error(RESHARD_ERR_NETWORK, "handshake from someone else");
             else if (p->initiator && h.kind == HS_REPLY &&
                      (st = ib_qp_connect(x, p, &h)) == RESHARD_OK &&
@@ -346,6 +404,13 @@ void ib_cm_poll(struct ib_ctx *x)
         ib_cm_serve_stash(x);
     for (size_t i = 0; i < x->npeers; i++) {
         struct ib_peer *p = x->peers[i];
+        if (p && p->retry_ms && x->last_sock_poll >= p->retry_ms && p->state == P_CONNECTING) {
+            p->retry_ms = 0;
+            if (sock_connect_start(&p->addr.tcp, &p->fd) == RESHARD_OK)
+                p->connecting_tcp = 1;
+            else
+                ib_peer_down(x, p, RESHARD_ERR_NETWORK, rs_error_message());
+        }
         if (p)
             serve_peer(x, p);
         if (p && p->state == P_CONNECTING && x->last_sock_poll > p->deadline_ms) {

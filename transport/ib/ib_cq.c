@@ -4,7 +4,8 @@
  * connect), what each work completion means (a control message, the immediate data of a write,
  * a send's stripe, a flush), and progress() and wait(), the only places completions reach the
  * caller from. A work request's id is a pointer whose low bits say what it points to: 0 a
- * send, 1 a peer (control traffic), 2 a posted receive slot.
+ * send, 1 a peer (control traffic), 2 a posted receive slot, 3 a memory window (its bind or
+ * invalidation).
  */
 #include "ib_int.h"
 
@@ -17,6 +18,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define SOCK_POLL_MS 10 /* sockets looked at this often while nothing is connecting */
 
@@ -48,11 +50,18 @@ reshard_status_t ib_cq_fit(struct ib_ctx *x, const struct ib_peer *p, int need)
     return RESHARD_OK;
 }
 
-static void on_ctl(struct ib_ctx *x, struct ib_peer *p, const struct ib_ctl *c)
+/* A control message from the peer, checked whole before any field is used. */
+static void on_ctl(struct ib_ctx *x, struct ib_peer *p, const struct ib_ctl *c, size_t got)
 {
+    char why[160];
+    if (ib_ctl_check(c, got, x->nqp, why, sizeof(why))) {
+        ib_peer_down(x, p, RESHARD_ERR_NETWORK, why);
+        return;
+    }
     if (c->type == CTL_CTS) {
         struct ib_cts cts = {
-            .id = c->id, .rkey = c->rkey, .tag = c->tag, .addr = c->addr, .len = c->len};
+            .id = c->id, .nkeys = c->nkeys, .tag = c->tag, .addr = c->addr, .len = c->len};
+        memcpy(cts.rkey, c->rkey, sizeof(cts.rkey));
         for (struct ib_send **at = &p->sends; *at; at = &(*at)->next)
             if ((*at)->tag == c->tag) {
                 struct ib_send *s = *at;
@@ -62,6 +71,12 @@ static void on_ctl(struct ib_ctx *x, struct ib_peer *p, const struct ib_ctl *c)
                     ib_peer_down(x, p, RESHARD_ERR_NETWORK, rs_error_message());
                 return;
             }
+        if (p->ncts >= IB_MAX_CTS) {
+            snprintf(why, sizeof(why), "offered more than %d receives that no send matches",
+                     IB_MAX_CTS);
+            ib_peer_down(x, p, RESHARD_ERR_NETWORK, why);
+            return;
+        }
         struct ib_cts *n = malloc(sizeof(*n));
         if (!n) {
             ib_peer_down(x, p, RESHARD_ERR_NO_MEMORY, "no memory for a receive notice");
@@ -71,12 +86,14 @@ static void on_ctl(struct ib_ctx *x, struct ib_peer *p, const struct ib_ctl *c)
         n->next = NULL;
         *p->cts_tail = n;
         p->cts_tail = &n->next;
+        p->ncts++;
     } else if (c->type == CTL_CANCEL) {
         for (struct ib_cts **at = &p->cts; *at; at = &(*at)->next)
             if ((*at)->id == c->id) {
                 struct ib_cts *n = *at;
                 if (!(*at = n->next))
                     p->cts_tail = at;
+                p->ncts--;
                 reshard_status_t st =
                     ib_queue_work(x, p, &(struct ib_work){.kind = W_REFUSE, .cts = *n});
                 free(n);
@@ -87,12 +104,21 @@ static void on_ctl(struct ib_ctx *x, struct ib_peer *p, const struct ib_ctl *c)
     }
 }
 
+/* A write's immediate: it must name a receive this rank offered that peer and that is still
+ * open, and the bytes must fit (windows make the device refuse more; this is the last check). */
 static void on_imm(struct ib_ctx *x, struct ib_peer *p, uint32_t imm, uint32_t bytes)
 {
-    uint32_t id = imm >> 8, code = imm & 0xff;
-    struct ib_recv *r = id < x->ids_cap ? x->ids[id] : NULL;
-    if (!r || r->peer != p) {
-        ib_peer_down(x, p, RESHARD_ERR_NETWORK, "wrote to a receive this rank does not have");
+    uint32_t id, code;
+    struct ib_recv *r = NULL;
+    if (ib_imm_check(imm, &id, &code) == 0)
+        r = id < x->ids_cap ? x->ids[id] : NULL;
+    if (!r || r->peer != p || !r->offered || r->finishing) {
+        char why[96];
+        snprintf(why, sizeof(why),
+                 "wrote with immediate 0x%08x, which names no receive it was "
+                 "offered",
+                 imm);
+        ib_peer_down(x, p, RESHARD_ERR_NETWORK, why);
         return;
     }
     if (code == CODE_REFUSED) {
@@ -107,10 +133,13 @@ static void on_imm(struct ib_ctx *x, struct ib_peer *p, uint32_t imm, uint32_t b
                                                p->index, r->cap));
         return;
     }
-    if (bytes > r->cap - r->got) { /* the key covers whole pages: a bad peer could overrun */
-        ib_peer_down(x, p, RESHARD_ERR_NETWORK, "wrote more than its receive holds");
+    if (bytes > r->cap - r->got || (r->stripes && code != r->code)) {
+        ib_peer_down(x, p, RESHARD_ERR_NETWORK,
+                     bytes > r->cap - r->got ? "wrote more than its receive holds"
+                                             : "announced two stripe counts for one message");
         return;
     }
+    r->code = code;
     r->got += bytes;
     if (++r->stripes == (int)code)
         ib_recv_finish(x, r, RESHARD_OK);
@@ -145,6 +174,7 @@ static void on_wc(struct ib_ctx *x, const struct ibv_wc *wc)
     uintptr_t tag = wc->wr_id & 7, ptr = wc->wr_id & ~(uintptr_t)7;
     struct ib_peer *p = tag == 1   ? (struct ib_peer *)ptr
                         : tag == 2 ? ((struct ib_slot *)ptr)->peer
+                        : tag == 3 ? ((struct ib_win *)ptr)->peer
                                    : ((struct ib_send *)ptr)->peer;
     if (wc->status != IBV_WC_SUCCESS && p->state != P_DOWN) {
         char why[96];
@@ -156,6 +186,10 @@ static void on_wc(struct ib_ctx *x, const struct ibv_wc *wc)
         on_send_done(x, (struct ib_send *)ptr, wc);
     } else if (tag == 1) {
         p->sq_used[0]--;
+    } else if (tag == 3) {
+        struct ib_win *w = (struct ib_win *)ptr;
+        p->sq_used[w->qp]--;
+        ib_key_done(x, w, wc->status == IBV_WC_SUCCESS && p->state != P_DOWN);
     } else {
         p->rq_posted--;
         struct ib_slot *s = (struct ib_slot *)ptr;
@@ -163,7 +197,7 @@ static void on_wc(struct ib_ctx *x, const struct ibv_wc *wc)
             if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM)
                 on_imm(x, p, ntohl(wc->imm_data), wc->byte_len);
             else
-                on_ctl(x, p, &s->ctl);
+                on_ctl(x, p, &s->ctl, wc->byte_len);
             if (p->state != P_DOWN && ib_post_slot(x, p, s) != RESHARD_OK)
                 ib_peer_down(x, p, RESHARD_ERR_NETWORK, rs_error_message());
         }
@@ -216,7 +250,8 @@ reshard_status_t ib_wait(struct tp_ctx *c, int timeout_ms)
             fds[n++] = (struct pollfd){.fd = p->fd,
                                        .events = (short)(p->connecting_tcp ? POLLOUT : POLLIN)};
     }
-    if (n == 64 && timeout_ms > SOCK_POLL_MS) /* more sockets than watched: look again soon */
+    /* More sockets than watched, or a handshake that may have to connect again: look soon. */
+    if ((n == 64 || x->handshakes) && timeout_ms > SOCK_POLL_MS)
         timeout_ms = SOCK_POLL_MS;
     if (poll(fds, (nfds_t)n, timeout_ms) < 0 && errno != EINTR)
         return rs_error(RESHARD_ERR_NETWORK, "ib: poll: %m");

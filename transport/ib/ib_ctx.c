@@ -53,6 +53,7 @@ static reshard_status_t ib_init(const struct tp_config *cfg, struct tp_ctx **out
     tp_deferred_init(&x->deferred);
     x->f = f;
     x->lfd = -1;
+    x->hello_ms = IB_HELLO_MS;
     x->rank = cfg->size > 0 ? cfg->rank : -1;
     reshard_status_t st;
     int64_t q = rs_param_int(RS_PARAM_IB_QPS_PER_PEER);
@@ -81,6 +82,7 @@ static reshard_status_t ib_init(const struct tp_config *cfg, struct tp_ctx **out
         goto err_close;
     }
     x->max_cqe = da.max_cqe;
+    ib_key_probe(x, &da);
     x->cq_cap = CQ_INITIAL < da.max_cqe ? CQ_INITIAL : da.max_cqe;
     if (!(x->cq = f->create_cq(x->dev, x->cq_cap, NULL, x->chan, 0))) {
         rs_error(st, "ib: %s: ibv_create_cq: %m", x->port.name);
@@ -115,6 +117,7 @@ static void ib_close(struct tp_ctx *c)
     ib_cm_drop_stash(x);
     ib_send_close_all(x);
     ib_tmr_drop_all(x);
+    ib_bounce_drop_all(x);
     if (x->cq)
         x->f->destroy_cq(x->cq);
     if (x->chan)

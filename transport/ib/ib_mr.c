@@ -2,7 +2,8 @@
 /*
  * Memory registrations of the ibverbs transport: what the caller registers (host memory, or
  * device memory as a dma-buf), the transient registrations a transfer that came without one
- * gets for its life, and the bounce buffers a receive into a scatter list lands in.
+ * gets for its life, and the registration of exactly one receive's bytes. None but the last
+ * grants remote access: receives reach memory through windows (ib_key.c).
  */
 #include "ib_int.h"
 
@@ -16,23 +17,35 @@
 #include <string.h>
 #include <unistd.h>
 
-/* writable: the range receives (RDMA writes land in it); sends register it read-only, so that
- * read-only mappings can be sent from. */
+int ib_local_access(const struct ib_ctx *x)
+{
+    return IBV_ACCESS_LOCAL_WRITE | (x->windows ? IBV_ACCESS_MW_BIND : 0);
+}
+
+/* A send's registration is read-only and by the whole pages it touches (so that transfers out
+ * of the same pages share it); a receive's is exactly its bytes and its own, so that nothing
+ * next to the receive is reachable through the windows bound over it, even on a device that
+ * checks only a window's registration. Neither grants remote access. */
 struct ibv_mr *ib_tmr_get(struct ib_ctx *x, const void *addr, size_t len, int writable)
 {
     const char *a = addr;
-    for (struct ib_tmr *t = x->tmrs; t; t = t->next)
-        if (a >= t->base && a + len <= t->base + t->len && t->writable >= writable) {
+    for (struct ib_tmr *t = x->tmrs; t && !writable; t = t->next)
+        if (!t->writable && a >= t->base && a + len <= t->base + t->len) {
             t->refs++;
             return t->mr;
         }
     struct ib_tmr *t = calloc(1, sizeof(*t));
-    if (!t)
+    if (!t) {
+        rs_error(RESHARD_ERR_NO_MEMORY, "ib: no memory to register %zu bytes at %p", len, addr);
         return NULL;
+    }
     uintptr_t page = 4096, b = (uintptr_t)a & ~(page - 1),
               e = ((uintptr_t)a + len + page - 1) & ~(page - 1);
-    t->mr = x->f->reg_mr(x->pd, (void *)b, e - b,
-                         writable ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : 0);
+    if (writable) {
+        b = (uintptr_t)a;
+        e = (uintptr_t)a + len;
+    }
+    t->mr = x->f->reg_mr(x->pd, (void *)b, e - b, writable ? ib_local_access(x) : 0);
     t->writable = writable;
     if (!t->mr) {
         rs_error(RESHARD_ERR_NETWORK, "ib: registering %zu bytes at %p: %m", len, addr);
@@ -73,9 +86,26 @@ void ib_tmr_drop_all(struct ib_ctx *x)
     }
 }
 
+struct ibv_mr *ib_mr_exact(struct ib_ctx *x, const struct ib_reg *reg, char *addr, size_t len)
+{
+    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    struct ibv_mr *mr;
+    if (reg && reg->fd >= 0)
+        mr = x->f->reg_dmabuf_mr(x->pd, (uint64_t)(uintptr_t)addr - reg->fd_base, len,
+                                 (uint64_t)(uintptr_t)addr, reg->fd, access);
+    else
+        mr = x->f->reg_mr(x->pd, addr, len, access);
+    if (!mr)
+        rs_error(RESHARD_ERR_NETWORK, "ib: registering the %zu-byte receive at %p on %s: %m", len,
+                 (void *)addr, x->port.name);
+    return mr;
+}
+
 /* Device memory: a dma-buf of the pages holding it (cuMemGetHandleForAddressRange), registered
- * at its own address (iova) so that peers write to it as to host memory. */
-static reshard_status_t reg_device(struct ib_ctx *x, void *addr, size_t len, void **mh)
+ * at its own address (iova) so that peers write to it as to host memory, through windows bound
+ * over it. Where windows cannot be bound over it, the dma-buf stays open: each receive into it
+ * registers its own bytes from it. */
+static reshard_status_t reg_device(struct ib_ctx *x, void *addr, size_t len, struct ib_reg *g)
 {
     const struct cuda_fns *cu = cuda_lib();
     if (!cu)
@@ -91,16 +121,22 @@ static reshard_status_t reg_device(struct ib_ctx *x, void *addr, size_t len, voi
                                                    CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
     if (r != CU_SUCCESS)
         return cuda_error("cuMemGetHandleForAddressRange (dma-buf) for ib", r);
-    struct ibv_mr *mr = x->f->reg_dmabuf_mr(x->pd, a - base, len, a, fd,
-                                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    int e = errno;
-    close(fd);
+    int access = ib_local_access(x);
+    struct ibv_mr *mr = x->f->reg_dmabuf_mr(x->pd, a - base, len, a, fd, access);
+    if (!mr && access != IBV_ACCESS_LOCAL_WRITE) /* no windows over device memory here */
+        mr = x->f->reg_dmabuf_mr(x->pd, a - base, len, a, fd, access = IBV_ACCESS_LOCAL_WRITE);
+    int e = errno, bindable = x->windows && (access & IBV_ACCESS_MW_BIND);
+    if (!mr || bindable) {
+        close(fd);
+        fd = -1;
+    }
     errno = e;
     if (!mr)
         return rs_error(RESHARD_ERR_NETWORK,
                         "ib: ibv_reg_dmabuf_mr of %zu device bytes at %p on %s: %m", len, addr,
                         x->port.name);
-    *mh = mr;
+    *g = (struct ib_reg){
+        .mr = mr, .base = addr, .len = len, .bindable = bindable, .fd = fd, .fd_base = base};
     return RESHARD_OK;
 }
 
@@ -125,43 +161,45 @@ void ib_mr_probe_dmabuf(struct ib_ctx *x)
         c->device_mem = 1;
 }
 
+/* Host memory: local access only, and the right to bind windows where receives use them;
+ * read-only memory (a source to send from) is registered without either. */
 reshard_status_t ib_mem_reg(struct tp_ctx *c, void *addr, size_t len, enum tp_mem mem, void **mh)
 {
     struct ib_ctx *x = to_ib(c);
-    if (mem == TP_MEM_CUDA)
-        return reg_device(x, addr, len, mh);
-    struct ibv_mr *mr =
-        x->f->reg_mr(x->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    struct ib_reg *g = rs_calloc(1, sizeof(*g), "an ib registration");
+    if (!g)
+        return RESHARD_ERR_NO_MEMORY;
+    if (mem == TP_MEM_CUDA) {
+        reshard_status_t st = reg_device(x, addr, len, g);
+        if (st != RESHARD_OK) {
+            free(g);
+            return st;
+        }
+        *mh = g;
+        return RESHARD_OK;
+    }
+    int access = ib_local_access(x);
+    struct ibv_mr *mr = x->f->reg_mr(x->pd, addr, len, access);
     if (!mr && (errno == EFAULT || errno == EACCES || errno == EPERM))
-        mr = x->f->reg_mr(x->pd, addr, len, 0); /* read-only memory: a source to send from */
-    if (!mr)
+        mr = x->f->reg_mr(x->pd, addr, len, access = 0);
+    if (!mr) {
+        free(g);
         return rs_error(RESHARD_ERR_NETWORK, "ib: ibv_reg_mr of %zu bytes at %p on %s: %m", len,
                         addr, x->port.name);
-    *mh = mr;
+    }
+    *g = (struct ib_reg){
+        .mr = mr, .base = addr, .len = len, .bindable = x->windows && access != 0, .fd = -1};
+    *mh = g;
     return RESHARD_OK;
 }
 
 void ib_mem_dereg(struct tp_ctx *c, void *mh)
 {
-    if (mh)
-        to_ib(c)->f->dereg_mr(mh);
-}
-
-char *ib_bounce_alloc(size_t len)
-{
-    char *buf = malloc(len);
-    if (!buf)
-        rs_error(RESHARD_ERR_NO_MEMORY, "ib: no memory for a %zu-byte bounce buffer", len);
-    return buf;
-}
-
-/* The first got bytes of buf, out to the scatter list in order. */
-void ib_bounce_scatter(const struct iovec *iov, size_t niov, const char *buf, size_t got)
-{
-    size_t off = 0;
-    for (size_t i = 0; i < niov && off < got; i++) {
-        size_t n = got - off < iov[i].iov_len ? got - off : iov[i].iov_len;
-        memcpy(iov[i].iov_base, buf + off, n);
-        off += n;
-    }
+    struct ib_reg *g = mh;
+    if (!g)
+        return;
+    to_ib(c)->f->dereg_mr(g->mr);
+    if (g->fd >= 0)
+        close(g->fd);
+    free(g);
 }

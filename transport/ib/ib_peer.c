@@ -27,17 +27,14 @@ reshard_status_t ib_set_peer(struct tp_ctx *c, int peer, const void *addr, size_
 {
     struct ib_ctx *x = to_ib(c);
     struct ib_wire_addr a;
+    char why[96];
     if (peer < 0)
         return rs_error(RESHARD_ERR_INTERNAL, "ib: peer %d is not a peer", peer);
-    if (len != sizeof(a))
+    if (ib_addr_check(addr, len, &a, why, sizeof(why)))
         return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "ib: rank %d's address is %zu bytes, not an ib address (%zu): do all "
-                        "ranks use RESHARD_TRANSPORT=ib?",
-                        peer, len, sizeof(a));
-    memcpy(&a, addr, sizeof(a));
-    if (a.magic != ADDR_MAGIC)
-        return rs_error(RESHARD_ERR_INVALID_ARG, "ib: rank %d's address is not an ib address",
-                        peer);
+                        "ib: rank %d: %s (%zu bytes expected: do all ranks use "
+                        "RESHARD_TRANSPORT=ib?)",
+                        peer, why, sizeof(a));
     if ((size_t)peer >= x->npeers) {
         size_t cap = x->npeers;
         struct ib_peer **p = rs_grow(x->peers, &cap, (size_t)peer + 1, sizeof(*p), "ib peers");
@@ -105,7 +102,10 @@ void ib_peer_down(struct ib_ctx *x, struct ib_peer *p, reshard_status_t st, cons
     if (st != RESHARD_OK)
         rs_log(RS_LOG_WARN, "ib: rank %d: %s", p->index, why);
     ib_qp_break(x, p);
-    if (st != RESHARD_OK && was == P_UP && p->fd >= 0) /* so the peer says why, not "died" */
+    /* So the peer says why, not "died", and an initiator does not take it for a dropped
+     * connection to try again. */
+    if (st != RESHARD_OK && (was == P_UP || was == P_CONNECTING) && p->fd >= 0 &&
+        !p->connecting_tcp)
         ib_cm_goodbye(p, HS_FAIL);
     sock_close(&p->fd);
     reshard_status_t fail = st == RESHARD_OK ? RESHARD_ERR_NETWORK : st;
@@ -131,8 +131,14 @@ void ib_peer_down(struct ib_ctx *x, struct ib_peer *p, reshard_status_t st, cons
         free(c);
     }
     p->cts_tail = &p->cts;
-    while (p->recvs)
-        ib_recv_finish(x, p->recvs, fail);
+    p->ncts = 0;
+    while (p->recvs) { /* its QPs are in error: nothing more lands, no key is left to take back */
+        struct ib_recv *r = p->recvs;
+        ib_key_abandon(x, r);
+        if (!r->finishing) /* else its outcome (data that landed whole) stands */
+            r->st = fail;
+        ib_recv_complete(x, r);
+    }
 }
 
 /* Orderly: says goodbye, then everything still bound to the peer completes. */
@@ -157,6 +163,7 @@ void ib_close_peer(struct tp_ctx *c, int peer)
 
 static void peer_free(struct ib_ctx *x, struct ib_peer *p)
 {
+    ib_key_free_peer(x, p);
     ib_qp_teardown(x, p);
     free(p);
 }

@@ -15,10 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define STRIPE_MIN  (64 * 1024) /* a message is striped once each part keeps this much */
-#define STRIPE_MAX  (INT32_C(1) << 30)
-#define MAX_RECV_ID ((1u << 24) - 1)
-
 /* ---- receive ids ---- */
 
 static reshard_status_t id_alloc(struct ib_ctx *x, struct ib_recv *r)
@@ -27,9 +23,9 @@ static reshard_status_t id_alloc(struct ib_ctx *x, struct ib_recv *r)
     if (x->nfree_ids) {
         id = x->free_ids[--x->nfree_ids];
     } else {
-        if (x->next_id >= MAX_RECV_ID)
+        if (x->next_id >= IB_MAX_RECV_ID)
             return rs_error(RESHARD_ERR_TOO_LARGE, "ib: more than %u receives outstanding",
-                            MAX_RECV_ID);
+                            (unsigned)IB_MAX_RECV_ID);
         id = (uint32_t)++x->next_id;
         if (id >= x->ids_cap) {
             size_t cap = x->ids_cap;
@@ -94,21 +90,53 @@ void ib_send_free(struct ib_ctx *x, struct ib_send *s)
     free(s);
 }
 
-void ib_recv_finish(struct ib_ctx *x, struct ib_recv *r, reshard_status_t st)
+void ib_recv_complete(struct ib_ctx *x, struct ib_recv *r)
 {
+    reshard_status_t st = r->st;
     size_t got = st == RESHARD_OK ? r->got : 0;
-    if (st == RESHARD_OK && r->iov)
+    if (st == RESHARD_OK && r->bounce)
         ib_bounce_scatter(r->iov, r->niov, r->buf, got);
     if (st == RESHARD_OK)
         x->super.counters.bytes_in += got;
     recv_unlink(r->peer, r);
     id_free(x, r->id);
-    if (r->transient)
-        ib_tmr_put(x, r->mr);
-    if (r->iov)
-        free(r->buf);
+    if (r->tmr)
+        ib_tmr_put(x, r->tmr);
+    if (r->xmr)
+        x->f->dereg_mr(r->xmr);
+    ib_bounce_put(x, r->bounce);
     ib_complete(x, r->req, st, got);
     free(r);
+}
+
+void ib_recv_finish(struct ib_ctx *x, struct ib_recv *r, reshard_status_t st)
+{
+    if (r->finishing) /* the first outcome stands */
+        return;
+    r->finishing = 1;
+    r->st = st;
+    if (ib_key_retire(x, r))
+        ib_recv_complete(x, r);
+}
+
+void ib_recv_offer(struct ib_ctx *x, struct ib_recv *r)
+{
+    struct ib_peer *p = r->peer;
+    if (r->cancelled) { /* before its CTS went: nothing to ask the sender */
+        ib_recv_finish(
+            x, r, rs_error(RESHARD_ERR_NETWORK, "ib: receive from rank %d cancelled", p->index));
+        return;
+    }
+    struct ib_ctl ctl = {.type = CTL_CTS,
+                         .id = r->id,
+                         .tag = r->tag,
+                         .addr = (uintptr_t)r->buf,
+                         .len = r->cap,
+                         .nkeys = (uint32_t)r->nkeys};
+    memcpy(ctl.rkey, r->rkey, sizeof(uint32_t) * (size_t)r->nkeys);
+    r->offered = 1;
+    if (ib_queue_work(x, p, &(struct ib_work){.kind = W_CTL, .ctl = ctl}) != RESHARD_OK)
+        ib_peer_down(x, p, RESHARD_ERR_NETWORK, rs_error_message()); /* completes r */
 }
 
 /* Fails the user's side of a send now; its stripes in flight still hold it until flushed. */
@@ -141,16 +169,6 @@ void ib_send_close_all(struct ib_ctx *x)
 static int room(const struct ib_peer *p, int qp, int n)
 {
     return p->sq_used[qp] + n <= SQ_DEPTH;
-}
-
-static int stripes_of(const struct ib_ctx *x, size_t len)
-{
-    size_t k = len >= 2 * (size_t)STRIPE_MIN ? len / STRIPE_MIN : 1;
-    if (k > (size_t)x->nqp)
-        k = (size_t)x->nqp;
-    while (len / k > (size_t)STRIPE_MAX) /* one write moves at most 2^31 - 1 bytes */
-        k += (size_t)x->nqp;
-    return (int)k;
 }
 
 static reshard_status_t post_ctl(struct ib_ctx *x, struct ib_peer *p, const struct ib_ctl *c)
@@ -193,15 +211,15 @@ static reshard_status_t post_write(struct ib_ctx *x, struct ib_peer *p, struct i
         struct ibv_sge sge = {.addr = (uintptr_t)(s->buf + off),
                               .length = (uint32_t)(end - off),
                               .lkey = s->mr ? s->mr->lkey : 0};
+        int q = i % p->nqp;
         struct ibv_send_wr wr = {.wr_id = (uintptr_t)s,
                                  .sg_list = &sge,
                                  .num_sge = end > off,
                                  .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
                                  .send_flags = IBV_SEND_SIGNALED,
                                  .imm_data = htonl(c->id << 8 | (uint32_t)k),
-                                 .wr.rdma = {.remote_addr = c->addr + off, .rkey = c->rkey}},
+                                 .wr.rdma = {.remote_addr = c->addr + off, .rkey = c->rkey[q]}},
                            *bad;
-        int q = i % p->nqp;
         if (ibv_post_send(p->qp[q], &wr, &bad))
             return ib_qp_fail(x, p, "ibv_post_send (RDMA write)");
         p->sq_used[q]++;
@@ -216,11 +234,15 @@ reshard_status_t ib_pump(struct ib_ctx *x, struct ib_peer *p)
     while (p->state == P_UP && p->out) {
         struct ib_work *w = p->out;
         if (w->kind == W_WRITE) {
-            int k = stripes_of(x, w->send->len), per_qp = (k + p->nqp - 1) / p->nqp;
+            int k = ib_stripes(w->send->len, x->nqp), per_qp = (k + p->nqp - 1) / p->nqp;
             for (int q = 0; q < p->nqp && q < k; q++)
                 if (!room(p, q, per_qp))
                     return RESHARD_OK;
             RS_CHECK(post_write(x, p, w->send, &w->cts, k));
+        } else if (w->kind == W_BIND || w->kind == W_INV) {
+            if (!room(p, w->win->qp, 1))
+                return RESHARD_OK;
+            RS_CHECK(ib_key_post(x, p, w));
         } else {
             if (!room(p, 0, 1))
                 return RESHARD_OK;
@@ -261,22 +283,48 @@ reshard_status_t ib_matched(struct ib_ctx *x, struct ib_peer *p, struct ib_send 
         ib_send_fail(x, s, st);
         return ib_queue_work(x, p, &(struct ib_work){.kind = W_REFUSE, .cts = *c});
     }
+    int need = s->len ? ib_stripes(s->len, x->nqp) : 0;
+    if (need > p->nqp)
+        need = p->nqp;
+    if ((uint32_t)need > c->nkeys) { /* ib_ctl_check makes this impossible: a bug if seen */
+        reshard_status_t st =
+            rs_error(RESHARD_ERR_NETWORK, "ib: rank %d offered %u keys for a %zu-byte message",
+                     p->index, c->nkeys, s->len);
+        ib_send_fail(x, s, st);
+        return st;
+    }
     return ib_queue_work(x, p, &(struct ib_work){.kind = W_WRITE, .send = s, .cts = *c});
 }
 
 /* ---- the ops ---- */
 
+/* A transfer given with a registration must lie inside it: checked before anything is posted,
+ * so that a receive never offers bytes its registration does not hold. */
+static reshard_status_t check_reg(const struct ib_reg *g, const void *buf, size_t len,
+                                  const char *what)
+{
+    const char *b = buf;
+    if (!g || !len || (b >= g->base && len <= g->len && (size_t)(b - g->base) <= g->len - len))
+        return RESHARD_OK;
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "ib: a %zu-byte %s at %p lies outside its registration (%zu bytes at %p)", len,
+                    what, buf, g->len, (void *)g->base);
+}
+
 reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const void *buf, size_t len,
                          void *mh, int ctrl, struct tp_req *req)
 {
     struct ib_ctx *x = to_ib(c);
+    struct ib_reg *g = mh;
+    RS_CHECK(check_reg(g, buf, len, "send"));
     struct ib_peer *p;
     RS_CHECK(ib_peer_usable(x, peer, &p));
     struct ib_send *s = calloc(1, sizeof(*s));
     if (!s)
         return rs_error(RESHARD_ERR_NO_MEMORY, "ib: no memory for a send");
-    *s = (struct ib_send){.req = req, .peer = p, .tag = tag, .buf = buf, .len = len, .mr = mh};
-    if (len && !mh) {
+    *s = (struct ib_send){
+        .req = req, .peer = p, .tag = tag, .buf = buf, .len = len, .mr = g ? g->mr : NULL};
+    if (len && !g) {
         if (!(s->mr = ib_tmr_get(x, buf, len, 0))) {
             free(s);
             return RESHARD_ERR_NETWORK;
@@ -293,6 +341,7 @@ reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const void *b
             struct ib_cts *n = *at;
             if (!(*at = n->next))
                 p->cts_tail = at;
+            p->ncts--;
             reshard_status_t st = ib_matched(x, p, s, n);
             free(n);
             if (st != RESHARD_OK)
@@ -304,50 +353,61 @@ reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const void *b
     return RESHARD_OK;
 }
 
+/* The receive's length and registration are checked first; then it takes an id, and its keys
+ * (ib_key.c) send the CTS once they are made. */
 static reshard_status_t post_recv(struct ib_ctx *x, int peer, uint64_t tag, void *buf, size_t len,
-                                  void *mh, const struct iovec *iov, size_t niov,
+                                  struct ib_reg *g, const struct iovec *iov, size_t niov,
                                   struct tp_req *req)
 {
+    RS_CHECK(check_reg(g, buf, len, "receive"));
+    if (ib_stripes(len, x->nqp) > IB_MAX_STRIPES)
+        return rs_error(RESHARD_ERR_TOO_LARGE,
+                        "ib: a %zu-byte receive is larger than one message can be (%d stripes of "
+                        "at most 1 GiB)",
+                        len, IB_MAX_STRIPES);
     struct ib_peer *p;
     RS_CHECK(ib_peer_usable(x, peer, &p));
     struct ib_recv *r = calloc(1, sizeof(*r));
     if (!r)
         return rs_error(RESHARD_ERR_NO_MEMORY, "ib: no memory for a receive");
-    *r = (struct ib_recv){
-        .req = req, .peer = p, .buf = buf, .cap = len, .mr = mh, .iov = iov, .niov = niov};
-    if (iov && len && !(r->buf = ib_bounce_alloc(len))) {
-        free(r);
-        return RESHARD_ERR_NO_MEMORY;
-    }
-    reshard_status_t st;
-    if (len && !mh) {
-        if (!(r->mr = ib_tmr_get(x, r->buf, len, 1))) {
-            st = RESHARD_ERR_NETWORK;
+    *r = (struct ib_recv){.req = req,
+                          .peer = p,
+                          .tag = tag,
+                          .buf = buf,
+                          .cap = len,
+                          .reg = g,
+                          .iov = iov,
+                          .niov = niov};
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (iov && len) {
+        if (!(r->bounce = ib_bounce_get(x, len)))
             goto err_free_recv;
-        }
-        r->transient = 1;
+        r->buf = r->bounce->buf;
+        r->wmr = r->bounce->mr;
+    } else if (g) {
+        r->wmr = g->bindable ? g->mr : NULL; /* else its bytes are registered (ib_key.c) */
+    } else if (len && x->windows) {
+        st = RESHARD_ERR_NETWORK;
+        if (!(r->tmr = r->wmr = ib_tmr_get(x, r->buf, len, 1)))
+            goto err_free_recv;
     }
-    RS_CHECK_GOTO(id_alloc(x, r), st, err_put_mr);
+    RS_CHECK_GOTO(id_alloc(x, r), st, err_free_recv);
     tp_req_start(&x->super, req, peer, len, 0, 0);
-    req->handle = r;
+    req->handle = r; /* until it completes, which may be inside ib_key_make (its peer failed) */
     if ((r->next = p->recvs))
         r->next->prev = r;
     p->recvs = r;
-    struct ib_ctl ctl = {.type = CTL_CTS,
-                         .id = r->id,
-                         .tag = tag,
-                         .addr = (uintptr_t)r->buf,
-                         .len = len,
-                         .rkey = r->mr ? r->mr->rkey : 0};
-    if (ib_queue_work(x, p, &(struct ib_work){.kind = W_CTL, .ctl = ctl}) != RESHARD_OK)
-        ib_peer_down(x, p, RESHARD_ERR_NETWORK, rs_error_message()); /* completes r */
+    if ((st = ib_key_make(x, r)) != RESHARD_OK) { /* nothing was queued: not posted */
+        req->handle = NULL;
+        recv_unlink(p, r);
+        id_free(x, r->id);
+        goto err_free_recv;
+    }
     return RESHARD_OK;
-err_put_mr:
-    if (r->transient)
-        ib_tmr_put(x, r->mr);
-err_free_recv:
-    if (iov)
-        free(r->buf); /* the bounce buffer */
+err_free_recv: /* what it holds: a bounce buffer or a transient registration */
+    if (r->tmr)
+        ib_tmr_put(x, r->tmr);
+    ib_bounce_put(x, r->bounce);
     free(r);
     return st;
 }
@@ -388,9 +448,11 @@ void ib_cancel(struct tp_ctx *c, struct tp_req *req)
                 return;
             }
         for (struct ib_recv *r = p->recvs; r; r = r->next)
-            if (r == req->handle && !r->cancelled) {
+            if (r == req->handle && !r->cancelled && !r->finishing) {
                 r->cancelled = 1;
                 struct ib_ctl ctl = {.type = CTL_CANCEL, .id = r->id};
+                if (!r->offered) /* its keys are being made: ib_recv_offer ends it */
+                    return;
                 if (p->state != P_UP && p->state != P_CONNECTING)
                     return;
                 if (ib_queue_work(x, p, &(struct ib_work){.kind = W_CTL, .ctl = ctl}) != RESHARD_OK)

@@ -5,6 +5,15 @@
  * crosses the network. Endpoints are made before a plan first runs; UCX's peer error mode (a
  * dead peer fails its requests at once) is on request, since it costs bandwidth. Waiting arms
  * the worker and sleeps on its event fd, so many ranks can share a core.
+ *
+ * UCX matches a receive by tag alone, from whichever endpoint. So that a message from one
+ * peer never fills a receive posted for another, the tag on the wire carries the sender in its
+ * high UCX_ID_BITS bits (the caller's tag in the low TP_TAG_BITS), and a receive from peer p
+ * matches p's number in them: the number the receiver gives the sender, which the receiver's
+ * address (for that peer) tells the sender. This stops a confused or misconfigured rank; a rank
+ * that forges another's number is beyond what UCX's tags can tell apart. A tag that uses the
+ * transport's bits itself is matched whole, without the sender: the NCCL plugin's, whose tags
+ * are receive comm id << 32 | NCCL's tag, once a device has made 4,096 receive comms.
  */
 #include "ucx_lib.h"
 #include "transport/tp.h"
@@ -19,10 +28,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define UCX_ID_BITS  (64 - TP_TAG_BITS)
+#define UCX_ID_MAX   ((UINT32_C(1) << UCX_ID_BITS) - 1)
+#define UCX_ID_MAGIC 0x55435849u /* "IXCU": the trailer of this transport's addresses */
+
+struct ucx_id_trailer { /* after the worker address: the number its context gives the peer */
+    uint32_t magic;
+    int32_t index; /* -1: peers are numbered by rank */
+};
+
 struct ucx_peer {
     ucp_ep_h ep;
     void *addr;
     size_t addr_len;
+    uint32_t id_there; /* the number the peer gives this context: the high bits of what it sends */
 };
 
 /* tp_req.state */
@@ -36,7 +55,6 @@ struct ucx_ctx {
     ucp_worker_h worker;
     int efd;
     int rank, size;
-    int by_rank;     /* a communicator: peers are ranks, and tags carry the sender's */
     int peer_errors; /* UCX's peer error mode, on request (it costs bandwidth) */
     struct ucx_peer *peers;
     size_t peers_cap;
@@ -129,7 +147,6 @@ static reshard_status_t ucx_init(const struct tp_config *cfg, struct tp_ctx **ou
     u->f = f;
     u->rank = cfg->rank;
     u->size = cfg->size;
-    u->by_rank = cfg->size > 0;
     u->peer_errors = cfg->peer_errors;
     u->efd = -1;
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
@@ -146,22 +163,28 @@ err_close: /* ucx_close undoes whatever part was made */
     return st;
 }
 
+/* The worker's address, then the number this context gives the peer it is for. */
 static reshard_status_t ucx_address(struct tp_ctx *c, int peer, void *buf, size_t *len)
 {
-    (void)peer; /* one worker address serves every peer */
     struct ucx_ctx *u = to_ucx(c);
+    if (peer > (int)UCX_ID_MAX)
+        return rs_error(RESHARD_ERR_TOO_LARGE, "UCX: peer number %d does not fit %d tag bits", peer,
+                        UCX_ID_BITS);
     ucp_address_t *addr;
     size_t n;
     ucs_status_t st = u->f->ucp_worker_get_address(u->worker, &addr, &n);
     if (st != UCS_OK)
         return ucx_fail(u, "ucp_worker_get_address", st);
     reshard_status_t ret = RESHARD_OK;
-    if (n > *len)
-        ret = rs_error(RESHARD_ERR_TOO_LARGE, "UCX worker address is %zu bytes, room for %zu", n,
-                       *len);
-    else
+    struct ucx_id_trailer t = {.magic = UCX_ID_MAGIC, .index = peer < 0 ? -1 : peer};
+    if (n + sizeof(t) > *len) {
+        ret = rs_error(RESHARD_ERR_TOO_LARGE, "UCX worker address is %zu bytes, room for %zu",
+                       n + sizeof(t), *len);
+    } else {
         memcpy(buf, addr, n);
-    *len = n;
+        memcpy((char *)buf + n, &t, sizeof(t));
+    }
+    *len = n + sizeof(t);
     u->f->ucp_worker_release_address(u->worker, addr);
     return ret;
 }
@@ -169,8 +192,21 @@ static reshard_status_t ucx_address(struct tp_ctx *c, int peer, void *buf, size_
 static reshard_status_t ucx_set_peer(struct tp_ctx *c, int peer, const void *addr, size_t len)
 {
     struct ucx_ctx *u = to_ucx(c);
-    if (peer < 0)
+    if (peer < 0 || peer > (int)UCX_ID_MAX)
         return rs_error(RESHARD_ERR_INTERNAL, "UCX: peer %d is not a peer", peer);
+    struct ucx_id_trailer t;
+    if (len <= sizeof(t))
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "UCX: rank %d's address is %zu bytes, not a reshard UCX address", peer,
+                        len);
+    memcpy(&t, (const char *)addr + len - sizeof(t), sizeof(t));
+    len -= sizeof(t);
+    uint32_t id = t.index < 0 ? (uint32_t)u->rank : (uint32_t)t.index;
+    if (t.magic != UCX_ID_MAGIC || t.index < -1 || (t.index < 0 && u->rank < 0) || id > UCX_ID_MAX)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "UCX: rank %d's address is not a reshard UCX address of this version "
+                        "(trailer 0x%08x, peer number %d)",
+                        peer, t.magic, t.index);
     if ((size_t)peer >= u->peers_cap) {
         size_t cap = u->peers_cap;
         struct ucx_peer *p = rs_grow(u->peers, &cap, (size_t)peer + 1, sizeof(*p), "UCX peers");
@@ -189,6 +225,7 @@ static reshard_status_t ucx_set_peer(struct tp_ctx *c, int peer, const void *add
     free(u->peers[peer].addr);
     u->peers[peer].addr = copy;
     u->peers[peer].addr_len = len;
+    u->peers[peer].id_there = id;
     return RESHARD_OK;
 }
 
@@ -323,14 +360,11 @@ static reshard_status_t posted(struct ucx_ctx *u, struct tp_req *req, ucs_status
     return RESHARD_OK;
 }
 
-/* A communicator's context (peers numbered by rank) carries the sender's rank above the
- * caller's TP_TAG_BITS, so that a receive matches its peer as well as its tag (tp.h). The NCCL
- * plugin's contexts number peers per side and keep the tag as given. */
-static uint64_t wire_tag(const struct ucx_ctx *u, int sender, uint64_t tag)
+/* The tag on the wire: the sender's number (as the receiver knows it) above the caller's. A
+ * tag that uses those bits itself goes as it is (see the top of this file). */
+static uint64_t wire_tag(uint64_t tag, uint32_t sender)
 {
-    if (!u->by_rank)
-        return tag;
-    return (tag & TP_TAG_MASK) | (uint64_t)(uint32_t)sender << TP_TAG_BITS;
+    return tag & ~TP_TAG_MASK ? tag : (uint64_t)sender << TP_TAG_BITS | tag;
 }
 
 static reshard_status_t ucx_send(struct tp_ctx *c, int peer, uint64_t tag, const void *buf,
@@ -347,14 +381,16 @@ static reshard_status_t ucx_send(struct tp_ctx *c, int peer, uint64_t tag, const
         .user_data = req,
         .memh = mh,
     };
-    return posted(u, req, u->f->ucp_tag_send_nbx(ep, buf, len, wire_tag(u, u->rank, tag), &p),
-                  "tag send");
+    uint64_t wire = wire_tag(tag, u->peers[peer].id_there);
+    return posted(u, req, u->f->ucp_tag_send_nbx(ep, buf, len, wire, &p), "tag send");
 }
 
 static reshard_status_t ucx_recv(struct tp_ctx *c, int peer, uint64_t tag, void *buf, size_t len,
                                  void *mh, struct tp_req *req)
 {
     struct ucx_ctx *u = to_ucx(c);
+    if (peer < 0 || peer > (int)UCX_ID_MAX)
+        return rs_error(RESHARD_ERR_INTERNAL, "UCX: receive from peer %d, not a peer", peer);
     tp_req_start(c, req, peer, len, 0, REQ_POSTING);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -363,9 +399,9 @@ static reshard_status_t ucx_recv(struct tp_ctx *c, int peer, uint64_t tag, void 
         .user_data = req,
         .memh = mh,
     };
-    return posted(
-        u, req, u->f->ucp_tag_recv_nbx(u->worker, buf, len, wire_tag(u, peer, tag), UINT64_MAX, &p),
-        "tag recv");
+    uint64_t wire = wire_tag(tag, (uint32_t)peer);
+    return posted(u, req, u->f->ucp_tag_recv_nbx(u->worker, buf, len, wire, UINT64_MAX, &p),
+                  "tag recv");
 }
 
 static reshard_status_t ucx_recv_iov(struct tp_ctx *c, int peer, uint64_t tag,
@@ -375,6 +411,8 @@ static reshard_status_t ucx_recv_iov(struct tp_ctx *c, int peer, uint64_t tag,
                        offsetof(ucp_dt_iov_t, length) == offsetof(struct iovec, iov_len),
                    "ucp_dt_iov_t and struct iovec differ");
     struct ucx_ctx *u = to_ucx(c);
+    if (peer < 0 || peer > (int)UCX_ID_MAX)
+        return rs_error(RESHARD_ERR_INTERNAL, "UCX: receive from peer %d, not a peer", peer);
     tp_req_start(c, req, peer, 0, 0, REQ_POSTING);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -383,10 +421,9 @@ static reshard_status_t ucx_recv_iov(struct tp_ctx *c, int peer, uint64_t tag,
         .user_data = req,
         .datatype = ucp_dt_make_iov(),
     };
-    return posted(
-        u, req,
-        u->f->ucp_tag_recv_nbx(u->worker, (void *)iov, n, wire_tag(u, peer, tag), UINT64_MAX, &p),
-        "tag recv");
+    uint64_t wire = wire_tag(tag, (uint32_t)peer);
+    return posted(u, req, u->f->ucp_tag_recv_nbx(u->worker, (void *)iov, n, wire, UINT64_MAX, &p),
+                  "tag recv");
 }
 
 static void ucx_cancel(struct tp_ctx *c, struct tp_req *req)

@@ -6,8 +6,10 @@
 #include "base/param.h"
 #include "test/plugin/ranks.h"
 #include "transport/ib/ib_dev.h"
+#include "transport/ib/ib_int.h"
 #include "transport/tp.h"
 
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <glob.h>
 #include <stdio.h>
@@ -47,30 +49,46 @@ static void on_done(struct tp_req *req, reshard_status_t st, size_t got)
     x->got = got;
 }
 
-static struct tp_ctx *ctx[2];
+static struct tp_ctx *ctx[3];
+static int nctx;
 
-static void pair_up(void)
+/* n contexts of one process, ranks 0 .. n-1, each knowing the others. */
+static void ranks_up(int n)
 {
     setenv("RESHARD_TRANSPORT", "ib", 1);
     const struct tp_ops *ops;
     if (tp_pick(&ops) != RESHARD_OK)
         cr_skip_test("no active RDMA port here (%s)", rs_error_message());
-    for (int r = 0; r < 2; r++) {
-        struct tp_config cfg = {.rank = r, .size = 2, .local_rank = -1};
+    nctx = n;
+    for (int r = 0; r < n; r++) {
+        struct tp_config cfg = {.rank = r, .size = n, .local_rank = -1};
         cr_assert_eq(ops->init(&cfg, &ctx[r]), RESHARD_OK, "%s", rs_error_message());
     }
-    for (int r = 0; r < 2; r++) {
-        char addr[256];
-        size_t len = sizeof(addr);
-        cr_assert_eq(ctx[1 - r]->ops->address(ctx[1 - r], -1, addr, &len), RESHARD_OK);
-        cr_assert_eq(ctx[r]->ops->set_peer(ctx[r], 1 - r, addr, len), RESHARD_OK, "%s",
-                     rs_error_message());
-    }
+    for (int r = 0; r < n; r++)
+        for (int o = 0; o < n; o++) {
+            if (o == r)
+                continue;
+            char addr[256];
+            size_t len = sizeof(addr);
+            cr_assert_eq(ctx[o]->ops->address(ctx[o], -1, addr, &len), RESHARD_OK);
+            cr_assert_eq(ctx[r]->ops->set_peer(ctx[r], o, addr, len), RESHARD_OK, "%s",
+                         rs_error_message());
+        }
+}
+
+static void pair_up(void)
+{
+    ranks_up(2);
+}
+
+static void three_up(void)
+{
+    ranks_up(3);
 }
 
 static void tear_down(void)
 {
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < nctx; r++)
         if (ctx[r])
             ctx[r]->ops->close(ctx[r]);
 }
@@ -86,8 +104,9 @@ static void run_until(struct xfer **x, int n)
         if (!left)
             return;
         cr_assert(time(NULL) < end, "%d transfer(s) still pending after 20 s", left);
-        for (int r = 0; r < 2; r++)
-            ctx[r]->ops->progress(ctx[r]);
+        for (int r = 0; r < nctx; r++)
+            if (ctx[r])
+                ctx[r]->ops->progress(ctx[r]);
     }
 }
 
@@ -97,33 +116,40 @@ static void fill(unsigned char *b, size_t n, unsigned seed)
         b[i] = (unsigned char)(i * 131 + seed);
 }
 
-static void exchange(size_t len, int registered)
+/* from sends len bytes to to, registered or not; checks what arrived. */
+static void exchange_on(int from, int to, size_t len, int registered)
 {
     unsigned char *src = malloc(len + 1), *dst = calloc(1, len + 1);
     fill(src, len, 7);
     void *smh = NULL, *rmh = NULL;
     if (registered) {
-        cr_assert_eq(ctx[0]->ops->mem_reg(ctx[0], src, len + 1, TP_MEM_HOST, &smh), RESHARD_OK);
-        cr_assert_eq(ctx[1]->ops->mem_reg(ctx[1], dst, len + 1, TP_MEM_HOST, &rmh), RESHARD_OK);
+        cr_assert_eq(ctx[from]->ops->mem_reg(ctx[from], src, len + 1, TP_MEM_HOST, &smh),
+                     RESHARD_OK);
+        cr_assert_eq(ctx[to]->ops->mem_reg(ctx[to], dst, len + 1, TP_MEM_HOST, &rmh), RESHARD_OK);
     }
     struct xfer s = {.req.done = on_done}, r = {.req.done = on_done};
-    uint64_t out0 = ctx[0]->counters.bytes_out, in0 = ctx[1]->counters.bytes_in;
-    cr_assert_eq(ctx[1]->ops->recv(ctx[1], 0, 42, dst, len + 1, rmh, &r.req), RESHARD_OK, "%s",
+    uint64_t out0 = ctx[from]->counters.bytes_out, in0 = ctx[to]->counters.bytes_in;
+    cr_assert_eq(ctx[to]->ops->recv(ctx[to], from, 42, dst, len + 1, rmh, &r.req), RESHARD_OK, "%s",
                  rs_error_message());
-    cr_assert_eq(ctx[0]->ops->send(ctx[0], 1, 42, src, len, smh, 0, &s.req), RESHARD_OK, "%s",
-                 rs_error_message());
+    cr_assert_eq(ctx[from]->ops->send(ctx[from], to, 42, src, len, smh, 0, &s.req), RESHARD_OK,
+                 "%s", rs_error_message());
     run_until((struct xfer *[]){&s, &r}, 2);
     cr_assert_eq(s.st, RESHARD_OK, "%s", rs_error_message());
     cr_assert_eq(r.st, RESHARD_OK, "%s", rs_error_message());
     cr_assert_eq(r.got, len, "a %zu-byte message reports %zu", len, r.got);
     cr_assert(!memcmp(src, dst, len), "%zu bytes differ", len);
     cr_assert_eq(dst[len], 0, "wrote past the message");
-    cr_assert_eq(ctx[0]->counters.bytes_out - out0, len);
-    cr_assert_eq(ctx[1]->counters.bytes_in - in0, len);
-    ctx[0]->ops->mem_dereg(ctx[0], smh);
-    ctx[1]->ops->mem_dereg(ctx[1], rmh);
+    cr_assert_eq(ctx[from]->counters.bytes_out - out0, len);
+    cr_assert_eq(ctx[to]->counters.bytes_in - in0, len);
+    ctx[from]->ops->mem_dereg(ctx[from], smh);
+    ctx[to]->ops->mem_dereg(ctx[to], rmh);
     free(src);
     free(dst);
+}
+
+static void exchange(size_t len, int registered)
+{
+    exchange_on(0, 1, len, registered);
 }
 
 Test(ib, a_small_message_arrives, .init = pair_up, .fini = tear_down)
@@ -296,6 +322,218 @@ Test(ib, a_peer_that_never_answers_times_out, .timeout = 30)
     cr_assert_eq(ctx[1]->failed_peer, 0);
     cr_assert_str_eq(ctx[1]->failed_why, "no connection within RESHARD_TIMEOUT=2 s");
     tear_down();
+}
+
+/* ---- a hostile peer: writes it makes itself, outside the transport ---- */
+
+static struct ib_ctx *ibx(int r)
+{
+    return container_of(ctx[r], struct ib_ctx, super);
+}
+
+static void progress_all(void)
+{
+    for (int r = 0; r < nctx; r++)
+        if (ctx[r])
+            ctx[r]->ops->progress(ctx[r]);
+}
+
+/* The first CTS rank `from` holds from `to` (a receive `to` offered it). */
+static struct ib_cts wait_cts(int from, int to)
+{
+    time_t end = time(NULL) + 20;
+    struct ib_peer *p = NULL;
+    while (!((p = ibx(from)->peers[to]) && p->cts) && time(NULL) < end)
+        progress_all();
+    cr_assert(p && p->cts, "no CTS from rank %d reached rank %d", to, from);
+    return *p->cts;
+}
+
+/* Rank `from` writes len bytes of src (registered as mh) to raddr with rkey on its first
+ * queue pair to `to`, with an immediate when imm is not 0. */
+static void rogue_write(int from, int to, void *mh, const void *src, size_t len, uint64_t raddr,
+                        uint32_t rkey, uint32_t imm)
+{
+    struct ib_peer *p = ibx(from)->peers[to];
+    cr_assert(p && p->state == P_UP, "rank %d is not connected to rank %d", from, to);
+    struct ibv_sge sge = {
+        .addr = (uintptr_t)src, .length = (uint32_t)len, .lkey = ((struct ib_reg *)mh)->mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = (uintptr_t)p | 1, /* completes as control traffic */
+                             .sg_list = &sge,
+                             .num_sge = len > 0,
+                             .opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED,
+                             .imm_data = htonl(imm),
+                             .wr.rdma = {.remote_addr = raddr, .rkey = rkey}},
+                       *bad;
+    cr_assert_eq(ibv_post_send(p->qp[0], &wr, &bad), 0, "ibv_post_send: %m");
+    p->sq_used[0]++;
+}
+
+/* Progresses everyone until rank r saw a peer fail; 20 s at most. */
+static void until_failed(int r)
+{
+    time_t end = time(NULL) + 20;
+    while (ctx[r]->failed_peer < 0 && time(NULL) < end)
+        progress_all();
+    cr_assert_geq(ctx[r]->failed_peer, 0, "rank %d saw no failure", r);
+}
+
+static int all_zero(const unsigned char *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (b[i])
+            return 0;
+    return 1;
+}
+
+static void *reg(int r, void *buf, size_t len)
+{
+    void *mh = NULL;
+    cr_assert_eq(ctx[r]->ops->mem_reg(ctx[r], buf, len, TP_MEM_HOST, &mh), RESHARD_OK, "%s",
+                 rs_error_message());
+    return mh;
+}
+
+static unsigned char *page(unsigned char v, size_t n)
+{
+    unsigned char *b = aligned_alloc(4096, n);
+    cr_assert_not_null(b);
+    memset(b, v, n);
+    return b;
+}
+
+/* The attack: any connected peer writes a source or staging buffer through its registration's
+ * key (before, every host registration allowed remote writes). */
+Test(ib, a_registration_refuses_remote_writes, .init = pair_up, .fini = tear_down)
+{
+    exchange(64, 0); /* connected */
+    unsigned char *victim = page(0, 4096), *junk = page(0xee, 4096);
+    void *vmh = reg(1, victim, 4096), *jmh = reg(0, junk, 4096);
+    rogue_write(0, 1, jmh, junk, 64, (uintptr_t)victim, ((struct ib_reg *)vmh)->mr->rkey, 0);
+    until_failed(0);
+    cr_assert_eq(ctx[0]->failed_peer, 1);
+    cr_assert(strstr(ctx[0]->failed_why, "remote access"), "%s", ctx[0]->failed_why);
+    cr_assert(all_zero(victim, 4096), "the write landed");
+    ctx[0]->ops->mem_dereg(ctx[0], jmh);
+    ctx[1]->ops->mem_dereg(ctx[1], vmh);
+    free(victim);
+    free(junk);
+}
+
+/* The attack: a peer keeps the key of a receive it served and writes with it later (before,
+ * the key was the destination registration's, valid for the communicator's life). */
+Test(ib, a_receive_key_dies_once_its_receive_completes, .init = pair_up, .fini = tear_down)
+{
+    exchange(64, 0);
+    unsigned char *dst = page(0, 4096), *src = page(0x5a, 4096), *junk = page(0xee, 4096);
+    void *dmh = reg(1, dst, 4096), *smh = reg(0, src, 4096), *jmh = reg(0, junk, 4096);
+    struct xfer s = {.req.done = on_done}, r = {.req.done = on_done};
+    cr_assert_eq(ctx[1]->ops->recv(ctx[1], 0, 5, dst, 4096, dmh, &r.req), RESHARD_OK);
+    struct ib_cts cts = wait_cts(0, 1);
+    cr_assert_eq(cts.addr, (uintptr_t)dst);
+    cr_assert_eq(cts.nkeys, 1);
+    cr_assert_neq(cts.rkey[0], ((struct ib_reg *)dmh)->mr->rkey, "a key of its own");
+    cr_assert_eq(ctx[0]->ops->send(ctx[0], 1, 5, src, 4096, smh, 0, &s.req), RESHARD_OK);
+    run_until((struct xfer *[]){&s, &r}, 2);
+    cr_assert_eq(r.st, RESHARD_OK, "%s", rs_error_message());
+    cr_assert(!memcmp(dst, src, 4096));
+    const struct ib_peer *p = ibx(1)->peers[0];
+    for (size_t i = 0; i < p->nwins; i++)
+        cr_assert_eq(p->wins[i]->state, WIN_FREE, "window %zu is still bound", i);
+    cr_log_info("keys: %s", ibx(1)->windows ? "memory windows" : "a registration per receive");
+    rogue_write(0, 1, jmh, junk, 64, cts.addr, cts.rkey[0], 0);
+    until_failed(0);
+    cr_assert(strstr(ctx[0]->failed_why, "remote access"), "%s", ctx[0]->failed_why);
+    cr_assert(!memcmp(dst, src, 4096), "the late write landed");
+    ctx[0]->ops->mem_dereg(ctx[0], smh);
+    ctx[0]->ops->mem_dereg(ctx[0], jmh);
+    ctx[1]->ops->mem_dereg(ctx[1], dmh);
+    free(dst);
+    free(src);
+    free(junk);
+}
+
+/* The attack: a peer writes more than the receive it was offered, into what lies next to it
+ * (before, a receive's key covered its whole registration, or whole pages). The device refuses
+ * the write; soft-RoCE checks a window's registration rather than the window, so there the
+ * receiver's own check (the write is longer than the receive) is what fails the peer. */
+Test(ib, a_write_past_its_receive_is_refused, .init = pair_up, .fini = tear_down)
+{
+    exchange(64, 0);
+    unsigned char *dst = page(0, 8192), *junk = page(0xee, 8192);
+    void *dmh = reg(1, dst, 8192), *jmh = reg(0, junk, 8192);
+    struct xfer r = {.req.done = on_done};
+    cr_assert_eq(ctx[1]->ops->recv(ctx[1], 0, 5, dst, 4096, dmh, &r.req), RESHARD_OK);
+    struct ib_cts cts = wait_cts(0, 1);
+    rogue_write(0, 1, jmh, junk, 8192, cts.addr, cts.rkey[0], cts.id << 8 | 1);
+    run_until((struct xfer *[]){&r}, 1);
+    cr_assert_neq(r.st, RESHARD_OK, "the receive took an overrun");
+    int rxe = !strncmp(ibx(1)->port.dev, "rxe", 3);
+    if (ibx(1)->windows && rxe) {
+        cr_assert_eq(ctx[1]->failed_peer, 0);
+        cr_assert_str_eq(ctx[1]->failed_why, "wrote more than its receive holds");
+        cr_log_info("soft-RoCE does not bound a memory window (rxe_resp.c checks its "
+                    "registration): the bytes past the receive %s",
+                    all_zero(dst + 4096, 4096) ? "held" : "were written");
+    } else {
+        until_failed(0);
+        cr_assert(strstr(ctx[0]->failed_why, "remote access"), "%s", ctx[0]->failed_why);
+        cr_assert(all_zero(dst + 4096, 4096), "the bytes next to the receive were written");
+    }
+    ctx[0]->ops->mem_dereg(ctx[0], jmh);
+    ctx[1]->ops->mem_dereg(ctx[1], dmh);
+    free(dst);
+    free(junk);
+}
+
+/* The attack: a rank uses a key offered to another rank (before, any key worked on any of the
+ * context's connections). A memory window answers only its own queue pair. */
+Test(ib, a_key_offered_to_one_peer_is_refused_on_another_peers_connection, .init = three_up,
+     .fini = tear_down)
+{
+    if (!ibx(1)->windows)
+        cr_skip_test("no memory windows here: a receive's own registration is not bound to "
+                     "its peer's queue pairs");
+    exchange_on(0, 1, 64, 0);
+    exchange_on(2, 1, 64, 0);
+    unsigned char *dst = page(0, 4096), *src = page(0x5a, 4096), *junk = page(0xee, 4096);
+    void *dmh = reg(1, dst, 4096), *smh = reg(0, src, 4096), *jmh = reg(2, junk, 4096);
+    struct xfer s = {.req.done = on_done}, r = {.req.done = on_done};
+    cr_assert_eq(ctx[1]->ops->recv(ctx[1], 0, 5, dst, 4096, dmh, &r.req), RESHARD_OK);
+    struct ib_cts cts = wait_cts(0, 1);
+    rogue_write(2, 1, jmh, junk, 64, cts.addr, cts.rkey[0], 0);
+    until_failed(2);
+    cr_assert_eq(ctx[2]->failed_peer, 1);
+    cr_assert(strstr(ctx[2]->failed_why, "remote access"), "%s", ctx[2]->failed_why);
+    cr_assert(all_zero(dst, 4096), "rank 2 wrote rank 0's receive");
+    cr_assert_eq(ctx[0]->ops->send(ctx[0], 1, 5, src, 4096, smh, 0, &s.req), RESHARD_OK);
+    run_until((struct xfer *[]){&s, &r}, 2);
+    cr_assert_eq(r.st, RESHARD_OK, "the peer it was offered to still writes it: %s",
+                 rs_error_message());
+    cr_assert(!memcmp(dst, src, 4096));
+    ctx[0]->ops->mem_dereg(ctx[0], smh);
+    ctx[2]->ops->mem_dereg(ctx[2], jmh);
+    ctx[1]->ops->mem_dereg(ctx[1], dmh);
+    free(dst);
+    free(src);
+    free(junk);
+}
+
+/* The attack: a zero-byte write (no key needed) whose immediate names a receive it was never
+ * offered. */
+Test(ib, an_immediate_naming_no_offered_receive_fails_the_peer, .init = pair_up, .fini = tear_down)
+{
+    exchange(64, 0);
+    unsigned char *junk = page(0xee, 4096);
+    void *jmh = reg(0, junk, 4096);
+    rogue_write(0, 1, jmh, junk, 0, 0, 0, 4242u << 8 | 1);
+    until_failed(1);
+    cr_assert_eq(ctx[1]->failed_peer, 0);
+    cr_assert(strstr(ctx[1]->failed_why, "names no receive it was offered"), "%s",
+              ctx[1]->failed_why);
+    ctx[0]->ops->mem_dereg(ctx[0], jmh);
+    free(junk);
 }
 
 static void ib_then_ucx(int rank)

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The ib transport's registration cache and bounce buffers (transport/ib/ib_mr.c) and its
- * completion queue's growth (ib_cq.c), on a context whose verbs are stand-ins: these run on
- * every host, where the rest of the ib suite needs an RDMA port. */
+/* The ib transport's registrations (transport/ib/ib_mr.c), its bounce buffers' arena
+ * (ib_bounce.c) and its completion queue's growth (ib_cq.c), on a context whose verbs are
+ * stand-ins: these run on every host, where the rest of the ib suite needs an RDMA port. A
+ * stand-in registration keeps the access it was asked for in its lkey. */
 #include "base/error.h"
 #include "transport/ib/ib_int.h"
 
@@ -12,6 +13,8 @@
 #include <string.h>
 
 #define MAX_REGS 8
+#define NO_REMOTE_ACCESS                                                                           \
+    (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
 
 static struct ibv_mr regs[MAX_REGS];
 static int nregs, nderegs, resized_to;
@@ -48,18 +51,19 @@ static void fake_context(void)
     nregs = nderegs = resized_to = 0;
     fns = (struct ib_fns){
         .reg_mr = fake_reg_mr, .dereg_mr = fake_dereg_mr, .resize_cq = fake_resize_cq};
-    ctx = (struct ib_ctx){.f = &fns};
+    ctx = (struct ib_ctx){.f = &fns, .windows = 1};
     snprintf(ctx.port.name, sizeof(ctx.port.name), "fake0:1");
 }
 
 static void drop_registrations(void)
 {
     ib_tmr_drop_all(&ctx);
+    ib_bounce_drop_all(&ctx);
 }
 
 TestSuite(ib_mr, .init = fake_context, .fini = drop_registrations);
 
-Test(ib_mr, a_transfer_is_registered_by_the_whole_pages_it_touches)
+Test(ib_mr, a_send_is_registered_read_only_by_the_whole_pages_it_touches)
 {
     struct ibv_mr *mr = ib_tmr_get(&ctx, mem + 100, 5000, 0);
     cr_assert_not_null(mr);
@@ -68,7 +72,7 @@ Test(ib_mr, a_transfer_is_registered_by_the_whole_pages_it_touches)
     cr_assert_eq(mr->lkey, 0, "a send's registration is read-only");
 }
 
-Test(ib_mr, a_range_inside_a_registration_shares_it_until_the_last_put)
+Test(ib_mr, a_range_inside_a_send_registration_shares_it_until_the_last_put)
 {
     struct ibv_mr *a = ib_tmr_get(&ctx, mem + 100, 5000, 0);
     struct ibv_mr *b = ib_tmr_get(&ctx, mem + 4096, 100, 0);
@@ -81,14 +85,27 @@ Test(ib_mr, a_range_inside_a_registration_shares_it_until_the_last_put)
     cr_assert_null(ctx.tmrs);
 }
 
-Test(ib_mr, a_receive_does_not_reuse_a_read_only_registration)
+/* The attack: a key whose registration covers whole pages reaches the heap next to the
+ * receive. A receive's transient registration is exactly its bytes, its own, and grants no
+ * remote access (windows over it do, for the receive's life). */
+Test(ib_mr, a_receive_registers_exactly_its_bytes_without_remote_access)
 {
     struct ibv_mr *ro = ib_tmr_get(&ctx, mem, 100, 0);
-    struct ibv_mr *rw = ib_tmr_get(&ctx, mem, 100, 1);
-    cr_assert_neq(ro, rw);
-    cr_assert_eq(rw->lkey, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    cr_assert_eq(ib_tmr_get(&ctx, mem + 10, 10, 0), rw, "a send may use a writable one");
-    cr_assert_eq(nregs, 2);
+    struct ibv_mr *rw = ib_tmr_get(&ctx, mem + 10, 50, 1);
+    cr_assert_neq(ro, rw, "a receive does not reuse a send's registration");
+    cr_assert_eq(rw->addr, (void *)(mem + 10));
+    cr_assert_eq(rw->length, 50, "not the whole page");
+    cr_assert_eq(rw->lkey, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    cr_assert_neq(ib_tmr_get(&ctx, mem + 10, 50, 1), rw, "nor another receive's");
+    cr_assert_eq(ib_tmr_get(&ctx, mem + 20, 10, 0), ro, "a send never uses a receive's either");
+    cr_assert_eq(nregs, 3);
+}
+
+Test(ib_mr, without_windows_a_receive_registration_has_no_window_right)
+{
+    ctx.windows = 0;
+    struct ibv_mr *rw = ib_tmr_get(&ctx, mem, 50, 1);
+    cr_assert_eq(rw->lkey, IBV_ACCESS_LOCAL_WRITE);
 }
 
 Test(ib_mr, a_failed_registration_says_where)
@@ -110,6 +127,107 @@ Test(ib_mr, closing_drops_every_registration_left)
     cr_assert_null(ctx.tmrs);
 }
 
+/* The attack: sources and staging registered with REMOTE_WRITE let any peer write them
+ * whenever it likes. A registration grants no remote access, with windows or without. */
+Test(ib_mr, a_registration_grants_no_remote_access)
+{
+    char buf[256];
+    for (int windows = 1; windows >= 0; windows--) {
+        ctx.windows = windows;
+        void *mh = NULL;
+        cr_assert_eq(ib_mem_reg(&ctx.super, buf, sizeof(buf), TP_MEM_HOST, &mh), RESHARD_OK);
+        struct ib_reg *g = mh;
+        cr_assert_eq(g->mr->lkey & NO_REMOTE_ACCESS, 0, "access 0x%x", g->mr->lkey);
+        cr_assert_eq(g->mr->lkey, IBV_ACCESS_LOCAL_WRITE | (windows ? IBV_ACCESS_MW_BIND : 0));
+        cr_assert_eq(g->bindable, windows, "windows bind over it only where receives use them");
+        cr_assert_eq(g->base, buf);
+        cr_assert_eq(g->len, sizeof(buf));
+        ib_mem_dereg(&ctx.super, mh);
+    }
+    cr_assert_eq(nderegs, 2);
+}
+
+/* Without windows a receive registers its own bytes, and only that registration may be written
+ * from the network. */
+Test(ib_mr, a_registration_of_one_receive_is_exactly_its_bytes)
+{
+    struct ibv_mr *mr = ib_mr_exact(&ctx, NULL, mem + 7, 93);
+    cr_assert_not_null(mr);
+    cr_assert_eq(mr->addr, (void *)(mem + 7));
+    cr_assert_eq(mr->length, 93);
+    cr_assert_eq(mr->lkey, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+}
+
+/* ---- the bounce buffers' arena ---- */
+
+/* The attack: a bounce buffer from malloc, registered by whole pages, exposes the heap around
+ * it. The arena's buffers are mappings of their own, registered once, without remote access. */
+Test(ib_mr, a_bounce_buffer_is_a_mapping_of_its_own_registered_without_remote_access)
+{
+    struct ib_bounce *b = ib_bounce_get(&ctx, 5000);
+    cr_assert_not_null(b);
+    cr_assert_eq(b->cap, 8192, "its size class");
+    cr_assert_eq((uintptr_t)b->buf % 4096, 0, "whole pages of its own");
+    cr_assert_not_null(b->mr);
+    cr_assert_eq(b->mr->addr, (void *)b->buf);
+    cr_assert_eq(b->mr->length, b->cap, "its registration covers itself and nothing else");
+    cr_assert_eq(b->mr->lkey, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    memset(b->buf, 1, b->cap); /* writable */
+    ib_bounce_put(&ctx, b);
+}
+
+Test(ib_mr, a_bounce_buffer_is_reused_by_its_size_class_without_registering_again)
+{
+    struct ib_bounce *a = ib_bounce_get(&ctx, 5000);
+    char *buf = a->buf;
+    ib_bounce_put(&ctx, a);
+    cr_assert_eq(nderegs, 0, "kept for the next receive");
+    cr_assert_eq(ctx.bounce_kept, 8192);
+    struct ib_bounce *b = ib_bounce_get(&ctx, 8000);
+    cr_assert_eq(b->buf, buf, "the same class: the same buffer");
+    cr_assert_eq(nregs, 1);
+    cr_assert_eq(ctx.bounce_kept, 0);
+    struct ib_bounce *c = ib_bounce_get(&ctx, 8193);
+    cr_assert_eq(c->cap, 16384, "the next class");
+    cr_assert_eq(nregs, 2);
+    ib_bounce_put(&ctx, b);
+    ib_bounce_put(&ctx, c);
+    ib_bounce_drop_all(&ctx);
+    cr_assert_eq(nderegs, 2, "closing drops the kept ones");
+    cr_assert_eq(ctx.bounce_kept, 0);
+}
+
+Test(ib_mr, a_bounce_buffer_past_the_largest_class_is_not_kept)
+{
+    struct ib_bounce *b = ib_bounce_get(&ctx, (64u << 20) + 1);
+    cr_assert_not_null(b);
+    cr_assert_eq(b->cls, -1);
+    cr_assert_eq(b->cap, (64u << 20) + 4096);
+    ib_bounce_put(&ctx, b);
+    cr_assert_eq(nderegs, 1, "unmapped at once");
+    cr_assert_eq(ctx.bounce_kept, 0);
+}
+
+Test(ib_mr, without_windows_bounce_buffers_are_not_registered)
+{
+    ctx.windows = 0; /* each receive registers its own bytes of it */
+    struct ib_bounce *b = ib_bounce_get(&ctx, 100);
+    cr_assert_not_null(b);
+    cr_assert_null(b->mr);
+    cr_assert_eq(nregs, 0);
+    ib_bounce_put(&ctx, b);
+}
+
+Test(ib_mr, a_failed_bounce_registration_says_so_and_leaks_nothing)
+{
+    nregs = MAX_REGS;
+    rs_error_clear();
+    cr_assert_null(ib_bounce_get(&ctx, 100));
+    cr_assert_not_null(strstr(rs_error_message(), "registering a 4096-byte bounce buffer"), "%s",
+                       rs_error_message());
+    cr_assert_eq(ctx.bounce_kept, 0);
+}
+
 Test(ib_mr, a_bounce_buffer_scatters_what_arrived_in_order)
 {
     char a[3], b[4], c[5];
@@ -117,11 +235,11 @@ Test(ib_mr, a_bounce_buffer_scatters_what_arrived_in_order)
     memset(b, '.', sizeof(b));
     memset(c, '.', sizeof(c));
     const struct iovec iov[] = {{a, sizeof(a)}, {b, sizeof(b)}, {c, sizeof(c)}};
-    char *buf = ib_bounce_alloc(12);
+    struct ib_bounce *buf = ib_bounce_get(&ctx, 12);
     cr_assert_not_null(buf);
-    memcpy(buf, "abcdefghijkl", 12);
-    ib_bounce_scatter(iov, 3, buf, 5);
-    free(buf);
+    memcpy(buf->buf, "abcdefghijkl", 12);
+    ib_bounce_scatter(iov, 3, buf->buf, 5);
+    ib_bounce_put(&ctx, buf);
     cr_assert_eq(memcmp(a, "abc", 3), 0);
     cr_assert_eq(memcmp(b, "de..", 4), 0, "a short message fills the list from its start");
     cr_assert_eq(memcmp(c, ".....", 5), 0);

@@ -29,27 +29,31 @@ static void on_done(struct tp_req *req, reshard_status_t st, size_t got)
     x->got = got;
 }
 
-static struct tp_ctx *ctx[2];
+static struct tp_ctx *ctx[3];
+static int nctx = 2;
 static int peer_errors;
 
 static void set_peers(void)
 {
-    for (int r = 0; r < 2; r++) {
-        char addr[4096];
-        size_t len = sizeof(addr);
-        cr_assert_eq(ctx[1 - r]->ops->address(ctx[1 - r], -1, addr, &len), RESHARD_OK, "%s",
-                     rs_error_message());
-        cr_assert_eq(ctx[r]->ops->set_peer(ctx[r], 1 - r, addr, len), RESHARD_OK, "%s",
-                     rs_error_message());
-    }
+    for (int r = 0; r < nctx; r++)
+        for (int o = 0; o < nctx; o++) {
+            if (o == r)
+                continue;
+            char addr[4096];
+            size_t len = sizeof(addr);
+            cr_assert_eq(ctx[o]->ops->address(ctx[o], -1, addr, &len), RESHARD_OK, "%s",
+                         rs_error_message());
+            cr_assert_eq(ctx[r]->ops->set_peer(ctx[r], o, addr, len), RESHARD_OK, "%s",
+                         rs_error_message());
+        }
 }
 
 static void pair_up(void)
 {
     setenv("UCX_LOG_LEVEL", "fatal", 1); /* the closed-peer case makes UCX complain */
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < nctx; r++) {
         struct tp_config cfg = {
-            .rank = r, .size = 2, .tls = "tcp", .peer_errors = peer_errors, .local_rank = -1};
+            .rank = r, .size = nctx, .tls = "tcp", .peer_errors = peer_errors, .local_rank = -1};
         reshard_status_t st = tp_ucx_ops.init(&cfg, &ctx[r]);
         if (st == RESHARD_ERR_UNAVAILABLE)
             cr_skip_test("UCX is not available here: %s", rs_error_message());
@@ -64,9 +68,15 @@ static void pair_up_with_peer_errors(void)
     pair_up();
 }
 
+static void three_up(void)
+{
+    nctx = 3;
+    pair_up();
+}
+
 static void tear_down(void)
 {
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < nctx; r++)
         if (ctx[r])
             ctx[r]->ops->close(ctx[r]);
 }
@@ -82,7 +92,7 @@ static void run_until(struct xfer **x, int n)
         if (!left)
             return;
         cr_assert(time(NULL) < end, "%d transfer(s) still pending after 20 s", left);
-        for (int r = 0; r < 2; r++)
+        for (int r = 0; r < nctx; r++)
             if (ctx[r])
                 ctx[r]->ops->progress(ctx[r]);
     }
@@ -265,6 +275,92 @@ Test(ucx_ctx, a_closed_peer_fails_what_is_sent_to_it, .init = pair_up_with_peer_
     cr_assert_eq(ctx[0]->failed_peer, 1);
     cr_assert(*ctx[0]->failed_why, "the transport's reason is kept");
     free(out);
+}
+
+/* The attack: a rank sends with the tag of a receive another peer is to fill (before, UCX
+ * matched the tag alone, and the first message with it filled the receive). */
+Test(ucx_ctx, a_rank_cannot_fill_another_peers_receive, .init = three_up, .fini = tear_down,
+     .timeout = 60)
+{
+    int from0 = 0, from1 = 0, real = 100, impostor = 666;
+    struct xfer r0 = new_xfer(), r1 = new_xfer(), s0 = new_xfer(), s1 = new_xfer();
+    cr_assert_eq(ctx[2]->ops->recv(ctx[2], 0, 7, &from0, sizeof(int), NULL, &r0.req), RESHARD_OK);
+    cr_assert_eq(ctx[1]->ops->send(ctx[1], 2, 7, &impostor, sizeof(int), NULL, 0, &s1.req),
+                 RESHARD_OK);
+    struct xfer *first[] = {&s1};
+    run_until(first, 1); /* the impostor's message is there first */
+    for (int i = 0; i < 200; i++)
+        ctx[2]->ops->progress(ctx[2]);
+    cr_assert_eq(r0.done, 0, "rank 1's message filled the receive from rank 0");
+    cr_assert_eq(ctx[0]->ops->send(ctx[0], 2, 7, &real, sizeof(int), NULL, 0, &s0.req), RESHARD_OK);
+    struct xfer *then[] = {&s0, &r0};
+    run_until(then, 2);
+    cr_assert_eq(r0.st, RESHARD_OK, "%s", rs_error_message());
+    cr_assert_eq(from0, real);
+    /* rank 1's message waits for a receive from rank 1 */
+    cr_assert_eq(ctx[2]->ops->recv(ctx[2], 1, 7, &from1, sizeof(int), NULL, &r1.req), RESHARD_OK);
+    struct xfer *last[] = {&r1};
+    run_until(last, 1);
+    cr_assert_eq(from1, impostor);
+}
+
+/* The plugin numbers its peers per connection: a receive from peer 5 matches what the side
+ * that side numbers 9 sends to it, as the addresses each made for the other say. */
+Test(ucx_ctx, numbered_peers_match_by_the_number_the_receiver_gave, .init = pair_up,
+     .fini = tear_down, .timeout = 60)
+{
+    char a0[4096], a1[4096];
+    size_t l0 = sizeof(a0), l1 = sizeof(a1);
+    cr_assert_eq(ctx[0]->ops->address(ctx[0], 9, a0, &l0), RESHARD_OK);
+    cr_assert_eq(ctx[1]->ops->address(ctx[1], 5, a1, &l1), RESHARD_OK);
+    cr_assert_eq(ctx[0]->ops->set_peer(ctx[0], 9, a1, l1), RESHARD_OK, "%s", rs_error_message());
+    cr_assert_eq(ctx[1]->ops->set_peer(ctx[1], 5, a0, l0), RESHARD_OK, "%s", rs_error_message());
+    int v = 42, got = 0;
+    struct xfer s = new_xfer(), r = new_xfer();
+    cr_assert_eq(ctx[1]->ops->recv(ctx[1], 5, 3, &got, sizeof(int), NULL, &r.req), RESHARD_OK);
+    cr_assert_eq(ctx[0]->ops->send(ctx[0], 9, 3, &v, sizeof(int), NULL, 0, &s.req), RESHARD_OK);
+    struct xfer *both[] = {&s, &r};
+    run_until(both, 2);
+    cr_assert_eq(got, 42);
+}
+
+/* Until every caller keeps to TP_TAG_BITS, a wider tag still matches (whole, by tag alone),
+ * and never a narrow one with the same low bits. */
+Test(ucx_ctx, tags_wider_than_the_callers_bits_still_match, .init = pair_up, .fini = tear_down,
+     .timeout = 60)
+{
+    uint64_t wide = UINT64_C(1) << 62 | 7;
+    int a = 1, b = 2, got_wide = 0, got_narrow = 0;
+    struct xfer sw = new_xfer(), sn = new_xfer(), rw = new_xfer(), rn = new_xfer();
+    cr_assert_eq(ctx[1]->ops->recv(ctx[1], 0, 7, &got_narrow, sizeof(int), NULL, &rn.req),
+                 RESHARD_OK);
+    cr_assert_eq(ctx[1]->ops->recv(ctx[1], 0, wide, &got_wide, sizeof(int), NULL, &rw.req),
+                 RESHARD_OK);
+    cr_assert_eq(ctx[0]->ops->send(ctx[0], 1, wide, &a, sizeof(int), NULL, 0, &sw.req), RESHARD_OK);
+    cr_assert_eq(ctx[0]->ops->send(ctx[0], 1, 7, &b, sizeof(int), NULL, 0, &sn.req), RESHARD_OK);
+    struct xfer *all[] = {&sw, &sn, &rw, &rn};
+    run_until(all, 4);
+    cr_assert_eq(got_wide, 1);
+    cr_assert_eq(got_narrow, 2);
+}
+
+/* An address without this transport's trailer (another build, or garbage) is refused. */
+Test(ucx_ctx, an_address_without_its_peer_number_is_refused, .init = pair_up, .fini = tear_down,
+     .timeout = 60)
+{
+    char addr[4096];
+    size_t len = sizeof(addr);
+    cr_assert_eq(ctx[1]->ops->address(ctx[1], -1, addr, &len), RESHARD_OK);
+    cr_assert_eq(ctx[0]->ops->set_peer(ctx[0], 1, addr, len - 8), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(rs_error_message(), "not a reshard UCX address"), "%s", rs_error_message());
+    cr_assert_eq(ctx[0]->ops->set_peer(ctx[0], 1, addr, 8), RESHARD_ERR_INVALID_ARG);
+    addr[len - 4] = (char)0xfe; /* peer number -2 */
+    addr[len - 3] = addr[len - 2] = addr[len - 1] = (char)0xff;
+    cr_assert_eq(ctx[0]->ops->set_peer(ctx[0], 1, addr, len), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(rs_error_message(), "peer number -2"), "%s", rs_error_message());
+    size_t big = sizeof(addr);
+    cr_assert_eq(ctx[0]->ops->address(ctx[0], 1 << 20, addr, &big), RESHARD_ERR_TOO_LARGE);
+    send_and_check(64, 0); /* the old address stands */
 }
 
 Test(ucx_ctx, without_ucx_init_says_which_library_is_missing)

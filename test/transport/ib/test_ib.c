@@ -270,7 +270,7 @@ Test(ib, a_broken_queue_pair_fails_its_transfers, .init = pair_up, .fini = tear_
     tp_ib_break_peer(ctx[1], 0);
     run_until((struct xfer *[]){&s, &r}, 2);
     if (landed)
-        cr_log_warn("the receive completed before its QP broke: the case did not happen");
+        cr_log_info("the receive completed before its QP broke: the case did not happen");
     else
         cr_assert_neq(r.st, RESHARD_OK, "the receive survived its broken QP");
     cr_assert_eq(ctx[1]->failed_peer, 0);

@@ -9,6 +9,7 @@
 
 #include "spec.h"
 #include "base/error.h"
+#include "base/hindex.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,19 +21,13 @@ struct rank_list {
     uint64_t hash;
 };
 
-/* Open addressing: slot holds an item's index + 1, 0 when empty; cap is a power of two. */
-struct table {
-    uint32_t *slot;
-    size_t cap;
-};
-
 struct plan_cache {
     struct rank_list **lists;
     size_t nlists, lists_cap;
-    struct table list_index;
+    struct rs_hindex list_index;
     struct plan_side **sides;
     size_t nsides, sides_cap;
-    struct table side_index;
+    struct rs_hindex side_index;
     /* Input arrays already interned, by address: callers that share one array between
      * layouts (a manifest does) pay for hashing it once. */
     struct seen_array {
@@ -60,28 +55,6 @@ static uint64_t mix_string(uint64_t h, const char *s)
     return mix(h, n);
 }
 
-/* Makes room for one more item of `count`: doubles and re-inserts when half full. */
-static reshard_status_t table_fit(struct table *t, size_t count,
-                                  uint64_t (*hash_of)(void *, size_t), void *arg)
-{
-    if (2 * (count + 1) <= t->cap)
-        return RESHARD_OK;
-    size_t cap = t->cap ? 2 * t->cap : 64;
-    uint32_t *slot = rs_calloc(cap, sizeof(*slot), "plan cache");
-    if (!slot)
-        return RESHARD_ERR_NO_MEMORY;
-    for (size_t i = 0; i < count; i++) {
-        size_t at = hash_of(arg, i) & (cap - 1);
-        while (slot[at])
-            at = (at + 1) & (cap - 1);
-        slot[at] = (uint32_t)i + 1;
-    }
-    free(t->slot);
-    t->slot = slot;
-    t->cap = cap;
-    return RESHARD_OK;
-}
-
 static uint64_t list_hash_of(void *arg, size_t i)
 {
     return ((struct plan_cache *)arg)->lists[i]->hash;
@@ -90,6 +63,22 @@ static uint64_t list_hash_of(void *arg, size_t i)
 static uint64_t side_hash_of(void *arg, size_t i)
 {
     return ((struct plan_cache *)arg)->sides[i]->key;
+}
+
+/* What intern_ranks looks for. */
+struct list_probe {
+    const struct plan_cache *c;
+    const int *ranks;
+    int n;
+    uint64_t hash;
+};
+
+static int list_eq(void *arg, size_t i)
+{
+    const struct list_probe *q = arg;
+    const struct rank_list *l = q->c->lists[i];
+    return l->hash == q->hash && l->n == q->n &&
+           !memcmp(l->ranks, q->ranks, (size_t)q->n * sizeof(int));
 }
 
 static uint64_t hash_ranks(const int *r, int n)
@@ -150,30 +139,29 @@ static reshard_status_t intern_ranks(struct plan_cache *c, const int *ranks, int
         }
     }
     uint64_t h = hash_ranks(ranks, n);
-    RS_CHECK(table_fit(&c->list_index, c->nlists, list_hash_of, c));
-    size_t at = h & (c->list_index.cap - 1);
-    for (; c->list_index.slot[at]; at = (at + 1) & (c->list_index.cap - 1)) {
-        struct rank_list *l = c->lists[c->list_index.slot[at] - 1];
-        if (l->hash == h && l->n == n && !memcmp(l->ranks, ranks, (size_t)n * sizeof(int)))
-            goto found;
+    RS_CHECK(rs_hindex_fit(&c->list_index, list_hash_of, c));
+    struct list_probe q = {c, ranks, n, h};
+    size_t at;
+    long found = rs_hindex_find(&c->list_index, h, list_eq, &q, &at);
+    if (found < 0) {
+        struct rank_list **v =
+            rs_grow(c->lists, &c->lists_cap, c->nlists + 1, sizeof(*v), "plan rank lists");
+        if (!v)
+            return RESHARD_ERR_NO_MEMORY;
+        c->lists = v;
+        struct rank_list *l = rs_calloc(1, sizeof(*l), "plan rank list");
+        int *copy = l ? rs_calloc((size_t)n, sizeof(int), "plan rank list") : NULL;
+        if (!copy) {
+            free(l);
+            return RESHARD_ERR_NO_MEMORY;
+        }
+        memcpy(copy, ranks, (size_t)n * sizeof(int));
+        *l = (struct rank_list){n, copy, h};
+        found = (long)c->nlists;
+        c->lists[c->nlists++] = l;
+        rs_hindex_put(&c->list_index, at, (size_t)found);
     }
-    struct rank_list **v =
-        rs_grow(c->lists, &c->lists_cap, c->nlists + 1, sizeof(*v), "plan rank lists");
-    if (!v)
-        return RESHARD_ERR_NO_MEMORY;
-    c->lists = v;
-    struct rank_list *l = rs_calloc(1, sizeof(*l), "plan rank list");
-    int *copy = l ? rs_calloc((size_t)n, sizeof(int), "plan rank list") : NULL;
-    if (!copy) {
-        free(l);
-        return RESHARD_ERR_NO_MEMORY;
-    }
-    memcpy(copy, ranks, (size_t)n * sizeof(int));
-    *l = (struct rank_list){n, copy, h};
-    c->lists[c->nlists++] = l;
-    c->list_index.slot[at] = (uint32_t)c->nlists;
-found:
-    *out = c->lists[c->list_index.slot[at] - 1];
+    *out = c->lists[found];
     return remember_array(c, ranks, n, *out);
 }
 
@@ -197,6 +185,20 @@ static int same_layout(const struct rs_layout *a, const struct rs_layout *b)
            u->nstrides == v->nstrides &&
            !memcmp(u->shape, v->shape, (size_t)u->ndim * sizeof(u->shape[0])) &&
            !memcmp(u->strides, v->strides, (size_t)u->nstrides * sizeof(u->strides[0]));
+}
+
+/* What plan_side_get looks for. */
+struct side_probe {
+    const struct plan_cache *c;
+    const struct rs_layout *layout;
+    uint64_t key;
+};
+
+static int side_eq(void *arg, size_t i)
+{
+    const struct side_probe *q = arg;
+    const struct plan_side *s = q->c->sides[i];
+    return s->key == q->key && same_layout(&s->layout, q->layout);
 }
 
 /* Every field of the canonical form; the rank list by its hash. The same on every rank. */
@@ -245,14 +247,13 @@ reshard_status_t plan_cache_side(struct rs_plan *p, const struct rs_layout *l, c
     struct rs_layout probe = *l;
     probe.ranks = list->ranks;
     uint64_t key = layout_key(&probe, list->hash);
-    RS_CHECK(table_fit(&c->side_index, c->nsides, side_hash_of, c));
-    size_t at = key & (c->side_index.cap - 1);
-    for (; c->side_index.slot[at]; at = (at + 1) & (c->side_index.cap - 1)) {
-        struct plan_side *s = c->sides[c->side_index.slot[at] - 1];
-        if (s->key == key && same_layout(&s->layout, &probe)) {
-            *out = s;
-            return RESHARD_OK;
-        }
+    RS_CHECK(rs_hindex_fit(&c->side_index, side_hash_of, c));
+    struct side_probe q = {c, &probe, key};
+    size_t at;
+    long found = rs_hindex_find(&c->side_index, key, side_eq, &q, &at);
+    if (found >= 0) {
+        *out = c->sides[found];
+        return RESHARD_OK;
     }
     struct plan_side **v =
         rs_grow(c->sides, &c->sides_cap, c->nsides + 1, sizeof(*v), "plan layouts");
@@ -273,8 +274,8 @@ reshard_status_t plan_cache_side(struct rs_plan *p, const struct rs_layout *l, c
         free(s);
         return blame(st, name, what);
     }
+    rs_hindex_put(&c->side_index, at, c->nsides);
     c->sides[c->nsides++] = s;
-    c->side_index.slot[at] = (uint32_t)c->nsides;
     *out = s;
     return RESHARD_OK;
 }
@@ -312,8 +313,8 @@ void plan_cache_free(struct plan_cache *c)
     }
     free(c->sides);
     free(c->lists);
-    free(c->side_index.slot);
-    free(c->list_index.slot);
+    rs_hindex_free(&c->side_index);
+    rs_hindex_free(&c->list_index);
     free(c->arrays);
     free(c);
 }

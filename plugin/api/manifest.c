@@ -9,6 +9,7 @@
 #include "manifest_int.h"
 
 #include "base/error.h"
+#include "base/hindex.h"
 #include "base/log.h"
 
 #include <stdarg.h>
@@ -153,8 +154,7 @@ struct spec_cache {
         reshard_layout_t *layout;
     } * v;
     size_t n, cap;
-    uint32_t *slot; /* index + 1, 0 when empty; a power of two, at most half full */
-    size_t nslots;
+    struct rs_hindex index;
 };
 
 static uint64_t hash_spec(const char *s)
@@ -165,24 +165,22 @@ static uint64_t hash_spec(const char *s)
     return h;
 }
 
-static reshard_status_t cache_fit(struct spec_cache *c)
+static uint64_t spec_hash_of(void *arg, size_t i)
 {
-    if (2 * (c->n + 1) <= c->nslots)
-        return RESHARD_OK;
-    size_t n = c->nslots ? 2 * c->nslots : 256;
-    uint32_t *slot = rs_calloc(n, sizeof(*slot), "manifest specs");
-    if (!slot)
-        return RESHARD_ERR_NO_MEMORY;
-    for (size_t i = 0; i < c->n; i++) {
-        size_t at = c->v[i].hash & (n - 1);
-        while (slot[at])
-            at = (at + 1) & (n - 1);
-        slot[at] = (uint32_t)i + 1;
-    }
-    free(c->slot);
-    c->slot = slot;
-    c->nslots = n;
-    return RESHARD_OK;
+    return ((struct spec_cache *)arg)->v[i].hash;
+}
+
+/* What layout_of looks for. */
+struct spec_probe {
+    const struct spec_cache *c;
+    const char *spec;
+    uint64_t hash;
+};
+
+static int spec_eq(void *arg, size_t i)
+{
+    const struct spec_probe *q = arg;
+    return q->c->v[i].hash == q->hash && !strcmp(q->c->v[i].spec, q->spec);
 }
 
 static void cache_free(struct spec_cache *c)
@@ -190,7 +188,7 @@ static void cache_free(struct spec_cache *c)
     for (size_t i = 0; i < c->n; i++)
         free(c->v[i].spec);
     free(c->v);
-    free(c->slot);
+    rs_hindex_free(&c->index);
 }
 
 /* Keeps a layout the manifest owns. */
@@ -238,14 +236,13 @@ static reshard_status_t layout_of(struct reshard_manifest *m, struct spec_cache 
     /* The side first, so that the parser's columns are the side string's own. */
     snprintf(spec + len, sizeof(spec) - len, "%s%s", len ? " " : "", shape_dtype);
     uint64_t h = hash_spec(spec);
-    RS_CHECK(cache_fit(c));
-    size_t at = h & (c->nslots - 1);
-    for (; c->slot[at]; at = (at + 1) & (c->nslots - 1)) {
-        const struct cached_spec *e = &c->v[c->slot[at] - 1];
-        if (e->hash == h && !strcmp(e->spec, spec)) {
-            *out = e->layout;
-            return RESHARD_OK;
-        }
+    RS_CHECK(rs_hindex_fit(&c->index, spec_hash_of, c));
+    struct spec_probe q = {c, spec, h};
+    size_t at;
+    long found = rs_hindex_find(&c->index, h, spec_eq, &q, &at);
+    if (found >= 0) {
+        *out = c->v[found].layout;
+        return RESHARD_OK;
     }
     struct cached_spec *v = rs_grow(c->v, &c->cap, c->n + 1, sizeof(*v), "manifest specs");
     if (!v)
@@ -262,8 +259,8 @@ static reshard_status_t layout_of(struct reshard_manifest *m, struct spec_cache 
         free(copy);
         return st;
     }
+    rs_hindex_put(&c->index, at, c->n);
     c->v[c->n++] = (struct cached_spec){h, copy, l};
-    c->slot[at] = (uint32_t)c->n;
     *out = l;
     return RESHARD_OK;
 }

@@ -12,6 +12,7 @@
 #include "manifest_int.h"
 
 #include "base/error.h"
+#include "base/hindex.h"
 #include "base/log.h"
 #include "plugin/exec/region.h"
 
@@ -180,8 +181,9 @@ static int cmp_int(const void *a, const void *b)
 /* Combinations of tuples already checked, n ints each, in an open-addressing set. */
 struct seen {
     int *keys;
-    uint32_t *slot; /* index + 1, 0 when empty */
-    size_t count, cap, width;
+    size_t cap; /* keys held */
+    size_t width;
+    struct rs_hindex index;
 };
 
 static uint64_t hash_key(const int *k, size_t n)
@@ -192,37 +194,44 @@ static uint64_t hash_key(const int *k, size_t n)
     return h ^ (h >> 31);
 }
 
-/* 1 when key was there already, 0 when it was added. */
+static uint64_t seen_hash_of(void *arg, size_t i)
+{
+    const struct seen *s = arg;
+    return hash_key(s->keys + i * s->width, s->width);
+}
+
+struct seen_probe {
+    const struct seen *s;
+    const int *key;
+};
+
+static int seen_eq(void *arg, size_t i)
+{
+    const struct seen_probe *q = arg;
+    return !memcmp(q->s->keys + i * q->s->width, q->key, q->s->width * sizeof(int));
+}
+
+/* *was: 1 when key was there already, 0 when it was added. */
 static reshard_status_t seen_add(struct seen *s, const int *key, int *was)
 {
-    if (2 * (s->count + 1) > s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 64;
-        uint32_t *slot = rs_calloc(cap, sizeof(*slot), "manifest buffers");
-        int *keys = slot ? realloc(s->keys, cap / 2 * s->width * sizeof(int)) : NULL;
-        if (!keys) {
-            free(slot);
+    size_t count = s->index.count;
+    *was = 0;
+    if (count == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 32;
+        int *keys = realloc(s->keys, cap * s->width * sizeof(int));
+        if (!keys)
             return rs_error(RESHARD_ERR_NO_MEMORY, "out of memory checking manifest buffers");
-        }
         s->keys = keys;
-        for (size_t i = 0; i < s->count; i++) {
-            size_t at = hash_key(keys + i * s->width, s->width) & (cap - 1);
-            while (slot[at])
-                at = (at + 1) & (cap - 1);
-            slot[at] = (uint32_t)i + 1;
-        }
-        free(s->slot);
-        s->slot = slot;
         s->cap = cap;
     }
-    size_t at = hash_key(key, s->width) & (s->cap - 1);
-    for (; s->slot[at]; at = (at + 1) & (s->cap - 1))
-        if (!memcmp(s->keys + (s->slot[at] - 1) * s->width, key, s->width * sizeof(int))) {
-            *was = 1;
-            return RESHARD_OK;
-        }
-    memcpy(s->keys + s->count * s->width, key, s->width * sizeof(int));
-    s->slot[at] = (uint32_t)++s->count;
-    *was = 0;
+    RS_CHECK(rs_hindex_fit(&s->index, seen_hash_of, s));
+    struct seen_probe q = {s, key};
+    size_t at;
+    *was = rs_hindex_find(&s->index, hash_key(key, s->width), seen_eq, &q, &at) >= 0;
+    if (!*was) {
+        memcpy(s->keys + count * s->width, key, s->width * sizeof(int));
+        rs_hindex_put(&s->index, at, count);
+    }
     return RESHARD_OK;
 }
 
@@ -263,7 +272,7 @@ static reshard_status_t check_group(const struct reshard_manifest *m, const char
             st = check_rank(m, path, side, ids, pos, maps, n, ranks[k], s);
     }
     free(seen.keys);
-    free(seen.slot);
+    rs_hindex_free(&seen.index);
     free(ranks);
     free(key);
     free(pos);

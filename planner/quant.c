@@ -74,9 +74,8 @@ reshard_status_t quant_check_aligned(const struct rs_shardmap *map, const struct
                                 "tensor '%s' %s: the shard of rank %d %s at index %lld of dim %d, "
                                 "not on a boundary of its %lld-wide blocks (quant=%s): each shard "
                                 "must hold whole blocks, as the inference engines require",
-                                name, side, rank_of_group(map, d, g),
-                                bad == a ? "starts" : "ends", (long long)bad, d, (long long)e,
-                                blocks);
+                                name, side, rank_of_group(map, d, g), bad == a ? "starts" : "ends",
+                                (long long)bad, d, (long long)e, blocks);
             }
     }
     return RESHARD_OK;
@@ -177,8 +176,8 @@ int quant_holds_blocks(const struct rs_shardmap *src, int pos, const struct rs_l
 {
     for (int d = 0; d < dst->ndim; d++) {
         int64_t e = quant_extent(dst, d), n = dst->shape[d];
-        int64_t a = in_blocks ? start[d] * e : start[d], b = in_blocks ? (start[d] + len[d]) * e
-                                                                        : start[d] + len[d];
+        int64_t a = in_blocks ? start[d] * e : start[d],
+                b = in_blocks ? (start[d] + len[d]) * e : start[d] + len[d];
         int64_t lo = a / e * e, hi = (b + e - 1) / e * e;
         if (hi > n)
             hi = n;

@@ -44,8 +44,8 @@ Test(quant_plan, aligned_sources_quantize_before_the_network_and_halve_the_bytes
     cr_assert_eq(p->tensors[1].dst.dtype, RS_DTYPE_F32);
     cr_assert_eq(count_at_src(p, 0, 0), 0, "every cell is quantized at its source");
     cr_assert_gt(count_at_src(p, 0, 1), 0);
-    struct rs_plan *bf = plan_one(src, "shape=512x256 dtype=bf16 ranks=4-7 mesh=2x2 place=R,S(1)",
-                                  8, 2);
+    struct rs_plan *bf =
+        plan_one(src, "shape=512x256 dtype=bf16 ranks=4-7 mesh=2x2 place=R,S(1)", 8, 2);
     struct plan_stats sb = stats_of(bf, NULL);
     cr_assert_leq(s.net_bytes * 100, sb.net_bytes * 51, "FP8 %lld bytes, bf16 %lld",
                   (long long)s.net_bytes, (long long)sb.net_bytes);
@@ -92,9 +92,9 @@ Test(quant_plan, fp8_sources_with_the_same_blocks_move_with_their_scales)
 
 Test(quant_plan, per_channel_scales_of_rows_split_by_columns_are_made_where_they_land)
 {
-    struct rs_plan *p = plan_one("shape=64x32 dtype=f32 ranks=0-1 place=S(1)",
-                                 "shape=64x32 dtype=fp8e4m3 ranks=2-3 place=S(0) quant=channel", 4,
-                                 2);
+    struct rs_plan *p =
+        plan_one("shape=64x32 dtype=f32 ranks=0-1 place=S(1)",
+                 "shape=64x32 dtype=fp8e4m3 ranks=2-3 place=S(0) quant=channel", 4, 2);
     check_valid(p, "channel");
     cr_assert_eq(p->tensors[1].dst.shape[0], 64);
     cr_assert_eq(p->tensors[1].dst.shape[1], 1);

@@ -134,10 +134,17 @@ void cuda_ipc_unexport(struct cuda_ipc_export *e)
 }
 
 /* The exporter's descriptor, duplicated into this process (pidfd_getfd: Linux 5.6, and the
- * same permission cross-memory writes need). */
-static reshard_status_t take_fd(int peer, const struct cuda_ipc_fd *fd, int *out)
+ * same permission cross-memory writes need). The process is the one the local socket showed
+ * (pid); a handle that names another is refused, never followed. */
+static reshard_status_t take_fd(int peer, pid_t pid, const struct cuda_ipc_fd *fd, int *out)
 {
-    int pidfd = (int)syscall(SYS_pidfd_open, fd->pid, 0);
+    *out = -1;
+    if (pid <= 0 || fd->pid != (int32_t)pid)
+        return rs_error(RESHARD_ERR_REMOTE,
+                        "cuda: rank %d's allocation descriptor names pid %d, not the pid %d its "
+                        "local socket showed",
+                        peer, (int)fd->pid, (int)pid);
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     *out = pidfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pidfd, fd->fd, 0);
     int e = errno;
     if (pidfd >= 0)
@@ -151,7 +158,7 @@ static reshard_status_t take_fd(int peer, const struct cuda_ipc_fd *fd, int *out
 }
 
 /* A peer's cuMemCreate allocation: imported, mapped at a fresh address, made accessible. */
-static reshard_status_t open_vmm(const struct cuda_fns *f, int peer,
+static reshard_status_t open_vmm(const struct cuda_fns *f, int peer, pid_t pid,
                                  const struct cuda_ipc_export *e, cu_deviceptr *base)
 {
     if (!f->has_vmm)
@@ -165,7 +172,7 @@ static reshard_status_t open_vmm(const struct cuda_fns *f, int peer,
         struct cuda_ipc_fd fd;
         int mine;
         memcpy(&fd, &e->handle, sizeof(fd));
-        RS_CHECK(take_fd(peer, &fd, &mine));
+        RS_CHECK(take_fd(peer, pid, &fd, &mine));
         r = f->mem_import(&h, (void *)(uintptr_t)mine, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         close(mine);
     } else {
@@ -223,8 +230,8 @@ reshard_status_t cuda_ipc_get(struct cuda_ipc **ipc)
     return RESHARD_OK;
 }
 
-reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *ipc, int peer, const struct cuda_ipc_export *e,
-                               char **ptr)
+reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *ipc, int peer, pid_t pid,
+                               const struct cuda_ipc_export *e, char **ptr)
 {
     for (size_t i = 0; i < ipc->nopen; i++) {
         const struct cuda_ipc_open *o = &ipc->open[i];
@@ -241,7 +248,7 @@ reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *ipc, int peer, const struct
     ipc->open = n;
     cu_deviceptr base = 0;
     if (e->kind != CUDA_IPC_LEGACY) {
-        RS_CHECK(open_vmm(cuda_lib(), peer, e, &base));
+        RS_CHECK(open_vmm(cuda_lib(), peer, pid, e, &base));
     } else {
         cu_result r =
             cuda_lib()->ipc_open_mem_handle(&base, e->handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);

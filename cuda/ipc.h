@@ -14,6 +14,7 @@
 #include "cuda_lib.h"
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #define CUDA_IPC_EVENTS 16 /* chunk copies in flight on the stream */
 
@@ -73,9 +74,11 @@ reshard_status_t cuda_ipc_scratch(struct cuda_ipc *ipc, int i, uint64_t bytes, c
 /* Waits for the stream, frees ipc. */
 void cuda_ipc_free(struct cuda_ipc *ipc);
 
-/* Where e's buffer is mapped here (opened now, or earlier for the same allocation). */
-reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *m, int peer, const struct cuda_ipc_export *e,
-                               char **ptr);
+/* Where e's buffer is mapped here (opened now, or earlier for the same allocation). pid: the
+ * peer's process as its local socket showed it; a POSIX descriptor is taken from that process
+ * only. */
+reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *m, int peer, pid_t pid,
+                               const struct cuda_ipc_export *e, char **ptr);
 /* Closes the peer's mappings that are not among its exports now (n of them at e). */
 void cuda_ipc_prune(struct cuda_ipc_maps *m, int peer, const struct cuda_ipc_export *e, size_t n);
 /* Closes every mapping. */

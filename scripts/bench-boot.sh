@@ -4,7 +4,7 @@
 # The bootstrap alone (no transport) on N local processes: what forming a communicator's
 # control plane costs as the job grows (issue 18, 7(c)).
 #
-#   scripts/bench-boot.sh [N ...]      (default: 256 1024; RECORD=bytes a rank, default 304)
+# usage: scripts/bench-boot.sh [N ...]      (default: 256 1024; RECORD=bytes a rank, default 304)
 #
 # Each N runs build/test/perf/boot_scale once: N forked ranks form the bootstrap's tree, then an
 # allreduce and an allgather of RECORD bytes a rank (a communicator hello: 48 bytes and a
@@ -27,8 +27,13 @@ esac
 BUILD=${BUILD:-build}
 RECORD=${RECORD:-304}
 TOOL=$BUILD/test/perf/boot_scale
-make -s "$TOOL" BUILD="$BUILD"
 [ $# -gt 0 ] || set -- 256 1024
+for n in "$@"; do
+    case $n in
+    '' | *[!0-9]*) echo "bench-boot: '$n' is not a number of ranks (-h says more)" >&2; exit 2 ;;
+    esac
+done
+make -s "$TOOL" BUILD="$BUILD"
 
 kib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1024 }'; }
 

@@ -9,7 +9,7 @@
 # bootstrap's root) and in a plan's first refit, the
 # slowest rank's communicator and plan creation, and the refit time.
 #
-#   scripts/bench-control.sh [-h] [NP ...]        (default: 8 16 32 64)
+# usage: scripts/bench-control.sh [-h] [NP ...]        (default: 8 16 32 64)
 #   BUILD=build ITERS=5 RESHARD_DOMAIN_SIZE=4 scripts/bench-control.sh
 set -eu
 

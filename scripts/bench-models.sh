@@ -5,9 +5,16 @@
 # NIC over its bound, plan time, peak RSS of the whole reshard-plan run, and the refit times
 # PREDICTED by the cluster model (default: an H100 node, 8 x 400 Gb/s NICs, 900 GB/s NVLink).
 #
-#   scripts/bench-models.sh [CASE ...]     CASE: dsv3 qwen235 dsv3-m2n qwen30 kimi llama
+# usage: scripts/bench-models.sh [CASE ...]     CASE: dsv3 qwen235 dsv3-m2n qwen30 kimi llama
 #   CLUSTER=nic=..,nvlink=..,latency=.. BUILD=build scripts/bench-models.sh
 set -eu
+CASES="dsv3 qwen235 dsv3-m2n qwen30 kimi llama"
+for a in "$@"; do
+    case $a in
+    -h | --help) awk 'NR > 2 && !/^#/ { exit } NR > 2 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    esac
+    case " $CASES " in *" $a "*) ;; *) echo "bench-models: unknown case '$a' ($CASES)" >&2; exit 2 ;; esac
+done
 
 BUILD=${BUILD:-build}
 CLUSTER=${CLUSTER:-nic=50GB/s,nvlink=450GB/s,latency=5us}

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # How the per-rank costs grow with the job (README's scale table).
 #
-#   scripts/bench-scale.sh [a] [b] [c]      (default: all three)
+# usage: scripts/bench-scale.sh [a] [b] [c]      (default: all three)
 #
 #   a  per-rank plans: DeepSeek-V3, Qwen3-235B and Kimi-K2 manifests (scripts/gen-manifest.py)
 #      at 512, 2,048 and 8,192 ranks, data parallelism scaled; reshard-plan --manifest F

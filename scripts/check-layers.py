@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checks that every include line of the library points down its layers.
 
-    scripts/check-layers.py [ROOT]      (ROOT: the repository, by default the one this is in)
+usage: scripts/check-layers.py [ROOT]      (ROOT: the repository, by default the one this is in)
 
 The layers, bottom up: base <- planner <- cuda <- transport <- plugin <- tools. A file may
 include headers of its own folder and of the layers below its own; inside transport/ and
@@ -99,7 +99,14 @@ def main(argv):
     if len(argv) > 1 and argv[1] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
+    if len(argv) > 2 or (len(argv) > 1 and argv[1].startswith("-")):
+        print(f"check-layers: unexpected argument '{argv[-1]}' (it takes ROOT; -h says more)",
+              file=sys.stderr)
+        return 2
     root = argv[1] if len(argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isdir(os.path.join(root, "planner")):
+        print(f"check-layers: {root} is not a reshard checkout (no planner/)", file=sys.stderr)
+        return 2
     problems, nfiles = [], 0
     for layer in LAYERS:
         for d, _, names in os.walk(os.path.join(root, layer)):

@@ -7,7 +7,7 @@
 # makes rxe0 on a dummy netdev holding 10.77.0.1/24, runs the parts below, powers off.
 # (After shared/recipes/rxe-vm.sh.)
 #
-#   scripts/rxe-test.sh        needs $BUILD/libnccl-net-reshard.so, $BUILD/test/unit,
+# usage: scripts/rxe-test.sh       needs $BUILD/libnccl-net-reshard.so, $BUILD/test/unit,
 #                              $BUILD/test/net_driver and $BUILD/test/perf/reshard_perf
 # Environment:
 #   BUILD=build                build folder, relative to the repository root or absolute
@@ -32,6 +32,11 @@
 # in the name become underscores) plus its name in ALL_PARTS; it returns non-zero to fail and
 # may set WHY.
 set -euo pipefail
+case ${1:-} in
+-h | --help) awk 'NR > 3 && !/^#/ { exit } NR > 3 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+'') ;;
+*) echo "rxe-test.sh: unexpected argument '$1' (it takes none; the environment sets it up; -h says more)" >&2; exit 2 ;;
+esac
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-build}

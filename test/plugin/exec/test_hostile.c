@@ -294,6 +294,10 @@ static reshard_status_t hostile_rank(int rank, int size, reshard_comm_t *comm)
             st = reshard_plan_execute(x.plan, &x.b);
         if (st == RESHARD_OK && attack_row == 4)
             st = reshard_comm_barrier(comm); /* leave together */
+        /* row 5: stay until rank 0 has judged the announcement (its failure ends this barrier;
+         * RESHARD_TIMEOUT bounds it): gone at once, it could be seen leaving first */
+        if (st == RESHARD_OK && attack_row == 5)
+            reshard_comm_barrier(comm);
         side_close(&x);
         return st == RESHARD_OK ? RESHARD_ERR_INTERNAL : st; /* not asserted on */
     }

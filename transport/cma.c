@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -32,7 +34,19 @@ static reshard_status_t cma_fail(pid_t pid, int peer, int err)
                     (int)pid, strerror(err));
 }
 
-reshard_status_t cma_write(pid_t pid, int peer, const struct iovec *local,
+int cma_hold(pid_t pid)
+{
+    return pid > 0 ? (int)syscall(SYS_pidfd_open, pid, 0) : -1; /* close-on-exec by default */
+}
+
+/* A pidfd reads as readable once its process has exited (a zombie included). */
+static int cma_exited(int pidfd)
+{
+    struct pollfd p = {.fd = pidfd, .events = POLLIN};
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL));
+}
+
+reshard_status_t cma_write(pid_t pid, int pidfd, int peer, const struct iovec *local,
                            const struct iovec *remote, size_t n)
 {
     if (pid <= 0)
@@ -40,6 +54,14 @@ reshard_status_t cma_write(pid_t pid, int peer, const struct iovec *local,
                         "cross-memory write to rank %d refused: the kernel has not confirmed which "
                         "process it is (it is no verified local peer)",
                         peer);
+    /* A process alive now keeps its number until it has exited and been reaped; a number
+     * handed out again in the instant between this check and the write would need the whole
+     * pid space to wrap around in it. */
+    if (n && pidfd >= 0 && cma_exited(pidfd))
+        return rs_error(RESHARD_ERR_NETWORK,
+                        "cross-memory write to rank %d refused: its process (pid %d) has exited, "
+                        "and the number may name another process now",
+                        peer, (int)pid);
     /* The same lengths on both sides, so a batch of pieces moves whole pieces; a short write
      * (the kernel may stop at a page it cannot fault) resumes inside a piece. */
     size_t i = 0, done = 0; /* done: bytes of piece i already written */

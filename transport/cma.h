@@ -18,10 +18,15 @@
 #include <sys/uio.h>
 
 /* Writes n pieces: local[i] of this process into remote[i] of process pid (the same lengths).
- * pid 0 (a peer the kernel has not named) is refused. Errors name the peer and say what to
- * change when the kernel forbids it. */
-reshard_status_t cma_write(pid_t pid, int peer, const struct iovec *local,
+ * pid 0 (a peer the kernel has not named) is refused. pidfd, when not -1, is cma_hold's handle
+ * on the process verified as pid: once that process has exited the write is refused, since its
+ * number may name another process by now. Errors name the peer and say what to change when the
+ * kernel forbids it. */
+reshard_status_t cma_write(pid_t pid, int pidfd, int peer, const struct iovec *local,
                            const struct iovec *remote, size_t n);
+/* A handle on process pid that, unlike its number, can never name another process
+ * (pidfd_open, Linux 5.3, close-on-exec), or -1 where the kernel or a sandbox refuses one. */
+int cma_hold(pid_t pid);
 
 /* ---- local sockets: abstract Unix names, scoped to the network namespace ---- */
 

@@ -176,11 +176,14 @@ struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
     c->size = c->nmembers = size;
     c->local_rank = local_rank;
     c->pid = rs_calloc((size_t)size, sizeof(*c->pid), "pids");
+    c->pidfd = rs_calloc((size_t)size, sizeof(*c->pidfd), "pid handles");
+    for (int q = 0; c->pidfd && q < size; q++)
+        c->pidfd[q] = -1;
     c->node = rs_calloc((size_t)size, sizeof(*c->node), "nodes");
     c->member = rs_calloc((size_t)size, sizeof(*c->member), "members");
     c->boot_of = rs_calloc((size_t)size, sizeof(*c->boot_of), "members");
     c->spares = rs_calloc((size_t)size, sizeof(*c->spares), "listener ids");
-    if (!c->pid || !c->node || !c->member || !c->boot_of || !c->spares) {
+    if (!c->pid || !c->pidfd || !c->node || !c->member || !c->boot_of || !c->spares) {
         comm_destroy(c);
         return NULL;
     }
@@ -428,6 +431,10 @@ void comm_destroy(struct reshard_comm *c)
     boot_close(c->boot);
     topo_free(&c->topo.t);
     free(c->pid);
+    for (int q = 0; c->pidfd && q < c->size; q++)
+        if (c->pidfd[q] >= 0)
+            close(c->pidfd[q]);
+    free(c->pidfd);
     free(c->node);
     free(c->member);
     free(c->boot_of);

@@ -33,6 +33,7 @@ struct reshard_comm {
     struct reshard_topo topo;
     struct tp_ctx *net;
     pid_t *pid;           /* [size]: verified pids of the peers this rank may write, else 0 */
+    int *pidfd;           /* [size]: a pidfd on each of those processes (cma_hold), else -1 */
     int *node;            /* [size]: hostname ids, dense in order of first appearance */
     uint32_t seq;         /* executions so far: every rank counts the same */
     atomic_int busy;      /* one execution at a time: the network context is single-threaded */

@@ -643,8 +643,10 @@ reshard_status_t comm_local_verify(struct reshard_comm *c, const struct comm_loc
         struct local_peer *p = &r.p[k];
         local_close(&p->out_fd);
         l->verdict[p->rank] = (unsigned char)p->verdict;
-        if (p->verdict == COMM_LOCAL_WRITABLE)
+        if (p->verdict == COMM_LOCAL_WRITABLE) {
             c->pid[p->rank] = p->pid;
+            c->pidfd[p->rank] = cma_hold(p->pid); /* while its socket still names it */
+        }
     }
     for (int i = 0; i < r.nin; i++)
         local_close(&r.in[i].fd);

@@ -382,12 +382,12 @@ static reshard_status_t do_local(struct exec_run *r, uint32_t o, uint32_t chunk)
         l[n] = (struct iovec){(char *)src + ao, len};
         rm[n] = (struct iovec){dst + bo, len};
         if (++n == 256) {
-            RS_CHECK(cma_write(x->comm->pid[xf->dst], xf->dst, l, rm, n));
+            RS_CHECK(cma_write(x->comm->pid[xf->dst], x->comm->pidfd[xf->dst], xf->dst, l, rm, n));
             n = 0;
         }
     }
     if (n)
-        RS_CHECK(cma_write(x->comm->pid[xf->dst], xf->dst, l, rm, n));
+        RS_CHECK(cma_write(x->comm->pid[xf->dst], x->comm->pidfd[xf->dst], xf->dst, l, rm, n));
     x->comm->local_out += region_bytes(&a);
     return exec_post_notify(r, o, chunk);
 }

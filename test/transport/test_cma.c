@@ -79,7 +79,7 @@ Test(cma, a_write_lands_in_the_other_process, .timeout = 10)
         source[i] = pattern(i);
     struct child c = start_child(check_whole);
     struct iovec l = {source, TARGET_BYTES}, r = {target, TARGET_BYTES};
-    cr_assert_eq(cma_write(c.pid, 1, &l, &r, 1), RESHARD_OK, "%s", rs_error_message());
+    cr_assert_eq(cma_write(c.pid, -1, 1, &l, &r, 1), RESHARD_OK, "%s", rs_error_message());
     cr_assert_eq(finish_child(c), 0, "the child's copy holds what was written");
     cr_assert_eq(target[5], 0, "the writer's own copy is untouched");
 }
@@ -122,7 +122,7 @@ Test(cma, a_scatter_list_longer_than_one_call_lands_piece_by_piece, .timeout = 1
     l[PIECES] = r[PIECES] = (struct iovec){NULL, 0};
     l[PIECES + 1] = r[PIECES + 1] = (struct iovec){NULL, 0};
     struct child c = start_child(check_pieces);
-    cr_assert_eq(cma_write(c.pid, 1, l, r, PIECES + 2), RESHARD_OK, "%s", rs_error_message());
+    cr_assert_eq(cma_write(c.pid, -1, 1, l, r, PIECES + 2), RESHARD_OK, "%s", rs_error_message());
     cr_assert_eq(finish_child(c), 0);
 }
 
@@ -143,7 +143,7 @@ Test(cma, a_writer_admitted_by_the_kernel_rules_writes_into_its_parent, .timeout
         char b;
         close(go[1]);
         struct iovec l = {(void *)msg, sizeof(msg)}, r = {target, sizeof(msg)};
-        _exit(read(go[0], &b, 1) == 1 && cma_write(parent, 0, &l, &r, 1) == RESHARD_OK ? 0 : 1);
+        _exit(read(go[0], &b, 1) == 1 && cma_write(parent, -1, 0, &l, &r, 1) == RESHARD_OK ? 0 : 1);
     }
     close(go[0]);
     int allowed = 0;
@@ -164,12 +164,20 @@ static int check_nothing(void)
     return 0;
 }
 
+static int check_nothing_written(void)
+{
+    for (size_t i = 0; i < TARGET_BYTES; i++)
+        if (target[i])
+            return 1;
+    return 0;
+}
+
 Test(cma, a_bad_address_fails_with_a_clear_status, .timeout = 10)
 {
     struct child c = start_child(check_nothing);
     char buf[64] = "x";
     struct iovec l = {buf, sizeof(buf)}, r = {(void *)8, sizeof(buf)}; /* never mapped */
-    cr_assert_eq(cma_write(c.pid, 3, &l, &r, 1), RESHARD_ERR_NETWORK);
+    cr_assert_eq(cma_write(c.pid, -1, 3, &l, &r, 1), RESHARD_ERR_NETWORK);
     char want[128];
     snprintf(want, sizeof(want), "process_vm_writev to rank 3 (pid %d): %s", (int)c.pid,
              strerror(EFAULT));
@@ -187,17 +195,58 @@ Test(cma, a_process_that_is_gone_fails_with_a_clear_status, .timeout = 10)
     cr_assert_eq(waitpid(pid, &ws, 0), pid); /* reaped: the pid names no process now */
     char buf[64] = "x";
     struct iovec l = {buf, sizeof(buf)}, r = {target, sizeof(buf)};
-    cr_assert_eq(cma_write(pid, 2, &l, &r, 1), RESHARD_ERR_NETWORK);
+    cr_assert_eq(cma_write(pid, -1, 2, &l, &r, 1), RESHARD_ERR_NETWORK);
     char want[128];
     snprintf(want, sizeof(want), "process_vm_writev to rank 2 (pid %d): %s", (int)pid,
              strerror(ESRCH));
     cr_assert_str_eq(rs_error_message(), want);
 }
 
+/* The peer verified as some pid has exited, and the number now names another process (here
+ * a live child stands for the process that got it): the write is refused on the handle held
+ * since verification, and the other process is left as it was. */
+Test(cma, a_peer_that_exited_is_not_written_though_its_number_names_a_process, .timeout = 10)
+{
+    pid_t gone = fork();
+    cr_assert_geq(gone, 0);
+    if (gone == 0) {
+        pause();
+        _exit(0);
+    }
+    int pidfd = cma_hold(gone);
+    if (pidfd < 0) {
+        kill(gone, SIGKILL);
+        waitpid(gone, NULL, 0);
+        cr_skip_test("pidfd_open refused here: %s", strerror(errno));
+    }
+    cr_assert_eq(kill(gone, SIGKILL), 0);
+    cr_assert_eq(waitpid(gone, NULL, 0), gone);
+    memset(target, 0, TARGET_BYTES);
+    struct child c = start_child(check_nothing_written);
+    char buf[64];
+    memset(buf, 0x5a, sizeof(buf));
+    struct iovec l = {buf, sizeof(buf)}, r = {target, sizeof(buf)};
+    cr_assert_eq(cma_write(c.pid, pidfd, 4, &l, &r, 1), RESHARD_ERR_NETWORK);
+    char want[160];
+    snprintf(want, sizeof(want),
+             "cross-memory write to rank 4 refused: its process (pid %d) has exited, and the "
+             "number may name another process now",
+             (int)c.pid);
+    cr_assert_str_eq(rs_error_message(), want);
+    cr_assert_eq(finish_child(c), 0, "the other process's memory is untouched");
+    int live = cma_hold(getpid());
+    cr_assert_geq(live, 0);
+    cr_assert_eq(cma_write(getpid(), live, 0, &l, &r, 1), RESHARD_OK, "a live one is written: %s",
+                 rs_error_message());
+    cr_assert_eq(target[0], 0x5a);
+    close(live);
+    close(pidfd);
+}
+
 Test(cma, an_empty_list_writes_nothing_and_succeeds)
 {
     rs_error_clear();
-    cr_assert_eq(cma_write(getpid(), 0, NULL, NULL, 0), RESHARD_OK);
+    cr_assert_eq(cma_write(getpid(), -1, 0, NULL, NULL, 0), RESHARD_OK);
     cr_assert_str_eq(rs_error_message(), "");
 }
 
@@ -205,7 +254,7 @@ Test(cma, a_write_to_a_peer_the_kernel_has_not_named_is_refused)
 {
     char buf[8] = "x";
     struct iovec l = {buf, sizeof(buf)}, r = {target, sizeof(buf)};
-    cr_assert_eq(cma_write(0, 5, &l, &r, 1), RESHARD_ERR_UNAVAILABLE);
+    cr_assert_eq(cma_write(0, -1, 5, &l, &r, 1), RESHARD_ERR_UNAVAILABLE);
     cr_assert_str_eq(rs_error_message(),
                      "cross-memory write to rank 5 refused: the kernel has not confirmed which "
                      "process it is (it is no verified local peer)");
@@ -635,7 +684,7 @@ Test(cma, under_yama_scope_1_only_the_admitted_child_writes_its_parent, .timeout
             struct iovec l = {(void *)msg, sizeof(msg)}, r = {target + 64 * i, sizeof(msg)};
             if (read(go[i][0], &b, 1) != 1)
                 _exit(3);
-            _exit(cma_write(parent, 0, &l, &r, 1) == RESHARD_OK ? 0 : 1);
+            _exit(cma_write(parent, -1, 0, &l, &r, 1) == RESHARD_OK ? 0 : 1);
         }
     }
     int allowed = 0;

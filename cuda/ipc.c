@@ -136,7 +136,8 @@ void cuda_ipc_unexport(struct cuda_ipc_export *e)
 /* The exporter's descriptor, duplicated into this process (pidfd_getfd: Linux 5.6, and the
  * same permission cross-memory writes need). The process is the one the local socket showed
  * (pid); a handle that names another is refused, never followed. */
-static reshard_status_t take_fd(int peer, pid_t pid, const struct cuda_ipc_fd *fd, int *out)
+static reshard_status_t take_fd(int peer, pid_t pid, int held, const struct cuda_ipc_fd *fd,
+                                int *out)
 {
     *out = -1;
     if (pid <= 0 || fd->pid != (int32_t)pid)
@@ -144,10 +145,10 @@ static reshard_status_t take_fd(int peer, pid_t pid, const struct cuda_ipc_fd *f
                         "cuda: rank %d's allocation descriptor names pid %d, not the pid %d its "
                         "local socket showed",
                         peer, (int)fd->pid, (int)pid);
-    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    int pidfd = held >= 0 ? held : (int)syscall(SYS_pidfd_open, pid, 0);
     *out = pidfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pidfd, fd->fd, 0);
     int e = errno;
-    if (pidfd >= 0)
+    if (pidfd >= 0 && pidfd != held)
         close(pidfd);
     if (*out < 0)
         return rs_error(RESHARD_ERR_UNAVAILABLE,
@@ -158,7 +159,7 @@ static reshard_status_t take_fd(int peer, pid_t pid, const struct cuda_ipc_fd *f
 }
 
 /* A peer's cuMemCreate allocation: imported, mapped at a fresh address, made accessible. */
-static reshard_status_t open_vmm(const struct cuda_fns *f, int peer, pid_t pid,
+static reshard_status_t open_vmm(const struct cuda_fns *f, int peer, pid_t pid, int pidfd,
                                  const struct cuda_ipc_export *e, cu_deviceptr *base)
 {
     if (!f->has_vmm)
@@ -172,7 +173,7 @@ static reshard_status_t open_vmm(const struct cuda_fns *f, int peer, pid_t pid,
         struct cuda_ipc_fd fd;
         int mine;
         memcpy(&fd, &e->handle, sizeof(fd));
-        RS_CHECK(take_fd(peer, pid, &fd, &mine));
+        RS_CHECK(take_fd(peer, pid, pidfd, &fd, &mine));
         r = f->mem_import(&h, (void *)(uintptr_t)mine, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         close(mine);
     } else {
@@ -230,7 +231,7 @@ reshard_status_t cuda_ipc_get(struct cuda_ipc **ipc)
     return RESHARD_OK;
 }
 
-reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *ipc, int peer, pid_t pid,
+reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *ipc, int peer, pid_t pid, int pidfd,
                                const struct cuda_ipc_export *e, char **ptr)
 {
     for (size_t i = 0; i < ipc->nopen; i++) {
@@ -248,7 +249,7 @@ reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *ipc, int peer, pid_t pid,
     ipc->open = n;
     cu_deviceptr base = 0;
     if (e->kind != CUDA_IPC_LEGACY) {
-        RS_CHECK(open_vmm(cuda_lib(), peer, pid, e, &base));
+        RS_CHECK(open_vmm(cuda_lib(), peer, pid, pidfd, e, &base));
     } else {
         cu_result r =
             cuda_lib()->ipc_open_mem_handle(&base, e->handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);

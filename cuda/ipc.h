@@ -75,9 +75,10 @@ reshard_status_t cuda_ipc_scratch(struct cuda_ipc *ipc, int i, uint64_t bytes, c
 void cuda_ipc_free(struct cuda_ipc *ipc);
 
 /* Where e's buffer is mapped here (opened now, or earlier for the same allocation). pid: the
- * peer's process as its local socket showed it; a POSIX descriptor is taken from that process
- * only. */
-reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *m, int peer, pid_t pid,
+ * peer's process as its local socket showed it, and pidfd a pidfd on it taken then (or -1): a
+ * POSIX descriptor is taken from that process only, through pidfd when there is one, so a
+ * number handed to another process since is never followed. */
+reshard_status_t cuda_ipc_open(struct cuda_ipc_maps *m, int peer, pid_t pid, int pidfd,
                                const struct cuda_ipc_export *e, char **ptr);
 /* Closes the peer's mappings that are not among its exports now (n of them at e). */
 void cuda_ipc_prune(struct cuda_ipc_maps *m, int peer, const struct cuda_ipc_export *e, size_t n);

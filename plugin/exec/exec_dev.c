@@ -222,8 +222,8 @@ int exec_dev_copy(struct exec_run *r, uint32_t o, uint32_t chunk)
     int self = xf->path == XFER_SELF, ent = self ? -1 : x->links.ent_of[xf - x->xs.x];
     reshard_status_t st = cuda_ipc_get(&comm->ipc);
     if (st == RESHARD_OK && !self && !r->ent_ipc[ent])
-        st = cuda_ipc_open(&x->exp.maps, xf->dst, comm->pid[xf->dst], &x->links.exp[ent],
-                           &r->ent_ipc[ent]);
+        st = cuda_ipc_open(&x->exp.maps, xf->dst, comm->pid[xf->dst], comm->pidfd[xf->dst],
+                           &x->links.exp[ent], &r->ent_ipc[ent]);
     if (st != RESHARD_OK) {
         exec_run_fail(r, st);
         return 1;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A layout: a tensor (shape, dtype) and how one side of a reshard places it on ranks
- * (DESIGN.md section 4).
+ * (docs/layouts.md).
  *
  * The shard map derived from it is the planner's working form. Every mesh dim touches at most
  * one tensor dim, so a rank's shard is a product over tensor dims of 1-D index sets. For tensor

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Layout spec strings (DESIGN.md section 4):
+ * Layout spec strings (docs/layouts.md has the grammar):
  *
  *   shape=7168x2048 dtype=bf16 ranks=0-7,16-23 mesh=2x8 place=R,S(1)
  *

@@ -52,7 +52,7 @@ RESHARD_API void reshard_log_set_failures(int warn);
 
 typedef struct reshard_layout reshard_layout_t;
 
-/* Parses a layout spec (DESIGN.md section 4), e.g.
+/* Parses a layout spec (docs/layouts.md), e.g.
  *   "shape=7168x2048 dtype=bf16 ranks=0-7,16-23 mesh=2x8 place=R,S(1)"
  * shape is required; dtype defaults to bf16; ranks to 0..world_size-1 (or 0..mesh size-1 when
  * mesh is given); mesh to 1-D over the ranks; place to R on every mesh dim. world_size may be
@@ -163,7 +163,7 @@ RESHARD_API reshard_status_t reshard_plan_validate(const reshard_plan_t *plan);
 RESHARD_API uint64_t reshard_plan_hash(const reshard_plan_t *plan);
 RESHARD_API void reshard_plan_destroy(reshard_plan_t *plan);
 
-/* Byte counts are in the destination dtype. Definitions in DESIGN.md section 5. */
+/* Byte counts are in the destination dtype. Definitions in docs/figures.md. */
 typedef struct reshard_plan_stats {
     uint64_t net_bytes;          /* over the network, all ranks */
     uint64_t min_net_bytes;      /* what must cross: from the layouts, not the plan */
@@ -226,7 +226,7 @@ RESHARD_API reshard_status_t reshard_plan_predict(const reshard_plan_t *plan,
 
 typedef struct reshard_manifest reshard_manifest_t;
 
-/* Reads a manifest (DESIGN.md section 4): JSON with version 1, world_size, optional domains
+/* Reads a manifest (docs/manifest.md): JSON with version 1, world_size, optional domains
  * ({"size": N} or {"of_rank": [...]}), optional buffers ({"name": size in elements}) and
  * tensors, each {name, shape, dtype, src, dst}, a side being a spec string without shape and
  * dtype or an object {ranks, mesh, place, buffer, offset, view, strides}. Every side is

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The transport ops table (DESIGN.md section 7): what the executor needs from a network
- * transport, filled by each implementation with designated initializers. A context serves one
- * communicator; its peers are the communicator's ranks. Requests complete through a callback
+ * The transport ops table (docs/architecture.md, Transports): what the executor needs from a
+ * network transport, filled by each implementation with designated initializers. A context serves
+ * one communicator; its peers are the communicator's ranks. Requests complete through a callback
  * called from progress(), never from inside the call that posted them.
  *
  * Tagged two-sided messages are the data path: a receive completion is the signal that a

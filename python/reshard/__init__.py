@@ -354,7 +354,7 @@ class Comm:
 
 
 class Manifest:
-    """A whole model's tensors (DESIGN.md section 4): names and both layouts of each."""
+    """A whole model's tensors (docs/manifest.md): names and both layouts of each."""
 
     def __init__(self, path):
         handle = ctypes.c_void_p()

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * reshard_perf: nccl-tests style bandwidth test of reshard_plan_execute (DESIGN.md section 10),
+ * reshard_perf: nccl-tests style bandwidth test of reshard_plan_execute (docs/figures.md),
  * written against the public API only.
  *
  * For each size of the sweep and each algo: plan on the communicator, run WARMUP untimed and

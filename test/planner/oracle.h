@@ -26,7 +26,7 @@ struct oracle_side {
 int oracle_side_build(const struct rs_layout *l, struct oracle_side *s);
 void oracle_side_free(struct oracle_side *s);
 
-/* The bounds of DESIGN.md section 5, by their definitions, element by element. */
+/* The bounds docs/figures.md defines, by their definitions, element by element. */
 struct oracle_bounds {
     int64_t min_net_bytes, gather_bcast_bytes, lb_nic_bytes;
 };

@@ -78,7 +78,7 @@ Test(spec, canonical_form_round_trips)
 
 Test(spec, design_error_example)
 {
-    /* the DESIGN example, at the column of the first character that is no placement */
+    /* the docs/layouts.md example, at the column of the first character that is no placement */
     expect_error("shape=7168x2048 ranks=0-3 place=X", RESHARD_ERR_SPEC_SYNTAX,
                  "place: expected R, S(d) or SS(d,k) at column 33");
     expect_error("shape=7168x2048 dtype=f32 place=Q", RESHARD_ERR_SPEC_SYNTAX,

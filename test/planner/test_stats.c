@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Plan statistics on small cases worked out by hand (DESIGN.md section 5 definitions). */
+/* Plan statistics on small cases worked out by hand (docs/figures.md definitions). */
 #include "plan_util.h"
 #include "base/error.h"
 #include "planner/validate.h"

@@ -172,19 +172,7 @@ $(BUILD)/test/fake/libnccl.so.2: test/fake/fake_nccl.c test/fake/fake_nccl.h
 	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g -fPIC -shared -fvisibility=hidden $(SAN) -o $@ $<
 
 deps:
-	@missing=""; for p in $(DEPS); do \
-	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' \
-	        || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	    echo "deps: installing$$missing"; \
-	    if [ -n "$(SUDO)" ] && ! command -v sudo >/dev/null; then \
-	        echo "deps: not root and no sudo: as root run 'apt-get install$$missing'" >&2; \
-	        exit 1; \
-	    fi; \
-	    $(SUDO) apt-get update -qq && \
-	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	fi
+	@scripts/apt-install.sh $(DEPS)
 
 # Every include of the library points down its layers (scripts/check-layers.py says how).
 check-layers:

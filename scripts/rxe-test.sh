@@ -71,11 +71,8 @@ command -v cpio >/dev/null || need+=(cpio)
 command -v modprobe >/dev/null || command -v /sbin/modprobe >/dev/null || need+=(kmod)
 command -v readelf >/dev/null || need+=(binutils)
 if ((${#need[@]})); then
-    echo "rxe-test: installing ${need[*]}"
     { [ -z "$SUDO" ] || command -v sudo >/dev/null; } || skip "no ${need[*]}, not root and no sudo"
-    { $SUDO apt-get update -qq &&
-        $SUDO env DEBIAN_FRONTEND=noninteractive \
-            apt-get install -y -qq --no-install-recommends "${need[@]}"; } >&2 ||
+    APT_NO_RECOMMENDS=1 "$ROOT/scripts/apt-install.sh" "${need[@]}" >&2 ||
         skip "could not install ${need[*]}"
 fi
 PATH=$PATH:/sbin:/usr/sbin  # modprobe and depmod, for a non-root user

@@ -42,6 +42,12 @@ Rank-order assumptions (what the placements below rest on):
     inference side views into vLLM's fused_qkv_a_proj buffer.
   * Vocabularies here divide evenly by every tp used, so a padded local buffer (Megatron pads
     to 128*tp) holds its shard at offset 0 and needs no view.
+--infer-quant block128 writes the inference side as the published FP8 checkpoints of these
+models lay it out (DeepSeek-V3, Kimi-K2 and Qwen3 FP8: 128 x 128 blocks): every linear weight
+(the *_proj and *_mqa matrices, experts included) is fp8e4m3 with quant=block(128,128), its
+float32 scales the tensor that the plan adds beside it (x.weight -> x.weight_scale_inv, as vLLM
+names them); embeddings, lm_head, norms and routers stay in --dtype. --infer-quant channel
+takes one scale per output row instead (as per-channel FP8 checkpoints of Llama do).
 --no-views drops the buffers and views: every tensor then lives alone and contiguous in its own
 buffer (for tools that give each tensor its own memory, such as reshard_perf --manifest).
 --scale K divides the hidden sizes (hidden, intermediate, expert intermediate, LoRA ranks,
@@ -240,9 +246,17 @@ def stages(layers, pp):
     return out
 
 
+QUANT = {"none": None, "block128": "block(128,128)", "channel": "channel"}
+
+
+def quantized(name, shape):
+    """The weights FP8 checkpoints quantize: the linear layers' matrices."""
+    return len(shape) == 2 and name.endswith(("_proj.weight", "_mqa.weight"))
+
+
 class Writer:
-    def __init__(self, m, train, infer, dtype):
-        self.m, self.train, self.infer, self.dtype = m, train, infer, dtype
+    def __init__(self, m, train, infer, dtype, quant=None):
+        self.m, self.train, self.infer, self.dtype, self.quant = m, train, infer, dtype, quant
         self.tensors = []
         self.names = set()
         self.buffers = {}  # shared buffer -> elements on every rank that holds it
@@ -250,7 +264,11 @@ class Writer:
     def add(self, name, shape, src, dst):
         assert name not in self.names, name
         self.names.add(name)
-        self.tensors.append(dict(name=name, shape=shape, dtype=self.dtype, src=src, dst=dst))
+        t = dict(name=name, shape=shape, dtype=self.dtype, src=src, dst=dst)
+        if self.quant and quantized(name, shape):
+            t["dst_dtype"] = "fp8e4m3"
+            t["dst"] = f"{dst} quant={self.quant}"
+        self.tensors.append(t)
 
     def both(self, name, shape, p_train, p_infer, src_place, dst_place):
         """A dense weight: tensor-parallel on both sides, replicated over data parallel."""
@@ -360,9 +378,9 @@ def moe(w, pre, m, pt, pi):
         w.add(f"{x}.down_proj.weight", [H, I], side(tr, tm, ["R", "S(1)"]), dn_dst)
 
 
-def build(model, m, train, infer, dtype):
+def build(model, m, train, infer, dtype, quant=None):
     """The tensors and the sizes of the buffers they share."""
-    w = Writer(m, train, infer, dtype)
+    w = Writer(m, train, infer, dtype, quant)
     H, L = m["hidden"], m["layers"]
     tst, ist = stages(L, train.pp), stages(L, infer.pp)
     stage_of = lambda st, l: next(p for p, r in enumerate(st) if l in r)  # noqa: E731
@@ -393,6 +411,8 @@ def main(argv):
     ap.add_argument("--scale", type=int, default=1, help="divide hidden sizes by K (1)")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--no-views", action="store_true", help="no shared buffers or views")
+    ap.add_argument("--infer-quant", choices=sorted(QUANT), default="none",
+                    help="FP8 inference weights: block128 (128x128 blocks) or channel (none)")
     ap.add_argument("-o", "--output", default="-", help="file (default: stdout)")
     a = ap.parse_args(argv)
     try:
@@ -410,7 +430,7 @@ def main(argv):
         infer = Infer(icfg, train.world, m["experts"])
         if a.domain_size < 1:
             raise Error("--domain-size must be at least 1")
-        tensors, buffers = build(a.model, m, train, infer, a.dtype)
+        tensors, buffers = build(a.model, m, train, infer, a.dtype, QUANT[a.infer_quant])
         if a.no_views:
             buffers = {}
             for t in tensors:
@@ -425,7 +445,7 @@ def main(argv):
         "domains": {"size": a.domain_size},
         "buffers": buffers,
         "meta": {"model": a.model, "train": a.train, "infer": a.infer, "scale": a.scale,
-                 "views": not a.no_views,
+                 "views": not a.no_views, "infer_quant": a.infer_quant,
                  "train_ranks": train.world, "infer_ranks": infer.world},
         "tensors": tensors,
     }

@@ -96,6 +96,20 @@ static int ring_order(const struct rs_layout *dst, int first, int *chain, uint8_
     return n;
 }
 
+/* What the broadcast baseline moves a tensor in: what users do today with an FP8 destination
+ * is to broadcast the weights in their training dtype and quantize where they land, so a
+ * weight quantized on the way travels in its source dtype (and its scales, computed there, not
+ * at all); anything else in its own. */
+static int bcast_dtype(const struct plan_tensor *pt)
+{
+    return pt->quant == PLAN_QUANT_CAST ? pt->src.dtype : pt->dst.dtype;
+}
+
+static int bcast_skips(const struct rs_plan *plan, const struct plan_tensor *pt)
+{
+    return pt->scales_of >= 0 && plan->tensors[pt->scales_of].quant == PLAN_QUANT_CAST;
+}
+
 /* Each box of rank's destination shard (a product of segments), copied out of the whole
  * tensor once it has all arrived. */
 static reshard_status_t push_extracts(struct xfer_set *s, const struct plan_tensor *pt, uint32_t t,
@@ -114,7 +128,7 @@ static reshard_status_t push_extracts(struct xfer_set *s, const struct plan_tens
             return RESHARD_OK; /* an empty shard */
     }
     for (;;) {
-        int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS], bytes = (int64_t)dtype_size(pt->dst.dtype);
+        int64_t start[RS_MAX_DIMS], len[RS_MAX_DIMS], bytes = (int64_t)dtype_size(bcast_dtype(pt));
         for (int j = 0; j < ndim; j++) {
             start[j] = m->dim[j].segs[seg[j]].start;
             len[j] = m->dim[j].segs[seg[j]].len;
@@ -156,7 +170,7 @@ static reshard_status_t push_ring(struct xfer_set *s, const struct rs_plan *plan
     int ndim = pt->dst.ndim, first = pt->src.ranks[0];
     int n = ring_order(&pt->dst, first, chain, seen);
     int64_t start[RS_MAX_DIMS] = {0};
-    int64_t bytes = (int64_t)dtype_size(pt->dst.dtype) * layout_numel(&pt->dst);
+    int64_t bytes = (int64_t)dtype_size(bcast_dtype(pt)) * layout_numel(&pt->dst);
     uint32_t box = 0, prev = XFER_AFTER_INPUTS;
     int boxed = 0;
     for (int i = 0; i + 1 < n; i++) {
@@ -189,13 +203,18 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
     int nt = plan->ntensors;
     struct plan_input *in = rs_calloc((size_t)nt, sizeof(*in), "plan inputs");
     struct rs_layout *whole = rs_calloc((size_t)nt, sizeof(*whole), "gather layouts");
+    struct rs_layout *plain = rs_calloc((size_t)nt, sizeof(*plain), "gather layouts");
     int *chain = NULL;
     uint8_t *seen = NULL;
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
-    if (!in || !whole)
+    if (!in || !whole || !plain)
         goto free_inputs;
     for (int t = 0; t < nt; t++) {
-        const struct rs_layout *src = &plan->tensors[t].src;
+        /* the source as plain bytes (an FP8 one with its blocks moves as it is); ranks and
+         * views borrowed: plan_build copies them */
+        const struct rs_layout *src = &plain[t];
+        plain[t] = plan->tensors[t].src;
+        plain[t].quant.kind = RS_QUANT_NONE;
         struct rs_layout *w = &whole[t];
         w->ndim = src->ndim;
         memcpy(w->shape, src->shape, sizeof(w->shape));
@@ -205,12 +224,6 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
         w->mesh_ndim = 1;
         w->mesh[0] = 1;
         w->place[0].kind = RS_PLACE_R;
-        if (plan->tensors[t].quant != PLAN_QUANT_NONE) {
-            st = rs_error(RESHARD_ERR_INVALID_ARG,
-                          "tensor '%s': the broadcast baseline does not move quantized tensors",
-                          plan->tensors[t].name);
-            goto free_inputs;
-        }
         in[t] = (struct plan_input){plan->tensors[t].name, src, w, NULL};
     }
     RS_CHECK_GOTO(plan_build(in, nt, &plan->topo, &plan->opts, plan->scope, &s->aux), st,
@@ -240,11 +253,13 @@ static reshard_status_t build_bcast(const struct rs_plan *plan, struct xfer_set 
         goto free_inputs;
     }
     for (int t = 0; t < nt; t++)
-        RS_CHECK_GOTO(push_ring(s, plan, (uint32_t)t, chain, seen), st, free_inputs);
+        if (!bcast_skips(plan, &plan->tensors[t]))
+            RS_CHECK_GOTO(push_ring(s, plan, (uint32_t)t, chain, seen), st, free_inputs);
     s->needs_tmp = 1;
 free_inputs:
     free(seen);
     free(chain);
+    free(plain);
     free(whole);
     free(in);
     return st;

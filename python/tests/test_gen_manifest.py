@@ -3,6 +3,7 @@
 (an unwritable -o, a reader that closes the pipe early, ^C), its help says what it does, and
 it refuses the rank orders megatron-core refuses. crosscheck.py compares it with transformers
 and megatron-core themselves (make test-frameworks)."""
+import json
 import os
 import subprocess
 import sys
@@ -55,6 +56,32 @@ class GenManifest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertNotIn("Traceback", r.stderr)
         self.assertIn("with pp not last, megatron-core needs the expert data parallel size", r.stderr)
+
+    def test_infer_quant_makes_every_linear_weight_fp8_and_nothing_else(self):
+        r = run(["--model", "deepseek-v3", "--scale", "16", "--train", "tp=1,pp=4,ep=4,dp=4",
+                 "--infer", "tp=4,dp=4", "--infer-quant", "block128"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertEqual(doc["meta"]["infer_quant"], "block128")
+        fp8 = {t["name"] for t in doc["tensors"] if t.get("dst_dtype") == "fp8e4m3"}
+        for t in doc["tensors"]:
+            linear = len(t["shape"]) == 2 and t["name"].endswith(("_proj.weight", "_mqa.weight"))
+            self.assertEqual(t["name"] in fp8, linear, t["name"])
+            self.assertEqual("quant=block(128,128)" in t["dst"], linear, t["name"])
+            self.assertNotIn("quant", t["src"])
+        for name in ("model.layers.0.self_attn.q_b_proj.weight",
+                     "model.layers.5.mlp.experts.3.down_proj.weight",
+                     "model.layers.0.mlp.gate_up_proj.weight"):
+            self.assertIn(name, fp8)
+        for name in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.5.mlp.gate.weight",
+                     "model.layers.0.input_layernorm.weight"):
+            self.assertNotIn(name, fp8)
+
+    def test_infer_quant_takes_only_what_it_knows(self):
+        r = run(LLAMA + ["--infer-quant", "block64"])
+        self.assertEqual(r.returncode, 2)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertIn("invalid choice: 'block64'", r.stderr)
 
 
 if __name__ == "__main__":

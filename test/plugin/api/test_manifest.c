@@ -88,6 +88,50 @@ Test(manifest, loads_tensors_with_string_and_object_sides_and_plans_them, .fini 
     reshard_manifest_destroy(m);
 }
 
+static uint64_t net_of(const reshard_tensor_t *t, int n, const reshard_topo_t *topo);
+
+/* An FP8 inference side: dst_dtype gives the destination its own dtype, the dst side its
+ * quant; the plan quantizes where the sources hold whole blocks, so the bytes on the network
+ * are the FP8 values and their float32 scales: half of the bf16 refit of the same layouts and a
+ * little more. */
+#define FP8_MANIFEST(dst_dtype, quant)                                                             \
+    "{\"version\": 1, \"world_size\": 8, \"domains\": {\"size\": 4}, \"tensors\": ["               \
+    "{\"name\": \"w.weight\", \"shape\": [512, 256], \"dtype\": \"bf16\"" dst_dtype ","            \
+    " \"src\": \"ranks=0-3 mesh=4 place=S(0)\", \"dst\": \"ranks=4-7 mesh=2x2 place=R,S(0)" quant  \
+    "\"}]}"
+
+static uint64_t manifest_net_bytes(const char *json)
+{
+    write_manifest(json);
+    reshard_manifest_t *m = NULL;
+    cr_assert_eq(reshard_manifest_load(path, &m), RESHARD_OK, "%s", reshard_last_error());
+    reshard_topo_t *topo;
+    cr_assert_eq(reshard_manifest_topo(m, &topo), RESHARD_OK);
+    uint64_t net = net_of(reshard_manifest_tensors(m), reshard_manifest_ntensors(m), topo);
+    reshard_layout_info_t info;
+    cr_assert_eq(reshard_layout_info(reshard_manifest_tensors(m)[0].src, &info), RESHARD_OK);
+    cr_assert_eq(info.elem_size, 2, "the source keeps the tensor's dtype");
+    reshard_topo_destroy(topo);
+    reshard_manifest_destroy(m);
+    unlink(path);
+    return net;
+}
+
+Test(manifest, an_fp8_destination_takes_dst_dtype_and_quant, .fini = cleanup)
+{
+    uint64_t bf16 = manifest_net_bytes(FP8_MANIFEST("", ""));
+    uint64_t fp8 =
+        manifest_net_bytes(FP8_MANIFEST(", \"dst_dtype\": \"fp8e4m3\"", " quant=block(128,128)"));
+    /* the inference domain (ranks 4-7) takes the whole tensor once: 512 x 256 values, and the
+     * 4 x 2 scales of its blocks */
+    cr_assert_eq(bf16, 512 * 256 * 2, "bf16 net bytes %llu", (unsigned long long)bf16);
+    cr_assert_eq(fp8, 512 * 256 + 4 * 2 * 4, "fp8 net bytes %llu", (unsigned long long)fp8);
+    expect_error(FP8_MANIFEST(", \"dst_dtype\": 8", " quant=block(128,128)"),
+                 RESHARD_ERR_SPEC_SYNTAX, "tensors[0] (w.weight).dst_dtype: is an integer", NULL);
+    expect_error(FP8_MANIFEST(", \"dst_dtype\": \"fp7\"", ""), RESHARD_ERR_SPEC_SYNTAX,
+                 "tensors[0] (w.weight).dst", "fp7");
+}
+
 Test(manifest, malformed_json_names_the_line, .fini = cleanup)
 {
     expect_error("{\"version\": 1,\n \"world_size\": }", RESHARD_ERR_SPEC_SYNTAX, ":2:", NULL);

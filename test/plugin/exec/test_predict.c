@@ -47,6 +47,49 @@ Test(predict, prediction_is_the_busiest_ranks_bytes_over_its_link_plus_latency)
     reshard_layout_destroy(d);
 }
 
+/* The busiest NIC of each algo for one tensor: bf16 sources on ranks 0-3 (one domain), a
+ * destination on ranks 4-11 (two domains of 4), optionally quantized to FP8. */
+static void nic_bytes(const char *dst, uint64_t *nic)
+{
+    reshard_layout_t *s, *d;
+    cr_assert_eq(
+        reshard_layout_parse("shape=512x256 dtype=bf16 ranks=0-3 mesh=4 place=S(0)", 0, &s),
+        RESHARD_OK);
+    cr_assert_eq(reshard_layout_parse(dst, 0, &d), RESHARD_OK, "%s", reshard_last_error());
+    reshard_topo_t *topo;
+    cr_assert_eq(reshard_topo_create(12, 4, NULL, &topo), RESHARD_OK);
+    reshard_tensor_t t = {"w.weight", s, d};
+    reshard_plan_t *plan;
+    cr_assert_eq(reshard_plan_create(&t, 1, topo, NULL, &plan), RESHARD_OK, "%s",
+                 reshard_last_error());
+    reshard_cluster_t c = {.nic_bytes_per_s = 1e9, .nvlink_bytes_per_s = 1e10, .latency_s = 1e-6};
+    reshard_prediction_t p;
+    cr_assert_eq(reshard_plan_predict(plan, &c, &p), RESHARD_OK, "%s", reshard_last_error());
+    for (int a = 0; a < 3; a++)
+        nic[a] = p.max_nic_bytes[a];
+    reshard_plan_destroy(plan);
+    reshard_topo_destroy(topo);
+    reshard_layout_destroy(s);
+    reshard_layout_destroy(d);
+}
+
+/* An FP8 destination: reshard sends what the sources quantized (half the bytes, and the
+ * scales), while the broadcast baseline does what users do today, broadcasting bf16 and
+ * quantizing where it lands: its bytes are the bf16 refit's. */
+Test(predict, an_fp8_destination_halves_reshard_and_leaves_the_broadcast_in_bf16)
+{
+    uint64_t bf16[3], fp8[3];
+    nic_bytes("shape=512x256 dtype=bf16 ranks=4-11 mesh=2x4 place=R,S(0)", bf16);
+    nic_bytes("shape=512x256 dtype=fp8e4m3 ranks=4-11 mesh=2x4 place=R,S(0) quant=block(128,128)",
+              fp8);
+    /* each source rank holds a 128-row band: whole blocks, quantized where it is; it sends the
+     * band once to each destination domain: 2 x (128 x 256 bytes + 2 scales) */
+    cr_assert_eq(bf16[RESHARD_ALGO_RESHARD], 2 * 128 * 256 * 2);
+    cr_assert_eq(fp8[RESHARD_ALGO_RESHARD], 2 * (128 * 256 + 2 * 4));
+    cr_assert_eq(fp8[RESHARD_ALGO_BCAST], bf16[RESHARD_ALGO_BCAST]);
+    cr_assert_gt(fp8[RESHARD_ALGO_BCAST], 0);
+}
+
 #define NSMALL 200
 
 /* NSMALL 8x8 i32 tensors from row halves on ranks 0-1 to column halves on ranks 2-3 (two

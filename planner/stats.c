@@ -185,6 +185,28 @@ free_bounds:
     return st;
 }
 
+void plan_quant_counts(const struct rs_plan *p, int rank, struct plan_quant_counts *out)
+{
+    *out = (struct plan_quant_counts){0};
+    for (size_t i = 0; i < p->nops; i++) {
+        const struct plan_op *o = &p->ops[i];
+        if (o->kind != PLAN_OP_NET || p->tensors[o->tensor].quant != PLAN_QUANT_CAST ||
+            (rank != PLAN_ALL_RANKS && o->src != rank))
+            continue;
+        const int64_t *len = plan_op_len(p, o);
+        int64_t n = 1;
+        for (int d = 0; d < p->tensors[o->tensor].dst.ndim; d++)
+            n *= len[d];
+        out->net_elems += n;
+        out->at_src_elems += o->at_src ? n : 0;
+    }
+}
+
+double plan_quant_at_source_pct(const struct plan_quant_counts *q)
+{
+    return q->net_elems ? 100.0 * (double)q->at_src_elems / (double)q->net_elems : -1.0;
+}
+
 reshard_status_t plan_stats_compute(const struct rs_plan *p, struct plan_stats *s,
                                     struct plan_rank_stats *per_rank)
 {
@@ -193,6 +215,7 @@ reshard_status_t plan_stats_compute(const struct rs_plan *p, struct plan_stats *
         return RESHARD_ERR_NO_MEMORY;
     struct plan_stats out = {0};
     op_stats(p, &out, r);
+    plan_quant_counts(p, PLAN_ALL_RANKS, &out.quant);
     reshard_status_t st = layout_bounds(p, &out);
     if (st == RESHARD_OK) { /* outputs only on success */
         *s = out;

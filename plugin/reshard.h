@@ -163,7 +163,8 @@ RESHARD_API reshard_status_t reshard_plan_validate(const reshard_plan_t *plan);
 RESHARD_API uint64_t reshard_plan_hash(const reshard_plan_t *plan);
 RESHARD_API void reshard_plan_destroy(reshard_plan_t *plan);
 
-/* Byte counts are in the destination dtype. Definitions in docs/figures.md. */
+/* Byte counts are in the dtype the bytes travel in: the destination's, or for an FP8 destination
+ * quantized where it lands, the source's. Definitions in docs/figures.md. */
 typedef struct reshard_plan_stats {
     uint64_t net_bytes;          /* over the network, all ranks */
     uint64_t min_net_bytes;      /* what must cross: from the layouts, not the plan */
@@ -176,6 +177,10 @@ typedef struct reshard_plan_stats {
     uint64_t net_ops, local_ops, fwd_ops, self_ops;
     double plan_ms; /* time reshard_plan_create spent planning */
     int ntensors, world_size, ndomains;
+    /* Of the elements of FP8-quantized destinations (quant=) that cross the network, the
+     * percentage their senders quantized (the rest cross in the source dtype and are quantized
+     * where they land); -1 when none crosses. */
+    double quant_at_source_pct;
 } reshard_plan_stats_t;
 
 typedef struct reshard_rank_stats {

@@ -38,6 +38,10 @@ static reshard_status_t fill_ballot(struct reshard_comm *c, struct reshard_plan 
                                         (uint64_t)rb.dst_ranks
                                   : 0;
     b->lb_part = share > (uint64_t)rb.forced ? share : (uint64_t)rb.forced;
+    struct plan_quant_counts q;
+    plan_quant_counts(p, c->rank, &q);
+    b->quant_net = (uint64_t)q.net_elems;
+    b->quant_at_src = (uint64_t)q.at_src_elems;
     return RESHARD_OK;
 }
 

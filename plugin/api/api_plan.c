@@ -295,6 +295,7 @@ reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_sta
         .ntensors = p->ntensors,
         .world_size = p->topo.nranks,
         .ndomains = p->topo.ndomains,
+        .quant_at_source_pct = plan_quant_at_source_pct(&s.quant),
     };
     for (int k = 0; r && k < p->topo.nranks; k++)
         ranks[k] = (reshard_rank_stats_t){

@@ -6,6 +6,7 @@
 #include "exec_vote.h"
 
 #include "base/error.h"
+#include "planner/stats.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -49,6 +50,7 @@ struct plan_fold {
     struct fold_val chunk_lo, chunk_hi, coal_lo, coal_hi;
     uint64_t local_fp;
     uint64_t net, local, self, in_domain, lb, ops[4];
+    uint64_t quant_net, quant_at_src;
     uint64_t nic;
     int32_t nic_rank, pad;
     double plan_ms;
@@ -102,6 +104,8 @@ static void plan_combine(void *acc_, const void *in_, void *arg)
     a->local += b->local;
     a->self += b->self;
     a->in_domain += b->in_domain;
+    a->quant_net += b->quant_net;
+    a->quant_at_src += b->quant_at_src;
     for (int k = 0; k < 4; k++)
         a->ops[k] += b->ops[k];
     if (b->lb > a->lb)
@@ -136,6 +140,8 @@ static void plan_fold_init(struct plan_fold *f, int rank, const struct exec_plan
     f->self = m->self;
     f->in_domain = m->in_domain;
     f->lb = m->lb_part;
+    f->quant_net = m->quant_net;
+    f->quant_at_src = m->quant_at_src;
     memcpy(f->ops, m->ops, sizeof(f->ops));
     f->nic = m->net_out > m->net_in ? m->net_out : m->net_in;
     f->nic_rank = f->nic ? rank : EXEC_VOTE_NONE;
@@ -282,6 +288,8 @@ reshard_status_t exec_vote_plan(struct reshard_comm *c, const struct exec_plan_b
                                     .fwd_ops = f.ops[3],
                                     .self_ops = f.ops[0],
                                     .plan_ms = f.plan_ms};
+    struct plan_quant_counts q = {(int64_t)f.quant_net, (int64_t)f.quant_at_src};
+    world->quant_at_source_pct = plan_quant_at_source_pct(&q);
     return RESHARD_OK;
 }
 

@@ -266,6 +266,29 @@ static double predicted(const char *algo)
 
 /* 256 MiB replicated onto 8 ranks of one domain: reshard crosses the NIC once per domain and
  * fans out over NVLink, direct sends every replica over the network. */
+/* An FP8 destination adds quant_at_source_pct before plan_ms, in the text and the JSON: 512
+ * rows on 3 source ranks leave two of the four 128-row blocks whole on one rank each. */
+Test(reshard_plan, an_fp8_destination_reports_how_much_its_sources_quantized, .timeout = 60)
+{
+    const char *args = "--src 'shape=512x256 dtype=bf16 ranks=0-2 place=S(0)' --dst "
+                       "'shape=512x256 dtype=fp8e4m3 ranks=4-11 mesh=2x4 place=R,S(0) "
+                       "quant=block(128,128)' --domain-size 4";
+    cr_assert_eq(plan(args), 0, "%s", out);
+    cr_assert(strstr(out, "\nlb_nic_bytes "), "%s", out);
+    cr_assert(strstr(out, "\nquant_at_source_pct 50.0\nplan_ms "), "%s", out);
+    cr_assert_eq(value_of("net_bytes"), value_of("min_net_bytes"), "%s", out);
+    char more[512];
+    snprintf(more, sizeof(more), "%s --cluster nic=50GB/s,nvlink=450GB/s,latency=5us", args);
+    cr_assert_eq(plan(more), 0, "%s", out);
+    cr_assert_gt(predicted("bcast"), predicted("reshard"), "%s", out);
+    char json_args[512];
+    snprintf(json_args, sizeof(json_args), "%s --json", args);
+    cr_assert_eq(plan(json_args), 0, "%s", out);
+    cr_assert(strstr(out, "\"quant_at_source_pct\": 50.0"), "%s", out);
+    cr_assert_eq(plan("--src 'shape=64 ranks=0 place=R' --dst 'shape=64 ranks=1 place=R'"), 0);
+    cr_assert_null(strstr(out, "quant_at_source_pct"), "no FP8 destination: %s", out);
+}
+
 Test(reshard_plan, cluster_prediction_favours_one_crossing_per_domain, .timeout = 60)
 {
     int rc = plan("--src 'shape=16384x8192 ranks=0-7 place=S(0)' "

@@ -13,6 +13,7 @@
 #include "base/log.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,11 @@
 /* After an orderly close the peer's last sends may still be flushing; a transfer still
  * outstanding this long after the goodbye will never complete. */
 #define CLOSE_GRACE_MS 10000
+/* A transfer the transport failed: a dying peer's process closes its transport sockets and
+ * this one in turn, and on a busy host the handshake socket's end may come a little after the
+ * transport's; wait this long for it, once, so the error says the process died (the device's
+ * lock is held meanwhile: once per failed comm, the other comms' tests wait too). */
+#define DEATH_WAIT_MS 500
 
 static const char *comm_kind(const struct net_comm *c)
 {
@@ -72,6 +78,11 @@ void net_comm_watch(struct net_comm *c, int force)
     if (!force && now < c->next_check_ms)
         return;
     c->next_check_ms = now + WATCH_PERIOD_MS;
+    if (!c->eof_ms && force) { /* the transport failed: give the socket's end time to come */
+        struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
+        while (poll(&p, 1, DEATH_WAIT_MS) < 0 && errno == EINTR)
+            ;
+    }
     if (!c->eof_ms)
         watch_read(c, now);
     if (c->eof_ms && !c->goodbye_ms && (force || now - c->eof_ms >= DEATH_GRACE_MS))

@@ -58,7 +58,7 @@ fi
 run_once() {
     local i=$1 port=$((30000 + RANDOM % 10000)) ours ucx best=0 m
     pair "net$i" "exec $PERF -b $SIZE -e $SIZE -n 1000 -w 20 --role env --handle $LOG/h$i"
-    ours=$(awk '!/^#/ && NF >= 7 && $1 == '"$SIZE"' { print $5 }' "$LOG/net$i" | head -n 1)
+    ours=$(awk '!/^#/ && NF >= 7 && $1 == '"$SIZE"' { print $5; exit }' "$LOG/net$i")
     [ -n "$ours" ] || { echo "bench-net: reshard_net_perf failed:" >&2; cat "$LOG/net$i" >&2; exit 2; }
     for m in poll sleep; do
         # shellcheck disable=SC2016  # RANK and MASTER_ADDR expand in the ranks' shell

@@ -148,7 +148,7 @@ kernels="absent: no nvcc at build time (gpu-check's kernel steps then SKIP, sayi
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || commit="$commit+local changes"
 {
-    echo "reshard GPU bundle: $commit, made $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -1)"
+    echo "reshard GPU bundle: $commit, made $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | sed -n 1p)"
     echo "pack kernels: $kernels"
     echo "run it where the GPU is: scripts/gpu-check.sh --bundle $OUT"
     echo

@@ -227,7 +227,7 @@ pack() {
 }
 
 nccl() {
-    if [ -z "${RESHARD_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
+    if [ -z "${RESHARD_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep libnccl.so.2 >/dev/null; then
         echo "no libnccl.so.2: not in pip's nvidia packages for $PY nor on the loader's path"
         return 77
     fi

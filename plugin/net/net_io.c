@@ -267,6 +267,30 @@ static reshard_status_t req_get(struct net_comm *c, int n, struct net_req **out)
                     c->nreqs, comm_kind(c), c->peer_name, NET_MAX_REQUESTS);
 }
 
+/* The error of a request of c that failed with st: what the comm's socket found of the peer
+ * (its process died, it closed the comm) when it found something, else the transport's status
+ * and, for a post the transport refused, its message (transport_why, or NULL). */
+static reshard_status_t req_error(struct net_comm *c, reshard_status_t st,
+                                  const char *transport_why)
+{
+    int send = c->kind == NET_KIND_SEND;
+    if (c->failed != RESHARD_OK)
+        return rs_error(c->failed, "NET/Reshard: %s %s %s failed: %s", send ? "isend" : "irecv",
+                        send ? "to" : "from", c->peer_name, c->why);
+    return rs_error(st, "NET/Reshard: %s %s %s failed in the transport: %s",
+                    send ? "isend" : "irecv", send ? "to" : "from", c->peer_name,
+                    transport_why ? transport_why : rs_status_string(st));
+}
+
+/* A post the transport refused (or a comm already failed): judged like a failed request. */
+static reshard_status_t post_error(struct net_comm *c, reshard_status_t st)
+{
+    char why[RS_ERROR_MAX];
+    snprintf(why, sizeof(why), "%s", rs_error_message());
+    net_comm_watch(c, 1);
+    return req_error(c, st, why);
+}
+
 /* Gives up a request some of whose transfers were posted: it frees itself when they end. */
 static void req_abandon(struct net_req *r)
 {
@@ -297,7 +321,8 @@ reshard_status_t net_isend(void *send_comm, void *data, size_t size, int tag, vo
     struct net_dev *d = c->dev;
     struct net_req *r = NULL;
     pthread_mutex_lock(&d->lock);
-    reshard_status_t st = req_get(c, 1, &r);
+    reshard_status_t st =
+        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, 1, &r);
     if (st == RESHARD_OK) {
         uint64_t t = (uint64_t)c->id << 32 | (uint32_t)tag;
         r->sizes[0] = size;
@@ -306,6 +331,7 @@ reshard_status_t net_isend(void *send_comm, void *data, size_t size, int tag, vo
             r->pending = 1;
             c->in_transport++;
         } else {
+            st = post_error(c, st);
             req_abandon(r);
         }
     }
@@ -336,13 +362,16 @@ reshard_status_t net_irecv(void *recv_comm, int n, void **data, const size_t *si
     struct net_dev *d = c->dev;
     struct net_req *r = NULL;
     pthread_mutex_lock(&d->lock);
-    reshard_status_t st = req_get(c, n, &r);
+    reshard_status_t st =
+        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, n, &r);
     for (int i = 0; st == RESHARD_OK && i < n; i++) {
         uint64_t t = (uint64_t)c->id << 32 | (uint32_t)tags[i];
         st = d->tp->ops->recv(d->tp, c->peer, t, data[i], sizes[i], tp_mh[i], &r->sub[i].tp);
         if (st == RESHARD_OK) {
             r->pending++;
             c->in_transport++;
+        } else {
+            st = post_error(c, st);
         }
     }
     if (st != RESHARD_OK && r)
@@ -399,14 +428,7 @@ reshard_status_t net_test(void *request, int *done, int *sizes)
     else if (r->st != RESHARD_OK)
         st = c->failed != RESHARD_OK ? c->failed : r->st;
     if (st != RESHARD_OK) {
-        int send = c->kind == NET_KIND_SEND;
-        if (c->failed != RESHARD_OK)
-            st = rs_error(st, "NET/Reshard: %s %s %s failed: %s", send ? "isend" : "irecv",
-                          send ? "to" : "from", c->peer_name, c->why);
-        else
-            st = rs_error(st, "NET/Reshard: %s %s %s failed in the transport: %s",
-                          send ? "isend" : "irecv", send ? "to" : "from", c->peer_name,
-                          rs_status_string(st));
+        st = req_error(c, st, NULL);
         req_abandon(r);
     } else if (!r->pending) {
         if (sizes)

@@ -409,9 +409,10 @@ struct run {
     size_t stream_mib;
 };
 
-/* The survivor's check: the stream's request failed (r) because the peer died. Returns 1 when
- * it did, as it must, 0 when the stream goes on, -1 on a wrong outcome. */
-static int peer_died(ncclResult_t r, size_t m, size_t nmsg)
+/* The survivor's check: the stream's request failed (r, from `call`: test, or irecv when the
+ * plugin knew the peer gone before the receive was posted) because the peer died. Returns 1
+ * when it did, as it must, 0 when the stream goes on, -1 on a wrong outcome. */
+static int peer_died(const char *call, ncclResult_t r, size_t m, size_t nmsg)
 {
     if (r == ncclSuccess && m + 1 < nmsg)
         return 0;
@@ -420,9 +421,9 @@ static int peer_died(ncclResult_t r, size_t m, size_t nmsg)
     else if (r == ncclSuccess)
         fail("peer died", "the whole stream completed although the peer died");
     else if (r != ncclSystemError || !strstr(last_warn, "NET/Reshard"))
-        fail("peer died", "test returned %d, WARN '%s'", (int)r, last_warn);
+        fail("peer died", "%s returned %d, WARN '%s'", call, (int)r, last_warn);
     else
-        printf("ok peer died: test returned ncclSystemError after %zu messages: %s\n", m,
+        printf("ok peer died: %s returned ncclSystemError after %zu messages: %s\n", call, m,
                last_warn);
     return r == ncclSystemError ? 1 : -1;
 }
@@ -573,20 +574,23 @@ static int recv_side(void *ctx, const struct run *run)
     void *win[WINDOW] = {0};
     size_t posted = 0;
     for (size_t m = 0; m < nmsg; m++) {
-        while (posted < nmsg && posted < m + WINDOW) {
+        ncclResult_t post = ncclSuccess;
+        while (post == ncclSuccess && posted < nmsg && posted < m + WINDOW) {
             size_t slot = posted % WINDOW;
             data[0] = buf + slot * MSG, sizes[0] = MSG, tags[0] = STREAM_TAG, mhs[0] = mh;
-            NCCL_OK("stream", d_irecv(rc, 1, data, sizes, tags, mhs, &win[slot]));
-            posted++;
+            post = d_irecv(rc, 1, data, sizes, tags, mhs, &win[slot]);
+            posted += post == ncclSuccess;
         }
+        if (run->die != DIE_SEND)
+            NCCL_OK("stream", post);
         if (run->die == DIE_RECV && m == nmsg / 2) {
             printf("ok dying after %zu messages\n", m);
             fflush(stdout);
             raise(SIGKILL);
         }
-        ncclResult_t r = wait_req(win[m % WINDOW], got, 60);
+        ncclResult_t r = post != ncclSuccess ? post : wait_req(win[m % WINDOW], got, 60);
         if (run->die == DIE_SEND) {
-            int died = peer_died(r, m, nmsg);
+            int died = peer_died(post != ncclSuccess ? "irecv" : "test", r, m, nmsg);
             if (died < 0)
                 return -1;
             if (!died)
@@ -687,11 +691,14 @@ static int send_side(void *ctx, const struct run *run)
 
     size_t nmsg = run->stream_mib * MIB / MSG;
     void *win[WINDOW] = {0};
+    ncclResult_t post = ncclSuccess; /* the last isend's: it may know the peer gone at once */
     for (size_t m = 0; m < nmsg; m++) {
         size_t slot = m % WINDOW;
-        ncclResult_t r = m >= WINDOW ? wait_req(win[slot], got, 60) : ncclSuccess;
+        ncclResult_t r = post != ncclSuccess ? post
+                         : m >= WINDOW       ? wait_req(win[slot], got, 60)
+                                             : ncclSuccess;
         if (run->die == DIE_RECV) {
-            int died = peer_died(r, m, nmsg);
+            int died = peer_died(post != ncclSuccess ? "isend" : "test", r, m, nmsg);
             if (died < 0)
                 return -1;
             if (died) {
@@ -711,8 +718,11 @@ static int send_side(void *ctx, const struct run *run)
         uint64_t *w = (void *)(buf + slot * MSG);
         for (size_t i = 0; i < MSG / 8; i++)
             w[i] = word(m, i);
-        NCCL_OK("stream", d_isend(sc, w, MSG, STREAM_TAG, mh, &win[slot]));
+        post = d_isend(sc, w, MSG, STREAM_TAG, mh, &win[slot]);
+        if (run->die != DIE_RECV)
+            NCCL_OK("stream", post);
     }
+    NCCL_OK("stream", post);
     for (size_t m = nmsg > WINDOW ? nmsg - WINDOW : 0; m < nmsg; m++)
         NCCL_OK("stream", wait_req(win[m % WINDOW], got, 60));
     ok("stream sent");

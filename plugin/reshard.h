@@ -163,6 +163,23 @@ RESHARD_API reshard_status_t reshard_plan_validate(const reshard_plan_t *plan);
 RESHARD_API uint64_t reshard_plan_hash(const reshard_plan_t *plan);
 RESHARD_API void reshard_plan_destroy(reshard_plan_t *plan);
 
+/* A plan's tensors: the caller's, in order, then one scales tensor (float32) for each tensor
+ * whose destination is quantized (quant=block(R,C), channel or tensor with an fp8 dtype), in
+ * the order of their weights, named after them (a name ending ".weight" gets
+ * ".weight_scale_inv", as vLLM names them, any other ".scale" appended). reshard_plan_execute
+ * takes bufs[] with reshard_plan_ntensors entries and reshard_plan_outcome fills as many: the
+ * scales' destination buffers, laid out as reshard_plan_tensor_layout says, receive the
+ * dequantization multipliers. A weight quantized on the way (bf16, f16 or f32 source) has its
+ * scales computed by the library: their source buffers are ignored (pass NULL); from an FP8
+ * source with the same blocks, weights and scales are two plain tensors, both the caller's. */
+RESHARD_API int reshard_plan_ntensors(const reshard_plan_t *plan);
+/* Tensor t's name (valid until the plan is destroyed), or NULL when t is out of range. */
+RESHARD_API const char *reshard_plan_tensor_name(const reshard_plan_t *plan, int t);
+/* A copy of tensor t's source (side 0) or destination (side 1) layout, to size its buffers
+ * (reshard_layout_shard_bytes): the caller destroys it. */
+RESHARD_API reshard_status_t reshard_plan_tensor_layout(const reshard_plan_t *plan, int t, int side,
+                                                        reshard_layout_t **layout);
+
 /* Byte counts are in the destination dtype. Definitions in DESIGN.md section 5. */
 typedef struct reshard_plan_stats {
     uint64_t net_bytes;          /* over the network, all ranks */

@@ -41,21 +41,6 @@ static reshard_status_t fill_ballot(struct reshard_comm *c, struct reshard_plan 
     return RESHARD_OK;
 }
 
-/* The planner takes FP8 destinations (planner/quant.h); the executor does not quantize yet, and
- * the scales tensors the plan adds have no buffers from the caller: refuse such plans here,
- * before any rank runs one, rather than move bytes into the wrong places. */
-static reshard_status_t refuse_quantized(const char *fn, const struct rs_plan *p)
-{
-    for (int t = 0; t < p->ntensors; t++)
-        if (p->tensors[t].quant != PLAN_QUANT_NONE)
-            return rs_error(RESHARD_ERR_INVALID_ARG,
-                            "%s: tensor '%s' has a quantized destination (quant=), which the "
-                            "executor does not run yet; reshard_plan_create and reshard-plan "
-                            "plan it offline",
-                            fn, p->tensors[t].name);
-    return RESHARD_OK;
-}
-
 reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_tensor_t *tensors,
                                           int ntensors, const reshard_plan_config_t *config,
                                           reshard_plan_t **plan)
@@ -83,8 +68,6 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
                                     .coalesce_bytes = exec_coalesce_bytes()};
     mine.status =
         api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, comm->rank, &h->p);
-    if (mine.status == RESHARD_OK)
-        mine.status = refuse_quantized(__func__, h->p);
     if (mine.status == RESHARD_OK && algo != RESHARD_ALGO_RESHARD && comm->nmembers < comm->size)
         mine.status = rs_error(RESHARD_ERR_INVALID_ARG,
                                "%s: the direct and broadcast baselines need every rank; a shrunk "

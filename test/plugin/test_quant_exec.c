@@ -465,3 +465,103 @@ Test(quant_exec, the_direct_baseline_quantizes_alike)
                         .refits = 1};
     all_ok(run_ranks(4, refit_and_check), 4);
 }
+
+/* Rank 2 passes its weight as device memory: quantizing on the way runs on host buffers only.
+ * Every rank is told before any byte moves, naming the tensor, and the communicator stays
+ * usable: the same plan then runs on host buffers and is checked. */
+static reshard_status_t device_weight_on_rank2(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct qside x;
+    reshard_status_t st = qside_open(&x, comm, rank, qc.src, qc.dst);
+    reshard_layout_info_t info = {0};
+    if (st == RESHARD_OK)
+        st = reshard_layout_info(x.l[0][1], &info);
+    if (st != RESHARD_OK) {
+        qside_close(&x);
+        return st;
+    }
+    struct ref r;
+    ref_make(&r, info.shape[0], info.shape[1], 0);
+    qside_fill(&x, rank, &r, 0);
+    if (rank == 2)
+        x.b[0].mem = RESHARD_MEM_CUDA;
+    st = reshard_plan_execute(x.plan, x.b);
+    char why[256];
+    snprintf(why, sizeof(why), "%s", reshard_last_error());
+    x.b[0].mem = RESHARD_MEM_HOST;
+    char bad[200] = "";
+    if (st != RESHARD_OK && reshard_plan_execute(x.plan, x.b) != RESHARD_OK)
+        st = rs_error(RESHARD_ERR_INTERNAL, "the host run after the refusal: %s",
+                      reshard_last_error());
+    else if (st != RESHARD_OK && qside_wrong(&x, rank, &r, bad, sizeof(bad)))
+        st = rs_error(RESHARD_ERR_INTERNAL, "the host run after the refusal: %s", bad);
+    else if (st != RESHARD_OK)
+        st = rs_error(st, "%s", why);
+    /* run_ranks destroys no communicator of a failed rank: leave together, so that no rank
+     * exits while another still waits for its acknowledgement */
+    char msg[256];
+    snprintf(msg, sizeof(msg), "%s", reshard_last_error());
+    if (st != RESHARD_OK && reshard_comm_barrier(comm) != RESHARD_OK)
+        st = rs_error(RESHARD_ERR_INTERNAL, "barrier: %s", reshard_last_error());
+    else if (st != RESHARD_OK)
+        st = rs_error(st, "%s", msg); /* the barrier's entry cleared it */
+    ref_free(&r);
+    qside_close(&x);
+    return st;
+}
+
+Test(quant_exec, device_buffers_for_a_tensor_quantized_on_the_way_are_refused_on_every_rank)
+{
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 place=S(0)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1};
+    struct outcome *o = run_ranks(4, device_weight_on_rank2);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(o[r].status, r == 2 ? RESHARD_ERR_INVALID_ARG : RESHARD_ERR_REMOTE,
+                     "rank %d: %s", r, o[r].msg);
+        cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is quantized on the way "
+                                   "(bf16 -> fp8e4m3), which the executor does on host buffers"),
+                  "rank %d: %s", r, o[r].msg);
+    }
+}
+
+Test(quant_exec, plan_tensor_queries_name_the_scales_and_refuse_what_is_not_there)
+{
+    reshard_layout_t *s = parse("shape=256x256 dtype=bf16 ranks=0-1 place=S(0)");
+    reshard_layout_t *d = parse("shape=256x256 dtype=fp8e4m3 ranks=2-3 place=S(1) " BLOCK);
+    reshard_tensor_t t[2] = {{"a.weight", s, d}, {"b", s, d}};
+    reshard_topo_t *topo = NULL;
+    cr_assert_eq(reshard_topo_create(4, 2, NULL, &topo), RESHARD_OK);
+    reshard_plan_t *p = NULL;
+    cr_assert_eq(reshard_plan_create(t, 2, topo, NULL, &p), RESHARD_OK, "%s", reshard_last_error());
+    cr_assert_eq(reshard_plan_ntensors(p), 4);
+    cr_assert_str_eq(reshard_plan_tensor_name(p, 2), "a.weight_scale_inv");
+    cr_assert_str_eq(reshard_plan_tensor_name(p, 3), "b.scale");
+    cr_assert_null(reshard_plan_tensor_name(p, 4));
+    cr_assert_null(reshard_plan_tensor_name(p, -1));
+    reshard_layout_t *l = NULL;
+    cr_assert_eq(reshard_plan_tensor_layout(p, 2, 1, &l), RESHARD_OK);
+    reshard_layout_info_t info;
+    cr_assert_eq(reshard_layout_info(l, &info), RESHARD_OK);
+    cr_assert_eq(info.shape[0], 2);
+    cr_assert_eq(info.shape[1], 2);
+    cr_assert_eq(info.elem_size, 4, "float32 scales");
+    size_t bytes = 0;
+    cr_assert_eq(reshard_layout_shard_bytes(l, 3, &bytes), RESHARD_OK);
+    cr_assert_eq(bytes, 2 * 1 * 4, "rank 3 holds the second block column");
+    reshard_layout_destroy(l);
+    cr_assert_eq(reshard_plan_tensor_layout(p, 4, 0, &l), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(reshard_last_error(), "tensor 4 side 0: the plan has 4 tensors"), "%s",
+              reshard_last_error());
+    cr_assert_eq(reshard_plan_tensor_layout(p, 0, 2, &l), RESHARD_ERR_INVALID_ARG);
+    cr_assert_eq(reshard_plan_ntensors(NULL), 0);
+    reshard_plan_destroy(p);
+    reshard_topo_destroy(topo);
+    reshard_layout_destroy(s);
+    reshard_layout_destroy(d);
+}

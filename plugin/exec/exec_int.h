@@ -95,7 +95,8 @@ void exec_bufs_release(char **buf, int n, struct reshard_comm *c);
  * XBUF_STAGE): a CAST weight's FP8 values of this rank's source shard and its scales tensor
  * whole (float32), as this rank quantizes them before sending; a CAST weight's destination
  * shard in the source dtype, where what crosses unquantized lands. done: per scales tensor,
- * the blocks computed this run, as a sender [0, n) and as a receiver [n, 2n). */
+ * the blocks done this run: scales computed as a sender [0, n), as a receiver [n, 2n), blocks
+ * cast as a sender [2n, 3n). */
 struct qgeo;
 struct exec_quant {
     char **qsrc, **stage; /* [ntensors + 1] */

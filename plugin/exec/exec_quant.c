@@ -91,7 +91,7 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
         const struct plan_tensor *ps = &plan->tensors[pw->scales];
         uint64_t nscales = (uint64_t)layout_numel(&ps->dst);
         if (!q->done[pw->scales] &&
-            !(q->done[pw->scales] = rs_calloc(2 * nscales + 1, 1, "quantized blocks")))
+            !(q->done[pw->scales] = rs_calloc(3 * nscales + 1, 1, "quantized blocks")))
             return RESHARD_ERR_NO_MEMORY;
         if (qsrc) { /* the sender's FP8 values, and the scales it computes for them */
             RS_CHECK(alloc_buf(&q->qsrc[w], span_elems(&pw->src_map, rank), &q->bytes));
@@ -204,18 +204,6 @@ static int64_t geo_at(const struct qgeo *g, const int64_t *gi)
     return region_view_at(g->view, g->shape, g->ndim, lin);
 }
 
-static float load_f32(const char *base, int64_t at, enum rs_dtype t)
-{
-    if (t == RS_DTYPE_F32) {
-        float v;
-        memcpy(&v, base + at * 4, sizeof(v));
-        return v;
-    }
-    uint16_t h;
-    memcpy(&h, base + at * 2, sizeof(h));
-    return t == RS_DTYPE_BF16 ? rs_bf16_to_f32(h) : rs_f16_to_f32(h);
-}
-
 static enum rs_fp8 fp8_of(enum rs_dtype t)
 {
     return t == RS_DTYPE_FP8E5M2 ? RS_FP8_E5M2 : RS_FP8_E4M3;
@@ -276,18 +264,85 @@ static int64_t row_major(int ndim, const int64_t *shape, const int64_t *at)
     return lin;
 }
 
+/* The row-major local index of the first element of at's row (its last coordinate aside), and
+ * an element of that row: whole rows are walked with one lookup per element. */
+static int64_t geo_row(const struct qgeo *g, const int64_t *at)
+{
+    int64_t lin = 0;
+    for (int d = 0; d + 1 < g->ndim; d++)
+        lin = lin * g->shape[d] + g->loc[d][at[d]];
+    return lin * g->shape[g->ndim - 1];
+}
+
+static inline int64_t geo_elem(const struct qgeo *g, int64_t row, int64_t j)
+{
+    int64_t lin = row + g->loc[g->ndim - 1][j];
+    return g->view ? region_view_at(g->view, g->shape, g->ndim, lin) : lin;
+}
+
+/* Whether row [j0, j1) is one run of consecutive elements (no view, no gap): *first its first. */
+static int geo_run(const struct qgeo *g, int64_t row, int64_t j0, int64_t j1, int64_t *first)
+{
+    const int64_t *l = g->loc[g->ndim - 1];
+    if (g->view || j1 <= j0)
+        return 0;
+    for (int64_t j = j0 + 1; j < j1; j++)
+        if (l[j] != l[j0] + (j - j0))
+            return 0;
+    *first = row + l[j0];
+    return 1;
+}
+
+static float elem_f32(const char *base, int64_t at, enum rs_dtype dt)
+{
+    uint16_t h;
+    float v;
+    if (dt == RS_DTYPE_F32) {
+        memcpy(&v, base + at * 4, sizeof(v));
+        return v;
+    }
+    memcpy(&h, base + at * 2, sizeof(h));
+    return dt == RS_DTYPE_BF16 ? rs_bf16_to_f32(h) : rs_f16_to_f32(h);
+}
+
+/* The rows of the box [lo, hi): an odometer over every dim but the last. */
+static int row_next(int ndim, const int64_t *lo, const int64_t *hi, int64_t *at)
+{
+    return ndim > 1 && box_next(ndim - 1, lo, hi, at);
+}
+
+/* The largest |x| of row [j0, j1) of base. */
+static float row_amax(float amax, const char *base, const struct qgeo *g, int64_t row, int64_t j0,
+                      int64_t j1, enum rs_dtype dt)
+{
+    int64_t at;
+    if (geo_run(g, row, j0, j1, &at)) { /* the usual case: a plain loop the compiler unrolls */
+        if (dt == RS_DTYPE_BF16)
+            for (int64_t j = 0; j < j1 - j0; j++)
+                amax = rs_amax_step(amax, elem_f32(base, at + j, RS_DTYPE_BF16));
+        else
+            for (int64_t j = 0; j < j1 - j0; j++)
+                amax = rs_amax_step(amax, elem_f32(base, at + j, dt));
+        return amax;
+    }
+    for (int64_t j = j0; j < j1; j++)
+        amax = rs_amax_step(amax, elem_f32(base, geo_elem(g, row, j), dt));
+    return amax;
+}
+
 /* A block's scale from its elements in buffer base at geometry g. */
 static float block_scale(const struct rs_layout *w, const int64_t *b, const char *base,
                          const struct qgeo *g, enum rs_dtype dt)
 {
     int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS], at[RS_MAX_DIMS];
+    int nd = w->ndim;
     block_box(w, b, NULL, NULL, lo, hi);
     float amax = 0;
-    memcpy(at, lo, (size_t)w->ndim * sizeof(*at));
-    if (!box_empty(w->ndim, lo, hi))
+    memcpy(at, lo, (size_t)nd * sizeof(*at));
+    if (!box_empty(nd, lo, hi))
         do
-            amax = rs_amax_step(amax, load_f32(base, geo_at(g, at), dt));
-        while (box_next(w->ndim, lo, hi, at));
+            amax = row_amax(amax, base, g, geo_row(g, at), lo[nd - 1], hi[nd - 1], dt);
+        while (row_next(nd, lo, hi, at));
     return rs_fp8_scale(amax, fp8_of(w->dtype));
 }
 
@@ -297,13 +352,22 @@ static void cast_box(const struct rs_layout *w, const int64_t *lo, const int64_t
                      const struct qgeo *go)
 {
     int64_t at[RS_MAX_DIMS];
+    int nd = w->ndim;
     enum rs_fp8 f = fp8_of(w->dtype);
-    memcpy(at, lo, (size_t)w->ndim * sizeof(*at));
-    if (box_empty(w->ndim, lo, hi))
+    memcpy(at, lo, (size_t)nd * sizeof(*at));
+    if (box_empty(nd, lo, hi))
         return;
-    do
-        out[geo_at(go, at)] = rs_f32_to_fp8(load_f32(base, geo_at(gs, at), dt) / scale, f);
-    while (box_next(w->ndim, lo, hi, at));
+    do {
+        int64_t rs = geo_row(gs, at), ro = geo_row(go, at), fs, fo, j0 = lo[nd - 1];
+        if (geo_run(gs, rs, j0, hi[nd - 1], &fs) && geo_run(go, ro, j0, hi[nd - 1], &fo)) {
+            for (int64_t j = 0; j < hi[nd - 1] - j0; j++)
+                out[fo + j] = rs_f32_to_fp8(elem_f32(base, fs + j, dt) / scale, f);
+            continue;
+        }
+        for (int64_t j = lo[nd - 1]; j < hi[nd - 1]; j++)
+            out[geo_elem(go, ro, j)] =
+                rs_f32_to_fp8(elem_f32(base, geo_elem(gs, rs, j), dt) / scale, f);
+    } while (row_next(nd, lo, hi, at));
 }
 
 /* ---- the sender ---- */
@@ -339,14 +403,17 @@ static void quantize_sends(struct exec *x, uint32_t w, const reshard_buffers_t *
     s.src = x->quant.geo[2 * w];
     if (!s.scales || !x->quant.qsrc[w] || !s.base || !s.src)
         return; /* exec_quant_check refused such buffers */
-    memset(s.done, 0, (size_t)layout_numel(&s.ps->dst));
+    int64_t nscales = layout_numel(&s.ps->dst);
+    uint8_t *cast = s.done + 2 * nscales; /* blocks cast, as a sender */
+    memset(s.done, 0, (size_t)nscales);
+    memset(cast, 0, (size_t)nscales);
     int nd = s.pw->dst.ndim;
     for (size_t i = 0; i < x->xs.n; i++) {
         const struct xfer *xf = &x->xs.x[i];
         if (xf->src != me || xf->src_buf != XBUF_QSRC || (xf->tensor != w && xf->tensor != st))
             continue;
         const int64_t *start = x->xs.coords + xf->box, *len = start + nd;
-        int64_t blo[RS_MAX_DIMS], bhi[RS_MAX_DIMS], b[RS_MAX_DIMS], chi[RS_MAX_DIMS];
+        int64_t blo[RS_MAX_DIMS], bhi[RS_MAX_DIMS], b[RS_MAX_DIMS];
         if (xf->tensor == st) { /* scales the plan sends from here */
             for (int d = 0; d < nd; d++)
                 blo[d] = start[d], bhi[d] = start[d] + len[d];
@@ -355,15 +422,17 @@ static void quantize_sends(struct exec *x, uint32_t w, const reshard_buffers_t *
         }
         if (box_empty(nd, blo, bhi))
             continue;
-        for (int d = 0; d < nd; d++)
-            chi[d] = start[d] + len[d];
         memcpy(b, blo, (size_t)nd * sizeof(*b));
         do {
             float scale = send_scale(&s, b);
-            if (xf->tensor != w)
+            int64_t k = row_major(nd, s.ps->dst.shape, b);
+            if (xf->tensor != w || cast[k])
                 continue;
+            /* the whole block, once: this rank holds it whole, and other boxes of it (slices
+             * for other domains, local copies) read the same values */
+            cast[k] = 1;
             int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS];
-            block_box(&s.pw->dst, b, start, chi, lo, hi);
+            block_box(&s.pw->dst, b, NULL, NULL, lo, hi);
             cast_box(&s.pw->dst, lo, hi, scale, s.base, s.src, s.pw->src.dtype,
                      (uint8_t *)x->quant.qsrc[w], s.src);
         } while (box_next(nd, blo, bhi, b));

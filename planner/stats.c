@@ -13,6 +13,14 @@ static void op_stats(const struct rs_plan *p, struct plan_stats *s, struct plan_
         const struct plan_op *op = &p->ops[i];
         int64_t bytes = plan_op_bytes(p, op);
         s->nops[op->kind]++;
+        if (p->tensors[op->tensor].quant == PLAN_QUANT_CAST) {
+            const struct plan_tensor *t = &p->tensors[op->tensor];
+            int64_t q = (int64_t)dtype_size(t->dst.dtype);
+            for (int d = 0; d < t->dst.ndim; d++)
+                q *= plan_op_len(p, op)[d];
+            s->quant_bytes += q;
+            s->quant_at_src_bytes += op->at_src ? q : 0;
+        }
         switch ((enum plan_op_kind)op->kind) {
         case PLAN_OP_SELF:
             s->self_bytes += bytes;

@@ -22,6 +22,9 @@ struct plan_stats {
     int max_nic_rank; /* -1 when nothing crosses the network */
     int64_t min_net_bytes, gather_bcast_bytes, lb_nic_bytes;
     size_t nops[4]; /* by enum plan_op_kind */
+    /* FP8 bytes written into the destinations of tensors quantized on the way, and of them those
+     * their senders quantized (the rest landed in the source dtype, quantized where they landed) */
+    int64_t quant_bytes, quant_at_src_bytes;
 };
 
 /* per_rank may be NULL; else it has topo.nranks entries. */

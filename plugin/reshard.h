@@ -193,6 +193,12 @@ typedef struct reshard_plan_stats {
     uint64_t net_ops, local_ops, fwd_ops, self_ops;
     double plan_ms; /* time reshard_plan_create spent planning */
     int ntensors, world_size, ndomains;
+    /* FP8 destinations quantized on the way (quant=, from bf16/f16/f32): the FP8 bytes written
+     * into them, and the percentage of those their senders quantized (the network then carries
+     * FP8); the rest crossed in the source dtype and was quantized where it landed. 0 and 0
+     * without such tensors. */
+    uint64_t quant_bytes;
+    double quant_at_source_pct;
 } reshard_plan_stats_t;
 
 typedef struct reshard_rank_stats {

@@ -29,8 +29,18 @@ static reshard_status_t fill_ballot(struct reshard_comm *c, struct reshard_plan 
     b->local_out = own.local_out;
     b->self = own.self;
     b->plan_ms = p->plan_ms;
-    for (size_t i = 0; i < p->nops; i++)
-        b->ops[p->ops[i].kind] += p->ops[i].src == c->rank;
+    for (size_t i = 0; i < p->nops; i++) {
+        const struct plan_op *op = &p->ops[i];
+        b->ops[op->kind] += op->src == c->rank;
+        const struct plan_tensor *t = &p->tensors[op->tensor];
+        if (t->quant != PLAN_QUANT_CAST || op->dst != c->rank)
+            continue; /* counted once, by the rank it lands on */
+        uint64_t q = dtype_size(t->dst.dtype);
+        for (int d = 0; d < t->dst.ndim; d++)
+            q *= (uint64_t)plan_op_len(p, op)[d];
+        b->quant += q;
+        b->quant_at_src += op->at_src ? q : 0;
+    }
     struct plan_rank_bounds rb;
     RS_CHECK(plan_rank_bounds(p, c->rank, &rb));
     b->in_domain = (uint64_t)rb.in_domain;

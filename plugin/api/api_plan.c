@@ -331,6 +331,9 @@ reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_sta
         .ntensors = p->ntensors,
         .world_size = p->topo.nranks,
         .ndomains = p->topo.ndomains,
+        .quant_bytes = (uint64_t)s.quant_bytes,
+        .quant_at_source_pct =
+            s.quant_bytes ? 100.0 * (double)s.quant_at_src_bytes / (double)s.quant_bytes : 0.0,
     };
     for (int k = 0; r && k < p->topo.nranks; k++)
         ranks[k] = (reshard_rank_stats_t){

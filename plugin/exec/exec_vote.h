@@ -34,6 +34,8 @@ struct exec_plan_ballot {
     uint64_t net_out, net_in, local_out, self;
     uint64_t ops[4];             /* plan ops it sends, by enum plan_op_kind */
     uint64_t in_domain, lb_part; /* its parts of min_net_bytes and lb_nic_bytes */
+    /* FP8 bytes it receives quantized on the way, and of them by their senders */
+    uint64_t quant, quant_at_src;
     double plan_ms;
 };
 

@@ -100,6 +100,8 @@ class PlanStats(ctypes.Structure):
         ("ntensors", ctypes.c_int),
         ("world_size", ctypes.c_int),
         ("ndomains", ctypes.c_int),
+        ("quant_bytes", ctypes.c_uint64),
+        ("quant_at_source_pct", ctypes.c_double),
     ]
 
 

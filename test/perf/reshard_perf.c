@@ -341,7 +341,7 @@ static int check_pair(const reshard_layout_t *s, const reshard_layout_t *d, int 
         *why = "--src and --dst differ in shape or dtype";
     else if (has_view(sf) || has_view(df))
         *why = "local views (buffer, offset, view, strides) are not supported by reshard_perf";
-    if (strcmp(st, dt) || spec_item(df, "quant", NULL, 0)) /* quantized: bf16>e4m3 */
+    if (strcmp(st, dt)) /* quantized on the way: bf16>e4m3 */
         snprintf(type, 16, "%.6s>%.6s", st, strncmp(dt, "fp8", 3) ? dt : dt + 3);
     else
         snprintf(type, 16, "%s", st);

@@ -33,6 +33,7 @@ struct qcase {
 static struct qcase qc; /* set before the ranks fork */
 /* What every rank reports beside its status: the network bytes of the FP8 and bf16 refits. */
 static uint64_t *net_fp8, *net_bf16;
+static double *at_src_pct; /* reshard_plan_stats' quant_at_source_pct, per rank */
 
 /* The source's value at (i, j) in refit `it`: signs, magnitudes that change every 64 rows and
  * columns, a block of zeros, a NaN, and values small enough to go subnormal in FP8. */
@@ -300,6 +301,9 @@ static reshard_status_t refit_and_check(int rank, int size, reshard_comm_t *comm
         st = rs_error(RESHARD_ERR_INTERNAL, "rank %d: the plan has %d tensors, the second '%s'",
                       rank, x.nt, x.nt > 1 ? reshard_plan_tensor_name(x.plan, 1) : "");
     uint64_t fp8 = 0;
+    reshard_plan_stats_t ps;
+    if (st == RESHARD_OK && (st = reshard_plan_stats(x.plan, &ps, NULL)) == RESHARD_OK)
+        at_src_pct[rank] = ps.quant_at_source_pct;
     for (int it = 0; st == RESHARD_OK && it < qc.refits; it++) {
         struct ref r;
         ref_make(&r, info.shape[0], info.shape[1], it);
@@ -340,16 +344,17 @@ static void setup(void)
     setenv("RESHARD_DOMAIN_SIZE", "2", 1);
     setenv("RESHARD_TIMEOUT", "20", 1);
     setenv("UCX_LOG_LEVEL", "error", 1);
-    net_fp8 = mmap(NULL, 2 * MAX_RANKS * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+    net_fp8 = mmap(NULL, 3 * MAX_RANKS * sizeof(uint64_t), PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     cr_assert_neq(net_fp8, MAP_FAILED);
-    memset(net_fp8, 0, 2 * MAX_RANKS * sizeof(uint64_t));
+    memset(net_fp8, 0, 3 * MAX_RANKS * sizeof(uint64_t));
     net_bf16 = net_fp8 + MAX_RANKS;
+    at_src_pct = (double *)(void *)(net_fp8 + 2 * MAX_RANKS);
 }
 
 static void teardown(void)
 {
-    munmap(net_fp8, 2 * MAX_RANKS * sizeof(uint64_t));
+    munmap(net_fp8, 3 * MAX_RANKS * sizeof(uint64_t));
 }
 
 TestSuite(quant_exec, .init = setup, .fini = teardown, .timeout = 120);
@@ -372,6 +377,8 @@ Test(quant_exec, aligned_bf16_sources_quantize_at_the_senders_and_halve_the_netw
                 "%llu bytes, bf16 refit %llu (%.3f x)",
                 (unsigned long long)fp8, (unsigned long long)bf, (double)fp8 / (double)bf);
     cr_assert_gt(fp8, 0);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(at_src_pct[r], 100.0, "rank %d: every block quantized at its sender", r);
     cr_assert_leq(fp8 * 100, bf * 51, "FP8 %llu bytes, bf16 %llu", (unsigned long long)fp8,
                   (unsigned long long)bf);
 }
@@ -388,6 +395,9 @@ Test(quant_exec, uneven_sources_that_cut_blocks_land_staged_and_quantize_where_t
                         .ec = 128,
                         .refits = 2};
     all_ok(run_ranks(4, refit_and_check), 4);
+    /* of the 4 block rows, 0 (rows 0-127, on rank 0) and 3 (384-511, on rank 2) are held whole */
+    cr_assert_eq(at_src_pct[0], 50.0, "the world's figure, from the plan vote: %f", at_src_pct[0]);
+    cr_assert_eq(at_src_pct[3], at_src_pct[0]);
 }
 
 Test(quant_exec, a_partial_last_block_and_columns_cut_inside_blocks)

@@ -420,3 +420,21 @@ Test(reshard_plan, excluded_ranks_are_replaced_by_replicas_or_reported_lost, .ti
     snprintf(args, sizeof(args), "%s --exclude one", pair);
     cr_assert_eq(plan(args), 2, "%s", out);
 }
+
+Test(reshard_plan, quantized_destinations_report_the_share_quantized_at_the_senders, .timeout = 60)
+{
+    /* 512 rows on 3 ranks: block rows 0 and 3 are held whole (FP8 on the wire), 1 and 2 not */
+    const char *args = "--src 'shape=512x128 dtype=bf16 ranks=0-2 place=S(0)' --dst "
+                       "'shape=512x128 dtype=fp8e5m2 ranks=4-5 place=S(0) quant=block(128,64)' "
+                       "--domain-size 2";
+    cr_assert_eq(plan(args), 0, "%s", out);
+    cr_assert_eq(value_of("quant_bytes"), 512 * 128, "%s", out);
+    cr_assert(strstr(out, "\nquant_at_source_pct 50.0\n"), "%s", out);
+    cr_assert(strstr(out, "\nvalid yes\n"), "%s", out);
+    char json_args[512];
+    snprintf(json_args, sizeof(json_args), "%s --json", args);
+    cr_assert_eq(plan(json_args), 0, "%s", out);
+    cr_assert(strstr(out, "\"quant_at_source_pct\": 50.0"), "%s", out);
+    cr_assert_eq(plan("--src 'shape=64x64 ranks=0-3 place=S(1)' --dst 'shape=64x64 ranks=4-7'"), 0);
+    cr_assert_null(strstr(out, "quant_"), "no such lines without a quantized destination");
+}

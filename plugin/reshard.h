@@ -371,7 +371,10 @@ typedef struct reshard_buffers {
     reshard_mem_t mem;
 } reshard_buffers_t;
 
-/* Collective over the plan's communicator: moves every tensor; bufs[t] for tensor t. Returns
+/* Collective over the plan's communicator: moves every tensor; bufs[t] for tensor t, with
+ * reshard_plan_ntensors(plan) entries (the scales tensors of FP8 destinations after the
+ * caller's; tensors quantized on the way need host buffers, and are quantized by their senders
+ * where these hold whole blocks, else where they land: docs/layouts.md). Returns
  * when this rank's destination shards are complete and the ranks it sent to have theirs, so its
  * source shards may be reused. A buffer smaller than its shard fails on every rank before any
  * byte moves (RESHARD_ERR_BUFFER; the communicator stays usable); a second call while one runs
@@ -406,7 +409,8 @@ typedef enum reshard_tensor_state {
 } reshard_tensor_state_t;
 
 /* After reshard_plan_execute, failed or not: the state of each tensor's destination on this
- * rank (states[t] for tensor t, in the order the plan was made; with a manifest, its names).
+ * rank (states[t] for tensor t, in the order the plan was made; with a manifest, its names;
+ * reshard_plan_ntensors entries, the scales tensors included).
  * A tensor counts as complete once every receive and copy into it completed, so after a
  * failure the tensors that no failed peer contributed to are usually complete, and a complete
  * one holds the new values. Local: needs no other rank, and works on a communicator that

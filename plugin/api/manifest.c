@@ -303,9 +303,9 @@ static reshard_status_t tensor_of(struct reshard_manifest *m, struct spec_cache 
          it_ && (key = J()->object_iter_key(it_)) && (v = J()->object_iter_value(it_));
          it_ = J()->object_iter_next((json_t *)t, it_)) {
         if (strcmp(key, "name") && strcmp(key, "shape") && strcmp(key, "dtype") &&
-            strcmp(key, "src") && strcmp(key, "dst"))
+            strcmp(key, "src") && strcmp(key, "dst") && strcmp(key, "dst_dtype"))
             return manifest_bad(&w, key, RESHARD_ERR_SPEC_SYNTAX,
-                                "unknown key (name, shape, dtype, src, dst)");
+                                "unknown key (name, shape, dtype, dst_dtype, src, dst)");
     }
     const json_t *name = J()->object_get(t, "name");
     if (!json_is_string(name) || !*J()->string_value(name))
@@ -315,10 +315,17 @@ static reshard_status_t tensor_of(struct reshard_manifest *m, struct spec_cache 
     w.name = J()->string_value(name);
     if (!(m->names[i] = strdup(w.name)))
         return rs_error(RESHARD_ERR_NO_MEMORY, "manifest: no memory for names");
-    char sd[256];
+    char sd[256], dd[256];
     RS_CHECK(shape_dtype_of(&w, t, sd, sizeof(sd)));
+    /* an FP8 destination of a bf16 weight (its quant on the dst side) has a dtype of its own */
+    const json_t *dst_dtype = J()->object_get(t, "dst_dtype");
+    if (dst_dtype && !json_is_string(dst_dtype))
+        return manifest_bad(&w, "dst_dtype", RESHARD_ERR_SPEC_SYNTAX, "is %s, not a string",
+                            type_name(dst_dtype));
+    snprintf(dd, sizeof(dd), "%.*s dtype=%.32s", (int)(strstr(sd, " dtype=") - sd), sd,
+             dst_dtype ? J()->string_value(dst_dtype) : strstr(sd, " dtype=") + 7);
     RS_CHECK(layout_of(m, c, &w, "src", J()->object_get(t, "src"), sd, &m->layouts[2 * i]));
-    RS_CHECK(layout_of(m, c, &w, "dst", J()->object_get(t, "dst"), sd, &m->layouts[2 * i + 1]));
+    RS_CHECK(layout_of(m, c, &w, "dst", J()->object_get(t, "dst"), dd, &m->layouts[2 * i + 1]));
     m->tensors[i] = (reshard_tensor_t){m->names[i], m->layouts[2 * i], m->layouts[2 * i + 1]};
     return RESHARD_OK;
 }

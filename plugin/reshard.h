@@ -236,7 +236,8 @@ typedef struct reshard_cluster {
 } reshard_cluster_t;
 
 typedef struct reshard_prediction {
-    /* indexed by reshard_algo_t: RESHARD, DIRECT, BCAST */
+    /* indexed by reshard_algo_t: RESHARD, DIRECT, BCAST; -1 for BCAST on a plan with quantized
+     * tensors, which the broadcast baseline does not move */
     double seconds[3];
     uint64_t max_nic_bytes[3], max_nvlink_bytes[3], max_msgs[3];
 } reshard_prediction_t;

@@ -42,6 +42,15 @@ Rank-order assumptions (what the placements below rest on):
     inference side views into vLLM's fused_qkv_a_proj buffer.
   * Vocabularies here divide evenly by every tp used, so a padded local buffer (Megatron pads
     to 128*tp) holds its shard at offset 0 and needs no view.
+--infer-quant block128 writes the FP8 inference side the published FP8 checkpoints serve
+(DeepSeek-V3, Kimi-K2, Qwen3 FP8): every linear weight of the decoder layers (the *_proj.weight
+tensors: attention, dense and shared MLPs, experts) as fp8e4m3 with a float32 scale per 128x128
+block (dst_dtype fp8e4m3, quant=block(128,128)), quantized on the way from the training dtype;
+embeddings, lm_head, norms and routers stay as they are. Each such tensor's scales tensor is
+added by the planner and named as those checkpoints name it (x.weight -> x.weight_scale_inv).
+Inference shards must then hold whole blocks (vLLM requires the same): choose --infer so that
+each rank's rows and columns of every quantized weight are multiples of 128 (for DeepSeek-V3
+and Kimi-K2, tp=8 with ep).
 --no-views drops the buffers and views: every tensor then lives alone and contiguous in its own
 buffer (for tools that give each tensor its own memory, such as reshard_perf --manifest).
 --scale K divides the hidden sizes (hidden, intermediate, expert intermediate, LoRA ranks,
@@ -241,8 +250,9 @@ def stages(layers, pp):
 
 
 class Writer:
-    def __init__(self, m, train, infer, dtype):
+    def __init__(self, m, train, infer, dtype, quant=None):
         self.m, self.train, self.infer, self.dtype = m, train, infer, dtype
+        self.quant = quant
         self.tensors = []
         self.names = set()
         self.buffers = {}  # shared buffer -> elements on every rank that holds it
@@ -250,7 +260,11 @@ class Writer:
     def add(self, name, shape, src, dst):
         assert name not in self.names, name
         self.names.add(name)
-        self.tensors.append(dict(name=name, shape=shape, dtype=self.dtype, src=src, dst=dst))
+        t = dict(name=name, shape=shape, dtype=self.dtype, src=src, dst=dst)
+        if self.quant and name.startswith("model.layers.") and name.endswith("_proj.weight"):
+            t["dst_dtype"] = "fp8e4m3"
+            t["dst"] = f"{dst} quant={self.quant}"
+        self.tensors.append(t)
 
     def both(self, name, shape, p_train, p_infer, src_place, dst_place):
         """A dense weight: tensor-parallel on both sides, replicated over data parallel."""
@@ -360,9 +374,9 @@ def moe(w, pre, m, pt, pi):
         w.add(f"{x}.down_proj.weight", [H, I], side(tr, tm, ["R", "S(1)"]), dn_dst)
 
 
-def build(model, m, train, infer, dtype):
+def build(model, m, train, infer, dtype, quant=None):
     """The tensors and the sizes of the buffers they share."""
-    w = Writer(m, train, infer, dtype)
+    w = Writer(m, train, infer, dtype, quant)
     H, L = m["hidden"], m["layers"]
     tst, ist = stages(L, train.pp), stages(L, infer.pp)
     stage_of = lambda st, l: next(p for p, r in enumerate(st) if l in r)  # noqa: E731
@@ -393,6 +407,8 @@ def main(argv):
     ap.add_argument("--scale", type=int, default=1, help="divide hidden sizes by K (1)")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--no-views", action="store_true", help="no shared buffers or views")
+    ap.add_argument("--infer-quant", choices=("none", "block128"), default="none",
+                    help="the FP8 inference side of the published FP8 checkpoints (none)")
     ap.add_argument("-o", "--output", default="-", help="file (default: stdout)")
     a = ap.parse_args(argv)
     try:
@@ -410,7 +426,8 @@ def main(argv):
         infer = Infer(icfg, train.world, m["experts"])
         if a.domain_size < 1:
             raise Error("--domain-size must be at least 1")
-        tensors, buffers = build(a.model, m, train, infer, a.dtype)
+        quant = {"none": None, "block128": "block(128,128)"}[a.infer_quant]
+        tensors, buffers = build(a.model, m, train, infer, a.dtype, quant)
         if a.no_views:
             buffers = {}
             for t in tensors:
@@ -425,7 +442,7 @@ def main(argv):
         "domains": {"size": a.domain_size},
         "buffers": buffers,
         "meta": {"model": a.model, "train": a.train, "infer": a.infer, "scale": a.scale,
-                 "views": not a.no_views,
+                 "views": not a.no_views, "infer_quant": a.infer_quant,
                  "train_ranks": train.world, "infer_ranks": infer.world},
         "tensors": tensors,
     }

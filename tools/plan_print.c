@@ -180,6 +180,10 @@ int plan_print_prediction(const reshard_plan_t *plan, const reshard_cluster_t *c
            spec);
     for (int a = 0; a < 3; a++) {
         char nic[32], nvl[32];
+        if (p.seconds[a] < 0) {
+            printf("predicted_%s_s n/a   (it does not move quantized tensors)\n", names[a]);
+            continue;
+        }
         human(nic, sizeof(nic), p.max_nic_bytes[a]);
         human(nvl, sizeof(nvl), p.max_nvlink_bytes[a]);
         printf("predicted_%s_s %.6f   (busiest NIC %s, busiest NVLink %s, at most %" PRIu64

@@ -137,8 +137,15 @@ reshard_status_t predict_plan(const struct rs_plan *p, const reshard_cluster_t *
         return RESHARD_ERR_NO_MEMORY;
     reshard_prediction_t res = {0};
     reshard_status_t st = RESHARD_OK;
+    int quantized = 0; /* the broadcast baseline does not move quantized tensors */
+    for (int t = 0; t < p->ntensors; t++)
+        quantized |= p->tensors[t].quant != PLAN_QUANT_NONE;
     for (int a = RESHARD_ALGO_RESHARD; a <= RESHARD_ALGO_BCAST && st == RESHARD_OK; a++) {
         struct xfer_set xs;
+        if (a == RESHARD_ALGO_BCAST && quantized) {
+            res.seconds[a] = -1;
+            continue;
+        }
         st = xfer_build(p, (reshard_algo_t)a, &xs);
         if (st == RESHARD_OK)
             st = loads_of(p, &xs, n, l);

@@ -438,3 +438,37 @@ Test(reshard_plan, quantized_destinations_report_the_share_quantized_at_the_send
     cr_assert_eq(plan("--src 'shape=64x64 ranks=0-3 place=S(1)' --dst 'shape=64x64 ranks=4-7'"), 0);
     cr_assert_null(strstr(out, "quant_"), "no such lines without a quantized destination");
 }
+
+/* --infer-quant block128: every decoder linear weight FP8 with 128x128 block scales, quantized
+ * by the training ranks (each holds whole weights): about half the bytes of the bf16 refit. */
+Test(reshard_plan, an_fp8_inference_side_quantizes_at_the_senders_and_halves_the_bytes,
+     .timeout = 180)
+{
+    long long net[2];
+    for (int q = 0; q < 2; q++) {
+        char path[] = "/tmp/reshard-gen-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert_geq(fd, 0);
+        close(fd);
+        char gargs[256];
+        snprintf(gargs, sizeof(gargs),
+                 "--model qwen3-30b-a3b --train ep=8,pp=2,dp=8 --infer tp=4,dp=2,ep=8%s",
+                 q ? " --infer-quant block128" : "");
+        int rc = gen(gargs, path);
+        cr_assert_eq(rc, 0, "%s", out);
+        char args[256];
+        snprintf(args, sizeof(args), "--manifest %s", path);
+        rc = plan(args);
+        unlink(path);
+        cr_assert_eq(rc, 0, "%s", out);
+        cr_assert(strstr(out, "\nvalid yes"), "%s", out);
+        net[q] = value_of("net_bytes");
+        cr_assert_eq(net[q], value_of("min_net_bytes"), "%s", out);
+        if (q)
+            cr_assert(strstr(out, "\nquant_at_source_pct 100.0\n"), "%s", out);
+        else
+            cr_assert_null(strstr(out, "quant_"), "%s", out);
+    }
+    cr_assert_gt(net[1], 0);
+    cr_assert_leq(net[1] * 100, net[0] * 52, "FP8 %lld bytes, bf16 %lld", net[1], net[0]);
+}

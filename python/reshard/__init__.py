@@ -442,6 +442,13 @@ class Plan:
         _check(_native.lib().reshard_comm_plan_create(comm._h, arr, n, ctypes.byref(cfg),
                                                       ctypes.byref(handle)))
         self._h = handle
+        extra = _native.lib().reshard_plan_ntensors(handle) - n
+        if extra:  # bufs[] would be short: the library would read past it
+            self.close()
+            _fail("ERR_INVALID_ARG",
+                  "the plan adds %d scales tensor(s) for FP8 destinations (quant=), whose "
+                  "buffers the Python binding does not pass yet: run such plans through the C "
+                  "API (reshard_plan_ntensors, reshard_plan_tensor_layout)" % extra)
         if _manifest is not None:
             self._sides = list(_manifest.layouts)
         else:

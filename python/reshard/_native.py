@@ -133,6 +133,7 @@ _SIGNATURES = {
     "reshard_layout_shard_index": (_S, [_P, _I, _I, ctypes.POINTER(ctypes.c_int64)]),
     "reshard_layout_shard_bytes": (_S, [_P, _I, ctypes.POINTER(ctypes.c_size_t)]),
     "reshard_plan_destroy": (None, [_P]),
+    "reshard_plan_ntensors": (_I, [_P]),
     "reshard_plan_hash": (ctypes.c_uint64, [_P]),
     "reshard_plan_stats": (_S, [_P, ctypes.POINTER(PlanStats), _P]),
     "reshard_plan_outcome": (_S, [_P, ctypes.POINTER(ctypes.c_int)]),

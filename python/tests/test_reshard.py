@@ -149,6 +149,35 @@ def refit_rank(uid, rank, size, out):
         out.put((rank, -1, None, None, traceback.format_exc()))
 
 
+def fp8_plan_rank(uid, out):
+    try:
+        comm = reshard.Comm(uid, 0, 1)
+        try:
+            reshard.Plan(comm, [("l.weight", "shape=128x128 dtype=bf16 ranks=0 place=R",
+                                 "shape=128x128 dtype=fp8e4m3 ranks=0 place=R "
+                                 "quant=block(128,128)")])
+            got = ("OK", "")
+        except reshard.ReshardError as e:
+            got = (e.name, e.message)
+        comm.close()
+        out.put((None, got))
+    except Exception:
+        out.put((traceback.format_exc(), None))
+
+
+class Fp8(unittest.TestCase):
+    def test_a_plan_with_scales_tensors_is_refused_rather_than_given_short_buffers(self):
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        p = ctx.Process(target=fp8_plan_rank, args=(reshard.unique_id(), out))
+        p.start()
+        err, got = out.get(timeout=120)
+        p.join(30)
+        self.assertIsNone(err, err)
+        self.assertEqual(got[0], "ERR_INVALID_ARG", got)
+        self.assertIn("adds 1 scales tensor(s) for FP8 destinations", got[1])
+
+
 @unittest.skipIf(np is None, "numpy is not installed (apt-get install python3-numpy)")
 class Refits(unittest.TestCase):
     def test_numpy_refit_across_four_local_processes(self):

@@ -28,6 +28,7 @@ struct qcase {
     int64_t er, ec;
     reshard_algo_t algo;
     int refits;
+    int64_t src_off, dst_off; /* the weight's shards start this many elements into its buffers */
 };
 
 static struct qcase qc; /* set before the ranks fork */
@@ -190,8 +191,8 @@ static void qside_fill(struct qside *x, int rank, const struct ref *r, int it)
 {
     struct shard s;
     shard_of(x->l[0][0], rank, &s);
-    uint8_t *w = (uint8_t *)x->b[0].src;
     size_t es = qc.src_kind == 3 ? 1 : qc.src_kind == 2 ? 4 : 2;
+    uint8_t *w = (uint8_t *)x->b[0].src + (size_t)qc.src_off * es;
     for (int64_t i = 0; i < s.shape[0]; i++)
         for (int64_t j = 0; j < s.shape[1]; j++) {
             uint8_t *at = w + (size_t)(i * s.shape[1] + j) * es;
@@ -232,7 +233,7 @@ static int64_t qside_wrong(const struct qside *x, int rank, const struct ref *r,
         }
     shard_free(&s);
     shard_of(x->l[0][1], rank, &s);
-    const uint8_t *q = x->b[0].dst;
+    const uint8_t *q = (const uint8_t *)x->b[0].dst + qc.dst_off;
     for (int64_t i = 0; i < s.shape[0]; i++)
         for (int64_t j = 0; j < s.shape[1]; j++) {
             uint8_t want = r->q[s.rows[i] * r->cols + s.cols[j]], got = q[i * s.shape[1] + j];
@@ -411,6 +412,25 @@ Test(quant_exec, a_partial_last_block_and_columns_cut_inside_blocks)
                         .er = 128,
                         .ec = 128,
                         .refits = 1};
+    all_ok(run_ranks(4, refit_and_check), 4);
+}
+
+Test(quant_exec, shards_placed_at_offsets_in_their_buffers)
+{
+    /* a weight inside a fused buffer on both sides (as vLLM's fused_qkv_a_proj): the source's
+     * values are read, and the destination's written, at their offsets; blocks quantized at the
+     * senders and where they land alike */
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0) buffer=fused "
+                               "offset=1000",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) "
+                               "buffer=fused offset=333 " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1,
+                        .src_off = 1000,
+                        .dst_off = 333};
     all_ok(run_ranks(4, refit_and_check), 4);
 }
 

@@ -95,6 +95,22 @@ static inline void pq_free(struct perf_quant *q)
     free(q->have);
 }
 
+/* float32 -> f16 bits, truncating (any rule does, as long as the fill and the reference
+ * agree): NaN stays NaN, values below f16's normal range become zero, above it the largest
+ * finite. Not _Float16: not every compiler has it on every target. */
+static inline uint16_t f16_bits_of(float v)
+{
+    uint32_t u = rs_f32_bits(v), s = (u >> 16) & 0x8000;
+    int e = (int)((u >> 23) & 0xff) - 127 + 15;
+    if ((u & 0x7fffffff) > 0x7f800000)
+        return (uint16_t)(s | 0x7e00);
+    if (e <= 0)
+        return (uint16_t)s;
+    if (e >= 31)
+        return (uint16_t)(s | 0x7bff);
+    return (uint16_t)(s | (uint32_t)e << 10 | ((u >> 13) & 0x3ff));
+}
+
 /* The value at global index g, stored in the source dtype and read back as float32. Not
  * inlined: GCC 12 at -O2, inlining such a round trip into a loop, dropped the bf16 truncation. */
 __attribute__((noinline)) static float pq_value(const struct perf_quant *q, uint64_t key, int64_t g,
@@ -111,9 +127,7 @@ __attribute__((noinline)) static float pq_value(const struct perf_quant *q, uint
         return rs_bf16_to_f32(h);
     }
     if (kind == 1) {
-        _Float16 h = (_Float16)v;
-        uint16_t bits;
-        memcpy(&bits, &h, 2);
+        uint16_t bits = f16_bits_of(v);
         if (out)
             memcpy(out, &bits, 2);
         return rs_f16_to_f32(bits);

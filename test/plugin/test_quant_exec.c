@@ -48,6 +48,22 @@ static float value_at(int64_t i, int64_t j, int it)
     return ldexpf((float)((i * 131 + j * 71 + it * 17) % 1001 - 500) / 500.0f, e);
 }
 
+/* float32 -> f16 bits, truncating (any rule does, as long as the fill and the reference
+ * agree): NaN stays NaN, values below f16's normal range become zero, above it the largest
+ * finite. Not _Float16: not every compiler has it on every target. */
+static inline uint16_t f16_bits_of(float v)
+{
+    uint32_t u = rs_f32_bits(v), s = (u >> 16) & 0x8000;
+    int e = (int)((u >> 23) & 0xff) - 127 + 15;
+    if ((u & 0x7fffffff) > 0x7f800000)
+        return (uint16_t)(s | 0x7e00);
+    if (e <= 0)
+        return (uint16_t)s;
+    if (e >= 31)
+        return (uint16_t)(s | 0x7bff);
+    return (uint16_t)(s | (uint32_t)e << 10 | ((u >> 13) & 0x3ff));
+}
+
 /* The value as the source dtype stores it, and read back. Not inlined: GCC 12 at -O2, inlining
  * it into ref_make's loop, dropped the bf16 truncation (the float's low bits came back). */
 __attribute__((noinline)) static float stored(float v, int kind, uint8_t *out)
@@ -59,9 +75,7 @@ __attribute__((noinline)) static float stored(float v, int kind, uint8_t *out)
         return rs_bf16_to_f32(h);
     }
     if (kind == 1) {
-        _Float16 h = (_Float16)v;
-        uint16_t bits;
-        memcpy(&bits, &h, 2);
+        uint16_t bits = f16_bits_of(v);
         if (out)
             memcpy(out, &bits, 2);
         return rs_f16_to_f32(bits);

@@ -231,8 +231,10 @@ static reshard_status_t add_scales(struct rs_plan *p, int w, int i, const char *
     RS_CHECK(quant_check_aligned(&pw->dst_map, &pw->dst, pw->name, "destination"));
     if (pw->quant == PLAN_QUANT_MOVE)
         RS_CHECK(quant_check_aligned(&pw->src_map, &pw->src, pw->name, "source"));
-    struct rs_layout src, dst;
-    quant_scales_layout(&pw->src, pw->quant == PLAN_QUANT_CAST, &src);
+    /* A CAST source has no blocks of its own: its scales are those of the destination's. */
+    struct rs_layout src, dst, wsrc = pw->src;
+    wsrc.quant = pw->dst.quant;
+    quant_scales_layout(&wsrc, pw->quant == PLAN_QUANT_CAST, &src);
     quant_scales_layout(&pw->dst, 0, &dst);
     RS_CHECK(set_sides(p, t, &src, &dst));
     RS_CHECK(quant_check_follow(&pw->dst_map, &t->dst_map, pw->name));

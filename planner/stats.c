@@ -13,6 +13,14 @@ static void op_stats(const struct rs_plan *p, struct plan_stats *s, struct plan_
         const struct plan_op *op = &p->ops[i];
         int64_t bytes = plan_op_bytes(p, op);
         s->nops[op->kind]++;
+        if (p->tensors[op->tensor].quant == PLAN_QUANT_CAST) {
+            const struct plan_tensor *t = &p->tensors[op->tensor];
+            int64_t q = (int64_t)dtype_size(t->dst.dtype);
+            for (int d = 0; d < t->dst.ndim; d++)
+                q *= plan_op_len(p, op)[d];
+            s->quant_bytes += q;
+            s->quant_at_src_bytes += op->at_src ? q : 0;
+        }
         switch ((enum plan_op_kind)op->kind) {
         case PLAN_OP_SELF:
             s->self_bytes += bytes;
@@ -185,28 +193,6 @@ free_bounds:
     return st;
 }
 
-void plan_quant_counts(const struct rs_plan *p, int rank, struct plan_quant_counts *out)
-{
-    *out = (struct plan_quant_counts){0};
-    for (size_t i = 0; i < p->nops; i++) {
-        const struct plan_op *o = &p->ops[i];
-        if (o->kind != PLAN_OP_NET || p->tensors[o->tensor].quant != PLAN_QUANT_CAST ||
-            (rank != PLAN_ALL_RANKS && o->src != rank))
-            continue;
-        const int64_t *len = plan_op_len(p, o);
-        int64_t n = 1;
-        for (int d = 0; d < p->tensors[o->tensor].dst.ndim; d++)
-            n *= len[d];
-        out->net_elems += n;
-        out->at_src_elems += o->at_src ? n : 0;
-    }
-}
-
-double plan_quant_at_source_pct(const struct plan_quant_counts *q)
-{
-    return q->net_elems ? 100.0 * (double)q->at_src_elems / (double)q->net_elems : -1.0;
-}
-
 reshard_status_t plan_stats_compute(const struct rs_plan *p, struct plan_stats *s,
                                     struct plan_rank_stats *per_rank)
 {
@@ -215,7 +201,6 @@ reshard_status_t plan_stats_compute(const struct rs_plan *p, struct plan_stats *
         return RESHARD_ERR_NO_MEMORY;
     struct plan_stats out = {0};
     op_stats(p, &out, r);
-    plan_quant_counts(p, PLAN_ALL_RANKS, &out.quant);
     reshard_status_t st = layout_bounds(p, &out);
     if (st == RESHARD_OK) { /* outputs only on success */
         *s = out;

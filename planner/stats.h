@@ -22,21 +22,14 @@ struct plan_stats {
     int max_nic_rank; /* -1 when nothing crosses the network */
     int64_t min_net_bytes, gather_bcast_bytes, lb_nic_bytes;
     size_t nops[4]; /* by enum plan_op_kind */
-    struct plan_quant_counts {
-        /* elements of weights quantized on the way (CAST) in network ops, and of those the
-         * ones their senders quantized (the rest travel in the source dtype) */
-        int64_t net_elems, at_src_elems;
-    } quant;
+    /* FP8 bytes written into the destinations of tensors quantized on the way, and of them those
+     * their senders quantized (the rest landed in the source dtype, quantized where they landed) */
+    int64_t quant_bytes, quant_at_src_bytes;
 };
 
 /* per_rank may be NULL; else it has topo.nranks entries. */
 reshard_status_t plan_stats_compute(const struct rs_plan *p, struct plan_stats *s,
                                     struct plan_rank_stats *per_rank);
-
-/* The quant counts of the network ops sent by rank (PLAN_ALL_RANKS: by every rank). */
-void plan_quant_counts(const struct rs_plan *p, int rank, struct plan_quant_counts *out);
-/* The share of at_src_elems in net_elems, in percent; -1 when no such element crosses. */
-double plan_quant_at_source_pct(const struct plan_quant_counts *q);
 
 /* What cell c of pt costs crossing into one domain (a quantized destination's cells cost FP8
  * plus their scales where the source quantizes them, else the source dtype). */

@@ -52,7 +52,7 @@ RESHARD_API void reshard_log_set_failures(int warn);
 
 typedef struct reshard_layout reshard_layout_t;
 
-/* Parses a layout spec (docs/layouts.md), e.g.
+/* Parses a layout spec (DESIGN.md section 4), e.g.
  *   "shape=7168x2048 dtype=bf16 ranks=0-7,16-23 mesh=2x8 place=R,S(1)"
  * shape is required; dtype defaults to bf16; ranks to 0..world_size-1 (or 0..mesh size-1 when
  * mesh is given); mesh to 1-D over the ranks; place to R on every mesh dim. world_size may be
@@ -163,8 +163,24 @@ RESHARD_API reshard_status_t reshard_plan_validate(const reshard_plan_t *plan);
 RESHARD_API uint64_t reshard_plan_hash(const reshard_plan_t *plan);
 RESHARD_API void reshard_plan_destroy(reshard_plan_t *plan);
 
-/* Byte counts are in the dtype the bytes travel in: the destination's, or for an FP8 destination
- * quantized where it lands, the source's. Definitions in docs/figures.md. */
+/* A plan's tensors: the caller's, in order, then one scales tensor (float32) for each tensor
+ * whose destination is quantized (quant=block(R,C), channel or tensor with an fp8 dtype), in
+ * the order of their weights, named after them (a name ending ".weight" gets
+ * ".weight_scale_inv", as vLLM names them, any other ".scale" appended). reshard_plan_execute
+ * takes bufs[] with reshard_plan_ntensors entries and reshard_plan_outcome fills as many: the
+ * scales' destination buffers, laid out as reshard_plan_tensor_layout says, receive the
+ * dequantization multipliers. A weight quantized on the way (bf16, f16 or f32 source) has its
+ * scales computed by the library: their source buffers are ignored (pass NULL); from an FP8
+ * source with the same blocks, weights and scales are two plain tensors, both the caller's. */
+RESHARD_API int reshard_plan_ntensors(const reshard_plan_t *plan);
+/* Tensor t's name (valid until the plan is destroyed), or NULL when t is out of range. */
+RESHARD_API const char *reshard_plan_tensor_name(const reshard_plan_t *plan, int t);
+/* A copy of tensor t's source (side 0) or destination (side 1) layout, to size its buffers
+ * (reshard_layout_shard_bytes): the caller destroys it. */
+RESHARD_API reshard_status_t reshard_plan_tensor_layout(const reshard_plan_t *plan, int t, int side,
+                                                        reshard_layout_t **layout);
+
+/* Byte counts are in the destination dtype. Definitions in DESIGN.md section 5. */
 typedef struct reshard_plan_stats {
     uint64_t net_bytes;          /* over the network, all ranks */
     uint64_t min_net_bytes;      /* what must cross: from the layouts, not the plan */
@@ -177,9 +193,11 @@ typedef struct reshard_plan_stats {
     uint64_t net_ops, local_ops, fwd_ops, self_ops;
     double plan_ms; /* time reshard_plan_create spent planning */
     int ntensors, world_size, ndomains;
-    /* Of the elements of FP8-quantized destinations (quant=) that cross the network, the
-     * percentage their senders quantized (the rest cross in the source dtype and are quantized
-     * where they land); -1 when none crosses. */
+    /* FP8 destinations quantized on the way (quant=, from bf16/f16/f32): the FP8 bytes written
+     * into them, and the percentage of those their senders quantized (the network then carries
+     * FP8); the rest crossed in the source dtype and was quantized where it landed. 0 and 0
+     * without such tensors. */
+    uint64_t quant_bytes;
     double quant_at_source_pct;
 } reshard_plan_stats_t;
 
@@ -218,7 +236,9 @@ typedef struct reshard_cluster {
 } reshard_cluster_t;
 
 typedef struct reshard_prediction {
-    /* indexed by reshard_algo_t: RESHARD, DIRECT, BCAST */
+    /* indexed by reshard_algo_t: RESHARD, DIRECT, BCAST. For an FP8 destination quantized on
+     * the way, BCAST is what users do today: broadcast the source dtype, quantize where it
+     * lands */
     double seconds[3];
     uint64_t max_nic_bytes[3], max_nvlink_bytes[3], max_msgs[3];
 } reshard_prediction_t;
@@ -231,7 +251,7 @@ RESHARD_API reshard_status_t reshard_plan_predict(const reshard_plan_t *plan,
 
 typedef struct reshard_manifest reshard_manifest_t;
 
-/* Reads a manifest (docs/manifest.md): JSON with version 1, world_size, optional domains
+/* Reads a manifest (DESIGN.md section 4): JSON with version 1, world_size, optional domains
  * ({"size": N} or {"of_rank": [...]}), optional buffers ({"name": size in elements}) and
  * tensors, each {name, shape, dtype, src, dst}, a side being a spec string without shape and
  * dtype or an object {ranks, mesh, place, buffer, offset, view, strides}. Every side is
@@ -353,7 +373,10 @@ typedef struct reshard_buffers {
     reshard_mem_t mem;
 } reshard_buffers_t;
 
-/* Collective over the plan's communicator: moves every tensor; bufs[t] for tensor t. Returns
+/* Collective over the plan's communicator: moves every tensor; bufs[t] for tensor t, with
+ * reshard_plan_ntensors(plan) entries (the scales tensors of FP8 destinations after the
+ * caller's; tensors quantized on the way need host buffers, and are quantized by their senders
+ * where these hold whole blocks, else where they land: docs/layouts.md). Returns
  * when this rank's destination shards are complete and the ranks it sent to have theirs, so its
  * source shards may be reused. A buffer smaller than its shard fails on every rank before any
  * byte moves (RESHARD_ERR_BUFFER; the communicator stays usable); a second call while one runs
@@ -388,7 +411,8 @@ typedef enum reshard_tensor_state {
 } reshard_tensor_state_t;
 
 /* After reshard_plan_execute, failed or not: the state of each tensor's destination on this
- * rank (states[t] for tensor t, in the order the plan was made; with a manifest, its names).
+ * rank (states[t] for tensor t, in the order the plan was made; with a manifest, its names;
+ * reshard_plan_ntensors entries, the scales tensors included).
  * A tensor counts as complete once every receive and copy into it completed, so after a
  * failure the tensors that no failed peer contributed to are usually complete, and a complete
  * one holds the new values. Local: needs no other rank, and works on a communicator that

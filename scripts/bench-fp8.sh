@@ -32,7 +32,7 @@ trap 'rm -rf "$tmp"' EXIT INT TERM
 # whole 128-row blocks, as vLLM's block-FP8 layers require)
 cases() {
     cat <<'CASES'
-dsv3|DeepSeek-V3, PP16 x EP16 (DP16) -> TP8 x DP32|deepseek-v3|tp=1,pp=16,ep=16,dp=16|tp=8,dp=32
+dsv3|DeepSeek-V3, PP16 x EP16 (DP16) -> TP8 x DP32 with EP256|deepseek-v3|tp=1,pp=16,ep=16,dp=16|tp=8,dp=32,ep=256
 kimi|Kimi-K2, PP16 x EP16 (DP16) -> TP8 x DP16 with EP128|kimi-k2|pp=16,ep=16,dp=16|tp=8,dp=16,ep=128
 qwen235|Qwen3-235B, TP2 x CP2 x PP4 x DP4, EP16 -> TP8 x DP8 with EP64|qwen3-235b-a22b|tp=2,cp=2,pp=4,dp=4,ep=16|tp=8,dp=8,ep=64
 CASES

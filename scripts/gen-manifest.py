@@ -42,12 +42,16 @@ Rank-order assumptions (what the placements below rest on):
     inference side views into vLLM's fused_qkv_a_proj buffer.
   * Vocabularies here divide evenly by every tp used, so a padded local buffer (Megatron pads
     to 128*tp) holds its shard at offset 0 and needs no view.
---infer-quant block128 writes the inference side as the published FP8 checkpoints of these
-models lay it out (DeepSeek-V3, Kimi-K2 and Qwen3 FP8: 128 x 128 blocks): every linear weight
-(the *_proj and *_mqa matrices, experts included) is fp8e4m3 with quant=block(128,128), its
-float32 scales the tensor that the plan adds beside it (x.weight -> x.weight_scale_inv, as vLLM
-names them); embeddings, lm_head, norms and routers stay in --dtype. --infer-quant channel
-takes one scale per output row instead (as per-channel FP8 checkpoints of Llama do).
+--infer-quant block128 writes the FP8 inference side the published FP8 checkpoints serve
+(DeepSeek-V3, Kimi-K2, Qwen3 FP8): every linear weight of the decoder layers (the *_proj.weight
+tensors: attention, dense and shared MLPs, experts) as fp8e4m3 with a float32 scale per 128x128
+block (dst_dtype fp8e4m3, quant=block(128,128)), kv_a_proj_with_mqa included, quantized on the
+way from the training dtype;
+embeddings, lm_head, norms and routers stay as they are. Each such tensor's scales tensor is
+added by the planner and named as those checkpoints name it (x.weight -> x.weight_scale_inv).
+Inference shards must then hold whole blocks (vLLM requires the same): choose --infer so that
+each rank's rows and columns of every quantized weight are multiples of 128 (for DeepSeek-V3
+and Kimi-K2, tp=8 with ep).
 --no-views drops the buffers and views: every tensor then lives alone and contiguous in its own
 buffer (for tools that give each tensor its own memory, such as reshard_perf --manifest).
 --scale K divides the hidden sizes (hidden, intermediate, expert intermediate, LoRA ranks,
@@ -246,17 +250,10 @@ def stages(layers, pp):
     return out
 
 
-QUANT = {"none": None, "block128": "block(128,128)", "channel": "channel"}
-
-
-def quantized(name, shape):
-    """The weights FP8 checkpoints quantize: the linear layers' matrices."""
-    return len(shape) == 2 and name.endswith(("_proj.weight", "_mqa.weight"))
-
-
 class Writer:
     def __init__(self, m, train, infer, dtype, quant=None):
-        self.m, self.train, self.infer, self.dtype, self.quant = m, train, infer, dtype, quant
+        self.m, self.train, self.infer, self.dtype = m, train, infer, dtype
+        self.quant = quant
         self.tensors = []
         self.names = set()
         self.buffers = {}  # shared buffer -> elements on every rank that holds it
@@ -265,7 +262,10 @@ class Writer:
         assert name not in self.names, name
         self.names.add(name)
         t = dict(name=name, shape=shape, dtype=self.dtype, src=src, dst=dst)
-        if self.quant and quantized(name, shape):
+        # the decoder's linear weights; kv_a_proj_with_mqa too (its *_scale_inv is in the
+        # DeepSeek-V3 and Kimi-K2 FP8 checkpoints)
+        linear = name.endswith(("_proj.weight", "_proj_with_mqa.weight"))
+        if self.quant and name.startswith("model.layers.") and linear:
             t["dst_dtype"] = "fp8e4m3"
             t["dst"] = f"{dst} quant={self.quant}"
         self.tensors.append(t)
@@ -411,8 +411,8 @@ def main(argv):
     ap.add_argument("--scale", type=int, default=1, help="divide hidden sizes by K (1)")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--no-views", action="store_true", help="no shared buffers or views")
-    ap.add_argument("--infer-quant", choices=sorted(QUANT), default="none",
-                    help="FP8 inference weights: block128 (128x128 blocks) or channel (none)")
+    ap.add_argument("--infer-quant", choices=("none", "block128"), default="none",
+                    help="the FP8 inference side of the published FP8 checkpoints (none)")
     ap.add_argument("-o", "--output", default="-", help="file (default: stdout)")
     a = ap.parse_args(argv)
     try:
@@ -430,7 +430,8 @@ def main(argv):
         infer = Infer(icfg, train.world, m["experts"])
         if a.domain_size < 1:
             raise Error("--domain-size must be at least 1")
-        tensors, buffers = build(a.model, m, train, infer, a.dtype, QUANT[a.infer_quant])
+        quant = {"none": None, "block128": "block(128,128)"}[a.infer_quant]
+        tensors, buffers = build(a.model, m, train, infer, a.dtype, quant)
         if a.no_views:
             buffers = {}
             for t in tensors:

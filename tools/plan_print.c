@@ -74,9 +74,10 @@ void plan_print_tail(const reshard_plan_stats_t *s, int valid)
     printf("local_bytes %" PRIu64 "\n", s->local_bytes);
     printf("max_nic_bytes %" PRIu64 "\n", s->max_nic_bytes);
     printf("lb_nic_bytes %" PRIu64 "\n", s->lb_nic_bytes);
-    if (s->quant_at_source_pct >= 0) /* only where FP8 destinations cross the network */
-        printf("quant_at_source_pct %.1f\n", s->quant_at_source_pct);
     printf("plan_ms %.3f\n", s->plan_ms);
+    if (s->quant_bytes) /* FP8 destinations quantized on the way */
+        printf("quant_bytes %" PRIu64 "\nquant_at_source_pct %.1f\n", s->quant_bytes,
+               s->quant_at_source_pct);
     printf("valid %s\n", valid ? "yes" : "no");
 }
 
@@ -128,8 +129,9 @@ void plan_print_json(const struct plan_report *rep)
            s->net_bytes, s->min_net_bytes, s->gather_bcast_bytes, s->local_bytes, s->self_bytes,
            s->max_nic_bytes, s->max_nic_rank, s->lb_nic_bytes, s->plan_ms,
            rep->valid ? "true" : "false");
-    if (s->quant_at_source_pct >= 0)
-        printf(",\n  \"quant_at_source_pct\": %.1f", s->quant_at_source_pct);
+    if (s->quant_bytes)
+        printf(",\n  \"quant_bytes\": %" PRIu64 ",\n  \"quant_at_source_pct\": %.1f",
+               s->quant_bytes, s->quant_at_source_pct);
     if (!rep->valid) {
         printf(",\n  \"error\": ");
         json_string(rep->why);

@@ -29,8 +29,18 @@ static reshard_status_t fill_ballot(struct reshard_comm *c, struct reshard_plan 
     b->local_out = own.local_out;
     b->self = own.self;
     b->plan_ms = p->plan_ms;
-    for (size_t i = 0; i < p->nops; i++)
-        b->ops[p->ops[i].kind] += p->ops[i].src == c->rank;
+    for (size_t i = 0; i < p->nops; i++) {
+        const struct plan_op *op = &p->ops[i];
+        b->ops[op->kind] += op->src == c->rank;
+        const struct plan_tensor *t = &p->tensors[op->tensor];
+        if (t->quant != PLAN_QUANT_CAST || op->dst != c->rank)
+            continue; /* counted once, by the rank it lands on */
+        uint64_t q = dtype_size(t->dst.dtype);
+        for (int d = 0; d < t->dst.ndim; d++)
+            q *= (uint64_t)plan_op_len(p, op)[d];
+        b->quant += q;
+        b->quant_at_src += op->at_src ? q : 0;
+    }
     struct plan_rank_bounds rb;
     RS_CHECK(plan_rank_bounds(p, c->rank, &rb));
     b->in_domain = (uint64_t)rb.in_domain;
@@ -38,24 +48,19 @@ static reshard_status_t fill_ballot(struct reshard_comm *c, struct reshard_plan 
                                         (uint64_t)rb.dst_ranks
                                   : 0;
     b->lb_part = share > (uint64_t)rb.forced ? share : (uint64_t)rb.forced;
-    struct plan_quant_counts q;
-    plan_quant_counts(p, c->rank, &q);
-    b->quant_net = (uint64_t)q.net_elems;
-    b->quant_at_src = (uint64_t)q.at_src_elems;
     return RESHARD_OK;
 }
 
-/* The planner takes FP8 destinations (planner/quant.h); the executor does not quantize yet, and
- * the scales tensors the plan adds have no buffers from the caller: refuse such plans here,
- * before any rank runs one, rather than move bytes into the wrong places. */
-static reshard_status_t refuse_quantized(const char *fn, const struct rs_plan *p)
+/* The broadcast baseline measures what users do today with an FP8 destination (broadcast the
+ * training dtype, quantize where it lands: reshard_plan_predict models that), but its
+ * executor moves bytes and does not quantize. */
+static reshard_status_t refuse_bcast_quantized(const char *fn, const struct rs_plan *p)
 {
     for (int t = 0; t < p->ntensors; t++)
         if (p->tensors[t].quant != PLAN_QUANT_NONE)
             return rs_error(RESHARD_ERR_INVALID_ARG,
-                            "%s: tensor '%s' has a quantized destination (quant=), which the "
-                            "executor does not run yet; reshard_plan_create and reshard-plan "
-                            "plan it offline",
+                            "%s: tensor '%s' has a quantized destination, which the broadcast "
+                            "baseline does not run (RESHARD_ALGO_RESHARD and _DIRECT do)",
                             fn, p->tensors[t].name);
     return RESHARD_OK;
 }
@@ -87,13 +92,13 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
                                     .coalesce_bytes = exec_coalesce_bytes()};
     mine.status =
         api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, comm->rank, &h->p);
-    if (mine.status == RESHARD_OK)
-        mine.status = refuse_quantized(__func__, h->p);
     if (mine.status == RESHARD_OK && algo != RESHARD_ALGO_RESHARD && comm->nmembers < comm->size)
         mine.status = rs_error(RESHARD_ERR_INVALID_ARG,
                                "%s: the direct and broadcast baselines need every rank; a shrunk "
                                "communicator runs RESHARD_ALGO_RESHARD",
                                __func__);
+    if (mine.status == RESHARD_OK && algo == RESHARD_ALGO_BCAST)
+        mine.status = refuse_bcast_quantized(__func__, h->p);
     /* The executor connects to its peers through the network context, which serves one
      * caller at a time: from here to the vote the communicator is held. */
     struct rs_saved_error why;

@@ -180,6 +180,42 @@ void reshard_plan_destroy(reshard_plan_t *plan)
     free(plan);
 }
 
+int reshard_plan_ntensors(const reshard_plan_t *plan)
+{
+    return plan ? plan->p->ntensors : 0;
+}
+
+const char *reshard_plan_tensor_name(const reshard_plan_t *plan, int t)
+{
+    if (!plan || t < 0 || t >= plan->p->ntensors)
+        return NULL;
+    return plan->p->tensors[t].name;
+}
+
+reshard_status_t reshard_plan_tensor_layout(const reshard_plan_t *plan, int t, int side,
+                                            reshard_layout_t **layout)
+{
+    api_enter();
+    if (!plan || !layout)
+        return api_null_arg(__func__, plan ? "layout" : "plan");
+    const struct rs_plan *p = plan->p;
+    if (t < 0 || t >= p->ntensors || (side != 0 && side != 1))
+        return api_leave(__func__, rs_error(RESHARD_ERR_INVALID_ARG,
+                                            "%s: tensor %d side %d: the plan has %d tensors, "
+                                            "sides 0 (source) and 1 (destination)",
+                                            __func__, t, side, p->ntensors));
+    struct reshard_layout *h = rs_calloc(1, sizeof(*h), "layout");
+    if (!h)
+        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
+    reshard_status_t st = layout_copy(side ? &p->tensors[t].dst : &p->tensors[t].src, &h->l);
+    if (st != RESHARD_OK) {
+        free(h);
+        return api_leave(__func__, st);
+    }
+    *layout = h;
+    return RESHARD_OK;
+}
+
 /* Messages per rank of the reshard transfers a plan of every rank would run. */
 static reshard_status_t rank_msgs(const reshard_plan_t *plan, reshard_rank_stats_t *ranks)
 {
@@ -295,7 +331,9 @@ reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_sta
         .ntensors = p->ntensors,
         .world_size = p->topo.nranks,
         .ndomains = p->topo.ndomains,
-        .quant_at_source_pct = plan_quant_at_source_pct(&s.quant),
+        .quant_bytes = (uint64_t)s.quant_bytes,
+        .quant_at_source_pct =
+            s.quant_bytes ? 100.0 * (double)s.quant_at_src_bytes / (double)s.quant_bytes : 0.0,
     };
     for (int k = 0; r && k < p->topo.nranks; k++)
         ranks[k] = (reshard_rank_stats_t){

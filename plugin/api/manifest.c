@@ -265,12 +265,9 @@ static reshard_status_t layout_of(struct reshard_manifest *m, struct spec_cache 
     return RESHARD_OK;
 }
 
-/* " shape=... dtype=..." of tensor t, with its dtype_key ("dtype", or "dst_dtype" for a
- * destination of another dtype, such as an FP8 one). */
-static reshard_status_t shape_dtype_of(const struct where *w, const json_t *t,
-                                       const char *dtype_key, char *buf, size_t n)
+static reshard_status_t shape_dtype_of(const struct where *w, const json_t *t, char *buf, size_t n)
 {
-    const json_t *shape = J()->object_get(t, "shape"), *dtype = J()->object_get(t, dtype_key);
+    const json_t *shape = J()->object_get(t, "shape"), *dtype = J()->object_get(t, "dtype");
     if (!json_is_array(shape) || !J()->array_size(shape) || J()->array_size(shape) > 8)
         return manifest_bad(w, "shape", RESHARD_ERR_SPEC_SYNTAX,
                             shape ? "is %s, not an array of 1 to 8 sizes" : "missing%s",
@@ -286,9 +283,9 @@ static reshard_status_t shape_dtype_of(const struct where *w, const json_t *t,
                                 (long long)J()->integer_value(e));
     }
     if (!dtype)
-        return manifest_bad(w, dtype_key, RESHARD_ERR_SPEC_SYNTAX, "missing");
+        return manifest_bad(w, "dtype", RESHARD_ERR_SPEC_SYNTAX, "missing");
     if (!json_is_string(dtype))
-        return manifest_bad(w, dtype_key, RESHARD_ERR_SPEC_SYNTAX, "is %s, not a string",
+        return manifest_bad(w, "dtype", RESHARD_ERR_SPEC_SYNTAX, "is %s, not a string",
                             type_name(dtype));
     snprintf(buf + len, n - len, " dtype=%s", J()->string_value(dtype));
     return RESHARD_OK;
@@ -306,7 +303,7 @@ static reshard_status_t tensor_of(struct reshard_manifest *m, struct spec_cache 
          it_ && (key = J()->object_iter_key(it_)) && (v = J()->object_iter_value(it_));
          it_ = J()->object_iter_next((json_t *)t, it_)) {
         if (strcmp(key, "name") && strcmp(key, "shape") && strcmp(key, "dtype") &&
-            strcmp(key, "dst_dtype") && strcmp(key, "src") && strcmp(key, "dst"))
+            strcmp(key, "src") && strcmp(key, "dst") && strcmp(key, "dst_dtype"))
             return manifest_bad(&w, key, RESHARD_ERR_SPEC_SYNTAX,
                                 "unknown key (name, shape, dtype, dst_dtype, src, dst)");
     }
@@ -319,11 +316,14 @@ static reshard_status_t tensor_of(struct reshard_manifest *m, struct spec_cache 
     if (!(m->names[i] = strdup(w.name)))
         return rs_error(RESHARD_ERR_NO_MEMORY, "manifest: no memory for names");
     char sd[256], dd[256];
-    RS_CHECK(shape_dtype_of(&w, t, "dtype", sd, sizeof(sd)));
-    if (J()->object_get(t, "dst_dtype"))
-        RS_CHECK(shape_dtype_of(&w, t, "dst_dtype", dd, sizeof(dd)));
-    else
-        memcpy(dd, sd, sizeof(dd));
+    RS_CHECK(shape_dtype_of(&w, t, sd, sizeof(sd)));
+    /* an FP8 destination of a bf16 weight (its quant on the dst side) has a dtype of its own */
+    const json_t *dst_dtype = J()->object_get(t, "dst_dtype");
+    if (dst_dtype && !json_is_string(dst_dtype))
+        return manifest_bad(&w, "dst_dtype", RESHARD_ERR_SPEC_SYNTAX, "is %s, not a string",
+                            type_name(dst_dtype));
+    snprintf(dd, sizeof(dd), "%.*s dtype=%.32s", (int)(strstr(sd, " dtype=") - sd), sd,
+             dst_dtype ? J()->string_value(dst_dtype) : strstr(sd, " dtype=") + 7);
     RS_CHECK(layout_of(m, c, &w, "src", J()->object_get(t, "src"), sd, &m->layouts[2 * i]));
     RS_CHECK(layout_of(m, c, &w, "dst", J()->object_get(t, "dst"), dd, &m->layouts[2 * i + 1]));
     m->tensors[i] = (reshard_tensor_t){m->names[i], m->layouts[2 * i], m->layouts[2 * i + 1]};

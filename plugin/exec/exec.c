@@ -52,6 +52,7 @@ reshard_status_t exec_create(struct reshard_comm *comm, const struct rs_plan *pl
     RS_CHECK_GOTO(exec_regs_init(&x->regs, plan->ntensors), st, err_destroy);
     RS_CHECK_GOTO(exec_share_init(s, &x->cut, comm->rank, comm->size), st, err_destroy);
     RS_CHECK_GOTO(last_init(&x->last, plan->ntensors), st, err_destroy);
+    RS_CHECK_GOTO(exec_quant_init(&x->quant, plan, &x->xs, comm->rank), st, err_destroy);
     RS_CHECK_GOTO(exec_bundles_build(&x->cut, s->out, s->nout, s->out_off, 1, &x->out_b), st,
                   err_destroy);
     RS_CHECK_GOTO(exec_bundles_build(&x->cut, s->in, s->nin, s->in_off, 0, &x->in_b), st,
@@ -75,6 +76,7 @@ void exec_destroy(struct exec *x)
     int nt = x->plan->ntensors;
     exec_regs_fini(&x->regs, x->comm);
     exec_tmp_fini(&x->tmp, nt, x->comm);
+    exec_quant_fini(&x->quant, nt, x->comm);
     exec_shadows_fini(&x->shadows, nt, x->comm);
     exec_exports_fini(&x->exp, nt);
     exec_links_fini(&x->links);
@@ -125,8 +127,10 @@ reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs, int on_
     if (atomic_load(&c->abort_req))
         comm_abort_now(c);
     x->last.on_nccl = 0;
-    reshard_status_t st = comm_usable(c);
-    if (st == RESHARD_OK && on_nccl)
+    reshard_status_t st = comm_usable(c), quant = RESHARD_OK;
+    if (st == RESHARD_OK && !on_nccl && (quant = exec_quant_check(x, bufs)) != RESHARD_OK)
+        st = exec_run_all(x, bufs, NULL, quant); /* every rank hears why */
+    else if (st == RESHARD_OK && on_nccl)
         st = exec_run_nccl(x, bufs, on_stream, stream);
     else if (st == RESHARD_OK && exec_dev_any(x, bufs) &&
              (st = wait_stream(1, on_stream ? stream : NULL)) == RESHARD_OK)

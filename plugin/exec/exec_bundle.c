@@ -15,7 +15,7 @@
 static int packable(const struct exec_cut *cut, const struct xfer *xf)
 {
     return cut->coalesce_bytes > 0 && xf->path == XFER_NET && xf->parent == XFER_NONE &&
-           xf->src_buf == XBUF_SRC;
+           (xf->src_buf == XBUF_SRC || xf->src_buf == XBUF_QSRC);
 }
 
 struct cand {

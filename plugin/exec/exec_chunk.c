@@ -49,7 +49,7 @@ static struct cut_shape cut_of(const struct exec_cut *cut, const struct xfer *xf
 {
     int ndim = xfer_ndim(cut, xf);
     const int64_t *len = xfer_start(cut, xf) + ndim;
-    int64_t inner = (int64_t)dtype_size(cut->plan->tensors[xf->tensor].dst.dtype);
+    int64_t inner = (int64_t)xfer_esize(cut->plan, xf);
     int split = ndim - 1;
     int64_t wider;
     while (split > 0 && !__builtin_mul_overflow(inner, len[split], &wider) &&
@@ -104,12 +104,18 @@ void exec_chunk_region(const struct exec_cut *cut, const struct xfer *xf, uint32
     chunk_box(cut, xf, chunk, s, l);
     const struct plan_tensor *pt = &cut->plan->tensors[xf->tensor];
     int buf = side ? xf->dst_buf : xf->src_buf, rank = side ? xf->dst : xf->src;
-    if (buf == XBUF_TMP) {
+    int cast_scales =
+        pt->scales_of >= 0 && cut->plan->tensors[pt->scales_of].quant == PLAN_QUANT_CAST;
+    if (buf == XBUF_TMP || (buf == XBUF_QSRC && cast_scales)) { /* a whole tensor, row-major */
         region_of_full(&pt->dst, s, l, r);
         return;
     }
-    const struct rs_shardmap *m = buf == XBUF_SRC ? &pt->src_map : &pt->dst_map;
+    const struct rs_shardmap *m = buf == XBUF_SRC || buf == XBUF_QSRC ? &pt->src_map : &pt->dst_map;
     region_of_shard(m, shardmap_position(m, rank), s, l, r);
+    if (buf == XBUF_QSRC) /* the source shard's geometry, in FP8 */
+        r->esize = dtype_size(pt->dst.dtype);
+    else if (buf == XBUF_STAGE) /* the destination shard's, in the source dtype */
+        r->esize = dtype_size(pt->src.dtype);
 }
 
 uint64_t exec_chunk_bytes_of(const struct exec_cut *cut, const struct xfer *xf, uint32_t chunk)

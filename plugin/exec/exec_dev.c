@@ -32,7 +32,7 @@ static char *dev_base(const struct exec_run *r, const struct xfer *xf, int side)
 {
     int buf = side ? xf->dst_buf : xf->src_buf;
     const reshard_buffers_t *b = r->dev ? &r->dev[xf->tensor] : NULL;
-    if (!b || buf == XBUF_TMP || b->mem != RESHARD_MEM_CUDA)
+    if (!b || (buf != XBUF_SRC && buf != XBUF_DST) || b->mem != RESHARD_MEM_CUDA)
         return NULL;
     return buf == XBUF_SRC ? (char *)b->src : (char *)b->dst;
 }

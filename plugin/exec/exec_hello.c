@@ -26,7 +26,9 @@ static void check_buffers(const struct exec *x, const reshard_buffers_t *bufs, i
         for (int side = 0; side < 2; side++) {
             const struct rs_shardmap *m = side ? &pt->dst_map : &pt->src_map;
             int pos = shardmap_position(m, me);
-            if (pos < 0)
+            int computed = !side && pt->scales_of >= 0 &&
+                           x->plan->tensors[pt->scales_of].quant == PLAN_QUANT_CAST;
+            if (pos < 0 || computed) /* scales of a weight quantized on the way: ours */
                 continue;
             int64_t shape[RS_MAX_DIMS];
             for (int j = 0; j < pt->dst.ndim; j++)

@@ -85,6 +85,38 @@ reshard_status_t exec_tmp_alloc(struct exec_tmp *t, const struct rs_plan *plan,
                                 const struct xfer_set *xs, int rank);
 void exec_tmp_fini(struct exec_tmp *t, int ntensors, struct reshard_comm *c);
 
+/* A buffer array of n (with room for one more) freed, or kept by the communicator when a
+ * failed execution may still write into it. */
+void exec_bufs_release(char **buf, int n, struct reshard_comm *c);
+
+/* ---- FP8 destinations quantized on the way (exec_quant.c) ---- */
+
+/* By tensor, made once per plan for the transfers of this rank (xfer.h, XBUF_QSRC and
+ * XBUF_STAGE): a CAST weight's FP8 values of this rank's source shard and its scales tensor
+ * whole (float32), as this rank quantizes them before sending; a CAST weight's destination
+ * shard in the source dtype, where what crosses unquantized lands. done: per scales tensor,
+ * the blocks done this run: scales computed as a sender [0, n), as a receiver [n, 2n), blocks
+ * cast as a sender [2n, 3n). */
+struct qgeo;
+struct exec_quant {
+    char **qsrc, **stage; /* [ntensors + 1] */
+    uint8_t **done;       /* [ntensors] */
+    struct qgeo **geo;    /* [2 * ntensors]: where this rank's source, destination elements are */
+    uint64_t bytes;       /* what they hold */
+};
+
+reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,
+                                 const struct xfer_set *xs, int rank);
+void exec_quant_fini(struct exec_quant *q, int ntensors, struct reshard_comm *c);
+struct exec;
+/* Before a run: quantized tensors need host buffers (a clear refusal names the tensor). */
+reshard_status_t exec_quant_check(const struct exec *x, const reshard_buffers_t *bufs);
+/* Before the first send: the blocks this rank quantizes as a sender, from its sources. */
+void exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs);
+/* Once everything bound for this rank landed: its staged blocks quantized into the
+ * destinations, with their scales. */
+void exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs);
+
 /* Device buffers on the native executor are staged through host copies (pinned when the driver
  * allows): [2 * ntensors] (source, destination) shadows and their sizes, kept across runs. */
 struct exec_shadows {
@@ -195,6 +227,7 @@ struct exec {
     struct exec_bundles out_b, in_b; /* the small chunks it packs, each way */
     struct exec_regs regs;
     struct exec_tmp tmp;
+    struct exec_quant quant;
     struct exec_shadows shadows;
     struct exec_exports exp;
     struct exec_links links;

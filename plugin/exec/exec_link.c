@@ -104,7 +104,10 @@ static uint64_t span_of(const struct rs_plan *plan, uint32_t t, uint32_t buf, in
         return 0;
     for (int j = 0; j < pt->dst.ndim; j++)
         shape[j] = dimmap_group_len(&m->dim[j], shardmap_group(m, pos, j));
-    return region_span_bytes(m->layout, shape);
+    uint64_t span = region_span_bytes(m->layout, shape);
+    if (buf == XBUF_STAGE) /* the same elements in the source dtype */
+        span = span / dtype_size(pt->dst.dtype) * dtype_size(pt->src.dtype);
+    return span;
 }
 
 /* The pairs one way (writer: this rank's outgoing local transfers), and each transfer's entry
@@ -442,7 +445,9 @@ static size_t encode_ann(const struct exec *x, int j, const reshard_buffers_t *b
     char *at = out + sizeof(h);
     for (uint32_t i = 0; i < n; i++) {
         const struct exec_entry *e = &p->ent[first + i];
-        const void *base = e->buf == XBUF_TMP ? x->tmp.buf[e->tensor] : bufs[e->tensor].dst;
+        const void *base = e->buf == XBUF_TMP     ? x->tmp.buf[e->tensor]
+                           : e->buf == XBUF_STAGE ? x->quant.stage[e->tensor]
+                                                  : bufs[e->tensor].dst;
         uint64_t a = (uint64_t)(uintptr_t)base;
         memcpy(at + (size_t)i * sizeof(a), &a, sizeof(a));
     }

@@ -93,6 +93,11 @@ static void release(char **buf, int n, void (*free_fn)(void *), struct reshard_c
         (void)comm_keep(c, free_fn, buf);
 }
 
+void exec_bufs_release(char **buf, int n, struct reshard_comm *c)
+{
+    release(buf, n, free_bufs, c);
+}
+
 reshard_status_t exec_tmp_alloc(struct exec_tmp *t, const struct rs_plan *plan,
                                 const struct xfer_set *xs, int rank)
 {

@@ -30,13 +30,19 @@ char *exec_post_base(const struct exec_run *r, const struct xfer *xf, int side)
     const reshard_buffers_t *b = &r->bufs[xf->tensor];
     if (buf == XBUF_TMP)
         return r->x->tmp.buf[xf->tensor];
+    if (buf == XBUF_QSRC)
+        return r->x->quant.qsrc[xf->tensor];
+    if (buf == XBUF_STAGE)
+        return r->x->quant.stage[xf->tensor];
     return buf == XBUF_SRC ? (char *)b->src : (char *)b->dst;
 }
 
 static void *my_mh(const struct exec_run *r, const struct xfer *xf, int side)
 {
     int buf = side ? xf->dst_buf : xf->src_buf;
-    return buf == XBUF_TMP ? NULL : r->x->regs.host[2 * xf->tensor + (buf == XBUF_DST)].mh;
+    if (buf != XBUF_SRC && buf != XBUF_DST) /* the executor's own buffers are not registered */
+        return NULL;
+    return r->x->regs.host[2 * xf->tensor + (buf == XBUF_DST)].mh;
 }
 
 /* ---- the ready queues ---- */
@@ -88,7 +94,7 @@ void exec_post_arrived(struct exec_run *r, long k, uint32_t chunk, const struct 
     }
     if (xf->dst_buf == XBUF_TMP && --r->tmp_left[xf->tensor] == 0)
         release_whole(r, xf->tensor);
-    if (xf->dst_buf == XBUF_DST)
+    if (xf->dst_buf == XBUF_DST || xf->dst_buf == XBUF_STAGE)
         r->dst_left[xf->tensor]--;
     r->last_event_ms = rs_now_ms();
 }

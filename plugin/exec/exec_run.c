@@ -339,6 +339,16 @@ void exec_run_record(struct exec *x, const struct exec_run *r)
             s = RESHARD_TENSOR_TORN;
         x->last.state[t] = (uint8_t)s;
     }
+    /* The scales of a weight quantized on the way are complete with it (some are computed
+     * here once it landed, and none arrives before). */
+    for (int t = 0; t < x->plan->ntensors; t++) {
+        int w = x->plan->tensors[t].scales_of;
+        if (w < 0 || x->plan->tensors[w].quant != PLAN_QUANT_CAST ||
+            x->last.state[w] == RESHARD_TENSOR_NONE)
+            continue;
+        if (x->last.state[t] != RESHARD_TENSOR_TORN)
+            x->last.state[t] = x->last.state[w];
+    }
     x->last.executed = 1;
 }
 
@@ -372,10 +382,14 @@ reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
         return st;
     }
     st = dev ? exec_dev_stage_sources(r, 1) : RESHARD_OK; /* local peers that stage after all */
-    if (st == RESHARD_OK)
+    if (st == RESHARD_OK) {
+        exec_quant_at_src(x, bufs); /* what this rank sends quantized, before it sends it */
         st = exec_post_start(r);
+    }
     if (st == RESHARD_OK)
         st = wait_done(r);
+    if (st == RESHARD_OK)
+        exec_quant_landed(x, bufs);
     if (st == RESHARD_OK && r->gdr_landed) /* the caller's kernels see what the NIC wrote */
         st = cuda_flush_rdma_writes();
     if (st == RESHARD_OK) {
@@ -402,6 +416,13 @@ reshard_status_t exec_run_nccl(struct exec *x, const reshard_buffers_t *bufs, in
     uint32_t seq = c->seq++, rounds;
     const struct nccl_fns *f = nccl_lib();
     reshard_status_t local = f ? nccl_rounds(&x->xs, &rounds) : RESHARD_ERR_UNAVAILABLE;
+    for (int t = 0; local == RESHARD_OK && t < x->plan->ntensors; t++)
+        if (x->plan->tensors[t].quant == PLAN_QUANT_CAST)
+            local = rs_error(RESHARD_ERR_INVALID_ARG,
+                             "tensor '%s' is quantized on the way (%s -> %s), which "
+                             "RESHARD_EXECUTOR=nccl does not do: use the native executor",
+                             x->plan->tensors[t].name, dtype_name(x->plan->tensors[t].src.dtype),
+                             dtype_name(x->plan->tensors[t].dst.dtype));
     struct rs_saved_error why;
     rs_error_save(&why);
     reshard_status_t st = exec_hello_exchange(x, bufs, seq, local, NULL, 1);

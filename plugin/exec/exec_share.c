@@ -147,12 +147,12 @@ static reshard_status_t count_landing(struct exec_share *s, const struct xfer_se
         return RESHARD_ERR_NO_MEMORY;
     for (size_t o = 0; o < s->nout; o++) {
         const struct xfer *xf = &xs->x[s->out[o]];
-        if (xf->dst == rank && xf->dst_buf == XBUF_DST)
+        if (xf->dst == rank && (xf->dst_buf == XBUF_DST || xf->dst_buf == XBUF_STAGE))
             s->dst_chunks[xf->tensor] += s->out_off[o + 1] - s->out_off[o];
     }
     for (size_t k = 0; k < s->nin; k++) {
         const struct xfer *xf = &xs->x[s->in[k]];
-        if (xf->dst_buf == XBUF_DST)
+        if (xf->dst_buf == XBUF_DST || xf->dst_buf == XBUF_STAGE)
             s->dst_chunks[xf->tensor] += s->in_off[k + 1] - s->in_off[k];
     }
     return RESHARD_OK;

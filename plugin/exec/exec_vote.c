@@ -6,7 +6,6 @@
 #include "exec_vote.h"
 
 #include "base/error.h"
-#include "planner/stats.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -50,7 +49,7 @@ struct plan_fold {
     struct fold_val chunk_lo, chunk_hi, coal_lo, coal_hi;
     uint64_t local_fp;
     uint64_t net, local, self, in_domain, lb, ops[4];
-    uint64_t quant_net, quant_at_src;
+    uint64_t quant, quant_at_src;
     uint64_t nic;
     int32_t nic_rank, pad;
     double plan_ms;
@@ -104,7 +103,7 @@ static void plan_combine(void *acc_, const void *in_, void *arg)
     a->local += b->local;
     a->self += b->self;
     a->in_domain += b->in_domain;
-    a->quant_net += b->quant_net;
+    a->quant += b->quant;
     a->quant_at_src += b->quant_at_src;
     for (int k = 0; k < 4; k++)
         a->ops[k] += b->ops[k];
@@ -140,7 +139,7 @@ static void plan_fold_init(struct plan_fold *f, int rank, const struct exec_plan
     f->self = m->self;
     f->in_domain = m->in_domain;
     f->lb = m->lb_part;
-    f->quant_net = m->quant_net;
+    f->quant = m->quant;
     f->quant_at_src = m->quant_at_src;
     memcpy(f->ops, m->ops, sizeof(f->ops));
     f->nic = m->net_out > m->net_in ? m->net_out : m->net_in;
@@ -276,6 +275,7 @@ reshard_status_t exec_vote_plan(struct reshard_comm *c, const struct exec_plan_b
                         "write directly (the kernel vouches for a peer before cross-memory "
                         "writes): the plans would pair a write with a network receive",
                         c->rank);
+    double pct = f.quant ? 100.0 * (double)f.quant_at_src / (double)f.quant : 0.0;
     *world = (reshard_plan_stats_t){.net_bytes = f.net,
                                     .min_net_bytes = f.in_domain,
                                     .local_bytes = f.local,
@@ -287,9 +287,9 @@ reshard_status_t exec_vote_plan(struct reshard_comm *c, const struct exec_plan_b
                                     .local_ops = f.ops[1],
                                     .fwd_ops = f.ops[3],
                                     .self_ops = f.ops[0],
-                                    .plan_ms = f.plan_ms};
-    struct plan_quant_counts q = {(int64_t)f.quant_net, (int64_t)f.quant_at_src};
-    world->quant_at_source_pct = plan_quant_at_source_pct(&q);
+                                    .plan_ms = f.plan_ms,
+                                    .quant_bytes = f.quant,
+                                    .quant_at_source_pct = pct};
     return RESHARD_OK;
 }
 

@@ -32,9 +32,10 @@ struct exec_plan_ballot {
     uint64_t local_fp; /* the local pairs it writes or is written by, as it sees them */
     /* the rank's own figures: what it sends (each transfer counted once, at its sender) */
     uint64_t net_out, net_in, local_out, self;
-    uint64_t ops[4];                  /* plan ops it sends, by enum plan_op_kind */
-    uint64_t in_domain, lb_part;      /* its parts of min_net_bytes and lb_nic_bytes */
-    uint64_t quant_net, quant_at_src; /* its FP8 weights' elements sent, and quantized there */
+    uint64_t ops[4];             /* plan ops it sends, by enum plan_op_kind */
+    uint64_t in_domain, lb_part; /* its parts of min_net_bytes and lb_nic_bytes */
+    /* FP8 bytes it receives quantized on the way, and of them by their senders */
+    uint64_t quant, quant_at_src;
     double plan_ms;
 };
 

@@ -57,6 +57,20 @@ static int view_dims(const struct rs_view *v, const int64_t *shape, int ndim,
     return vdim;
 }
 
+int64_t region_view_at(const struct rs_view *v, const int64_t *shape, int ndim, int64_t lin)
+{
+    if (!v || (!v->ndim && !v->nstrides && !v->offset))
+        return lin;
+    const int64_t *vshape;
+    int64_t vstride[RS_MAX_DIMS], at = v->offset;
+    int vdim = view_dims(v, shape, ndim, &vshape, vstride);
+    for (int d = vdim - 1; d >= 0; d--) {
+        at += lin % vshape[d] * vstride[d];
+        lin /= vshape[d];
+    }
+    return at;
+}
+
 uint64_t region_span_bytes(const struct rs_layout *l, const int64_t *shape)
 {
     int64_t numel = 1;

@@ -29,6 +29,10 @@ void region_of_shard(const struct rs_shardmap *map, int pos, const int64_t *gsta
 void region_of_full(const struct rs_layout *l, const int64_t *gstart, const int64_t *glen,
                     struct region *r);
 
+/* The element offset, under view v (NULL or empty: row-major), of the element at row-major
+ * index lin of a local shard of this shape. */
+int64_t region_view_at(const struct rs_view *v, const int64_t *shape, int ndim, int64_t lin);
+
 /* Bytes the buffer of a shard of this local shape must span under the view. */
 uint64_t region_span_bytes(const struct rs_layout *l, const int64_t *shape);
 

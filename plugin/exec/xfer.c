@@ -39,6 +39,28 @@ static reshard_status_t push_box(struct xfer_set *s, int ndim, const int64_t *st
     return RESHARD_OK;
 }
 
+/* The buffers an op reads and writes: a CAST weight's box quantized by its sender comes out of
+ * the sender's FP8 values, one crossing unquantized lands staged; a CAST weight's scales come out
+ * of what the sender computed; a forward reads what its parent wrote. */
+static void op_bufs(const struct rs_plan *p, const struct plan_op *o, uint8_t *src, uint8_t *dst)
+{
+    const struct plan_tensor *t = &p->tensors[o->tensor];
+    int fwd = o->kind == PLAN_OP_FWD;
+    int cast_scales = t->scales_of >= 0 && p->tensors[t->scales_of].quant == PLAN_QUANT_CAST;
+    if (t->quant == PLAN_QUANT_CAST && !o->at_src) {
+        *src = fwd ? XBUF_STAGE : XBUF_SRC;
+        *dst = XBUF_STAGE;
+        return;
+    }
+    if (fwd)
+        *src = XBUF_DST;
+    else if (t->quant == PLAN_QUANT_CAST || cast_scales)
+        *src = XBUF_QSRC;
+    else
+        *src = XBUF_SRC;
+    *dst = XBUF_DST;
+}
+
 /* The plan's ops, each on the path the real topology gives its two ranks. */
 static reshard_status_t from_ops(const struct rs_plan *ops, const struct rs_topo *real,
                                  struct xfer_set *s)
@@ -53,9 +75,8 @@ static reshard_status_t from_ops(const struct rs_plan *ops, const struct rs_topo
                          .parent = fwd ? o->parent : XFER_NONE,
                          .src = o->src,
                          .dst = o->dst,
-                         .path = (uint8_t)path_between(real, o->src, o->dst),
-                         .src_buf = fwd ? XBUF_DST : XBUF_SRC,
-                         .dst_buf = XBUF_DST};
+                         .path = (uint8_t)path_between(real, o->src, o->dst)};
+        op_bufs(ops, o, &x.src_buf, &x.dst_buf);
         RS_CHECK(push(s, x));
     }
     return RESHARD_OK;

@@ -25,7 +25,13 @@
 #include "plugin/reshard.h"
 
 enum xfer_path { XFER_SELF, XFER_LOCAL, XFER_NET };
-enum xfer_buf { XBUF_SRC, XBUF_DST, XBUF_TMP };
+/* SRC, DST: the caller's buffers; TMP: a whole-tensor buffer (bcast). FP8 destinations quantized
+ * on the way (planner/quant.h, CAST) add two of the executor's own (exec_quant.c):
+ *   QSRC   what a sender quantized: the FP8 values of its source shard (same geometry, 1-byte
+ *          elements), or the whole scales tensor (float32) it computed;
+ *   STAGE  a destination shard in the source dtype, where boxes that cross unquantized land
+ *          before the destination quantizes their blocks. */
+enum xfer_buf { XBUF_SRC, XBUF_DST, XBUF_TMP, XBUF_QSRC, XBUF_STAGE };
 
 #define XFER_NONE         UINT32_MAX
 #define XFER_AFTER_INPUTS (UINT32_MAX - 1)
@@ -48,6 +54,13 @@ struct xfer_set {
     int needs_tmp;       /* bcast: ranks holding a whole-tensor buffer */
     reshard_algo_t algo;
 };
+
+/* Bytes of one element of a transfer: the source dtype's for a box that lands staged. */
+static inline size_t xfer_esize(const struct rs_plan *plan, const struct xfer *xf)
+{
+    const struct plan_tensor *pt = &plan->tensors[xf->tensor];
+    return dtype_size(xf->dst_buf == XBUF_STAGE ? pt->src.dtype : pt->dst.dtype);
+}
 
 /* plan was made on the communicator's topology. */
 reshard_status_t xfer_build(const struct rs_plan *plan, reshard_algo_t algo, struct xfer_set *out);

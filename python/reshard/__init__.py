@@ -446,7 +446,25 @@ class Plan:
             self._sides = list(_manifest.layouts)
         else:
             self._sides = [(s, d) for _, s, d in self._layouts]
+        self._add_scales(n)
         self._wants = {}
+
+    def _add_scales(self, n):
+        """The scales tensors the plan adds after the caller's for FP8 destinations (quant=):
+        named after their weights (x.weight -> x.weight_scale_inv), passed like any tensor.
+        A weight quantized on the way has its scales computed: their source is None."""
+        lib = _native.lib()
+        for i in range(n, lib.reshard_plan_ntensors(self._h)):
+            sides = []
+            for side in (0, 1):
+                h = ctypes.c_void_p()
+                _check(lib.reshard_plan_tensor_layout(self._h, i, side, ctypes.byref(h)))
+                layout = Layout.__new__(Layout)
+                layout._owned = True
+                layout._init(h)
+                sides.append(layout)
+            self.names.append(lib.reshard_plan_tensor_name(self._h, i).decode())
+            self._sides.append(tuple(sides))
 
     @classmethod
     def from_manifest(cls, comm, path, algo="reshard"):

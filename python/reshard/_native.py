@@ -100,6 +100,7 @@ class PlanStats(ctypes.Structure):
         ("ntensors", ctypes.c_int),
         ("world_size", ctypes.c_int),
         ("ndomains", ctypes.c_int),
+        ("quant_bytes", ctypes.c_uint64),
         ("quant_at_source_pct", ctypes.c_double),
     ]
 
@@ -132,6 +133,9 @@ _SIGNATURES = {
     "reshard_layout_shard_index": (_S, [_P, _I, _I, ctypes.POINTER(ctypes.c_int64)]),
     "reshard_layout_shard_bytes": (_S, [_P, _I, ctypes.POINTER(ctypes.c_size_t)]),
     "reshard_plan_destroy": (None, [_P]),
+    "reshard_plan_ntensors": (_I, [_P]),
+    "reshard_plan_tensor_name": (ctypes.c_char_p, [_P, _I]),
+    "reshard_plan_tensor_layout": (_S, [_P, _I, _I, ctypes.POINTER(_P)]),
     "reshard_plan_hash": (ctypes.c_uint64, [_P]),
     "reshard_plan_stats": (_S, [_P, ctypes.POINTER(PlanStats), _P]),
     "reshard_plan_outcome": (_S, [_P, ctypes.POINTER(ctypes.c_int)]),

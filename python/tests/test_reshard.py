@@ -7,6 +7,7 @@ with RESHARD_LIB naming the built library (else the source tree's build/ is used
 """
 import math
 import multiprocessing
+import struct
 import os
 import re
 import shutil
@@ -147,6 +148,45 @@ def refit_rank(uid, rank, size, out):
         out.put((rank, wrong, outcome, short, None))
     except Exception:
         out.put((rank, -1, None, None, traceback.format_exc()))
+
+
+def fp8_plan_rank(uid, out):
+    try:
+        comm = reshard.Comm(uid, 0, 1)
+        plan = reshard.Plan(comm, [("l.weight", "shape=128x256 dtype=bf16 ranks=0 place=R",
+                                    "shape=128x256 dtype=fp8e4m3 ranks=0 place=R "
+                                    "quant=block(128,128)")])
+        names = list(plan.names)
+        # every row: 1.0 in the first block's 128 columns, -8.0 in the second's
+        src = bytearray((struct.pack("<H", 0x3F80) * 128 + struct.pack("<H", 0xC100) * 128) * 128)
+        q, scales = bytearray(128 * 256), bytearray(2 * 4)
+        plan.execute({"l.weight": src}, {"l.weight": q, "l.weight_scale_inv": scales})
+        got = (names, bytes(q[:1]), bytes(q[-1:]), struct.unpack("<2f", bytes(scales)),
+               plan.outcome(), plan.stats()["quant_at_source_pct"])
+        plan.close()
+        comm.close()
+        out.put((None, got))
+    except Exception:
+        out.put((traceback.format_exc(), None))
+
+
+class Fp8(unittest.TestCase):
+    def test_a_bf16_weight_refits_into_fp8_with_its_scales_by_name(self):
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        p = ctx.Process(target=fp8_plan_rank, args=(reshard.unique_id(), out))
+        p.start()
+        err, got = out.get(timeout=120)
+        p.join(30)
+        self.assertIsNone(err, err)
+        names, first, last, scales, outcome, pct = got
+        self.assertEqual(names, ["l.weight", "l.weight_scale_inv"])
+        # each block's largest value becomes 448 (e4m3 0x7e, 0xfe negative)
+        self.assertEqual((first, last), (b"\x7e", b"\xfe"))
+        want = struct.unpack("<2f", struct.pack("<2f", 1.0 / 448, 8.0 / 448))
+        self.assertEqual(scales, want)
+        self.assertEqual(outcome, {"l.weight": "complete", "l.weight_scale_inv": "complete"})
+        self.assertEqual(pct, 100.0)
 
 
 @unittest.skipIf(np is None, "numpy is not installed (apt-get install python3-numpy)")

@@ -11,11 +11,13 @@
 #include "plugin/reshard.h"
 
 #include "perf_pattern.h"
+#include "perf_quant.h"
 
 #include <errno.h>
 #include <stddef.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +64,7 @@ struct tensor_run {
     reshard_layout_t *src, *dst;
     struct shard_map smap, dmap;
     void *sbuf, *dbuf;
+    struct perf_quant q; /* an FP8 destination (perf_quant.h) */
 };
 
 /* --manifest: every tensor of a model in one plan, one row per algorithm. */
@@ -259,8 +262,10 @@ static int sweep_fixed(struct sweep *sw, const struct opts *o)
 static int sweep_sized(struct sweep *sw, const struct opts *o)
 {
     char own[32], shape[64];
-    int named = spec_item(o->src, "dtype", own, sizeof(own)) ||
-                spec_item(o->dst, "dtype", own, sizeof(own));
+    /* a quantized destination's dtype is its own: the sizes are the source's */
+    int named =
+        spec_item(o->src, "dtype", own, sizeof(own)) ||
+        (!spec_item(o->dst, "quant", NULL, 0) && spec_item(o->dst, "dtype", own, sizeof(own)));
     const char *dtype = named ? own : o->dtype;
     size_t es = 1;
     int rc = elem_size_of(dtype, &es);
@@ -332,11 +337,14 @@ static int check_pair(const reshard_layout_t *s, const reshard_layout_t *d, int 
         *why = "the layouts name ranks beyond the number of ranks running";
     else if (si.ndim != di.ndim || memcmp(si.shape, di.shape, sizeof(si.shape)) ||
              !spec_item(sf, "dtype", st, sizeof(st)) || !spec_item(df, "dtype", dt, sizeof(dt)) ||
-             strcmp(st, dt))
+             (strcmp(st, dt) && !spec_item(df, "quant", NULL, 0)))
         *why = "--src and --dst differ in shape or dtype";
     else if (has_view(sf) || has_view(df))
         *why = "local views (buffer, offset, view, strides) are not supported by reshard_perf";
-    snprintf(type, 16, "%s", st);
+    if (strcmp(st, dt)) /* quantized on the way: bf16>e4m3 */
+        snprintf(type, 16, "%.6s>%.6s", st, strncmp(dt, "fp8", 3) ? dt : dt + 3);
+    else
+        snprintf(type, 16, "%s", st);
     free(sf);
     free(df);
     return *why ? EXIT_USAGE : 0;
@@ -434,12 +442,20 @@ static int iterate(struct ctx *c, reshard_plan_t *plan, const struct tensor_run 
                    reshard_buffers_t *bufs, int iter, double *time_us, uint64_t *wrong)
 {
     for (int i = 0; i < nt; i++) {
+        struct perf_quant *q = (struct perf_quant *)&t[i].q;
         bufs[i] = (reshard_buffers_t){t[i].sbuf, t[i].smap.bytes, t[i].dbuf, t[i].dmap.bytes,
                                       RESHARD_MEM_HOST};
-        if (c->o->check && t[i].sbuf)
+        if (q->on) /* its scales: computed by the library, or the FP8 source's own */
+            bufs[q->scales] = (reshard_buffers_t){q->ssbuf, q->ssbuf ? q->ssrc.bytes : 0, q->sdbuf,
+                                                  q->sdst.bytes, RESHARD_MEM_HOST};
+        if (c->o->check && t[i].sbuf && q->on)
+            pq_fill(q, &t[i].smap, t[i].sbuf, pattern_key(i, iter));
+        else if (c->o->check && t[i].sbuf)
             shard_fill(&t[i].smap, t[i].sbuf, pattern_key(i, iter));
         if (c->o->check && t[i].dbuf)
             memset(t[i].dbuf, POISON, t[i].dmap.bytes);
+        if (c->o->check && q->sdbuf)
+            memset(q->sdbuf, POISON, q->sdst.bytes);
     }
     if (!ok(c, reshard_comm_barrier(c->comm), "reshard_comm_barrier"))
         return 1;
@@ -455,7 +471,10 @@ static int iterate(struct ctx *c, reshard_plan_t *plan, const struct tensor_run 
     double ctrl = (double)(ctrl_bytes(&n1) - ctrl_bytes(&n0));
     *most = ctrl > *most ? ctrl : *most;
     for (int i = 0; c->o->check && i < nt; i++)
-        if (t[i].dbuf)
+        if (t[i].q.on) /* every FP8 element and every scale */
+            *wrong +=
+                pq_check((struct perf_quant *)&t[i].q, &t[i].dmap, t[i].dbuf, pattern_key(i, iter));
+        else if (t[i].dbuf)
             *wrong += shard_check(&t[i].dmap, t[i].dbuf, pattern_key(i, iter));
     return time_us ? gather_max(c, (t1 - t0) * 1e6, time_us) : 0;
 }
@@ -584,7 +603,9 @@ static int measure(struct ctx *c, reshard_plan_t *plan, const struct tensor_run 
 {
     const struct opts *o = c->o;
     uint64_t wrong = 0;
-    reshard_buffers_t *bufs = xcalloc((size_t)nt, sizeof(*bufs), c->rank);
+    /* the plan's tensors: the caller's, then the scales of the quantized ones */
+    reshard_buffers_t *bufs =
+        xcalloc((size_t)reshard_plan_ntensors(plan) + 1, sizeof(*bufs), c->rank);
     int rc = !bufs;
     for (int it = 0; it < o->warmup && !rc; it++)
         rc = iterate(c, plan, t, nt, bufs, it, NULL, &wrong);
@@ -603,6 +624,40 @@ static int measure(struct ctx *c, reshard_plan_t *plan, const struct tensor_run 
             "reshard_comm_allgather"))
         return 1;
     return 0;
+}
+
+/* The scales tensors the plan appended, one per quantized tensor in order: their shards and
+ * buffers on this rank (an FP8 source's scales are filled with the reference's). */
+static int scales_setup(struct ctx *c, reshard_plan_t *plan, struct tensor_run *t, int nt)
+{
+    int next = nt;
+    for (int i = 0; i < nt; i++) {
+        struct perf_quant *q = &t[i].q;
+        if (!q->on)
+            continue;
+        q->scales = next++;
+        reshard_layout_t *ls = NULL, *ld = NULL;
+        int rc = !ok(c, reshard_plan_tensor_layout(plan, q->scales, 0, &ls),
+                     "reshard_plan_tensor_layout") ||
+                 !ok(c, reshard_plan_tensor_layout(plan, q->scales, 1, &ld),
+                     "reshard_plan_tensor_layout");
+        if (!rc)
+            rc = map_build(&q->sdst, ld, c->rank, "scales") ||
+                 (q->move && map_build(&q->ssrc, ls, c->rank, "scales"));
+        reshard_layout_destroy(ls);
+        reshard_layout_destroy(ld);
+        if (rc)
+            return rc;
+        if (q->sdst.bytes && !(q->sdbuf = xcalloc(1, q->sdst.bytes, c->rank)))
+            return 1;
+        if (q->move && q->ssrc.bytes && !(q->ssbuf = xcalloc(1, q->ssrc.bytes, c->rank)))
+            return 1;
+        if (!c->o->check && q->ssbuf)
+            pq_fill(q, &t[i].smap, t[i].sbuf, pattern_key(0, 0));
+    }
+    return next == reshard_plan_ntensors(plan)
+               ? 0
+               : lib_fail(c->rank, "reshard_plan_ntensors", RESHARD_ERR_INTERNAL);
 }
 
 /* One row: the nt tensors of t planned together with algo. */
@@ -625,6 +680,8 @@ static int run_algo(struct ctx *c, struct row row, const struct tensor_run *t, i
     double ms = (now_s() - t0) * 1e3;
     c->ctrl.plan_ms = ms > c->ctrl.plan_ms ? ms : c->ctrl.plan_ms;
     free(tensors);
+    if (!rc)
+        rc = scales_setup(c, plan, (struct tensor_run *)t, nt);
     if (!rc) /* every rank's own row: a communicator plan holds only this rank's */
         rc = !ok(c, reshard_plan_stats(plan, &ps, c->ranks), "reshard_plan_stats") ||
              !ok(c, reshard_comm_allgather(c->comm, c->ranks, sizeof(*c->ranks)),
@@ -632,6 +689,8 @@ static int run_algo(struct ctx *c, struct row row, const struct tensor_run *t, i
     if (!rc)
         rc = measure(c, plan, t, nt);
     reshard_plan_destroy(plan);
+    for (int i = 0; i < nt; i++)
+        pq_free_buffers((struct perf_quant *)&t[i].q);
     if (rc)
         return rc;
     row_finish(c, &row, &ps);
@@ -641,6 +700,7 @@ static int run_algo(struct ctx *c, struct row row, const struct tensor_run *t, i
 
 static void tensor_free(struct tensor_run *t)
 {
+    pq_free(&t->q);
     free(t->sbuf);
     free(t->dbuf);
     shard_map_free(&t->smap);
@@ -658,11 +718,30 @@ static int tensor_setup(struct ctx *c, const char *src, const char *dst, struct 
     if (map_build(&t->smap, t->src, c->rank, "source") ||
         map_build(&t->dmap, t->dst, c->rank, "destination"))
         return 1;
+    char *sf = layout_string(t->src), *df = layout_string(t->dst), st[16] = "", dt[16] = "",
+         quant[64];
+    const char *why = NULL;
+    reshard_layout_info_t info;
+    int rc = !sf || !df || reshard_layout_info(t->dst, &info) != RESHARD_OK;
+    if (!rc) {
+        spec_item(sf, "dtype", st, sizeof(st));
+        spec_item(df, "dtype", dt, sizeof(dt));
+        int has = spec_item(df, "quant", quant, sizeof(quant));
+        rc = pq_init(&t->q, st, dt, has ? quant : NULL, info.ndim, info.shape, &why);
+    }
+    free(sf);
+    free(df);
+    if (rc) {
+        fprintf(stderr, "reshard_perf: rank %d: %s\n", c->rank, why ? why : "out of memory");
+        return 1;
+    }
     if (t->smap.bytes && !(t->sbuf = xcalloc(1, t->smap.bytes, c->rank)))
         return 1;
     if (t->dmap.bytes && !(t->dbuf = xcalloc(1, t->dmap.bytes, c->rank)))
         return 1;
-    if (!c->o->check && t->sbuf) /* unchecked runs move the same data every time */
+    if (!c->o->check && t->sbuf && t->q.on) /* unchecked runs move the same data every time */
+        pq_fill(&t->q, &t->smap, t->sbuf, pattern_key(0, 0));
+    else if (!c->o->check && t->sbuf)
         shard_fill(&t->smap, t->sbuf, pattern_key(0, 0));
     if (t->dbuf)
         memset(t->dbuf, POISON, t->dmap.bytes);

@@ -95,31 +95,6 @@ Test(comm, a_short_destination_buffer_fails_every_rank_before_bytes_move)
     }
 }
 
-/* (side_open fills sources as i32: an f32 source has their size.) A quantized destination is
- * planned (reshard-plan shows it) but not run by the executor yet: every rank refuses it when the
- * plan is made, naming the tensor, and none hangs. */
-static reshard_status_t quantized_destination(int rank, int size, reshard_comm_t *comm)
-{
-    (void)size;
-    struct side x;
-    reshard_status_t st =
-        side_open(&x, comm, rank, "shape=256x256 dtype=f32 ranks=0-3 mesh=4 place=S(0)",
-                  "shape=256x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),R "
-                  "quant=block(128,128)");
-    side_close(&x);
-    return st;
-}
-
-Test(comm, a_quantized_destination_is_refused_on_every_rank_naming_the_tensor)
-{
-    struct outcome *o = run_ranks(4, quantized_destination);
-    for (int r = 0; r < 4; r++) {
-        cr_assert_eq(o[r].status, RESHARD_ERR_INVALID_ARG, "rank %d: %s", r, o[r].msg);
-        cr_assert(strstr(o[r].msg, "tensor 'w' has a quantized destination"), "rank %d: %s", r,
-                  o[r].msg);
-    }
-}
-
 /* Rank 2 declares its buffers device memory on a host without a CUDA driver: every rank is
  * told before bytes move, and the communicator stays usable (the same plan then runs on host
  * memory). */

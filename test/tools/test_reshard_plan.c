@@ -266,29 +266,6 @@ static double predicted(const char *algo)
 
 /* 256 MiB replicated onto 8 ranks of one domain: reshard crosses the NIC once per domain and
  * fans out over NVLink, direct sends every replica over the network. */
-/* An FP8 destination adds quant_at_source_pct before plan_ms, in the text and the JSON: 512
- * rows on 3 source ranks leave two of the four 128-row blocks whole on one rank each. */
-Test(reshard_plan, an_fp8_destination_reports_how_much_its_sources_quantized, .timeout = 60)
-{
-    const char *args = "--src 'shape=512x256 dtype=bf16 ranks=0-2 place=S(0)' --dst "
-                       "'shape=512x256 dtype=fp8e4m3 ranks=4-11 mesh=2x4 place=R,S(0) "
-                       "quant=block(128,128)' --domain-size 4";
-    cr_assert_eq(plan(args), 0, "%s", out);
-    cr_assert(strstr(out, "\nlb_nic_bytes "), "%s", out);
-    cr_assert(strstr(out, "\nquant_at_source_pct 50.0\nplan_ms "), "%s", out);
-    cr_assert_eq(value_of("net_bytes"), value_of("min_net_bytes"), "%s", out);
-    char more[512];
-    snprintf(more, sizeof(more), "%s --cluster nic=50GB/s,nvlink=450GB/s,latency=5us", args);
-    cr_assert_eq(plan(more), 0, "%s", out);
-    cr_assert_gt(predicted("bcast"), predicted("reshard"), "%s", out);
-    char json_args[512];
-    snprintf(json_args, sizeof(json_args), "%s --json", args);
-    cr_assert_eq(plan(json_args), 0, "%s", out);
-    cr_assert(strstr(out, "\"quant_at_source_pct\": 50.0"), "%s", out);
-    cr_assert_eq(plan("--src 'shape=64 ranks=0 place=R' --dst 'shape=64 ranks=1 place=R'"), 0);
-    cr_assert_null(strstr(out, "quant_at_source_pct"), "no FP8 destination: %s", out);
-}
-
 Test(reshard_plan, cluster_prediction_favours_one_crossing_per_domain, .timeout = 60)
 {
     int rc = plan("--src 'shape=16384x8192 ranks=0-7 place=S(0)' "
@@ -442,4 +419,56 @@ Test(reshard_plan, excluded_ranks_are_replaced_by_replicas_or_reported_lost, .ti
     cr_assert(strstr(out, "--exclude: topology: rank 6 is outside 0..5"), "%s", out);
     snprintf(args, sizeof(args), "%s --exclude one", pair);
     cr_assert_eq(plan(args), 2, "%s", out);
+}
+
+Test(reshard_plan, quantized_destinations_report_the_share_quantized_at_the_senders, .timeout = 60)
+{
+    /* 512 rows on 3 ranks: block rows 0 and 3 are held whole (FP8 on the wire), 1 and 2 not */
+    const char *args = "--src 'shape=512x128 dtype=bf16 ranks=0-2 place=S(0)' --dst "
+                       "'shape=512x128 dtype=fp8e5m2 ranks=4-5 place=S(0) quant=block(128,64)' "
+                       "--domain-size 2";
+    cr_assert_eq(plan(args), 0, "%s", out);
+    cr_assert_eq(value_of("quant_bytes"), 512 * 128, "%s", out);
+    cr_assert(strstr(out, "\nquant_at_source_pct 50.0\n"), "%s", out);
+    cr_assert(strstr(out, "\nvalid yes\n"), "%s", out);
+    char json_args[512];
+    snprintf(json_args, sizeof(json_args), "%s --json", args);
+    cr_assert_eq(plan(json_args), 0, "%s", out);
+    cr_assert(strstr(out, "\"quant_at_source_pct\": 50.0"), "%s", out);
+    cr_assert_eq(plan("--src 'shape=64x64 ranks=0-3 place=S(1)' --dst 'shape=64x64 ranks=4-7'"), 0);
+    cr_assert_null(strstr(out, "quant_"), "no such lines without a quantized destination");
+}
+
+/* --infer-quant block128: every decoder linear weight FP8 with 128x128 block scales, quantized
+ * by the training ranks (each holds whole weights): about half the bytes of the bf16 refit. */
+Test(reshard_plan, an_fp8_inference_side_quantizes_at_the_senders_and_halves_the_bytes,
+     .timeout = 180)
+{
+    long long net[2];
+    for (int q = 0; q < 2; q++) {
+        char path[] = "/tmp/reshard-gen-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert_geq(fd, 0);
+        close(fd);
+        char gargs[256];
+        snprintf(gargs, sizeof(gargs),
+                 "--model qwen3-30b-a3b --train ep=8,pp=2,dp=8 --infer tp=4,dp=2,ep=8%s",
+                 q ? " --infer-quant block128" : "");
+        int rc = gen(gargs, path);
+        cr_assert_eq(rc, 0, "%s", out);
+        char args[256];
+        snprintf(args, sizeof(args), "--manifest %s", path);
+        rc = plan(args);
+        unlink(path);
+        cr_assert_eq(rc, 0, "%s", out);
+        cr_assert(strstr(out, "\nvalid yes"), "%s", out);
+        net[q] = value_of("net_bytes");
+        cr_assert_eq(net[q], value_of("min_net_bytes"), "%s", out);
+        if (q)
+            cr_assert(strstr(out, "\nquant_at_source_pct 100.0\n"), "%s", out);
+        else
+            cr_assert_null(strstr(out, "quant_"), "%s", out);
+    }
+    cr_assert_gt(net[1], 0);
+    cr_assert_leq(net[1] * 100, net[0] * 52, "FP8 %lld bytes, bf16 %lld", net[1], net[0]);
 }

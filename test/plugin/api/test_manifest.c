@@ -372,3 +372,37 @@ Test(manifest, equal_sides_share_one_layout, .fini = cleanup)
     cr_assert_neq(t[0].src, t[2].src, "another shape: another layout");
     reshard_manifest_destroy(m);
 }
+
+Test(manifest, an_fp8_destination_takes_its_own_dtype_and_plans_its_scales, .fini = cleanup)
+{
+    write_manifest("{\"version\": 1, \"world_size\": 4, \"domains\": {\"size\": 2}, \"tensors\": ["
+                   "{\"name\": \"l.weight\", \"shape\": [256, 256], \"dtype\": \"bf16\", "
+                   "\"dst_dtype\": \"fp8e4m3\", \"src\": \"ranks=0-1 place=S(0)\", "
+                   "\"dst\": {\"ranks\": \"2-3\", \"place\": \"S(1)\", "
+                   "\"quant\": \"block(128,128)\"}}]}");
+    reshard_manifest_t *m = NULL;
+    cr_assert_eq(reshard_manifest_load(path, &m), RESHARD_OK, "%s", reshard_last_error());
+    const reshard_tensor_t *t = reshard_manifest_tensors(m);
+    char spec[256];
+    reshard_layout_format(t[0].dst, spec, sizeof(spec));
+    cr_assert(strstr(spec, "dtype=fp8e4m3") && strstr(spec, "quant=block(128,128)"), "%s", spec);
+    reshard_layout_format(t[0].src, spec, sizeof(spec));
+    cr_assert(strstr(spec, "dtype=bf16"), "%s", spec);
+    reshard_topo_t *topo = NULL;
+    cr_assert_eq(reshard_manifest_topo(m, &topo), RESHARD_OK);
+    reshard_plan_t *p = NULL;
+    cr_assert_eq(reshard_plan_create(t, 1, topo, NULL, &p), RESHARD_OK, "%s", reshard_last_error());
+    cr_assert_eq(reshard_plan_ntensors(p), 2);
+    cr_assert_str_eq(reshard_plan_tensor_name(p, 1), "l.weight_scale_inv");
+    reshard_plan_stats_t s;
+    cr_assert_eq(reshard_plan_stats(p, &s, NULL), RESHARD_OK);
+    cr_assert_eq(s.quant_at_source_pct, 100.0);
+    cr_assert_eq(s.net_bytes, 256 * 256 + 4 * 4, "FP8 and the 4 scales cross once");
+    reshard_plan_destroy(p);
+    reshard_topo_destroy(topo);
+    reshard_manifest_destroy(m);
+    expect_error("{\"version\": 1, \"world_size\": 2, \"tensors\": [{\"name\": \"w\", \"shape\": "
+                 "[8], \"dtype\": \"bf16\", \"dst_dtype\": 8, \"src\": \"ranks=0\", \"dst\": "
+                 "\"ranks=1\"}]}",
+                 RESHARD_ERR_SPEC_SYNTAX, "dst_dtype", "not a string");
+}

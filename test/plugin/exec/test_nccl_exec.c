@@ -549,3 +549,40 @@ Test(nccl_exec, with_a_driver_the_native_executor_waits_for_the_stream)
     reshard_comm_destroy(comm);
     reshard_layout_destroy(l);
 }
+
+Test(nccl_exec, a_tensor_quantized_on_the_way_is_refused_naming_it, .timeout = 60)
+{
+    char cuda[512], nccl[512];
+    snprintf(cuda, sizeof(cuda), "%s/test/fake/libcuda.so.1", build_dir());
+    snprintf(nccl, sizeof(nccl), "%s/test/fake/libnccl.so.2", build_dir());
+    cr_assert_eq(access(cuda, R_OK) | access(nccl, R_OK), 0, "build %s and %s first", cuda, nccl);
+    setenv("RESHARD_CUDA_LIB", cuda, 1);
+    setenv("RESHARD_NCCL_LIB", nccl, 1);
+    setenv("RESHARD_EXECUTOR", "nccl", 1);
+    struct fake_shared *sh = calloc(1, sizeof(*sh));
+    sh->size = 1;
+    struct fake_nccl_comm fc = {0, 1, sh};
+    reshard_comm_t *comm = NULL;
+    cr_assert_eq(reshard_comm_init_nccl(&fc, &comm), RESHARD_OK, "%s", reshard_last_error());
+    reshard_layout_t *s = parse("shape=128x128 dtype=bf16 ranks=0 place=R");
+    reshard_layout_t *d = parse("shape=128x128 dtype=fp8e4m3 ranks=0 place=R quant=block(128,128)");
+    reshard_tensor_t t = {"q.weight", s, d};
+    reshard_plan_t *plan = NULL;
+    cr_assert_eq(reshard_comm_plan_create(comm, &t, 1, NULL, &plan), RESHARD_OK, "%s",
+                 reshard_last_error());
+    cr_assert_eq(reshard_plan_ntensors(plan), 2);
+    static uint16_t src[128 * 128];
+    static uint8_t dst[128 * 128];
+    float scale;
+    reshard_buffers_t b[2] = {{src, sizeof(src), dst, sizeof(dst), RESHARD_MEM_CUDA},
+                              {NULL, 0, &scale, sizeof(scale), RESHARD_MEM_CUDA}};
+    cr_assert_eq(reshard_plan_execute(plan, b), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(reshard_last_error(), "tensor 'q.weight' is quantized on the way (bf16 -> "
+                                           "fp8e4m3), which RESHARD_EXECUTOR=nccl does not do"),
+              "%s", reshard_last_error());
+    reshard_plan_destroy(plan);
+    reshard_comm_destroy(comm);
+    reshard_layout_destroy(s);
+    reshard_layout_destroy(d);
+    free(sh);
+}

@@ -1,0 +1,499 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * FP8 destinations quantized on the way (planner/quant.h, CAST): the executor's side.
+ *
+ * A sender of a box the plan quantizes at the source (at_src) holds every block the box touches
+ * whole: before its first send it computes those blocks' scales from its source shard (amax over
+ * the whole block, cuda/quant.h) and casts the box into an FP8 copy of its source shard, from
+ * which the box then travels like any other (packed, bundled, written to a local peer); the
+ * scales of the blocks starting in a box travel as the plan's ops of the scales tensor, out of
+ * the whole scales tensor this rank computed. A box that crosses unquantized lands in a staging
+ * copy of the destination shard in the source dtype; once everything bound for the rank has
+ * landed, each staged block (whole in the shard: the planner refuses shards that cut blocks) is
+ * quantized into the destination and its scale written to the scales' destination buffer.
+ * Both sides use one reference (cuda/quant.h), so the bits do not depend on where a block was
+ * quantized.
+ */
+#include "exec_int.h"
+
+#include "region.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "cuda/quant.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct qgeo;
+static reshard_status_t geo_make(const struct rs_shardmap *m, int rank, struct qgeo **out);
+static void geo_free(struct qgeo *g);
+
+/* ---- which tensors ---- */
+
+static int is_cast(const struct rs_plan *p, uint32_t t)
+{
+    return p->tensors[t].quant == PLAN_QUANT_CAST;
+}
+
+static int is_cast_scales(const struct rs_plan *p, uint32_t t)
+{
+    int w = p->tensors[t].scales_of;
+    return w >= 0 && p->tensors[w].quant == PLAN_QUANT_CAST;
+}
+
+/* Elements the buffer of rank's shard of map spans (view included), 0 when it holds none. */
+static uint64_t span_elems(const struct rs_shardmap *m, int rank)
+{
+    int pos = shardmap_position(m, rank);
+    if (pos < 0)
+        return 0;
+    int64_t shape[RS_MAX_DIMS];
+    for (int j = 0; j < m->layout->ndim; j++)
+        shape[j] = dimmap_group_len(&m->dim[j], shardmap_group(m, pos, j));
+    return region_span_bytes(m->layout, shape) / dtype_size(m->layout->dtype);
+}
+
+static reshard_status_t alloc_buf(char **at, uint64_t bytes, uint64_t *total)
+{
+    if (*at)
+        return RESHARD_OK;
+    if (!(*at = rs_calloc(bytes ? bytes : 1, 1, "quantization buffer")))
+        return RESHARD_ERR_NO_MEMORY;
+    *total += bytes;
+    return RESHARD_OK;
+}
+
+reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,
+                                 const struct xfer_set *xs, int rank)
+{
+    *q = (struct exec_quant){0};
+    int nt = plan->ntensors, any = 0;
+    for (int t = 0; t < nt; t++)
+        any |= is_cast(plan, (uint32_t)t);
+    if (!any)
+        return RESHARD_OK;
+    q->qsrc = rs_calloc((size_t)nt + 1, sizeof(char *), "quantization buffers");
+    q->stage = rs_calloc((size_t)nt + 1, sizeof(char *), "quantization buffers");
+    q->done = rs_calloc((size_t)nt + 1, sizeof(uint8_t *), "quantization buffers");
+    q->geo = rs_calloc(2 * (size_t)nt + 1, sizeof(struct qgeo *), "quantization buffers");
+    if (!q->qsrc || !q->stage || !q->done || !q->geo)
+        return RESHARD_ERR_NO_MEMORY;
+    for (size_t i = 0; i < xs->n; i++) {
+        const struct xfer *xf = &xs->x[i];
+        const struct plan_tensor *pt = &plan->tensors[xf->tensor];
+        uint32_t w = is_cast_scales(plan, xf->tensor) ? (uint32_t)pt->scales_of : xf->tensor;
+        const struct plan_tensor *pw = &plan->tensors[w];
+        int qsrc = xf->src == rank && xf->src_buf == XBUF_QSRC;
+        int stage = (xf->src == rank && xf->src_buf == XBUF_STAGE) ||
+                    (xf->dst == rank && xf->dst_buf == XBUF_STAGE);
+        if (!qsrc && !stage)
+            continue;
+        const struct plan_tensor *ps = &plan->tensors[pw->scales];
+        uint64_t nscales = (uint64_t)layout_numel(&ps->dst);
+        if (!q->done[pw->scales] &&
+            !(q->done[pw->scales] = rs_calloc(3 * nscales + 1, 1, "quantized blocks")))
+            return RESHARD_ERR_NO_MEMORY;
+        if (qsrc) { /* the sender's FP8 values, and the scales it computes for them */
+            RS_CHECK(alloc_buf(&q->qsrc[w], span_elems(&pw->src_map, rank), &q->bytes));
+            RS_CHECK(alloc_buf(&q->qsrc[pw->scales], nscales * sizeof(float), &q->bytes));
+            if (!q->geo[2 * w])
+                RS_CHECK(geo_make(&pw->src_map, rank, &q->geo[2 * w]));
+        }
+        if (stage) {
+            RS_CHECK(alloc_buf(&q->stage[w],
+                               span_elems(&pw->dst_map, rank) * dtype_size(pw->src.dtype),
+                               &q->bytes));
+            if (!q->geo[2 * w + 1])
+                RS_CHECK(geo_make(&pw->dst_map, rank, &q->geo[2 * w + 1]));
+            if (!q->geo[2 * pw->scales + 1])
+                RS_CHECK(geo_make(&ps->dst_map, rank, &q->geo[2 * pw->scales + 1]));
+        }
+    }
+    if (q->bytes)
+        rs_log(RS_LOG_INFO, "rank %d: %llu bytes for quantizing FP8 destinations", rank,
+               (unsigned long long)q->bytes);
+    return RESHARD_OK;
+}
+
+void exec_quant_fini(struct exec_quant *q, int ntensors, struct reshard_comm *c)
+{
+    exec_bufs_release(q->qsrc, ntensors, c);
+    exec_bufs_release(q->stage, ntensors, c); /* local peers may still write into it */
+    for (int t = 0; q->done && t < ntensors; t++)
+        free(q->done[t]);
+    for (int t = 0; q->geo && t < 2 * ntensors; t++)
+        geo_free(q->geo[t]);
+    free(q->done);
+    free(q->geo);
+    *q = (struct exec_quant){0};
+}
+
+reshard_status_t exec_quant_check(const struct exec *x, const reshard_buffers_t *bufs)
+{
+    const struct rs_plan *p = x->plan;
+    for (int t = 0; t < p->ntensors; t++) {
+        if (!is_cast(p, (uint32_t)t) && !is_cast_scales(p, (uint32_t)t))
+            continue;
+        if (bufs[t].mem == RESHARD_MEM_CUDA && (bufs[t].src || bufs[t].dst))
+            return rs_error(
+                RESHARD_ERR_INVALID_ARG,
+                "rank %d: tensor '%s' is quantized on the way (%s -> %s), which the "
+                "executor does on host buffers only: pass it (and its scales) in "
+                "host memory, or move it unquantized",
+                x->comm->rank, p->tensors[t].name,
+                dtype_name(
+                    p->tensors[is_cast(p, (uint32_t)t) ? t : p->tensors[t].scales_of].src.dtype),
+                dtype_name(p->tensors[t].dst.dtype));
+    }
+    return RESHARD_OK;
+}
+
+/* ---- element addresses ---- */
+
+/* Where the elements of one rank's shard of a tensor are: global index -> local, per dim. */
+struct qgeo {
+    int ndim;
+    int64_t *loc[RS_MAX_DIMS];
+    int64_t shape[RS_MAX_DIMS];
+    const struct rs_view *view;
+};
+
+static void geo_free(struct qgeo *g)
+{
+    for (int d = 0; g && d < g->ndim; d++)
+        free(g->loc[d]);
+    free(g);
+}
+
+/* Rank's shard of m (it holds one). */
+static reshard_status_t geo_make(const struct rs_shardmap *m, int rank, struct qgeo **out)
+{
+    const struct rs_layout *l = m->layout;
+    int pos = shardmap_position(m, rank);
+    struct qgeo *g = rs_calloc(1, sizeof(*g), "index map");
+    if (!g)
+        return RESHARD_ERR_NO_MEMORY;
+    g->ndim = l->ndim;
+    g->view = l->view.ndim || l->view.nstrides || l->view.offset ? &l->view : NULL;
+    for (int d = 0; d < l->ndim; d++) {
+        if (!(g->loc[d] = rs_calloc((size_t)l->shape[d] + 1, sizeof(int64_t), "index map"))) {
+            geo_free(g);
+            return RESHARD_ERR_NO_MEMORY;
+        }
+        for (int64_t i = 0; i < l->shape[d]; i++)
+            g->loc[d][i] = -1;
+        if (pos < 0)
+            continue;
+        int grp = shardmap_group(m, pos, d);
+        const struct rs_dimmap *dm = &m->dim[d];
+        for (int s = dm->first[grp]; s < dm->first[grp + 1]; s++)
+            for (int64_t i = 0; i < dm->segs[s].len; i++)
+                g->loc[d][dm->segs[s].start + i] = dm->segs[s].pos + i;
+        g->shape[d] = dimmap_group_len(dm, grp);
+    }
+    *out = g;
+    return RESHARD_OK;
+}
+
+/* The element offset of global index gi. */
+static int64_t geo_at(const struct qgeo *g, const int64_t *gi)
+{
+    int64_t lin = 0;
+    for (int d = 0; d < g->ndim; d++)
+        lin = lin * g->shape[d] + g->loc[d][gi[d]];
+    return region_view_at(g->view, g->shape, g->ndim, lin);
+}
+
+static enum rs_fp8 fp8_of(enum rs_dtype t)
+{
+    return t == RS_DTYPE_FP8E5M2 ? RS_FP8_E5M2 : RS_FP8_E4M3;
+}
+
+/* ---- boxes and blocks ---- */
+
+/* An odometer over the box [lo, hi) of ndim dims; 0 when it is done (or empty). */
+static int box_next(int ndim, const int64_t *lo, const int64_t *hi, int64_t *at)
+{
+    for (int d = ndim - 1; d >= 0; d--) {
+        if (++at[d] < hi[d])
+            return 1;
+        at[d] = lo[d];
+    }
+    return 0;
+}
+
+static int box_empty(int ndim, const int64_t *lo, const int64_t *hi)
+{
+    for (int d = 0; d < ndim; d++)
+        if (hi[d] <= lo[d])
+            return 1;
+    return 0;
+}
+
+/* The elements of block b of weight l, clipped to [clo, chi). */
+static void block_box(const struct rs_layout *l, const int64_t *b, const int64_t *clo,
+                      const int64_t *chi, int64_t *lo, int64_t *hi)
+{
+    for (int d = 0; d < l->ndim; d++) {
+        int64_t e = quant_extent(l, d);
+        lo[d] = b[d] * e;
+        hi[d] = lo[d] + e < l->shape[d] ? lo[d] + e : l->shape[d];
+        if (clo && clo[d] > lo[d])
+            lo[d] = clo[d];
+        if (chi && chi[d] < hi[d])
+            hi[d] = chi[d];
+    }
+}
+
+/* The blocks a box of elements touches. */
+static void blocks_of(const struct rs_layout *l, const int64_t *start, const int64_t *len,
+                      int64_t *lo, int64_t *hi)
+{
+    for (int d = 0; d < l->ndim; d++) {
+        int64_t e = quant_extent(l, d);
+        lo[d] = start[d] / e;
+        hi[d] = len[d] ? (start[d] + len[d] - 1) / e + 1 : lo[d];
+    }
+}
+
+static int64_t row_major(int ndim, const int64_t *shape, const int64_t *at)
+{
+    int64_t lin = 0;
+    for (int d = 0; d < ndim; d++)
+        lin = lin * shape[d] + at[d];
+    return lin;
+}
+
+/* The row-major local index of the first element of at's row (its last coordinate aside), and
+ * an element of that row: whole rows are walked with one lookup per element. */
+static int64_t geo_row(const struct qgeo *g, const int64_t *at)
+{
+    int64_t lin = 0;
+    for (int d = 0; d + 1 < g->ndim; d++)
+        lin = lin * g->shape[d] + g->loc[d][at[d]];
+    return lin * g->shape[g->ndim - 1];
+}
+
+static inline int64_t geo_elem(const struct qgeo *g, int64_t row, int64_t j)
+{
+    int64_t lin = row + g->loc[g->ndim - 1][j];
+    return g->view ? region_view_at(g->view, g->shape, g->ndim, lin) : lin;
+}
+
+/* Whether row [j0, j1) is one run of consecutive elements (no view, no gap): *first its first. */
+static int geo_run(const struct qgeo *g, int64_t row, int64_t j0, int64_t j1, int64_t *first)
+{
+    const int64_t *l = g->loc[g->ndim - 1];
+    if (g->view || j1 <= j0)
+        return 0;
+    for (int64_t j = j0 + 1; j < j1; j++)
+        if (l[j] != l[j0] + (j - j0))
+            return 0;
+    *first = row + l[j0];
+    return 1;
+}
+
+static float elem_f32(const char *base, int64_t at, enum rs_dtype dt)
+{
+    uint16_t h;
+    float v;
+    if (dt == RS_DTYPE_F32) {
+        memcpy(&v, base + at * 4, sizeof(v));
+        return v;
+    }
+    memcpy(&h, base + at * 2, sizeof(h));
+    return dt == RS_DTYPE_BF16 ? rs_bf16_to_f32(h) : rs_f16_to_f32(h);
+}
+
+/* The rows of the box [lo, hi): an odometer over every dim but the last. */
+static int row_next(int ndim, const int64_t *lo, const int64_t *hi, int64_t *at)
+{
+    return ndim > 1 && box_next(ndim - 1, lo, hi, at);
+}
+
+/* The largest |x| of row [j0, j1) of base. */
+static float row_amax(float amax, const char *base, const struct qgeo *g, int64_t row, int64_t j0,
+                      int64_t j1, enum rs_dtype dt)
+{
+    int64_t at;
+    if (geo_run(g, row, j0, j1, &at)) { /* the usual case: a plain loop the compiler unrolls */
+        if (dt == RS_DTYPE_BF16)
+            for (int64_t j = 0; j < j1 - j0; j++)
+                amax = rs_amax_step(amax, elem_f32(base, at + j, RS_DTYPE_BF16));
+        else
+            for (int64_t j = 0; j < j1 - j0; j++)
+                amax = rs_amax_step(amax, elem_f32(base, at + j, dt));
+        return amax;
+    }
+    for (int64_t j = j0; j < j1; j++)
+        amax = rs_amax_step(amax, elem_f32(base, geo_elem(g, row, j), dt));
+    return amax;
+}
+
+/* A block's scale from its elements in buffer base at geometry g. */
+static float block_scale(const struct rs_layout *w, const int64_t *b, const char *base,
+                         const struct qgeo *g, enum rs_dtype dt)
+{
+    int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS], at[RS_MAX_DIMS];
+    int nd = w->ndim;
+    block_box(w, b, NULL, NULL, lo, hi);
+    float amax = 0;
+    memcpy(at, lo, (size_t)nd * sizeof(*at));
+    if (!box_empty(nd, lo, hi))
+        do
+            amax = row_amax(amax, base, g, geo_row(g, at), lo[nd - 1], hi[nd - 1], dt);
+        while (row_next(nd, lo, hi, at));
+    return rs_fp8_scale(amax, fp8_of(w->dtype));
+}
+
+/* Casts the elements of [lo, hi) from base (geometry gs, dtype dt) into FP8 at out (go). */
+static void cast_box(const struct rs_layout *w, const int64_t *lo, const int64_t *hi, float scale,
+                     const char *base, const struct qgeo *gs, enum rs_dtype dt, uint8_t *out,
+                     const struct qgeo *go)
+{
+    int64_t at[RS_MAX_DIMS];
+    int nd = w->ndim;
+    enum rs_fp8 f = fp8_of(w->dtype);
+    memcpy(at, lo, (size_t)nd * sizeof(*at));
+    if (box_empty(nd, lo, hi))
+        return;
+    do {
+        int64_t rs = geo_row(gs, at), ro = geo_row(go, at), fs, fo, j0 = lo[nd - 1];
+        if (geo_run(gs, rs, j0, hi[nd - 1], &fs) && geo_run(go, ro, j0, hi[nd - 1], &fo)) {
+            for (int64_t j = 0; j < hi[nd - 1] - j0; j++)
+                out[fo + j] = rs_f32_to_fp8(elem_f32(base, fs + j, dt) / scale, f);
+            continue;
+        }
+        for (int64_t j = lo[nd - 1]; j < hi[nd - 1]; j++)
+            out[geo_elem(go, ro, j)] =
+                rs_f32_to_fp8(elem_f32(base, geo_elem(gs, rs, j), dt) / scale, f);
+    } while (row_next(nd, lo, hi, at));
+}
+
+/* ---- the sender ---- */
+
+/* Sender-side state of one CAST weight. */
+struct qsend {
+    const struct plan_tensor *pw, *ps;
+    float *scales; /* the whole scales tensor, row-major */
+    uint8_t *done;
+    const struct qgeo *src;
+    const char *base;
+};
+
+static float send_scale(struct qsend *s, const int64_t *b)
+{
+    int64_t k = row_major(s->ps->dst.ndim, s->ps->dst.shape, b);
+    if (!s->done[k]) {
+        s->scales[k] = block_scale(&s->pw->dst, b, s->base, s->src, s->pw->src.dtype);
+        s->done[k] = 1;
+    }
+    return s->scales[k];
+}
+
+static void quantize_sends(struct exec *x, uint32_t w, const reshard_buffers_t *bufs)
+{
+    const struct rs_plan *p = x->plan;
+    int me = x->comm->rank;
+    struct qsend s = {.pw = &p->tensors[w], .ps = &p->tensors[p->tensors[w].scales]};
+    uint32_t st = (uint32_t)s.pw->scales;
+    s.scales = (float *)(void *)x->quant.qsrc[st];
+    s.done = x->quant.done[st];
+    s.base = bufs[w].src;
+    s.src = x->quant.geo[2 * w];
+    if (!s.scales || !x->quant.qsrc[w] || !s.base || !s.src)
+        return; /* exec_quant_check refused such buffers */
+    int64_t nscales = layout_numel(&s.ps->dst);
+    uint8_t *cast = s.done + 2 * nscales; /* blocks cast, as a sender */
+    memset(s.done, 0, (size_t)nscales);
+    memset(cast, 0, (size_t)nscales);
+    int nd = s.pw->dst.ndim;
+    for (size_t i = 0; i < x->xs.n; i++) {
+        const struct xfer *xf = &x->xs.x[i];
+        if (xf->src != me || xf->src_buf != XBUF_QSRC || (xf->tensor != w && xf->tensor != st))
+            continue;
+        const int64_t *start = x->xs.coords + xf->box, *len = start + nd;
+        int64_t blo[RS_MAX_DIMS], bhi[RS_MAX_DIMS], b[RS_MAX_DIMS];
+        if (xf->tensor == st) { /* scales the plan sends from here */
+            for (int d = 0; d < nd; d++)
+                blo[d] = start[d], bhi[d] = start[d] + len[d];
+        } else {
+            blocks_of(&s.pw->dst, start, len, blo, bhi);
+        }
+        if (box_empty(nd, blo, bhi))
+            continue;
+        memcpy(b, blo, (size_t)nd * sizeof(*b));
+        do {
+            float scale = send_scale(&s, b);
+            int64_t k = row_major(nd, s.ps->dst.shape, b);
+            if (xf->tensor != w || cast[k])
+                continue;
+            /* the whole block, once: this rank holds it whole, and other boxes of it (slices
+             * for other domains, local copies) read the same values */
+            cast[k] = 1;
+            int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS];
+            block_box(&s.pw->dst, b, NULL, NULL, lo, hi);
+            cast_box(&s.pw->dst, lo, hi, scale, s.base, s.src, s.pw->src.dtype,
+                     (uint8_t *)x->quant.qsrc[w], s.src);
+        } while (box_next(nd, blo, bhi, b));
+    }
+}
+
+void exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs)
+{
+    if (!x->quant.qsrc)
+        return;
+    for (int t = 0; t < x->plan->ntensors; t++)
+        if (is_cast(x->plan, (uint32_t)t) && x->quant.qsrc[t])
+            quantize_sends(x, (uint32_t)t, bufs);
+}
+
+/* ---- the receiver ---- */
+
+static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t *bufs)
+{
+    const struct rs_plan *p = x->plan;
+    int me = x->comm->rank;
+    const struct plan_tensor *pw = &p->tensors[w], *ps = &p->tensors[pw->scales];
+    const char *stage = x->quant.stage[w];
+    uint8_t *out = bufs[w].dst;
+    char *sout = bufs[pw->scales].dst;
+    const struct qgeo *gd = x->quant.geo[2 * w + 1], *gs = x->quant.geo[2 * pw->scales + 1];
+    if (!stage || !out || !sout || !gd || !gs || shardmap_position(&pw->dst_map, me) < 0)
+        return; /* exec_quant_check refused such buffers */
+    int64_t nscales = layout_numel(&ps->dst);
+    uint8_t *done = x->quant.done[pw->scales] + nscales;
+    memset(done, 0, (size_t)nscales);
+    int nd = pw->dst.ndim;
+    for (size_t i = 0; i < x->xs.n; i++) {
+        const struct xfer *xf = &x->xs.x[i];
+        if (xf->dst != me || xf->dst_buf != XBUF_STAGE || xf->tensor != w)
+            continue;
+        const int64_t *start = x->xs.coords + xf->box, *len = start + nd;
+        int64_t blo[RS_MAX_DIMS], bhi[RS_MAX_DIMS], b[RS_MAX_DIMS];
+        blocks_of(&pw->dst, start, len, blo, bhi);
+        if (box_empty(nd, blo, bhi))
+            continue;
+        memcpy(b, blo, (size_t)nd * sizeof(*b));
+        do {
+            int64_t k = row_major(nd, ps->dst.shape, b);
+            if (done[k])
+                continue;
+            done[k] = 1;
+            float scale = block_scale(&pw->dst, b, stage, gd, pw->src.dtype);
+            memcpy(sout + geo_at(gs, b) * (int64_t)sizeof(float), &scale, sizeof(scale));
+            int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS];
+            block_box(&pw->dst, b, NULL, NULL, lo, hi);
+            cast_box(&pw->dst, lo, hi, scale, stage, gd, pw->src.dtype, out, gd);
+        } while (box_next(nd, blo, bhi, b));
+    }
+}
+
+void exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs)
+{
+    if (!x->quant.stage)
+        return;
+    for (int t = 0; t < x->plan->ntensors; t++)
+        if (is_cast(x->plan, (uint32_t)t) && x->quant.stage[t])
+            quantize_landed(x, (uint32_t)t, bufs);
+}

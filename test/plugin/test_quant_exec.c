@@ -1,0 +1,611 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * FP8 destinations executed on forked ranks: bf16, f16 and f32 sources quantized on the way
+ * (at the senders where they hold the blocks whole, else where the blocks land), per block, per
+ * channel and per tensor, and FP8 sources moved with their scales. Every FP8 element and every
+ * scale of every destination shard is compared bit for bit with the host reference
+ * (cuda/quant.h) computed over the whole tensor.
+ */
+#include "ranks.h"
+#include "side.h"
+#include "base/error.h"
+#include "cuda/quant.h"
+#include "plugin/reshard.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/* One case: the layouts (2-D), the source dtype, the destination's FP8 format and the extent
+ * of one scale along each dim, and the same destination in bf16 for the byte comparison. */
+struct qcase {
+    const char *src, *dst, *dst_bf16;
+    int src_kind; /* 0 bf16, 1 f16, 2 f32, 3 FP8 with its scales (MOVE) */
+    enum rs_fp8 fmt;
+    int64_t er, ec;
+    reshard_algo_t algo;
+    int refits;
+    int64_t src_off, dst_off; /* the weight's shards start this many elements into its buffers */
+};
+
+static struct qcase qc; /* set before the ranks fork */
+/* What every rank reports beside its status: the network bytes of the FP8 and bf16 refits. */
+static uint64_t *net_fp8, *net_bf16;
+static double *at_src_pct; /* reshard_plan_stats' quant_at_source_pct, per rank */
+
+/* The source's value at (i, j) in refit `it`: signs, magnitudes that change every 64 rows and
+ * columns, a block of zeros, a NaN, and values small enough to go subnormal in FP8. */
+static float value_at(int64_t i, int64_t j, int it)
+{
+    if (i / 128 == 1 && j / 128 == 1)
+        return 0.0f;
+    if (i == 7 && j == 9)
+        return NAN;
+    int e = (int)((i / 64 * 5 + j / 64 * 3 + it) % 24) - 12;
+    return ldexpf((float)((i * 131 + j * 71 + it * 17) % 1001 - 500) / 500.0f, e);
+}
+
+/* float32 -> f16 bits, truncating (any rule does, as long as the fill and the reference
+ * agree): NaN stays NaN, values below f16's normal range become zero, above it the largest
+ * finite. Not _Float16: not every compiler has it on every target. */
+static inline uint16_t f16_bits_of(float v)
+{
+    uint32_t u = rs_f32_bits(v), s = (u >> 16) & 0x8000;
+    int e = (int)((u >> 23) & 0xff) - 127 + 15;
+    if ((u & 0x7fffffff) > 0x7f800000)
+        return (uint16_t)(s | 0x7e00);
+    if (e <= 0)
+        return (uint16_t)s;
+    if (e >= 31)
+        return (uint16_t)(s | 0x7bff);
+    return (uint16_t)(s | (uint32_t)e << 10 | ((u >> 13) & 0x3ff));
+}
+
+/* The value as the source dtype stores it, and read back. Not inlined: GCC 12 at -O2, inlining
+ * it into ref_make's loop, dropped the bf16 truncation (the float's low bits came back). */
+__attribute__((noinline)) static float stored(float v, int kind, uint8_t *out)
+{
+    if (kind == 0) {
+        uint16_t h = (uint16_t)(rs_f32_bits(v) >> 16);
+        if (out)
+            memcpy(out, &h, 2);
+        return rs_bf16_to_f32(h);
+    }
+    if (kind == 1) {
+        uint16_t bits = f16_bits_of(v);
+        if (out)
+            memcpy(out, &bits, 2);
+        return rs_f16_to_f32(bits);
+    }
+    if (out)
+        memcpy(out, &v, 4);
+    return v;
+}
+
+/* The whole tensor quantized by the reference: q[rows x cols], scales[nbr x nbc]. */
+struct ref {
+    int64_t rows, cols, nbr, nbc;
+    uint8_t *q;
+    float *scales;
+};
+
+static void ref_make(struct ref *r, int64_t rows, int64_t cols, int it)
+{
+    r->rows = rows;
+    r->cols = cols;
+    r->nbr = (rows + qc.er - 1) / qc.er;
+    r->nbc = (cols + qc.ec - 1) / qc.ec;
+    r->q = calloc((size_t)(rows * cols), 1);
+    r->scales = calloc((size_t)(r->nbr * r->nbc), sizeof(float));
+    int kind = qc.src_kind == 3 ? 0 : qc.src_kind; /* an FP8 source: quantized from bf16 */
+    for (int64_t bi = 0; bi < r->nbr; bi++)
+        for (int64_t bj = 0; bj < r->nbc; bj++) {
+            int64_t i1 = (bi + 1) * qc.er < rows ? (bi + 1) * qc.er : rows;
+            int64_t j1 = (bj + 1) * qc.ec < cols ? (bj + 1) * qc.ec : cols;
+            float amax = 0;
+            for (int64_t i = bi * qc.er; i < i1; i++)
+                for (int64_t j = bj * qc.ec; j < j1; j++)
+                    amax = rs_amax_step(amax, stored(value_at(i, j, it), kind, NULL));
+            float s = rs_fp8_scale(amax, qc.fmt);
+            r->scales[bi * r->nbc + bj] = s;
+            for (int64_t i = bi * qc.er; i < i1; i++)
+                for (int64_t j = bj * qc.ec; j < j1; j++)
+                    r->q[i * cols + j] =
+                        rs_f32_to_fp8(stored(value_at(i, j, it), kind, NULL) / s, qc.fmt);
+        }
+}
+
+static void ref_free(struct ref *r)
+{
+    free(r->q);
+    free(r->scales);
+}
+
+/* A rank's shard of a 2-D layout: its shape and global indices. */
+struct shard {
+    int64_t shape[8], numel, *rows, *cols;
+};
+
+static void shard_of(const reshard_layout_t *l, int rank, struct shard *s)
+{
+    memset(s, 0, sizeof(*s));
+    reshard_layout_shard_shape(l, rank, s->shape, &s->numel);
+    s->rows = calloc((size_t)s->shape[0] + 1, sizeof(int64_t));
+    s->cols = calloc((size_t)s->shape[1] + 1, sizeof(int64_t));
+    if (s->numel) {
+        reshard_layout_shard_index(l, rank, 0, s->rows);
+        reshard_layout_shard_index(l, rank, 1, s->cols);
+    }
+}
+
+static void shard_free(struct shard *s)
+{
+    free(s->rows);
+    free(s->cols);
+}
+
+/* Buffers for every tensor of the plan (the weight, its scales), sized for this rank's shards. */
+struct qside {
+    reshard_plan_t *plan;
+    int nt;
+    reshard_layout_t *l[2][2]; /* [tensor][side] */
+    reshard_buffers_t b[2];
+};
+
+static reshard_status_t qside_open(struct qside *x, reshard_comm_t *comm, int rank, const char *src,
+                                   const char *dst)
+{
+    memset(x, 0, sizeof(*x));
+    reshard_layout_t *ls = parse(src), *ld = parse(dst);
+    reshard_tensor_t t = {"layer.w.weight", ls, ld};
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cfg.algo = qc.algo;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, &cfg, &x->plan);
+    reshard_layout_destroy(ls);
+    reshard_layout_destroy(ld);
+    if (st != RESHARD_OK)
+        return st;
+    x->nt = reshard_plan_ntensors(x->plan);
+    if (x->nt > 2)
+        return RESHARD_ERR_INTERNAL;
+    for (int k = 0; k < x->nt; k++)
+        for (int side = 0; side < 2; side++) {
+            RS_CHECK(reshard_plan_tensor_layout(x->plan, k, side, &x->l[k][side]));
+            size_t bytes = 0;
+            reshard_layout_shard_bytes(x->l[k][side], rank, &bytes);
+            void *p = bytes ? calloc(1, bytes) : NULL;
+            if (side) {
+                x->b[k].dst = p;
+                x->b[k].dst_bytes = bytes;
+            } else {
+                x->b[k].src = p;
+                x->b[k].src_bytes = bytes;
+            }
+        }
+    return RESHARD_OK;
+}
+
+static void qside_close(struct qside *x)
+{
+    reshard_plan_destroy(x->plan);
+    for (int k = 0; k < 2; k++) {
+        free((void *)x->b[k].src);
+        free(x->b[k].dst);
+        for (int side = 0; side < 2; side++)
+            reshard_layout_destroy(x->l[k][side]);
+    }
+}
+
+/* The sources of refit `it`: the weight in its dtype (or FP8 and its scales, for a MOVE). A
+ * plan's scales of a weight quantized on the way take no source buffer: it is left NULL. */
+static void qside_fill(struct qside *x, int rank, const struct ref *r, int it)
+{
+    struct shard s;
+    shard_of(x->l[0][0], rank, &s);
+    size_t es = qc.src_kind == 3 ? 1 : qc.src_kind == 2 ? 4 : 2;
+    uint8_t *w = (uint8_t *)x->b[0].src + (size_t)qc.src_off * es;
+    for (int64_t i = 0; i < s.shape[0]; i++)
+        for (int64_t j = 0; j < s.shape[1]; j++) {
+            uint8_t *at = w + (size_t)(i * s.shape[1] + j) * es;
+            if (qc.src_kind == 3)
+                *at = r->q[s.rows[i] * r->cols + s.cols[j]];
+            else
+                stored(value_at(s.rows[i], s.cols[j], it), qc.src_kind, at);
+        }
+    shard_free(&s);
+    if (qc.src_kind != 3) {
+        free((void *)x->b[1].src);
+        x->b[1].src = NULL;
+        x->b[1].src_bytes = 0;
+        return;
+    }
+    shard_of(x->l[1][0], rank, &s);
+    float *sc = (float *)x->b[1].src;
+    for (int64_t i = 0; i < s.shape[0]; i++)
+        for (int64_t j = 0; j < s.shape[1]; j++)
+            sc[i * s.shape[1] + j] = r->scales[s.rows[i] * r->nbc + s.cols[j]];
+    shard_free(&s);
+}
+
+/* Destination elements and scales that differ from the reference, bit for bit. */
+static int64_t qside_wrong(const struct qside *x, int rank, const struct ref *r, char *why,
+                           size_t n)
+{
+    int64_t wrong = 0;
+    struct shard s;
+    shard_of(x->l[1][1], rank, &s);
+    const float *sc = x->b[1].dst;
+    for (int64_t i = 0; i < s.shape[0]; i++)
+        for (int64_t j = 0; j < s.shape[1]; j++) {
+            float want = r->scales[s.rows[i] * r->nbc + s.cols[j]], got = sc[i * s.shape[1] + j];
+            if (rs_f32_bits(got) != rs_f32_bits(want) && !wrong++)
+                snprintf(why, n, "rank %d: scale (%lld, %lld) is %a, expected %a", rank,
+                         (long long)s.rows[i], (long long)s.cols[j], (double)got, (double)want);
+        }
+    shard_free(&s);
+    shard_of(x->l[0][1], rank, &s);
+    const uint8_t *q = (const uint8_t *)x->b[0].dst + qc.dst_off;
+    for (int64_t i = 0; i < s.shape[0]; i++)
+        for (int64_t j = 0; j < s.shape[1]; j++) {
+            uint8_t want = r->q[s.rows[i] * r->cols + s.cols[j]], got = q[i * s.shape[1] + j];
+            if (got != want && !wrong++)
+                snprintf(why, n, "rank %d: element (%lld, %lld) is 0x%02x, expected 0x%02x", rank,
+                         (long long)s.rows[i], (long long)s.cols[j], got, want);
+        }
+    shard_free(&s);
+    return wrong;
+}
+
+static uint64_t net_out_of(reshard_comm_t *comm)
+{
+    reshard_comm_counters_t c;
+    return reshard_comm_counters(comm, &c) == RESHARD_OK ? c.net_out : 0;
+}
+
+/* The world's network bytes since `before` on this rank, summed over the ranks. */
+static reshard_status_t world_net(reshard_comm_t *comm, uint64_t before, uint64_t *sum)
+{
+    uint64_t all[MAX_RANKS] = {0};
+    all[reshard_comm_rank(comm)] = net_out_of(comm) - before;
+    RS_CHECK(reshard_comm_allgather(comm, all, sizeof(uint64_t)));
+    *sum = 0;
+    for (int r = 0; r < reshard_comm_size(comm); r++)
+        *sum += all[r];
+    return RESHARD_OK;
+}
+
+/* The same layouts into an unquantized destination: the world's network bytes of one refit. */
+static reshard_status_t plain_refit_bytes(reshard_comm_t *comm, int rank, const char *src,
+                                          const char *dst, uint64_t *sum)
+{
+    reshard_layout_t *ls = parse(src), *ld = parse(dst);
+    reshard_tensor_t t = {"layer.w.weight", ls, ld};
+    reshard_plan_t *plan = NULL;
+    reshard_buffers_t b = {0};
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+    reshard_layout_shard_bytes(ls, rank, &b.src_bytes);
+    reshard_layout_shard_bytes(ld, rank, &b.dst_bytes);
+    b.src = b.src_bytes ? calloc(1, b.src_bytes) : NULL;
+    b.dst = b.dst_bytes ? calloc(1, b.dst_bytes) : NULL;
+    uint64_t before = net_out_of(comm);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(plan, &b);
+    if (st == RESHARD_OK)
+        st = world_net(comm, before, sum);
+    reshard_plan_destroy(plan);
+    free((void *)b.src);
+    free(b.dst);
+    reshard_layout_destroy(ls);
+    reshard_layout_destroy(ld);
+    return st;
+}
+
+static reshard_status_t refit_and_check(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct qside x;
+    reshard_status_t st = qside_open(&x, comm, rank, qc.src, qc.dst);
+    reshard_layout_info_t info = {0};
+    if (st == RESHARD_OK)
+        st = reshard_layout_info(x.l[0][1], &info);
+    if (st == RESHARD_OK &&
+        (x.nt != 2 || strcmp(reshard_plan_tensor_name(x.plan, 1), "layer.w.weight_scale_inv")))
+        st = rs_error(RESHARD_ERR_INTERNAL, "rank %d: the plan has %d tensors, the second '%s'",
+                      rank, x.nt, x.nt > 1 ? reshard_plan_tensor_name(x.plan, 1) : "");
+    uint64_t fp8 = 0;
+    reshard_plan_stats_t ps;
+    if (st == RESHARD_OK && (st = reshard_plan_stats(x.plan, &ps, NULL)) == RESHARD_OK)
+        at_src_pct[rank] = ps.quant_at_source_pct;
+    for (int it = 0; st == RESHARD_OK && it < qc.refits; it++) {
+        struct ref r;
+        ref_make(&r, info.shape[0], info.shape[1], it);
+        qside_fill(&x, rank, &r, it);
+        for (int k = 0; k < 2; k++)
+            if (x.b[k].dst)
+                memset(x.b[k].dst, 0xa5, x.b[k].dst_bytes);
+        uint64_t before = net_out_of(comm);
+        st = reshard_plan_execute(x.plan, x.b);
+        if (st == RESHARD_OK && it == 0)
+            st = world_net(comm, before, &fp8);
+        char why[200] = "";
+        int64_t wrong = st == RESHARD_OK ? qside_wrong(&x, rank, &r, why, sizeof(why)) : 0;
+        if (wrong)
+            st = rs_error(RESHARD_ERR_INTERNAL, "refit %d: %lld wrong; first: %s", it,
+                          (long long)wrong, why);
+        reshard_tensor_state_t states[2];
+        if (st == RESHARD_OK && (st = reshard_plan_outcome(x.plan, states)) == RESHARD_OK &&
+            x.b[0].dst &&
+            (states[0] != RESHARD_TENSOR_COMPLETE || states[1] != RESHARD_TENSOR_COMPLETE))
+            st = rs_error(RESHARD_ERR_INTERNAL, "rank %d: outcomes %d, %d", rank, states[0],
+                          states[1]);
+        ref_free(&r);
+    }
+    qside_close(&x);
+    if (st != RESHARD_OK || !qc.dst_bf16)
+        return st;
+    /* The same layouts into bf16, for the bytes. */
+    uint64_t bf = 0;
+    st = plain_refit_bytes(comm, rank, qc.src, qc.dst_bf16, &bf);
+    net_fp8[rank] = fp8;
+    net_bf16[rank] = bf;
+    return st;
+}
+
+static void setup(void)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "2", 1);
+    setenv("RESHARD_TIMEOUT", "20", 1);
+    setenv("UCX_LOG_LEVEL", "error", 1);
+    net_fp8 = mmap(NULL, 3 * MAX_RANKS * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(net_fp8, MAP_FAILED);
+    memset(net_fp8, 0, 3 * MAX_RANKS * sizeof(uint64_t));
+    net_bf16 = net_fp8 + MAX_RANKS;
+    at_src_pct = (double *)(void *)(net_fp8 + 2 * MAX_RANKS);
+}
+
+static void teardown(void)
+{
+    munmap(net_fp8, 3 * MAX_RANKS * sizeof(uint64_t));
+}
+
+TestSuite(quant_exec, .init = setup, .fini = teardown, .timeout = 120);
+
+#define BLOCK "quant=block(128,128)"
+
+Test(quant_exec, aligned_bf16_sources_quantize_at_the_senders_and_halve_the_network_bytes)
+{
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 place=S(0)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .dst_bf16 = "shape=512x256 dtype=bf16 ranks=0-3 mesh=2x2 place=R,S(1)",
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    uint64_t fp8 = net_fp8[0], bf = net_bf16[0];
+    cr_log_info("aligned 512x256 bf16 -> fp8e4m3 block(128,128), 4 ranks in 2 domains: network "
+                "%llu bytes, bf16 refit %llu (%.3f x)",
+                (unsigned long long)fp8, (unsigned long long)bf, (double)fp8 / (double)bf);
+    cr_assert_gt(fp8, 0);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(at_src_pct[r], 100.0, "rank %d: every block quantized at its sender", r);
+    cr_assert_leq(fp8 * 100, bf * 51, "FP8 %llu bytes, bf16 %llu", (unsigned long long)fp8,
+                  (unsigned long long)bf);
+}
+
+Test(quant_exec, uneven_sources_that_cut_blocks_land_staged_and_quantize_where_they_land)
+{
+    /* 512 rows on 3 ranks (171, 171, 170): the blocks at rows 128 and 256 straddle them */
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0)",
+                        .dst =
+                            "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    /* of the 4 block rows, 0 (rows 0-127, on rank 0) and 3 (384-511, on rank 2) are held whole */
+    cr_assert_eq(at_src_pct[0], 50.0, "the world's figure, from the plan vote: %f", at_src_pct[0]);
+    cr_assert_eq(at_src_pct[3], at_src_pct[0]);
+}
+
+Test(quant_exec, a_partial_last_block_and_columns_cut_inside_blocks)
+{
+    /* 320 x 200: the last block row holds 64 rows, the last block column 72; the source's
+     * columns split at 100, inside block column 0 */
+    qc = (struct qcase){.src = "shape=320x200 dtype=f32 ranks=0-3 mesh=2x2 place=R,S(1)",
+                        .dst = "shape=320x200 dtype=fp8e4m3 ranks=1-3 place=R " BLOCK,
+                        .src_kind = 2,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1};
+    all_ok(run_ranks(4, refit_and_check), 4);
+}
+
+Test(quant_exec, shards_placed_at_offsets_in_their_buffers)
+{
+    /* a weight inside a fused buffer on both sides (as vLLM's fused_qkv_a_proj): the source's
+     * values are read, and the destination's written, at their offsets; blocks quantized at the
+     * senders and where they land alike */
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0) buffer=fused "
+                               "offset=1000",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) "
+                               "buffer=fused offset=333 " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1,
+                        .src_off = 1000,
+                        .dst_off = 333};
+    all_ok(run_ranks(4, refit_and_check), 4);
+}
+
+Test(quant_exec, per_channel_scales_from_f16_into_e5m2)
+{
+    qc = (struct qcase){.src = "shape=256x192 dtype=f16 ranks=0-3 place=S(1)",
+                        .dst = "shape=256x192 dtype=fp8e5m2 ranks=0-3 place=S(0) quant=channel",
+                        .src_kind = 1,
+                        .fmt = RS_FP8_E5M2,
+                        .er = 1,
+                        .ec = 192,
+                        .refits = 1};
+    all_ok(run_ranks(4, refit_and_check), 4);
+}
+
+Test(quant_exec, per_channel_scales_quantized_at_the_senders)
+{
+    qc = (struct qcase){.src = "shape=256x192 dtype=bf16 ranks=0-3 place=S(0)",
+                        .dst = "shape=256x192 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),R "
+                               "quant=channel",
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 1,
+                        .ec = 192,
+                        .refits = 1};
+    all_ok(run_ranks(4, refit_and_check), 4);
+}
+
+Test(quant_exec, one_scale_per_tensor)
+{
+    qc = (struct qcase){.src = "shape=200x96 dtype=bf16 ranks=0-3 place=S(0)",
+                        .dst = "shape=200x96 dtype=fp8e4m3 ranks=0-3 place=R quant=tensor",
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 200,
+                        .ec = 96,
+                        .refits = 1};
+    all_ok(run_ranks(4, refit_and_check), 4);
+}
+
+Test(quant_exec, fp8_sources_move_with_their_scales_unchanged)
+{
+    qc = (struct qcase){.src = "shape=512x256 dtype=fp8e4m3 ranks=0-3 place=S(0) " BLOCK,
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .src_kind = 3,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1};
+    all_ok(run_ranks(4, refit_and_check), 4);
+}
+
+Test(quant_exec, the_direct_baseline_quantizes_alike)
+{
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .algo = RESHARD_ALGO_DIRECT,
+                        .refits = 1};
+    all_ok(run_ranks(4, refit_and_check), 4);
+}
+
+/* Rank 2 passes its weight as device memory: quantizing on the way runs on host buffers only.
+ * Every rank is told before any byte moves, naming the tensor, and the communicator stays
+ * usable: the same plan then runs on host buffers and is checked. */
+static reshard_status_t device_weight_on_rank2(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct qside x;
+    reshard_status_t st = qside_open(&x, comm, rank, qc.src, qc.dst);
+    reshard_layout_info_t info = {0};
+    if (st == RESHARD_OK)
+        st = reshard_layout_info(x.l[0][1], &info);
+    if (st != RESHARD_OK) {
+        qside_close(&x);
+        return st;
+    }
+    struct ref r;
+    ref_make(&r, info.shape[0], info.shape[1], 0);
+    qside_fill(&x, rank, &r, 0);
+    if (rank == 2)
+        x.b[0].mem = RESHARD_MEM_CUDA;
+    st = reshard_plan_execute(x.plan, x.b);
+    char why[256];
+    snprintf(why, sizeof(why), "%s", reshard_last_error());
+    x.b[0].mem = RESHARD_MEM_HOST;
+    char bad[200] = "";
+    if (st != RESHARD_OK && reshard_plan_execute(x.plan, x.b) != RESHARD_OK)
+        st = rs_error(RESHARD_ERR_INTERNAL, "the host run after the refusal: %s",
+                      reshard_last_error());
+    else if (st != RESHARD_OK && qside_wrong(&x, rank, &r, bad, sizeof(bad)))
+        st = rs_error(RESHARD_ERR_INTERNAL, "the host run after the refusal: %s", bad);
+    else if (st != RESHARD_OK)
+        st = rs_error(st, "%s", why);
+    /* run_ranks destroys no communicator of a failed rank: leave together, so that no rank
+     * exits while another still waits for its acknowledgement */
+    char msg[256];
+    snprintf(msg, sizeof(msg), "%s", reshard_last_error());
+    if (st != RESHARD_OK && reshard_comm_barrier(comm) != RESHARD_OK)
+        st = rs_error(RESHARD_ERR_INTERNAL, "barrier: %s", reshard_last_error());
+    else if (st != RESHARD_OK)
+        st = rs_error(st, "%s", msg); /* the barrier's entry cleared it */
+    ref_free(&r);
+    qside_close(&x);
+    return st;
+}
+
+Test(quant_exec, device_buffers_for_a_tensor_quantized_on_the_way_are_refused_on_every_rank)
+{
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 place=S(0)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1};
+    struct outcome *o = run_ranks(4, device_weight_on_rank2);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(o[r].status, r == 2 ? RESHARD_ERR_INVALID_ARG : RESHARD_ERR_REMOTE,
+                     "rank %d: %s", r, o[r].msg);
+        cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is quantized on the way "
+                                   "(bf16 -> fp8e4m3), which the executor does on host buffers"),
+                  "rank %d: %s", r, o[r].msg);
+    }
+}
+
+Test(quant_exec, plan_tensor_queries_name_the_scales_and_refuse_what_is_not_there)
+{
+    reshard_layout_t *s = parse("shape=256x256 dtype=bf16 ranks=0-1 place=S(0)");
+    reshard_layout_t *d = parse("shape=256x256 dtype=fp8e4m3 ranks=2-3 place=S(1) " BLOCK);
+    reshard_tensor_t t[2] = {{"a.weight", s, d}, {"b", s, d}};
+    reshard_topo_t *topo = NULL;
+    cr_assert_eq(reshard_topo_create(4, 2, NULL, &topo), RESHARD_OK);
+    reshard_plan_t *p = NULL;
+    cr_assert_eq(reshard_plan_create(t, 2, topo, NULL, &p), RESHARD_OK, "%s", reshard_last_error());
+    cr_assert_eq(reshard_plan_ntensors(p), 4);
+    cr_assert_str_eq(reshard_plan_tensor_name(p, 2), "a.weight_scale_inv");
+    cr_assert_str_eq(reshard_plan_tensor_name(p, 3), "b.scale");
+    cr_assert_null(reshard_plan_tensor_name(p, 4));
+    cr_assert_null(reshard_plan_tensor_name(p, -1));
+    reshard_layout_t *l = NULL;
+    cr_assert_eq(reshard_plan_tensor_layout(p, 2, 1, &l), RESHARD_OK);
+    reshard_layout_info_t info;
+    cr_assert_eq(reshard_layout_info(l, &info), RESHARD_OK);
+    cr_assert_eq(info.shape[0], 2);
+    cr_assert_eq(info.shape[1], 2);
+    cr_assert_eq(info.elem_size, 4, "float32 scales");
+    size_t bytes = 0;
+    cr_assert_eq(reshard_layout_shard_bytes(l, 3, &bytes), RESHARD_OK);
+    cr_assert_eq(bytes, 2 * 1 * 4, "rank 3 holds the second block column");
+    reshard_layout_destroy(l);
+    cr_assert_eq(reshard_plan_tensor_layout(p, 4, 0, &l), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(reshard_last_error(), "tensor 4 side 0: the plan has 4 tensors"), "%s",
+              reshard_last_error());
+    cr_assert_eq(reshard_plan_tensor_layout(p, 0, 2, &l), RESHARD_ERR_INVALID_ARG);
+    cr_assert_eq(reshard_plan_ntensors(NULL), 0);
+    reshard_plan_destroy(p);
+    reshard_topo_destroy(topo);
+    reshard_layout_destroy(s);
+    reshard_layout_destroy(d);
+}

@@ -510,6 +510,31 @@ Test(quant_exec, the_direct_baseline_quantizes_alike)
     all_ok(run_ranks(4, refit_and_check), 4);
 }
 
+/* The broadcast baseline moves bytes and does not quantize: a plan of it with a quantized
+ * destination is refused on every rank when it is made, naming the tensor. */
+static reshard_status_t bcast_plan(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct qside x;
+    reshard_status_t st = qside_open(&x, comm, rank, qc.src, qc.dst);
+    qside_close(&x);
+    return st;
+}
+
+Test(quant_exec, the_broadcast_baseline_refuses_a_quantized_destination)
+{
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 place=S(0)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .algo = RESHARD_ALGO_BCAST};
+    struct outcome *o = run_ranks(4, bcast_plan);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(o[r].status, RESHARD_ERR_INVALID_ARG, "rank %d: %s", r, o[r].msg);
+        cr_assert(strstr(o[r].msg, "tensor 'layer.w.weight' has a quantized destination, which the "
+                                   "broadcast baseline does not run"),
+                  "rank %d: %s", r, o[r].msg);
+    }
+}
+
 /* Rank 2 passes its weight as device memory: quantizing on the way runs on host buffers only.
  * Every rank is told before any byte moves, naming the tensor, and the communicator stays
  * usable: the same plan then runs on host buffers and is checked. */

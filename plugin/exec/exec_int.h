@@ -109,13 +109,24 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
                                  const struct xfer_set *xs, int rank);
 void exec_quant_fini(struct exec_quant *q, int ntensors, struct reshard_comm *c);
 struct exec;
-/* Before a run: quantized tensors need host buffers (a clear refusal names the tensor). */
+/* Before a run: quantized tensors' buffers are ones the executor can quantize (a clear refusal
+ * names the tensor). */
 reshard_status_t exec_quant_check(const struct exec *x, const reshard_buffers_t *bufs);
-/* Before the first send: the blocks this rank quantizes as a sender, from its sources. */
-void exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs);
+/* Before the first send: the blocks this rank quantizes as a sender, from its sources (bufs;
+ * dev: the caller's device buffers behind them, or NULL). */
+reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs,
+                                   const reshard_buffers_t *dev);
 /* Once everything bound for this rank landed: its staged blocks quantized into the
  * destinations, with their scales. */
-void exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs);
+reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs,
+                                   const reshard_buffers_t *dev);
+/* The same on device buffers, with the kernels (exec_quant_dev.c), for CAST weight w. */
+reshard_status_t exec_quant_dev_check(const struct exec *x, const reshard_buffers_t *bufs,
+                                      uint32_t w);
+int exec_quant_dev_src(const reshard_buffers_t *dev, uint32_t w);
+int exec_quant_dev_dst(const reshard_buffers_t *dev, uint32_t w);
+reshard_status_t exec_quant_dev_at_src(struct exec *x, uint32_t w, const reshard_buffers_t *dev);
+reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard_buffers_t *dev);
 
 /* Device buffers on the native executor are staged through host copies (pinned when the driver
  * allows): [2 * ntensors] (source, destination) shadows and their sizes, kept across runs. */

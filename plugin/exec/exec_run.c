@@ -382,14 +382,14 @@ reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
         return st;
     }
     st = dev ? exec_dev_stage_sources(r, 1) : RESHARD_OK; /* local peers that stage after all */
-    if (st == RESHARD_OK) {
-        exec_quant_at_src(x, bufs); /* what this rank sends quantized, before it sends it */
+    if (st == RESHARD_OK) /* what this rank sends quantized, before it sends it */
+        st = exec_quant_at_src(x, bufs, dev);
+    if (st == RESHARD_OK)
         st = exec_post_start(r);
-    }
     if (st == RESHARD_OK)
         st = wait_done(r);
     if (st == RESHARD_OK)
-        exec_quant_landed(x, bufs);
+        st = exec_quant_landed(x, bufs, dev);
     if (st == RESHARD_OK && r->gdr_landed) /* the caller's kernels see what the NIC wrote */
         st = cuda_flush_rdma_writes();
     if (st == RESHARD_OK) {

@@ -13,6 +13,7 @@
 #include "plugin/reshard.h"
 
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,12 +30,14 @@ struct qcase {
     reshard_algo_t algo;
     int refits;
     int64_t src_off, dst_off; /* the weight's shards start this many elements into its buffers */
+    unsigned dev_ranks;       /* ranks that pass every buffer as (the stand-in's) device memory */
 };
 
 static struct qcase qc; /* set before the ranks fork */
 /* What every rank reports beside its status: the network bytes of the FP8 and bf16 refits. */
 static uint64_t *net_fp8, *net_bf16;
-static double *at_src_pct; /* reshard_plan_stats' quant_at_source_pct, per rank */
+static double *at_src_pct;       /* reshard_plan_stats' quant_at_source_pct, per rank */
+static uint64_t *quant_launches; /* the stand-in's quantization kernels run, per rank */
 
 /* The source's value at (i, j) in refit `it`: signs, magnitudes that change every 64 rows and
  * columns, a block of zeros, a NaN, and values small enough to go subnormal in FP8. */
@@ -306,6 +309,64 @@ static reshard_status_t plain_refit_bytes(reshard_comm_t *comm, int rank, const 
     return st;
 }
 
+/* ---- device buffers: the stand-in libcuda's (host memory it hands out as device memory) ---- */
+
+static void *fake_fn(const char *name)
+{
+    void *h = dlopen(getenv("RESHARD_CUDA_LIB"), RTLD_NOW | RTLD_GLOBAL);
+    return h ? dlsym(h, name) : NULL;
+}
+
+static void use_fake_cuda(void)
+{
+    char path[512];
+    const char *b = getenv("RESHARD_BUILD");
+    snprintf(path, sizeof(path), "%s/test/fake/libcuda.so.1", b && *b ? b : "build");
+    setenv("RESHARD_CUDA_LIB", path, 1);
+}
+
+static void *dev_copy(const void *host, size_t n)
+{
+    int (*alloc)(uint64_t *, size_t) = (int (*)(uint64_t *, size_t))fake_fn("cuMemAlloc_v2");
+    uint64_t p = 0;
+    if (!host || !alloc || alloc(&p, n))
+        return NULL;
+    memcpy((void *)(uintptr_t)p, host, n);
+    return (void *)(uintptr_t)p;
+}
+
+static void dev_free(const void *p)
+{
+    int (*f)(uint64_t) = (int (*)(uint64_t))fake_fn("cuMemFree_v2");
+    if (p && f)
+        f((uint64_t)(uintptr_t)p);
+}
+
+/* The buffers execute gets: x's, or device copies of them on the ranks of qc.dev_ranks. */
+static void bufs_for(const struct qside *x, int rank, reshard_buffers_t *b)
+{
+    memcpy(b, x->b, sizeof(x->b));
+    if (!(qc.dev_ranks >> rank & 1))
+        return;
+    for (int k = 0; k < x->nt; k++) {
+        b[k].mem = RESHARD_MEM_CUDA;
+        b[k].src = dev_copy(x->b[k].src, x->b[k].src_bytes);
+        b[k].dst = dev_copy(x->b[k].dst, x->b[k].dst_bytes);
+    }
+}
+
+static void bufs_back(const struct qside *x, int rank, const reshard_buffers_t *b)
+{
+    if (!(qc.dev_ranks >> rank & 1))
+        return;
+    for (int k = 0; k < x->nt; k++) {
+        if (b[k].dst)
+            memcpy(x->b[k].dst, b[k].dst, x->b[k].dst_bytes);
+        dev_free(b[k].src);
+        dev_free(b[k].dst);
+    }
+}
+
 static reshard_status_t refit_and_check(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
@@ -330,7 +391,14 @@ static reshard_status_t refit_and_check(int rank, int size, reshard_comm_t *comm
             if (x.b[k].dst)
                 memset(x.b[k].dst, 0xa5, x.b[k].dst_bytes);
         uint64_t before = net_out_of(comm);
-        st = reshard_plan_execute(x.plan, x.b);
+        reshard_buffers_t b[2];
+        bufs_for(&x, rank, b);
+        st = reshard_plan_execute(x.plan, b);
+        bufs_back(&x, rank, b);
+        if (qc.dev_ranks) {
+            int (*n)(void) = (int (*)(void))fake_fn("fake_cuda_quant_launches");
+            quant_launches[rank] = n ? (uint64_t)n() : 0;
+        }
         if (st == RESHARD_OK && it == 0)
             st = world_net(comm, before, &fp8);
         char why[200] = "";
@@ -362,17 +430,18 @@ static void setup(void)
     setenv("RESHARD_DOMAIN_SIZE", "2", 1);
     setenv("RESHARD_TIMEOUT", "20", 1);
     setenv("UCX_LOG_LEVEL", "error", 1);
-    net_fp8 = mmap(NULL, 3 * MAX_RANKS * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+    net_fp8 = mmap(NULL, 4 * MAX_RANKS * sizeof(uint64_t), PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     cr_assert_neq(net_fp8, MAP_FAILED);
-    memset(net_fp8, 0, 3 * MAX_RANKS * sizeof(uint64_t));
+    memset(net_fp8, 0, 4 * MAX_RANKS * sizeof(uint64_t));
     net_bf16 = net_fp8 + MAX_RANKS;
     at_src_pct = (double *)(void *)(net_fp8 + 2 * MAX_RANKS);
+    quant_launches = net_fp8 + 3 * MAX_RANKS;
 }
 
 static void teardown(void)
 {
-    munmap(net_fp8, 3 * MAX_RANKS * sizeof(uint64_t));
+    munmap(net_fp8, 4 * MAX_RANKS * sizeof(uint64_t));
 }
 
 TestSuite(quant_exec, .init = setup, .fini = teardown, .timeout = 120);
@@ -538,9 +607,10 @@ Test(quant_exec, the_broadcast_baseline_refuses_a_quantized_destination)
     }
 }
 
-/* Rank 2 passes its weight as device memory: quantizing on the way runs on host buffers only.
- * Every rank is told before any byte moves, naming the tensor, and the communicator stays
- * usable: the same plan then runs on host buffers and is checked. */
+/* Rank 2 passes its weight as device memory and its scales as host memory: a destination and
+ * its scales are quantized together, in one kind of memory. Every rank is told before any byte
+ * moves, naming the tensor, and the communicator stays usable: the same plan then runs on host
+ * buffers and is checked. */
 static reshard_status_t device_weight_on_rank2(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
@@ -583,7 +653,7 @@ static reshard_status_t device_weight_on_rank2(int rank, int size, reshard_comm_
     return st;
 }
 
-Test(quant_exec, device_buffers_for_a_tensor_quantized_on_the_way_are_refused_on_every_rank)
+Test(quant_exec, a_device_weight_with_host_scales_is_refused_on_every_rank)
 {
     qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 place=S(0)",
                         .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
@@ -596,8 +666,8 @@ Test(quant_exec, device_buffers_for_a_tensor_quantized_on_the_way_are_refused_on
     for (int r = 0; r < 4; r++) {
         cr_assert_eq(o[r].status, r == 2 ? RESHARD_ERR_INVALID_ARG : RESHARD_ERR_REMOTE,
                      "rank %d: %s", r, o[r].msg);
-        cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is quantized on the way "
-                                   "(bf16 -> fp8e4m3), which the executor does on host buffers"),
+        cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is in device memory and its "
+                                   "scales 'layer.w.weight_scale_inv' in host memory"),
                   "rank %d: %s", r, o[r].msg);
     }
 }
@@ -636,4 +706,142 @@ Test(quant_exec, plan_tensor_queries_name_the_scales_and_refuse_what_is_not_ther
     reshard_topo_destroy(topo);
     reshard_layout_destroy(s);
     reshard_layout_destroy(d);
+}
+
+/* ---- device buffers, quantized by the kernels (the stand-in runs them on the host) ---- */
+
+/* Ranks 0 and 1 pass device buffers, 2 and 3 host ones: the device senders quantize their
+ * blocks with the kernels, the host senders on the host, to the same bits. */
+Test(quant_exec, device_sources_quantize_at_the_senders_with_the_kernels)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 place=S(0)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .dev_ranks = 0x3};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(quant_launches[r] > 0, r < 2, "rank %d: %llu kernel launches", r,
+                     (unsigned long long)quant_launches[r]);
+}
+
+/* Sources that cut blocks: what lands staged on the device ranks is quantized there by the
+ * kernels, straight into the device destination and scales. */
+Test(quant_exec, device_destinations_quantize_staged_blocks_with_the_kernels)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0)",
+                        .dst =
+                            "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .dev_ranks = 0xa};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    cr_assert_eq(at_src_pct[0], 50.0, "half the blocks staged: %f", at_src_pct[0]);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(quant_launches[r] > 0, r % 2 == 1, "rank %d: %llu kernel launches", r,
+                     (unsigned long long)quant_launches[r]);
+}
+
+/* Every rank on the device: f32 with a partial last block and columns cut inside blocks. */
+Test(quant_exec, device_buffers_with_partial_blocks_from_f32)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=320x200 dtype=f32 ranks=0-3 mesh=2x2 place=R,S(1)",
+                        .dst = "shape=320x200 dtype=fp8e4m3 ranks=1-3 place=R " BLOCK,
+                        .src_kind = 2,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1,
+                        .dev_ranks = 0xf};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    for (int r = 1; r < 4; r++)
+        cr_assert_gt(quant_launches[r], 0, "rank %d quantized on its device", r);
+}
+
+Test(quant_exec, device_buffers_per_channel_f16_into_e5m2_and_at_offsets)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=256x192 dtype=f16 ranks=0-3 place=S(1)",
+                        .dst = "shape=256x192 dtype=fp8e5m2 ranks=0-3 place=S(0) quant=channel "
+                               "buffer=fused offset=77",
+                        .src_kind = 1,
+                        .fmt = RS_FP8_E5M2,
+                        .er = 1,
+                        .ec = 192,
+                        .refits = 1,
+                        .dst_off = 77,
+                        .dev_ranks = 0xf};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    for (int r = 0; r < 4; r++)
+        cr_assert_gt(quant_launches[r], 0, "rank %d quantized on its device", r);
+}
+
+Test(quant_exec, device_buffers_one_scale_per_tensor_at_the_sender)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=200x96 dtype=bf16 ranks=0-1 place=R",
+                        .dst = "shape=200x96 dtype=fp8e4m3 ranks=2-3 place=R quant=tensor",
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 200,
+                        .ec = 96,
+                        .refits = 1,
+                        .dev_ranks = 0xf};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    cr_assert_eq(at_src_pct[0], 100.0, "the senders hold the tensor whole: %f", at_src_pct[0]);
+    for (int r = 0; r < 2; r++)
+        cr_assert_gt(quant_launches[r], 0, "rank %d quantized on its device", r);
+}
+
+/* Rank 2's device destination is a strided view: the kernels take none, it is refused on
+ * every rank before anything moves. */
+static reshard_status_t strided_device_dst_on_rank2(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct qside x;
+    reshard_status_t st = qside_open(&x, comm, rank, qc.src, qc.dst);
+    if (st == RESHARD_OK) {
+        if (rank == 2)
+            x.b[0].mem = x.b[1].mem = RESHARD_MEM_CUDA; /* refused before any access */
+        st = reshard_plan_execute(x.plan, x.b);
+    }
+    char msg[256];
+    snprintf(msg, sizeof(msg), "%s", reshard_last_error());
+    if (reshard_comm_barrier(comm) != RESHARD_OK)
+        st = rs_error(RESHARD_ERR_INTERNAL, "barrier: %s", reshard_last_error());
+    else if (st != RESHARD_OK)
+        st = rs_error(st, "%s", msg);
+    qside_close(&x);
+    return st;
+}
+
+Test(quant_exec, a_strided_device_destination_is_refused_on_every_rank)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 place=S(0)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) "
+                               "view=512x128 strides=130x1 " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1};
+    struct outcome *o = run_ranks(4, strided_device_dst_on_rank2);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(o[r].status, r == 2 ? RESHARD_ERR_INVALID_ARG : RESHARD_ERR_REMOTE,
+                     "rank %d: %s", r, o[r].msg);
+        cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is quantized on the way on "
+                                   "the device, which takes a destination shard that is one "
+                                   "row-major box: this one is a strided view"),
+                  "rank %d: %s", r, o[r].msg);
+    }
 }

@@ -802,9 +802,9 @@ Test(quant_exec, device_buffers_one_scale_per_tensor_at_the_sender)
         cr_assert_gt(quant_launches[r], 0, "rank %d quantized on its device", r);
 }
 
-/* Rank 2's device destination is a strided view: the kernels take none, it is refused on
- * every rank before anything moves. */
-static reshard_status_t strided_device_dst_on_rank2(int rank, int size, reshard_comm_t *comm)
+/* Rank 2 passes device buffers the kernels cannot take: refused on every rank before anything
+ * moves. */
+static reshard_status_t device_bufs_on_rank2(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
     struct qside x;
@@ -835,13 +835,35 @@ Test(quant_exec, a_strided_device_destination_is_refused_on_every_rank)
                         .er = 128,
                         .ec = 128,
                         .refits = 1};
-    struct outcome *o = run_ranks(4, strided_device_dst_on_rank2);
+    struct outcome *o = run_ranks(4, device_bufs_on_rank2);
     for (int r = 0; r < 4; r++) {
         cr_assert_eq(o[r].status, r == 2 ? RESHARD_ERR_INVALID_ARG : RESHARD_ERR_REMOTE,
                      "rank %d: %s", r, o[r].msg);
         cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is quantized on the way on "
                                    "the device, which takes a destination shard that is one "
                                    "row-major box: this one is a strided view"),
+                  "rank %d: %s", r, o[r].msg);
+    }
+}
+
+Test(quant_exec, a_device_source_of_several_runs_is_refused_on_every_rank)
+{
+    use_fake_cuda();
+    /* SS(0,2) over 4 ranks: each holds two runs of 64 rows */
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 mesh=4 place=SS(0,2)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1};
+    struct outcome *o = run_ranks(4, device_bufs_on_rank2);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(o[r].status, r == 2 ? RESHARD_ERR_INVALID_ARG : RESHARD_ERR_REMOTE,
+                     "rank %d: %s", r, o[r].msg);
+        cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is quantized on the way on "
+                                   "the device, which takes a source shard that is one "
+                                   "row-major box: this one holds several runs of one dim"),
                   "rank %d: %s", r, o[r].msg);
     }
 }

@@ -4,7 +4,8 @@
  * (at the senders where they hold the blocks whole, else where the blocks land), per block, per
  * channel and per tensor, and FP8 sources moved with their scales. Every FP8 element and every
  * scale of every destination shard is compared bit for bit with the host reference
- * (cuda/quant.h) computed over the whole tensor.
+ * (cuda/quant.h) computed over the whole tensor. The same on device buffers of the stand-in
+ * libcuda (test/fake), where the quantization kernel's emulation runs and is counted.
  */
 #include "ranks.h"
 #include "side.h"

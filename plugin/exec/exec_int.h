@@ -103,6 +103,9 @@ struct exec_quant {
     uint8_t **done;       /* [ntensors] */
     struct qgeo **geo;    /* [2 * ntensors]: where this rank's source, destination elements are */
     uint64_t bytes;       /* what they hold */
+    /* [3 * ntensors]: device memory for device buffers (exec_quant_dev.c), made at first use:
+     * a sender's FP8 copy and scales, a receiver's staged shard; 0 where none */
+    uint64_t *dev;
 };
 
 reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,
@@ -127,6 +130,7 @@ int exec_quant_dev_src(const reshard_buffers_t *dev, uint32_t w);
 int exec_quant_dev_dst(const reshard_buffers_t *dev, uint32_t w);
 reshard_status_t exec_quant_dev_at_src(struct exec *x, uint32_t w, const reshard_buffers_t *dev);
 reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard_buffers_t *dev);
+void exec_quant_dev_fini(struct exec_quant *q, int ntensors);
 
 /* Device buffers on the native executor are staged through host copies (pinned when the driver
  * allows): [2 * ntensors] (source, destination) shadows and their sizes, kept across runs. */

@@ -76,7 +76,8 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
     q->stage = rs_calloc((size_t)nt + 1, sizeof(char *), "quantization buffers");
     q->done = rs_calloc((size_t)nt + 1, sizeof(uint8_t *), "quantization buffers");
     q->geo = rs_calloc(2 * (size_t)nt + 1, sizeof(struct qgeo *), "quantization buffers");
-    if (!q->qsrc || !q->stage || !q->done || !q->geo)
+    q->dev = rs_calloc(3 * (size_t)nt + 1, sizeof(*q->dev), "quantization buffers");
+    if (!q->qsrc || !q->stage || !q->done || !q->geo || !q->dev)
         return RESHARD_ERR_NO_MEMORY;
     for (size_t i = 0; i < xs->n; i++) {
         const struct xfer *xf = &xs->x[i];
@@ -125,6 +126,7 @@ void exec_quant_fini(struct exec_quant *q, int ntensors, struct reshard_comm *c)
         geo_free(q->geo[t]);
     free(q->done);
     free(q->geo);
+    exec_quant_dev_fini(q, ntensors);
     *q = (struct exec_quant){0};
 }
 

@@ -11,6 +11,8 @@
  * goes to the device once, and each staged box's blocks are quantized there straight into the
  * destination and its scales (a block two boxes share is quantized twice, to the same bits).
  *
+ * The device memory this needs is made at the first execution and kept with the plan.
+ *
  * The kernels take a shard that is one row-major box of the tensor (at an offset in its buffer,
  * but no other view; one run of global indices per dim); other device shards are refused before
  * the run, naming the tensor.
@@ -21,6 +23,7 @@
 #include "cuda/cuda_lib.h"
 #include "cuda/pack_desc.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* A shard as a box of the global index space, row-major in its buffer from element off. */
@@ -145,12 +148,29 @@ static reshard_status_t quant_box(const struct rs_layout *w, enum rs_dtype sdt, 
     }
 }
 
-/* ---- device memory of a run ---- */
+/* ---- device memory of a plan ---- */
 
-static reshard_status_t dev_alloc(cu_deviceptr *p, size_t bytes, const char *what)
+#define DEV(p) ((void *)(uintptr_t)(p))
+
+/* The plan's device buffer at *p, made at first use (its size is the plan's: fixed). */
+static reshard_status_t dev_alloc(uint64_t *p, size_t bytes, const char *what)
 {
-    cu_result r = cuda_lib()->mem_alloc(p, bytes ? bytes : 1);
-    return r == CU_SUCCESS ? RESHARD_OK : cuda_error(what, r);
+    cu_deviceptr d;
+    if (*p)
+        return RESHARD_OK;
+    cu_result r = cuda_lib()->mem_alloc(&d, bytes ? bytes : 1);
+    if (r != CU_SUCCESS)
+        return cuda_error(what, r);
+    *p = (uint64_t)d;
+    return RESHARD_OK;
+}
+
+void exec_quant_dev_fini(struct exec_quant *q, int ntensors)
+{
+    for (int i = 0; q->dev && i < 3 * ntensors; i++)
+        if (q->dev[i] && cuda_context_of(DEV(q->dev[i])) == RESHARD_OK)
+            cuda_lib()->mem_free((cu_deviceptr)q->dev[i]);
+    free(q->dev);
 }
 
 static reshard_status_t dev_sync(void)
@@ -158,8 +178,6 @@ static reshard_status_t dev_sync(void)
     cu_result r = cuda_lib()->ctx_synchronize();
     return r == CU_SUCCESS ? RESHARD_OK : cuda_error("quantizing on the device", r);
 }
-
-#define DEV(p) ((void *)(uintptr_t)(p))
 
 /* ---- the checks before a run ---- */
 
@@ -228,23 +246,16 @@ reshard_status_t exec_quant_dev_at_src(struct exec *x, uint32_t w, const reshard
         hi[d] = end == pw->dst.shape[d] ? end : end / e * e;
     }
     size_t fp8_bytes = (size_t)box_span(&eb), sc_bytes = (size_t)box_span(&sb) * sizeof(float);
-    cu_deviceptr q, s;
-    RS_CHECK(dev_alloc(&q, fp8_bytes, "an FP8 copy of a device source (cuMemAlloc)"));
-    reshard_status_t st = dev_alloc(&s, sc_bytes, "the scales of a device source (cuMemAlloc)");
-    if (st != RESHARD_OK)
-        goto err_q;
-    st = quant_box(&pw->dst, pw->src.dtype, lo, hi, &eb, dev[w].src, DEV(q), &sb, DEV(s));
-    if (st == RESHARD_OK)
-        st = dev_sync();
+    uint64_t *q = &x->quant.dev[3 * w], *s = &x->quant.dev[3 * w + 1];
+    RS_CHECK(dev_alloc(q, fp8_bytes, "an FP8 copy of a device source (cuMemAlloc)"));
+    RS_CHECK(dev_alloc(s, sc_bytes, "the scales of a device source (cuMemAlloc)"));
+    RS_CHECK(quant_box(&pw->dst, pw->src.dtype, lo, hi, &eb, dev[w].src, DEV(*q), &sb, DEV(*s)));
+    RS_CHECK(dev_sync());
     cu_result r;
-    if (st == RESHARD_OK &&
-        ((r = cuda_lib()->memcpy_dtoh(x->quant.qsrc[w], q, fp8_bytes)) != CU_SUCCESS ||
-         (r = cuda_lib()->memcpy_dtoh(x->quant.qsrc[pw->scales], s, sc_bytes)) != CU_SUCCESS))
-        st = cuda_error("copying quantized blocks to the host (cuMemcpyDtoH)", r);
-    cuda_lib()->mem_free(s);
-err_q:
-    cuda_lib()->mem_free(q);
-    return st;
+    if ((r = cuda_lib()->memcpy_dtoh(x->quant.qsrc[w], *q, fp8_bytes)) != CU_SUCCESS ||
+        (r = cuda_lib()->memcpy_dtoh(x->quant.qsrc[pw->scales], *s, sc_bytes)) != CU_SUCCESS)
+        return cuda_error("copying quantized blocks to the host (cuMemcpyDtoH)", r);
+    return RESHARD_OK;
 }
 
 /* ---- the receiver ---- */
@@ -266,9 +277,9 @@ reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard
         return rs_error(RESHARD_ERR_INVALID_ARG, "rank %d: tensor '%s' has no scales buffer '%s'",
                         me, pw->name, ps->name);
     size_t bytes = (size_t)box_span(&eb) * dtype_size(pw->src.dtype);
-    cu_deviceptr stage;
-    RS_CHECK(dev_alloc(&stage, bytes, "staging a quantized destination (cuMemAlloc)"));
-    cu_result r = cuda_lib()->memcpy_htod(stage, x->quant.stage[w], bytes);
+    uint64_t *stage = &x->quant.dev[3 * w + 2];
+    RS_CHECK(dev_alloc(stage, bytes, "staging a quantized destination (cuMemAlloc)"));
+    cu_result r = cuda_lib()->memcpy_htod(*stage, x->quant.stage[w], bytes);
     reshard_status_t st =
         r == CU_SUCCESS ? RESHARD_OK : cuda_error("staging a quantized destination", r);
     for (size_t i = 0; st == RESHARD_OK && i < x->xs.n; i++) {
@@ -285,11 +296,8 @@ reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard
             if (!len[d])
                 hi[d] = lo[d];
         }
-        st = quant_box(&pw->dst, pw->src.dtype, lo, hi, &eb, DEV(stage), dev[w].dst, &sb,
+        st = quant_box(&pw->dst, pw->src.dtype, lo, hi, &eb, DEV(*stage), dev[w].dst, &sb,
                        dev[pw->scales].dst);
     }
-    if (st == RESHARD_OK)
-        st = dev_sync();
-    cuda_lib()->mem_free(stage);
-    return st;
+    return st == RESHARD_OK ? dev_sync() : st;
 }

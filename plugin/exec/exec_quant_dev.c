@@ -23,6 +23,7 @@
 #include "cuda/cuda_lib.h"
 #include "cuda/pack_desc.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -186,13 +187,15 @@ static reshard_status_t need_box(const struct exec *x, uint32_t t, const struct 
 {
     struct qbox b;
     int dim;
+    char why[64] = "is a strided view of its buffer";
     if (shard_box(m, x->comm->rank, &b, &dim) >= 0)
         return RESHARD_OK;
+    if (dim >= 0)
+        snprintf(why, sizeof(why), "holds several runs of dim %d", dim);
     return rs_error(RESHARD_ERR_INVALID_ARG,
                     "rank %d: tensor '%s' is quantized on the way on the device, which takes a "
                     "%s shard that is one row-major box: this one %s; pass it in host memory",
-                    x->comm->rank, x->plan->tensors[t].name, side,
-                    dim < 0 ? "is a strided view of its buffer" : "holds several runs of one dim");
+                    x->comm->rank, x->plan->tensors[t].name, side, why);
 }
 
 reshard_status_t exec_quant_dev_check(const struct exec *x, const reshard_buffers_t *bufs,

@@ -864,7 +864,7 @@ Test(quant_exec, a_device_source_of_several_runs_is_refused_on_every_rank)
                      "rank %d: %s", r, o[r].msg);
         cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is quantized on the way on "
                                    "the device, which takes a source shard that is one "
-                                   "row-major box: this one holds several runs of one dim"),
+                                   "row-major box: this one holds several runs of dim 0"),
                   "rank %d: %s", r, o[r].msg);
     }
 }

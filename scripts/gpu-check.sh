@@ -6,7 +6,8 @@
 #
 # Everything that needs a GPU, in one command, in a few minutes on one GPU: the GPU unit
 # tests (driver, pack/unpack kernels against the host, the FP8 quantization kernel's codes and
-# scales bit for bit against the host reference), the pack kernels' bandwidth against
+# scales bit for bit against the host reference, and 4 ranks refitting bf16 into FP8 device
+# buffers, checked the same way), the pack kernels' bandwidth against
 # cuMemcpyDtoD (pack_bench), 4 processes refitting device buffers with the fan-out through
 # CUDA IPC (cuMemAlloc destinations), through cuMemCreate memory shared by POSIX descriptor,
 # and through host staging (RESHARD_CUDA_IPC=0), a refit through real NCCL
@@ -203,7 +204,7 @@ device() {
 }
 
 # The GPU cases must run on a GPU, not skip. The stand-in answers the kernel checks only (pack
-# and FP8 quantization; its device memory is host memory, which the memory-kind test rightly
+# and FP8 quantization, the FP8 refit; its device memory is host memory, which the memory-kind test rightly
 # refuses as device memory).
 gpu_unit() {
     local out rc

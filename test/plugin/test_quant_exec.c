@@ -10,6 +10,7 @@
 #include "ranks.h"
 #include "side.h"
 #include "base/error.h"
+#include "cuda/cuda_lib.h"
 #include "cuda/quant.h"
 #include "plugin/reshard.h"
 
@@ -326,45 +327,55 @@ static void use_fake_cuda(void)
     setenv("RESHARD_CUDA_LIB", path, 1);
 }
 
-static void *dev_copy(const void *host, size_t n)
+/* Device memory of the driver the library uses (the stand-in's, or a GPU's), holding host's n
+ * bytes; NULL for none. */
+static reshard_status_t dev_copy(const void *host, size_t n, void **out)
 {
-    int (*alloc)(uint64_t *, size_t) = (int (*)(uint64_t *, size_t))fake_fn("cuMemAlloc_v2");
-    uint64_t p = 0;
-    if (!host || !alloc || alloc(&p, n))
-        return NULL;
-    memcpy((void *)(uintptr_t)p, host, n);
-    return (void *)(uintptr_t)p;
-}
-
-static void dev_free(const void *p)
-{
-    int (*f)(uint64_t) = (int (*)(uint64_t))fake_fn("cuMemFree_v2");
-    if (p && f)
-        f((uint64_t)(uintptr_t)p);
+    const struct cuda_fns *f = cuda_lib();
+    cu_deviceptr p;
+    *out = NULL;
+    if (!host)
+        return RESHARD_OK;
+    if (!f)
+        return RESHARD_ERR_UNAVAILABLE; /* cuda_lib said why */
+    RS_CHECK(cuda_current_context());
+    if (f->mem_alloc(&p, n) != CU_SUCCESS || f->memcpy_htod(p, host, n) != CU_SUCCESS)
+        return rs_error(RESHARD_ERR_NO_MEMORY, "device copy of %zu bytes", n);
+    *out = (void *)(uintptr_t)p;
+    return RESHARD_OK;
 }
 
 /* The buffers execute gets: x's, or device copies of them on the ranks of qc.dev_ranks. */
-static void bufs_for(const struct qside *x, int rank, reshard_buffers_t *b)
+static reshard_status_t bufs_for(const struct qside *x, int rank, reshard_buffers_t *b)
 {
     memcpy(b, x->b, sizeof(x->b));
     if (!(qc.dev_ranks >> rank & 1))
-        return;
+        return RESHARD_OK;
     for (int k = 0; k < x->nt; k++) {
+        void *src, *dst;
         b[k].mem = RESHARD_MEM_CUDA;
-        b[k].src = dev_copy(x->b[k].src, x->b[k].src_bytes);
-        b[k].dst = dev_copy(x->b[k].dst, x->b[k].dst_bytes);
+        b[k].src = b[k].dst = NULL;
+        RS_CHECK(dev_copy(x->b[k].src, x->b[k].src_bytes, &src));
+        b[k].src = src;
+        RS_CHECK(dev_copy(x->b[k].dst, x->b[k].dst_bytes, &dst));
+        b[k].dst = dst;
     }
+    return RESHARD_OK;
 }
 
+/* The device destinations back into x's, and the device copies freed. */
 static void bufs_back(const struct qside *x, int rank, const reshard_buffers_t *b)
 {
-    if (!(qc.dev_ranks >> rank & 1))
+    const struct cuda_fns *f = cuda_lib();
+    if (!(qc.dev_ranks >> rank & 1) || !f)
         return;
     for (int k = 0; k < x->nt; k++) {
         if (b[k].dst)
-            memcpy(x->b[k].dst, b[k].dst, x->b[k].dst_bytes);
-        dev_free(b[k].src);
-        dev_free(b[k].dst);
+            f->memcpy_dtoh(x->b[k].dst, (cu_deviceptr)(uintptr_t)b[k].dst, x->b[k].dst_bytes);
+        if (b[k].src)
+            f->mem_free((cu_deviceptr)(uintptr_t)b[k].src);
+        if (b[k].dst)
+            f->mem_free((cu_deviceptr)(uintptr_t)b[k].dst);
     }
 }
 
@@ -393,8 +404,8 @@ static reshard_status_t refit_and_check(int rank, int size, reshard_comm_t *comm
                 memset(x.b[k].dst, 0xa5, x.b[k].dst_bytes);
         uint64_t before = net_out_of(comm);
         reshard_buffers_t b[2];
-        bufs_for(&x, rank, b);
-        st = reshard_plan_execute(x.plan, b);
+        if ((st = bufs_for(&x, rank, b)) == RESHARD_OK)
+            st = reshard_plan_execute(x.plan, b);
         bufs_back(&x, rank, b);
         if (qc.dev_ranks) {
             int (*n)(void) = (int (*)(void))fake_fn("fake_cuda_quant_launches");
@@ -867,4 +878,27 @@ Test(quant_exec, a_device_source_of_several_runs_is_refused_on_every_rank)
                                    "row-major box: this one holds several runs of dim 0"),
                   "rank %d: %s", r, o[r].msg);
     }
+}
+
+/* With a GPU (gpu-check's gpu-unit step): the kernels themselves, in forked ranks on device
+ * buffers, senders and receivers of staged blocks, every element and scale against the
+ * reference; on the stand-in the same through its emulation. */
+Test(gpu, quant_exec_on_device_buffers_gives_the_host_reference, .timeout = 120)
+{
+    setup();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0)",
+                        .dst =
+                            "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .dev_ranks = 0xf};
+    struct outcome *o = run_ranks(4, refit_and_check);
+    if (o[0].status == RESHARD_ERR_UNAVAILABLE)
+        cr_skip_test("no CUDA device (%s)", o[0].msg);
+    all_ok(o, 4);
+    cr_assert_eq(at_src_pct[0], 50.0, "half the blocks at the senders: %f", at_src_pct[0]);
+    teardown();
 }

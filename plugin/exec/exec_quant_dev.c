@@ -224,6 +224,18 @@ reshard_status_t exec_quant_dev_check(const struct exec *x, const reshard_buffer
     return cuda_kernels();
 }
 
+/* A failure on the device, named: the rank, the tensor and where. */
+static reshard_status_t named(const struct exec *x, uint32_t w, const char *where,
+                              reshard_status_t st)
+{
+    if (st == RESHARD_OK)
+        return st;
+    struct rs_saved_error why;
+    rs_error_save(&why);
+    return rs_error(st, "rank %d: quantizing tensor '%s' on the device %s: %s", x->comm->rank,
+                    x->plan->tensors[w].name, where, why.msg);
+}
+
 /* ---- the sender ---- */
 
 int exec_quant_dev_src(const reshard_buffers_t *dev, uint32_t w)
@@ -231,7 +243,7 @@ int exec_quant_dev_src(const reshard_buffers_t *dev, uint32_t w)
     return dev && dev[w].mem == RESHARD_MEM_CUDA && dev[w].src;
 }
 
-reshard_status_t exec_quant_dev_at_src(struct exec *x, uint32_t w, const reshard_buffers_t *dev)
+static reshard_status_t at_src(struct exec *x, uint32_t w, const reshard_buffers_t *dev)
 {
     const struct plan_tensor *pw = &x->plan->tensors[w];
     const struct plan_tensor *ps = &x->plan->tensors[pw->scales];
@@ -268,7 +280,7 @@ int exec_quant_dev_dst(const reshard_buffers_t *dev, uint32_t w)
     return dev && dev[w].mem == RESHARD_MEM_CUDA && dev[w].dst;
 }
 
-reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard_buffers_t *dev)
+static reshard_status_t landed(struct exec *x, uint32_t w, const reshard_buffers_t *dev)
 {
     const struct rs_plan *p = x->plan;
     const struct plan_tensor *pw = &p->tensors[w], *ps = &p->tensors[pw->scales];
@@ -303,4 +315,14 @@ reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard
                        dev[pw->scales].dst);
     }
     return st == RESHARD_OK ? dev_sync() : st;
+}
+
+reshard_status_t exec_quant_dev_at_src(struct exec *x, uint32_t w, const reshard_buffers_t *dev)
+{
+    return named(x, w, "before sending", at_src(x, w, dev));
+}
+
+reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard_buffers_t *dev)
+{
+    return named(x, w, "where it landed", landed(x, w, dev));
 }

@@ -902,3 +902,44 @@ Test(gpu, quant_exec_on_device_buffers_gives_the_host_reference, .timeout = 120)
     cr_assert_eq(at_src_pct[0], 50.0, "half the blocks at the senders: %f", at_src_pct[0]);
     teardown();
 }
+
+static int failing_rank;
+
+static void fail_launches_on(int rank)
+{
+    if (rank == failing_rank)
+        setenv("FAKE_CUDA_FAIL", "cuLaunchKernel", 1);
+}
+
+/* The quantization kernel fails on a device sender (before it sends: every rank fails, none
+ * waits for it) and on a device receiver (after everything landed: it fails, naming the
+ * call). */
+Test(quant_exec, a_failed_quantization_kernel_fails_the_refit)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0)",
+                        .dst =
+                            "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1,
+                        .dev_ranks = 0xf};
+    rank_setup = fail_launches_on;
+    failing_rank = 0; /* holds block row 0 whole: quantizes it before sending */
+    struct outcome *o = run_ranks(4, refit_and_check);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_neq(o[r].status, RESHARD_OK, "rank %d succeeded", r);
+        cr_assert(strstr(o[r].msg, "rank 0: quantizing tensor 'layer.w.weight' on the device "
+                                   "before sending: cuda: cuLaunchKernel: fake error"),
+                  "rank %d: %s", r, o[r].msg);
+    }
+    failing_rank = 3; /* receives block row 2 staged: quantizes it once it landed */
+    o = run_ranks(4, refit_and_check);
+    rank_setup = NULL;
+    cr_assert_neq(o[3].status, RESHARD_OK, "rank 3 succeeded");
+    cr_assert(strstr(o[3].msg, "rank 3: quantizing tensor 'layer.w.weight' on the device where it "
+                               "landed: cuda: cuLaunchKernel: fake error"),
+              "rank 3: %s", o[3].msg);
+}

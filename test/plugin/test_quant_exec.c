@@ -943,3 +943,25 @@ Test(quant_exec, a_failed_quantization_kernel_fails_the_refit)
                                "landed: cuda: cuLaunchKernel: fake error"),
               "rank 3: %s", o[3].msg);
 }
+
+/* Both sides inside fused device buffers, at offsets: blocks quantized at the device senders
+ * and where they land alike. */
+Test(quant_exec, device_shards_placed_at_offsets_in_their_buffers)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0) buffer=fused "
+                               "offset=1000",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) "
+                               "buffer=fused offset=333 " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .src_off = 1000,
+                        .dst_off = 333,
+                        .dev_ranks = 0xf};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    for (int r = 0; r < 4; r++)
+        cr_assert_gt(quant_launches[r], 0, "rank %d quantized on its device", r);
+}

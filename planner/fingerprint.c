@@ -69,6 +69,61 @@ int fingerprint_counts(const struct rs_shardmap *map, int pos, const struct rs_t
     return 1;
 }
 
+/* Present ranks of tuple t. */
+static int tuple_present(const struct rs_shardmap *map, int t, const struct rs_topo *topo)
+{
+    int n = 0;
+    for (int i = map->tuple_first[t]; i < map->tuple_first[t + 1]; i++)
+        n += !(topo && topo_absent(topo, map->layout->ranks[map->tuple_pos[i]]));
+    return n;
+}
+
+int fingerprint_replicas(const struct rs_shardmap *map, int pos, const struct rs_topo *topo)
+{
+    if (topo && topo_absent(topo, map->layout->ranks[pos]))
+        return 0;
+    return tuple_present(map, map->tuple[pos], topo);
+}
+
+static uint64_t gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+reshard_status_t fingerprint_lcm(const struct rs_shardmap *map, const struct rs_topo *topo,
+                                 uint64_t *lcm)
+{
+    uint64_t m = 1;
+    for (int t = 0; t < map->ntuples; t++) {
+        uint64_t r = (uint64_t)tuple_present(map, t, topo);
+        if (!r)
+            continue;
+        m = m / gcd_u64(m, r) * r;
+        if (m > UINT32_MAX)
+            return rs_error(RESHARD_ERR_TOO_LARGE,
+                            "fingerprint: the replica counts of the layout's shards have no "
+                            "common multiple below 2^32");
+    }
+    *lcm = m;
+    return RESHARD_OK;
+}
+
+int fingerprint_lost(const struct rs_shardmap *map, const struct rs_topo *topo)
+{
+    if (!topo)
+        return -1;
+    for (int t = 0; t < map->ntuples; t++)
+        if (!tuple_present(map, t, topo) &&
+            shardmap_local_numel(map, map->tuple_pos[map->tuple_first[t]]))
+            return map->tuple_pos[map->tuple_first[t]];
+    return -1;
+}
+
 reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const void *buf,
                                    size_t bytes, uint64_t *out)
 {

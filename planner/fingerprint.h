@@ -34,4 +34,20 @@ reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const
  * rank of its tuple. */
 int fingerprint_counts(const struct rs_shardmap *map, int pos, const struct rs_topo *topo);
 
+/* A destination side, where every replica counts (so that a bad replica is caught): the
+ * tensor's check is sum over present destination shards of f * (lcm / replicas) ==
+ * lcm * (the sources' fingerprint), replicas being the present ranks of the shard's tuple and
+ * lcm their least common multiple over the map's tuples. fingerprint_replicas counts them for
+ * position pos (0 when pos itself is absent). */
+int fingerprint_replicas(const struct rs_shardmap *map, int pos, const struct rs_topo *topo);
+/* lcm over the tuples with a present rank (it depends on the ranks and the topology only, not
+ * the shape). RESHARD_ERR_TOO_LARGE past 2^32 (replica counts that cannot all divide one
+ * weight), which a mesh layout never reaches. */
+reshard_status_t fingerprint_lcm(const struct rs_shardmap *map, const struct rs_topo *topo,
+                                 uint64_t *lcm);
+/* The first position of a tuple that holds elements but no present rank (a shrink took all of
+ * its replicas: nobody receives that box, so the destination side cannot add up to the
+ * source's), or -1. */
+int fingerprint_lost(const struct rs_shardmap *map, const struct rs_topo *topo);
+
 #endif

@@ -37,6 +37,7 @@ STATUS_NAMES = {
     20: "ERR_REMOTE",
     21: "ERR_ABORTED",
     22: "ERR_DATA_LOST",
+    23: "ERR_VERIFY",
 }
 STATUS = {name: value for value, name in STATUS_NAMES.items()}
 

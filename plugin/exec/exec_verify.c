@@ -233,9 +233,9 @@ static reshard_status_t name_tensors(const struct reshard_comm *c, const struct 
                         "check_layouts: %d tensor%s whose source and destination describe "
                         "different element orders of the same weights: %s%s",
                         bad, bad > 1 ? "s" : "", list, more);
-    return rs_error(RESHARD_ERR_VERIFY,
-                    "verification: %d tensor%s differ from their sources after the refit: %s%s",
-                    bad, bad > 1 ? "s" : "", list, more);
+    return rs_error(RESHARD_ERR_VERIFY, "verification: %d tensor%s after the refit: %s%s", bad,
+                    bad > 1 ? "s differ from their sources" : " differs from its source", list,
+                    more);
 }
 
 /* A failure another rank reported in phase 1. */

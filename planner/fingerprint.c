@@ -15,26 +15,29 @@ static inline uint64_t element_bits(const unsigned char *p, size_t esize)
     return v;
 }
 
-/* One contiguous row: elements n, global indices gbase + g[i]. Cloned for AVX-512, where the
- * two 64-bit multiplies of each element run eight at a time. */
+/* One contiguous row: elements n, global indices gbase + g[i], both multiplied by FP_INDEX_MUL
+ * already. Cloned for AVX-512, where the 64-bit multiply of each element runs eight at a time. */
 #define FP_ROW(T)                                                                                  \
     for (int64_t i = 0; i < n; i++) {                                                              \
         T x;                                                                                       \
         memcpy(&x, row + i * (int64_t)sizeof(T), sizeof(T));                                       \
-        s += fp_mix((uint64_t)(gbase + g[i]), (uint64_t)x);                                        \
+        s += fp_mix_scaled(gbase + g[i], (uint64_t)x);                                             \
     }
 
 #if defined(__GNUC__) && !defined(__clang__)
-/* GCC vectorizes at -O2 only with a cheap cost model: ask for the loop; clang does it anyway. */
+/* GCC vectorizes at -O2 only with a cheap cost model: ask for the loop; clang does it anyway.
+ * Clones by feature level, not by CPU model: GCC picks an arch=skylake-avx512 clone only on
+ * that model, so AMD's AVX-512 parts ran the scalar default. x86-64-v4 has AVX512DQ's 64-bit
+ * multiply (vpmullq). */
 #define FP_ROW_ATTRS                                                                               \
-    __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default"),                \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"),                   \
                    optimize("tree-vectorize")))
 #else
 #define FP_ROW_ATTRS
 #endif
 
-FP_ROW_ATTRS static uint64_t row_sum(const unsigned char *row, size_t esize, int64_t gbase,
-                                     const int64_t *g, int64_t n)
+FP_ROW_ATTRS static uint64_t row_sum(const unsigned char *row, size_t esize, uint64_t gbase,
+                                     const uint64_t *g, int64_t n)
 {
     uint64_t s = 0;
     switch (esize) {
@@ -130,7 +133,8 @@ reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const
     const struct rs_layout *l = map->layout;
     int nd = l->ndim;
     int64_t len[RS_MAX_DIMS], numel = 1, gstride[RS_MAX_DIMS];
-    int64_t *global[RS_MAX_DIMS] = {0}; /* local index -> global index, per dim */
+    /* local index -> its part of the global index, times FP_INDEX_MUL, per dim */
+    uint64_t *global[RS_MAX_DIMS] = {0};
     for (int j = nd - 1; j >= 0; j--)
         gstride[j] = j == nd - 1 ? 1 : gstride[j + 1] * l->shape[j + 1];
     reshard_status_t st = RESHARD_OK;
@@ -139,13 +143,14 @@ reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const
         int g = shardmap_group(map, pos, j);
         len[j] = dimmap_group_len(d, g);
         numel *= len[j];
-        if (!(global[j] = rs_calloc((size_t)len[j], sizeof(int64_t), "fingerprint"))) {
+        if (!(global[j] = rs_calloc((size_t)len[j], sizeof(uint64_t), "fingerprint"))) {
             st = RESHARD_ERR_NO_MEMORY;
             goto free_tables;
         }
         for (int s = d->first[g]; s < d->first[g + 1]; s++)
             for (int64_t i = 0; i < d->segs[s].len; i++)
-                global[j][d->segs[s].pos + i] = (d->segs[s].start + i) * gstride[j];
+                global[j][d->segs[s].pos + i] =
+                    (uint64_t)((d->segs[s].start + i) * gstride[j]) * FP_INDEX_MUL;
     }
     /* The view: local element e (row-major) sits at offset + sum(v_k * vstride[k]), v being e
      * unravelled over the view's shape. */
@@ -165,12 +170,13 @@ reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const
         goto free_tables;
     }
     const unsigned char *base = buf;
-    int64_t li[RS_MAX_DIMS] = {0}, vi[RS_MAX_DIMS] = {0}, gbase = 0, off = v->offset;
+    int64_t li[RS_MAX_DIMS] = {0}, vi[RS_MAX_DIMS] = {0}, off = v->offset;
+    uint64_t gbase = 0;
     for (int j = 0; j < nd - 1; j++)
         gbase += numel ? global[j][0] : 0;
     uint64_t sum = 0;
     int64_t inner = len[nd - 1], innerv = vshape[vd - 1], vs = vstride[vd - 1];
-    const int64_t *gin = global[nd - 1];
+    const uint64_t *gin = global[nd - 1];
     /* Rows the view keeps contiguous (no view, or one whose innermost dim is the row) go
      * through a loop the compiler can keep tight; others element by element. */
     int rows_contiguous = vs == 1 && innerv == inner;
@@ -180,8 +186,8 @@ reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const
             vi[vd - 1] = innerv - 1; /* the row is done: carry below */
         } else {
             for (int64_t i = 0; i < inner; i++) {
-                sum += fp_mix((uint64_t)(gbase + gin[i]),
-                              element_bits(base + off * (int64_t)esize, esize));
+                sum +=
+                    fp_mix_scaled(gbase + gin[i], element_bits(base + off * (int64_t)esize, esize));
                 if (++vi[vd - 1] < innerv) {
                     off += vs;
                     continue;

@@ -18,12 +18,21 @@
 
 /* Two multiplies and two shifts: non-linear in the bits (a sum of linear terms would miss
  * swaps), and cheap enough to run at memory speed when vectorized. */
-static inline uint64_t fp_mix(uint64_t index, uint64_t bits)
+#define FP_INDEX_MUL UINT64_C(0x9e3779b97f4a7c15)
+
+/* fp_mix of an index already multiplied by FP_INDEX_MUL: a shard's loops keep its indices
+ * that way (products of sums are sums of products mod 2^64), one multiply per element. */
+static inline uint64_t fp_mix_scaled(uint64_t index_mul, uint64_t bits)
 {
-    uint64_t x = index * UINT64_C(0x9e3779b97f4a7c15) ^ bits;
+    uint64_t x = index_mul ^ bits;
     x ^= x >> 29;
     x *= UINT64_C(0xd6e8feb86659fd93);
     return x ^ (x >> 32);
+}
+
+static inline uint64_t fp_mix(uint64_t index, uint64_t bits)
+{
+    return fp_mix_scaled(index * FP_INDEX_MUL, bits);
 }
 
 /* The fingerprint of the shard held at position pos of map, in buf (bytes long, laid out as

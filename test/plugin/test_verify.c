@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static void set_env(void)
@@ -452,4 +453,79 @@ static reshard_status_t short_buffer(int rank, int size, reshard_comm_t *comm)
 Test(verify, a_short_buffer_fails_the_check_on_every_rank_naming_rank_and_tensor)
 {
     all_ok(run_ranks(4, short_buffer), 4);
+}
+
+/* ---- what a check costs the control plane ---- */
+
+struct ctl_bytes {
+    uint64_t out, in;
+};
+
+static struct ctl_bytes *ctl; /* [MAX_RANKS], shared with the forked ranks */
+static int ctl_tensors;
+
+/* One check of ctl_tensors right tensors; the bootstrap bytes it took on this rank. */
+static reshard_status_t count_check(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_layout_t *src = NULL, *dst = NULL;
+    reshard_layout_parse("shape=64x8 dtype=bf16 ranks=0 place=R", 0, &src);
+    reshard_layout_parse("shape=64x8 dtype=bf16 place=S(0)", size, &dst);
+    reshard_tensor_t ts[MAXT];
+    char names[MAXT][8];
+    for (int t = 0; t < ctl_tensors; t++) {
+        snprintf(names[t], sizeof(names[t]), "t%d", t);
+        ts[t] = (reshard_tensor_t){names[t], src, dst};
+    }
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, ts, ctl_tensors, NULL, &plan);
+    struct bufset s;
+    reshard_buffers_t b[MAXT];
+    if (st == RESHARD_OK) {
+        bufs_make(ts, ctl_tensors, rank, &s, b, ts);
+        reshard_comm_counters_t c0, c1;
+        reshard_comm_counters(comm, &c0);
+        st = reshard_plan_check_layouts(plan, b);
+        reshard_comm_counters(comm, &c1);
+        ctl[rank] = (struct ctl_bytes){c1.boot_out - c0.boot_out, c1.boot_in - c0.boot_in};
+        bufs_free(&s);
+        reshard_plan_destroy(plan);
+    }
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+/* With the bootstrap's fan-out of 8, every rank but 0 is a leaf up to 9 ranks: a leaf's bytes
+ * must not change with the world or the model, and rank 0's grow by one leaf's per child. */
+Test(verify, a_check_costs_a_fixed_few_hundred_control_bytes_per_rank_at_any_world_or_model)
+{
+    ctl = mmap(NULL, sizeof(*ctl) * MAX_RANKS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+               -1, 0);
+    cr_assert_neq(ctl, MAP_FAILED);
+    uint64_t leaf_out = 0, leaf_in = 0;
+    for (int size = 2; size <= 8; size *= 2)
+        for (ctl_tensors = 1; ctl_tensors <= MAXT; ctl_tensors += MAXT - 1) {
+            memset(ctl, 0, sizeof(*ctl) * MAX_RANKS);
+            all_ok(run_ranks(size, count_check), size);
+            cr_log_info("check of %d tensors on %d ranks: control bytes out/in: rank 0 %llu/%llu, "
+                        "rank %d %llu/%llu (fold %zu bytes)",
+                        ctl_tensors, size, (unsigned long long)ctl[0].out,
+                        (unsigned long long)ctl[0].in, size - 1,
+                        (unsigned long long)ctl[size - 1].out, (unsigned long long)ctl[size - 1].in,
+                        exec_verify_fold_bytes());
+            if (!leaf_out) {
+                leaf_out = ctl[1].out;
+                leaf_in = ctl[1].in;
+                cr_assert_gt(leaf_out, exec_verify_fold_bytes());
+                cr_assert_lt(leaf_out, 2 * exec_verify_fold_bytes());
+            }
+            for (int r = 1; r < size; r++) {
+                cr_assert_eq(ctl[r].out, leaf_out, "rank %d of %d", r, size);
+                cr_assert_eq(ctl[r].in, leaf_in, "rank %d of %d", r, size);
+            }
+            cr_assert_eq(ctl[0].out, (uint64_t)(size - 1) * leaf_in, "%d ranks", size);
+            cr_assert_eq(ctl[0].in, (uint64_t)(size - 1) * leaf_out, "%d ranks", size);
+        }
+    munmap(ctl, sizeof(*ctl) * MAX_RANKS);
 }

@@ -134,19 +134,25 @@ reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const
     int nd = l->ndim;
     int64_t len[RS_MAX_DIMS], numel = 1, gstride[RS_MAX_DIMS];
     /* local index -> its part of the global index, times FP_INDEX_MUL, per dim */
-    uint64_t *global[RS_MAX_DIMS] = {0};
+    uint64_t *global[RS_MAX_DIMS];
     for (int j = nd - 1; j >= 0; j--)
         gstride[j] = j == nd - 1 ? 1 : gstride[j + 1] * l->shape[j + 1];
     reshard_status_t st = RESHARD_OK;
+    int64_t entries = 0;
+    for (int j = 0; j < nd; j++) {
+        len[j] = dimmap_group_len(&map->dim[j], shardmap_group(map, pos, j));
+        numel *= len[j];
+        entries += len[j];
+    }
+    /* One table for every dim; on the stack for the small shards a whole model has many of. */
+    uint64_t small[512], *table = small;
+    if (entries > (int64_t)(sizeof(small) / sizeof(small[0])) &&
+        !(table = rs_calloc((size_t)entries, sizeof(uint64_t), "fingerprint")))
+        return RESHARD_ERR_NO_MEMORY;
     for (int j = 0; j < nd; j++) {
         const struct rs_dimmap *d = &map->dim[j];
         int g = shardmap_group(map, pos, j);
-        len[j] = dimmap_group_len(d, g);
-        numel *= len[j];
-        if (!(global[j] = rs_calloc((size_t)len[j], sizeof(uint64_t), "fingerprint"))) {
-            st = RESHARD_ERR_NO_MEMORY;
-            goto free_tables;
-        }
+        global[j] = j ? global[j - 1] + len[j - 1] : table;
         for (int s = d->first[g]; s < d->first[g + 1]; s++)
             for (int64_t i = 0; i < d->segs[s].len; i++)
                 global[j][d->segs[s].pos + i] =
@@ -219,7 +225,7 @@ reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const
     }
     *out = sum;
 free_tables:
-    for (int j = 0; j < nd; j++)
-        free(global[j]);
+    if (table != small)
+        free(table);
     return st;
 }

@@ -12,6 +12,7 @@
 
 #include "exec_vote.h"
 #include "region.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "cuda/cuda_lib.h"
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define VERIFY_CHUNK  4096 /* tensors per reduction of phase 2: 32 KiB */
 #define VERIFY_NAMES  3    /* tensors the message names; the log has more */
@@ -101,7 +103,7 @@ reshard_status_t exec_verify_possible(const struct rs_plan *p)
 /* The fingerprint of the shard at pos of map in buf: in place for host memory, else from a
  * host copy of the bytes its view spans. */
 static reshard_status_t shard_fp(const struct rs_shardmap *map, int pos, const void *buf,
-                                 size_t bytes, reshard_mem_t mem, const char *what, uint64_t *out)
+                                 size_t bytes, reshard_mem_t mem, uint64_t *out)
 {
     const struct rs_layout *l = map->layout;
     int64_t shape[RS_MAX_DIMS];
@@ -109,7 +111,7 @@ static reshard_status_t shard_fp(const struct rs_shardmap *map, int pos, const v
         shape[j] = dimmap_group_len(&map->dim[j], shardmap_group(map, pos, j));
     uint64_t span = region_span_bytes(l, shape);
     if (!buf || bytes < span)
-        return rs_error(RESHARD_ERR_BUFFER, "%s: %s, and its shard needs %llu bytes", what,
+        return rs_error(RESHARD_ERR_BUFFER, "%s, and its shard needs %llu bytes",
                         buf ? "the buffer is shorter" : "no buffer", (unsigned long long)span);
     if (mem != RESHARD_MEM_CUDA)
         return fingerprint_shard(map, pos, buf, bytes, out);
@@ -117,8 +119,7 @@ static reshard_status_t shard_fp(const struct rs_shardmap *map, int pos, const v
     if (!f) {
         struct rs_saved_error why;
         rs_error_save(&why);
-        return rs_error(RESHARD_ERR_UNAVAILABLE, "%s: device memory, and no CUDA driver: %s", what,
-                        why.msg);
+        return rs_error(RESHARD_ERR_UNAVAILABLE, "device memory, and no CUDA driver: %s", why.msg);
     }
     RS_CHECK(cuda_context_of(buf));
     void *host = rs_calloc(1, span, "a host copy to fingerprint");
@@ -140,30 +141,45 @@ static reshard_status_t local_imbalance(const struct reshard_comm *c, const stru
         return RESHARD_ERR_NO_MEMORY;
     int nmemo = 0;
     reshard_status_t st = RESHARD_OK;
-    char what[160];
-    for (int t = 0; t < p->ntensors && st == RESHARD_OK; t++) {
+    const char *side = "";
+    int t = 0;
+    for (; t < p->ntensors && st == RESHARD_OK; t++) {
         const struct plan_tensor *pt = &p->tensors[t];
         uint64_t lcm = 1, fd = 0, fs = 0;
         int dpos = shardmap_position(&pt->dst_map, c->rank);
         int spos = shardmap_position(&pt->src_map, c->rank);
         int reps = dpos >= 0 ? fingerprint_replicas(&pt->dst_map, dpos, &p->topo) : 0;
-        if ((st = map_lcm(memo, &nmemo, &pt->dst_map, &p->topo, &lcm)) != RESHARD_OK)
-            break;
-        if (reps && shardmap_local_numel(&pt->dst_map, dpos)) {
-            snprintf(what, sizeof(what), "rank %d: destination of tensor %s", c->rank, pt->name);
-            st = shard_fp(&pt->dst_map, dpos, bufs[t].dst, bufs[t].dst_bytes, bufs[t].mem, what,
-                          &fd);
+        side = "destination layout";
+        st = map_lcm(memo, &nmemo, &pt->dst_map, &p->topo, &lcm);
+        if (st == RESHARD_OK && reps && shardmap_local_numel(&pt->dst_map, dpos)) {
+            side = "destination";
+            st = shard_fp(&pt->dst_map, dpos, bufs[t].dst, bufs[t].dst_bytes, bufs[t].mem, &fd);
         }
         if (st == RESHARD_OK && spos >= 0 && fingerprint_counts(&pt->src_map, spos, &p->topo) &&
             shardmap_local_numel(&pt->src_map, spos)) {
-            snprintf(what, sizeof(what), "rank %d: source of tensor %s", c->rank, pt->name);
-            st = shard_fp(&pt->src_map, spos, bufs[t].src, bufs[t].src_bytes, bufs[t].mem, what,
-                          &fs);
+            side = "source";
+            st = shard_fp(&pt->src_map, spos, bufs[t].src, bufs[t].src_bytes, bufs[t].mem, &fs);
         }
-        delta[t] = (reps ? fd * (lcm / (uint64_t)reps) : 0) - lcm * fs;
+        if (st == RESHARD_OK)
+            delta[t] = (reps ? fd * (lcm / (uint64_t)reps) : 0) - lcm * fs;
+    }
+    if (st != RESHARD_OK) { /* say where, once: tensor t - 1 failed */
+        struct rs_saved_error why;
+        rs_error_save(&why);
+        st = rs_error(st, "rank %d: %s of tensor %s: %s", c->rank, side, p->tensors[t - 1].name,
+                      why.msg);
     }
     free(memo);
     return st;
+}
+
+/* What the fingerprints cost this thread, apart from waiting for a core on a loaded host. */
+static double thread_cpu_ms(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts))
+        return 0;
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
 static uint64_t multiplier(const struct rs_plan *p, int t, int k)
@@ -255,8 +271,10 @@ static reshard_status_t remote_failure(const struct reshard_comm *c, const struc
 reshard_status_t exec_verify(struct reshard_comm *c, const struct rs_plan *p,
                              const reshard_buffers_t *bufs, enum exec_verify_mode mode)
 {
+    double t0 = rs_now_ms_f(), c0 = thread_cpu_ms();
     uint64_t *delta = rs_calloc((size_t)p->ntensors + 1, sizeof(uint64_t), "verification");
     reshard_status_t mine = delta ? local_imbalance(c, p, bufs, delta) : RESHARD_ERR_NO_MEMORY;
+    double t1 = rs_now_ms_f(), c1 = thread_cpu_ms();
     struct rs_saved_error why;
     rs_error_save(&why);
     struct verify_fold f = {.fail_rank = EXEC_VOTE_NONE};
@@ -282,5 +300,9 @@ reshard_status_t exec_verify(struct reshard_comm *c, const struct rs_plan *p,
             st = name_tensors(c, p, delta, mode);
     }
     free(delta);
+    rs_log(RS_LOG_INFO,
+           "rank %d: %s of %d tensors: fingerprints %.1f ms (%.1f ms of CPU), reductions %.1f ms",
+           c->rank, mode == EXEC_VERIFY_LAYOUTS ? "check_layouts" : "verification", p->ntensors,
+           t1 - t0, c1 - c0, rs_now_ms_f() - t1);
     return st;
 }

@@ -529,3 +529,99 @@ Test(verify, a_check_costs_a_fixed_few_hundred_control_bytes_per_rank_at_any_wor
         }
     munmap(ctl, sizeof(*ctl) * MAX_RANKS);
 }
+
+/* ---- device buffers: copied to the host to be fingerprinted ---- */
+
+/* On the stand-in driver (its device memory is the host's): a verified refit of device buffers
+ * passes, and a wrong destination element is caught by the check. */
+static reshard_status_t device_check(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_layout_t *src = NULL, *dst = NULL;
+    reshard_layout_parse(SHR_SRC, 0, &src);
+    reshard_layout_parse(SHR_DST, 0, &dst);
+    reshard_tensor_t ts[1] = {{"w", src, dst}};
+    reshard_plan_config_t cfg = verify_config();
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, ts, 1, &cfg, &plan);
+    struct bufset s;
+    reshard_buffers_t b[1];
+    if (st == RESHARD_OK) {
+        bufs_make(ts, 1, rank, &s, b, NULL);
+        b[0].mem = RESHARD_MEM_CUDA;
+        st = reshard_plan_execute(plan, b);
+        if (st == RESHARD_OK && wrong_in_dst(ts, 1, rank, b))
+            st = RESHARD_ERR_INTERNAL;
+        if (st == RESHARD_OK) {
+            if (rank == 1)
+                ((uint16_t *)b[0].dst)[3] ^= 0x8000;
+            st = reshard_plan_check_layouts(plan, b);
+            int ok = st == RESHARD_ERR_VERIFY && strstr(reshard_last_error(), ": w (source");
+            if (!ok)
+                fprintf(stderr, "rank %d: %s: %s\n", rank, reshard_strerror(st),
+                        reshard_last_error());
+            st = ok ? RESHARD_OK : RESHARD_ERR_INTERNAL;
+        }
+        bufs_free(&s);
+        reshard_plan_destroy(plan);
+    }
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+static void fake_driver(void)
+{
+    char cuda[512];
+    const char *b = getenv("RESHARD_BUILD");
+    snprintf(cuda, sizeof(cuda), "%s/test/fake/libcuda.so.1", b && *b ? b : "build");
+    cr_assert_eq(access(cuda, R_OK), 0, "build %s first", cuda);
+    setenv("RESHARD_CUDA_LIB", cuda, 1);
+}
+
+Test(verify, device_buffers_are_verified_through_host_copies_on_the_stand_in_driver)
+{
+    fake_driver();
+    all_ok(run_ranks(4, device_check), 4);
+}
+
+/* Without a driver, a rank whose buffers are device memory cannot fingerprint them: it says so,
+ * and the others name it. */
+static reshard_status_t device_no_driver(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_layout_t *src = NULL, *dst = NULL;
+    reshard_layout_parse(FLIP_SRC, 0, &src);
+    reshard_layout_parse(FLIP_DST, 0, &dst);
+    reshard_tensor_t ts[1] = {{"a", src, dst}};
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, ts, 1, NULL, &plan);
+    struct bufset s;
+    reshard_buffers_t b[1];
+    if (st == RESHARD_OK) {
+        bufs_make(ts, 1, rank, &s, b, ts);
+        if (rank == 3)
+            b[0].mem = RESHARD_MEM_CUDA;
+        st = reshard_plan_check_layouts(plan, b);
+        const char *m = reshard_last_error();
+        int ok = rank == 3 ? st == RESHARD_ERR_UNAVAILABLE &&
+                                 strstr(m, "rank 3: destination of tensor a: device memory, and "
+                                           "no CUDA driver")
+                           : st == RESHARD_ERR_REMOTE &&
+                                 strstr(m, "rank 3 could not fingerprint its shards");
+        if (!ok)
+            fprintf(stderr, "rank %d: %s: %s\n", rank, reshard_strerror(st), m);
+        st = ok ? RESHARD_OK : RESHARD_ERR_INTERNAL;
+        bufs_free(&s);
+        reshard_plan_destroy(plan);
+    }
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+Test(verify, device_buffers_without_a_driver_fail_the_check_naming_the_rank)
+{
+    setenv("RESHARD_CUDA_LIB", "libcuda-not-here.so.1", 1);
+    all_ok(run_ranks(4, device_no_driver), 4);
+}

@@ -137,3 +137,56 @@ Test(fingerprint, a_short_buffer_is_refused)
     shardmap_free(&m);
     layout_free(&l);
 }
+
+/* Replicas after a shrink: mesh 2x3 R,S(0) has tuples {0,3}, {1,4}, {2,5}; with rank 4 gone
+ * the middle one keeps 1 replica, the others 2, so their lcm is 2; with ranks 1 and 4 gone the
+ * middle shard is on no present rank. */
+Test(fingerprint, replica_counts_their_lcm_and_lost_shards_follow_the_absent_ranks)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    cr_assert_eq(spec_parse("shape=37x5 ranks=0-5 mesh=2x3 place=R,S(0)", NULL, &l), RESHARD_OK);
+    cr_assert_eq(shardmap_build(&l, &m, NULL), RESHARD_OK);
+    struct rs_topo topo;
+    cr_assert_eq(topo_create(6, 3, NULL, &topo), RESHARD_OK);
+    uint64_t lcm = 0;
+    cr_assert_eq(fingerprint_lcm(&m, &topo, &lcm), RESHARD_OK);
+    cr_assert_eq(lcm, 2);
+    cr_assert_eq(fingerprint_replicas(&m, shardmap_position(&m, 1), &topo), 2);
+    cr_assert_eq(fingerprint_lost(&m, &topo), -1);
+    int four = 4;
+    cr_assert_eq(topo_set_absent(&topo, &four, 1), RESHARD_OK);
+    cr_assert_eq(fingerprint_replicas(&m, shardmap_position(&m, 1), &topo), 1);
+    cr_assert_eq(fingerprint_replicas(&m, shardmap_position(&m, 0), &topo), 2);
+    cr_assert_eq(fingerprint_replicas(&m, shardmap_position(&m, 4), &topo), 0);
+    cr_assert_eq(fingerprint_lcm(&m, &topo, &lcm), RESHARD_OK);
+    cr_assert_eq(lcm, 2);
+    cr_assert_eq(fingerprint_lost(&m, &topo), -1);
+    int one = 1;
+    cr_assert_eq(topo_set_absent(&topo, &one, 1), RESHARD_OK);
+    int lost = fingerprint_lost(&m, &topo);
+    cr_assert(lost >= 0 && (l.ranks[lost] == 1 || l.ranks[lost] == 4), "position %d", lost);
+    topo_free(&topo);
+    shardmap_free(&m);
+    layout_free(&l);
+}
+
+/* 3 replicas beside 2 need a weight of 6: a replicated shard of 3 ranks and, after a shrink, one
+ * of 2 (mesh 2x3 S(0),R: tuples {0,1,2}, {3,4,5}; rank 5 gone). */
+Test(fingerprint, uneven_replica_counts_take_their_least_common_multiple)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    cr_assert_eq(spec_parse("shape=8x5 ranks=0-5 mesh=2x3 place=S(0),R", NULL, &l), RESHARD_OK);
+    cr_assert_eq(shardmap_build(&l, &m, NULL), RESHARD_OK);
+    struct rs_topo topo;
+    cr_assert_eq(topo_create(6, 3, NULL, &topo), RESHARD_OK);
+    int five = 5;
+    cr_assert_eq(topo_set_absent(&topo, &five, 1), RESHARD_OK);
+    uint64_t lcm = 0;
+    cr_assert_eq(fingerprint_lcm(&m, &topo, &lcm), RESHARD_OK);
+    cr_assert_eq(lcm, 6);
+    topo_free(&topo);
+    shardmap_free(&m);
+    layout_free(&l);
+}

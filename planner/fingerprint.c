@@ -56,7 +56,50 @@ FP_ROW_ATTRS static uint64_t row_sum(const unsigned char *row, size_t esize, uin
     }
     return s;
 }
+
+/* The same for a row whose global indices are consecutive, gbase + i * FP_INDEX_MUL: no table to
+ * read (the common case: a shard holds one run of each dim, and often of the whole tensor). */
+#define FP_RUN(T)                                                                                  \
+    for (int64_t i = 0; i < n; i++) {                                                              \
+        T x;                                                                                       \
+        memcpy(&x, row + i * (int64_t)sizeof(T), sizeof(T));                                       \
+        s += fp_mix_scaled(gbase + (uint64_t)i * FP_INDEX_MUL, (uint64_t)x);                       \
+    }
+
+FP_ROW_ATTRS static uint64_t run_sum(const unsigned char *row, size_t esize, uint64_t gbase,
+                                     int64_t n)
+{
+    uint64_t s = 0;
+    switch (esize) {
+    case 1:
+        FP_RUN(uint8_t)
+        break;
+    case 2:
+        FP_RUN(uint16_t)
+        break;
+    case 4:
+        FP_RUN(uint32_t)
+        break;
+    default:
+        FP_RUN(uint64_t)
+        break;
+    }
+    return s;
+}
 #undef FP_ROW
+#undef FP_RUN
+
+/* Whether dim j of the shard at pos is one run of global indices (its group one segment), and
+ * the whole dim when full is asked. */
+static int one_run(const struct rs_shardmap *map, int pos, int j, int full)
+{
+    const struct rs_dimmap *d = &map->dim[j];
+    int g = shardmap_group(map, pos, j);
+    if (d->first[g + 1] - d->first[g] != 1)
+        return 0;
+    const struct rs_seg *sg = &d->segs[d->first[g]];
+    return !full || (sg->start == 0 && sg->len == map->layout->shape[j]);
+}
 
 int fingerprint_counts(const struct rs_shardmap *map, int pos, const struct rs_topo *topo)
 {
@@ -183,12 +226,22 @@ reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const
     uint64_t sum = 0;
     int64_t inner = len[nd - 1], innerv = vshape[vd - 1], vs = vstride[vd - 1];
     const uint64_t *gin = global[nd - 1];
+    /* No view, one run of dim 0 and every other dim whole: the shard is one run of the tensor */
+    int whole = !v->ndim && !v->nstrides && numel && one_run(map, pos, 0, 0);
+    for (int j = 1; j < nd && whole; j++)
+        whole = one_run(map, pos, j, 1);
+    if (whole) {
+        *out = run_sum(base + v->offset * (int64_t)esize, esize, gbase + gin[0], numel);
+        goto free_tables;
+    }
+    int inner_run = numel && one_run(map, pos, nd - 1, 0);
     /* Rows the view keeps contiguous (no view, or one whose innermost dim is the row) go
      * through a loop the compiler can keep tight; others element by element. */
     int rows_contiguous = vs == 1 && innerv == inner;
     for (int64_t e = 0; e < numel; e += inner) {
         if (rows_contiguous) {
-            sum += row_sum(base + off * (int64_t)esize, esize, gbase, gin, inner);
+            sum += inner_run ? run_sum(base + off * (int64_t)esize, esize, gbase + gin[0], inner)
+                             : row_sum(base + off * (int64_t)esize, esize, gbase, gin, inner);
             vi[vd - 1] = innerv - 1; /* the row is done: carry below */
         } else {
             for (int64_t i = 0; i < inner; i++) {

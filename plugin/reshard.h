@@ -402,7 +402,8 @@ RESHARD_API reshard_status_t reshard_plan_outcome(const reshard_plan_t *plan,
  * tensor, every present destination shard (each replica counts, so a bad replica is caught)
  * with one replica of every source shard, in one small reduction of a fixed size per rank
  * (and a second, of 8 bytes per tensor, only when something differs, to name the tensors).
- * Host buffers are read in place; device buffers are copied to the host first.
+ * Host buffers are read in place; device buffers are copied to the host first (a kernel is to
+ * come).
  *
  * With reshard_plan_config_t.verify (or RESHARD_VERIFY=1), reshard_plan_execute checks the
  * refit once it succeeded, on every rank: where a tensor differs, every rank returns

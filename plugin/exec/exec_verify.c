@@ -101,7 +101,8 @@ reshard_status_t exec_verify_possible(const struct rs_plan *p)
 }
 
 /* The fingerprint of the shard at pos of map in buf: in place for host memory, else from a
- * host copy of the bytes its view spans. */
+ * host copy of the bytes its view spans (device, pinned or managed memory: cuMemcpyDtoH reads
+ * each through unified addressing). */
 static reshard_status_t shard_fp(const struct rs_shardmap *map, int pos, const void *buf,
                                  size_t bytes, reshard_mem_t mem, uint64_t *out)
 {
@@ -121,6 +122,10 @@ static reshard_status_t shard_fp(const struct rs_shardmap *map, int pos, const v
         rs_error_save(&why);
         return rs_error(RESHARD_ERR_UNAVAILABLE, "device memory, and no CUDA driver: %s", why.msg);
     }
+    /* A pair declared device memory may hold a host buffer on one side (the Python binding
+     * declares the pair by either): memory the driver does not know is read in place. */
+    if (cuda_mem_kind(buf) == CUDA_MEM_HOST)
+        return fingerprint_shard(map, pos, buf, bytes, out);
     RS_CHECK(cuda_context_of(buf));
     void *host = rs_calloc(1, span, "a host copy to fingerprint");
     if (!host)

@@ -530,10 +530,11 @@ Test(verify, a_check_costs_a_fixed_few_hundred_control_bytes_per_rank_at_any_wor
     munmap(ctl, sizeof(*ctl) * MAX_RANKS);
 }
 
-/* ---- device buffers: copied to the host to be fingerprinted ---- */
+/* ---- buffers declared device memory ---- */
 
-/* On the stand-in driver (its device memory is the host's): a verified refit of device buffers
- * passes, and a wrong destination element is caught by the check. */
+/* On the stand-in driver (whose pointers all read as host memory, so they are fingerprinted in
+ * place; a GPU's device memory is copied to the host first): a verified refit of buffers
+ * declared device memory passes, and a wrong destination element is caught by the check. */
 static reshard_status_t device_check(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
@@ -579,7 +580,7 @@ static void fake_driver(void)
     setenv("RESHARD_CUDA_LIB", cuda, 1);
 }
 
-Test(verify, device_buffers_are_verified_through_host_copies_on_the_stand_in_driver)
+Test(verify, buffers_declared_device_memory_are_verified_on_the_stand_in_driver)
 {
     fake_driver();
     all_ok(run_ranks(4, device_check), 4);

@@ -190,3 +190,29 @@ Test(fingerprint, uneven_replica_counts_take_their_least_common_multiple)
     shardmap_free(&m);
     layout_free(&l);
 }
+
+/* Replica counts with no common multiple below 2^32 are refused, not wrapped: 8 tuples of 32
+ * (mesh 8x32 S(0),R over 256 ranks) left with 32, 31, 29, 27, 25, 23, 19 and 17 present. */
+Test(fingerprint, replica_counts_without_a_small_common_multiple_are_refused)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    cr_assert_eq(spec_parse("shape=64x4 ranks=0-255 mesh=8x32 place=S(0),R", NULL, &l), RESHARD_OK);
+    cr_assert_eq(shardmap_build(&l, &m, NULL), RESHARD_OK);
+    struct rs_topo topo;
+    cr_assert_eq(topo_create(256, 8, NULL, &topo), RESHARD_OK);
+    const int present[8] = {32, 31, 29, 27, 25, 23, 19, 17};
+    int gone[256], n = 0;
+    for (int t = 0; t < 8; t++)
+        for (int k = present[t]; k < 32; k++)
+            gone[n++] = 32 * t + k;
+    cr_assert_eq(topo_set_absent(&topo, gone, n), RESHARD_OK);
+    uint64_t lcm = 0;
+    cr_assert_eq(fingerprint_lcm(&m, &topo, &lcm), RESHARD_ERR_TOO_LARGE);
+    cr_assert(strstr(rs_error_message(), "no common multiple below 2^32"), "%s",
+              rs_error_message());
+    cr_assert_eq(lcm, 0);
+    topo_free(&topo);
+    shardmap_free(&m);
+    layout_free(&l);
+}

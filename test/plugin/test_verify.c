@@ -472,7 +472,7 @@ static reshard_status_t count_check(int rank, int size, reshard_comm_t *comm)
     reshard_layout_parse("shape=64x8 dtype=bf16 ranks=0 place=R", 0, &src);
     reshard_layout_parse("shape=64x8 dtype=bf16 place=S(0)", size, &dst);
     reshard_tensor_t ts[MAXT];
-    char names[MAXT][8];
+    char names[MAXT][16];
     for (int t = 0; t < ctl_tensors; t++) {
         snprintf(names[t], sizeof(names[t]), "t%d", t);
         ts[t] = (reshard_tensor_t){names[t], src, dst};
@@ -625,4 +625,29 @@ Test(verify, device_buffers_without_a_driver_fail_the_check_naming_the_rank)
 {
     setenv("RESHARD_CUDA_LIB", "libcuda-not-here.so.1", 1);
     all_ok(run_ranks(4, device_no_driver), 4);
+}
+
+/* ---- arguments ---- */
+
+Test(verify, check_layouts_refuses_a_plan_without_a_communicator_and_null_arguments)
+{
+    reshard_layout_t *src = NULL, *dst = NULL;
+    reshard_layout_parse(FLIP_SRC, 0, &src);
+    reshard_layout_parse(FLIP_DST, 0, &dst);
+    reshard_tensor_t ts[1] = {{"a", src, dst}};
+    reshard_topo_t *topo = NULL;
+    cr_assert_eq(reshard_topo_create(4, 2, NULL, &topo), RESHARD_OK);
+    reshard_plan_t *plan = NULL;
+    cr_assert_eq(reshard_plan_create(ts, 1, topo, NULL, &plan), RESHARD_OK);
+    reshard_buffers_t b[1] = {{0}};
+    cr_assert_eq(reshard_plan_check_layouts(plan, b), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(reshard_last_error(), "made by reshard_plan_create"), "%s",
+              reshard_last_error());
+    cr_assert_eq(reshard_plan_check_layouts(plan, NULL), RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(reshard_last_error(), "bufs"), "%s", reshard_last_error());
+    cr_assert_eq(reshard_plan_check_layouts(NULL, b), RESHARD_ERR_INVALID_ARG);
+    reshard_plan_destroy(plan);
+    reshard_topo_destroy(topo);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
 }

@@ -226,12 +226,21 @@ reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const
     uint64_t sum = 0;
     int64_t inner = len[nd - 1], innerv = vshape[vd - 1], vs = vstride[vd - 1];
     const uint64_t *gin = global[nd - 1];
-    /* No view, one run of dim 0 and every other dim whole: the shard is one run of the tensor */
-    int whole = !v->ndim && !v->nstrides && numel && one_run(map, pos, 0, 0);
+    /* No view and every dim but the first whole: each segment of dim 0 (one, or a few for
+     * SS and strided shards) is one run of the tensor, in the buffer and in index space. */
+    int whole = !v->ndim && !v->nstrides && numel;
     for (int j = 1; j < nd && whole; j++)
         whole = one_run(map, pos, j, 1);
     if (whole) {
-        *out = run_sum(base + v->offset * (int64_t)esize, esize, gbase + gin[0], numel);
+        const struct rs_dimmap *d0 = &map->dim[0];
+        int g0 = shardmap_group(map, pos, 0);
+        int64_t row = numel / len[0];
+        for (int q = d0->first[g0]; q < d0->first[g0 + 1]; q++) {
+            const struct rs_seg *sg = &d0->segs[q];
+            sum += run_sum(base + (v->offset + sg->pos * row) * (int64_t)esize, esize,
+                           (uint64_t)(sg->start * gstride[0]) * FP_INDEX_MUL, sg->len * row);
+        }
+        *out = sum;
         goto free_tables;
     }
     int inner_run = numel && one_run(map, pos, nd - 1, 0);

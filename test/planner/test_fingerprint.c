@@ -91,6 +91,11 @@ static const char *const specs[] = {
     "shape=4x6x5 ranks=0-7 mesh=2x4 place=S(2),S(0)",
     "shape=12x10 ranks=0-1 place=S(1) buffer=b offset=3 view=12x5 strides=7x1",
     "shape=12x10 ranks=0-2 place=S(0) view=2x4x5 strides=1x2x8",
+    /* whole rows, one or several segments of dim 0: summed as runs of the tensor */
+    "shape=12x10 ranks=0-3 mesh=2x2 place=SS(0,2),R",
+    "shape=7x3x5 ranks=0-2 place=SS(0,2)",
+    "shape=37 ranks=0-3 place=S(0)",
+    "shape=9x4 ranks=0-1 place=S(0) buffer=b offset=5",
 };
 
 Test(fingerprint, every_layout_adds_up_to_the_whole_tensor)

@@ -29,6 +29,7 @@ struct qcase {
     reshard_algo_t algo;
     int refits;
     int64_t src_off, dst_off; /* the weight's shards start this many elements into its buffers */
+    int verify;               /* the plan's verify option */
 };
 
 static struct qcase qc; /* set before the ranks fork */
@@ -166,6 +167,7 @@ static reshard_status_t qside_open(struct qside *x, reshard_comm_t *comm, int ra
     reshard_tensor_t t = {"layer.w.weight", ls, ld};
     reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
     cfg.algo = qc.algo;
+    cfg.verify = qc.verify;
     reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, &cfg, &x->plan);
     reshard_layout_destroy(ls);
     reshard_layout_destroy(ld);
@@ -497,6 +499,26 @@ Test(quant_exec, fp8_sources_move_with_their_scales_unchanged)
                         .er = 128,
                         .ec = 128,
                         .refits = 1};
+    all_ok(run_ranks(4, refit_and_check), 4);
+}
+
+/* A verified plan: the weight quantized on the way and its computed scales are left out of the
+ * check (bf16 against FP8 cannot add up), so a right refit passes; an FP8 source moving with
+ * its scales is plain data, and checked. */
+Test(quant_exec, a_verified_refit_passes_with_what_it_cannot_check_left_out)
+{
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .verify = 1};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    qc.src = "shape=256x256 dtype=fp8e4m3 ranks=0-1 place=S(0) " BLOCK;
+    qc.dst = "shape=256x256 dtype=fp8e4m3 ranks=2-3 place=S(1) " BLOCK;
+    qc.src_kind = 3;
     all_ok(run_ranks(4, refit_and_check), 4);
 }
 

@@ -14,6 +14,7 @@
 #include "region.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/hindex.h"
 #include "base/log.h"
 #include "cuda/cuda_lib.h"
 #include "planner/fingerprint.h"
@@ -63,23 +64,50 @@ static void sums_combine(void *acc_, const void *in_, void *arg)
 }
 
 /* The lcm of a destination map's replica counts depends on its rank arrays and the topology
- * only: a model repeats a few over thousands of tensors, so each is counted once per check. */
+ * only: a model repeats a few over thousands of tensors, so each is counted once per check,
+ * found by its tuple array (the plan shares one between equal maps). */
 struct lcm_memo {
     const int *key;
     uint64_t lcm;
 };
 
-static reshard_status_t map_lcm(struct lcm_memo *memo, int *n, const struct rs_shardmap *map,
-                                const struct rs_topo *topo, uint64_t *lcm)
+struct lcm_probe {
+    const struct lcm_memo *memo;
+    const int *key;
+};
+
+static uint64_t key_hash(const int *key)
 {
-    for (int i = 0; i < *n; i++)
-        if (memo[i].key == map->tuple) {
-            *lcm = memo[i].lcm;
-            return RESHARD_OK;
-        }
+    return fp_mix((uint64_t)(uintptr_t)key, 0);
+}
+
+static uint64_t memo_hash(void *arg, size_t pos)
+{
+    return key_hash(((const struct lcm_probe *)arg)->memo[pos].key);
+}
+
+static int memo_eq(void *arg, size_t pos)
+{
+    const struct lcm_probe *q = arg;
+    return q->memo[pos].key == q->key;
+}
+
+static reshard_status_t map_lcm(struct lcm_memo *memo, int *n, struct rs_hindex *index,
+                                const struct rs_shardmap *map, const struct rs_topo *topo,
+                                uint64_t *lcm)
+{
+    struct lcm_probe q = {memo, map->tuple};
+    RS_CHECK(rs_hindex_fit(index, memo_hash, &q));
+    size_t at;
+    long found = rs_hindex_find(index, key_hash(map->tuple), memo_eq, &q, &at);
+    if (found >= 0) {
+        *lcm = memo[found].lcm;
+        return RESHARD_OK;
+    }
     RS_CHECK(fingerprint_lcm(map, topo, lcm));
     memo[*n].key = map->tuple;
-    memo[(*n)++].lcm = *lcm;
+    memo[*n].lcm = *lcm;
+    rs_hindex_put(index, at, (size_t)(*n)++);
     return RESHARD_OK;
 }
 
@@ -154,6 +182,7 @@ static reshard_status_t local_imbalance(const struct reshard_comm *c, const stru
     if (!memo)
         return RESHARD_ERR_NO_MEMORY;
     int nmemo = 0, unchecked = 0;
+    struct rs_hindex index = {0};
     reshard_status_t st = RESHARD_OK;
     const char *side = "";
     int t = 0;
@@ -169,7 +198,7 @@ static reshard_status_t local_imbalance(const struct reshard_comm *c, const stru
         int spos = shardmap_position(&pt->src_map, c->rank);
         int reps = dpos >= 0 ? fingerprint_replicas(&pt->dst_map, dpos, &p->topo) : 0;
         side = "destination layout";
-        st = map_lcm(memo, &nmemo, &pt->dst_map, &p->topo, &lcm);
+        st = map_lcm(memo, &nmemo, &index, &pt->dst_map, &p->topo, &lcm);
         if (st == RESHARD_OK && reps && shardmap_local_numel(&pt->dst_map, dpos)) {
             side = "destination";
             st = shard_fp(&pt->dst_map, dpos, bufs[t].dst, bufs[t].dst_bytes, bufs[t].mem, &fd);
@@ -193,6 +222,7 @@ static reshard_status_t local_imbalance(const struct reshard_comm *c, const stru
         st = rs_error(st, "rank %d: %s of tensor %s: %s", c->rank, side, p->tensors[t - 1].name,
                       why.msg);
     }
+    rs_hindex_free(&index);
     free(memo);
     return st;
 }

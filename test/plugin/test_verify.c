@@ -355,6 +355,59 @@ Test(verify, a_flipped_bit_on_a_replica_that_does_not_count_fails_the_refit_nami
     all_ok(run_ranks(4, flipped_bit), 4);
 }
 
+/* ---- a bit flipped on the way (RESHARD_TEST_CORRUPT) ---- */
+
+/* Every source is right; rank 3 flips one bit of what landed in its first destination ('a'),
+ * as a fault between the sender's memory and its own would. The verified refit names 'a' and
+ * only it on every rank; the same fault without verification goes unnoticed (the refit
+ * "succeeds"), which is what the check is for. */
+static reshard_status_t corrupted_on_the_way(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    setenv("RESHARD_TEST_CORRUPT", "4", 1);
+    rs_param_reload();
+    reshard_layout_t *src = NULL, *dst = NULL;
+    reshard_layout_parse(FLIP_SRC, 0, &src);
+    reshard_layout_parse(FLIP_DST, 0, &dst);
+    reshard_tensor_t ts[2] = {{"a", src, dst}, {"b", src, dst}};
+    reshard_status_t st = RESHARD_OK;
+    for (int verify = 1; verify >= 0 && st == RESHARD_OK; verify--) {
+        reshard_plan_config_t cfg = verify_config();
+        cfg.verify = verify;
+        reshard_plan_t *plan = NULL;
+        st = reshard_comm_plan_create(comm, ts, 2, &cfg, &plan);
+        if (st != RESHARD_OK)
+            break;
+        struct bufset s;
+        reshard_buffers_t b[2];
+        bufs_make(ts, 2, rank, &s, b, NULL);
+        st = reshard_plan_execute(plan, b);
+        char m[512];
+        snprintf(m, sizeof(m), "%s", reshard_last_error());
+        int want = verify ? st == RESHARD_ERR_VERIFY && strstr(m, "1 tensor differs") &&
+                                strstr(m, "refit: a") && !strstr(m, ", b")
+                          : st == RESHARD_OK && (rank != 3 || wrong_in_dst(ts, 2, rank, b) == 1);
+        if (!want) {
+            fprintf(stderr, "rank %d, verify %d: %s (%s)\n", rank, verify, reshard_strerror(st), m);
+            st = RESHARD_ERR_INTERNAL;
+        } else {
+            st = RESHARD_OK;
+        }
+        bufs_free(&s);
+        reshard_plan_destroy(plan);
+    }
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    unsetenv("RESHARD_TEST_CORRUPT");
+    rs_param_reload();
+    return st;
+}
+
+Test(verify, a_bit_flipped_on_the_way_fails_the_verified_refit_naming_the_tensor)
+{
+    all_ok(run_ranks(4, corrupted_on_the_way), 4);
+}
+
 /* ---- RESHARD_VERIFY=1 without the config field, and a right refit of a shrunk world ---- */
 
 #define SHR_SRC "shape=9x6 dtype=bf16 ranks=0-3 mesh=2x2 place=S(1),R"

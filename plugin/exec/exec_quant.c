@@ -41,16 +41,17 @@ static int is_cast_scales(const struct rs_plan *p, uint32_t t)
     return w >= 0 && p->tensors[w].quant == PLAN_QUANT_CAST;
 }
 
-/* Elements the buffer of rank's shard of map spans (view included), 0 when it holds none. */
-static uint64_t span_elems(const struct rs_shardmap *m, int rank)
+/* Elements of rank's shard of map, 0 when it holds none: the executor's own copies are
+ * row-major over the shard (no view), whatever buffer the caller's shard sits in. */
+static uint64_t shard_elems(const struct rs_shardmap *m, int rank)
 {
     int pos = shardmap_position(m, rank);
     if (pos < 0)
         return 0;
-    int64_t shape[RS_MAX_DIMS];
+    uint64_t n = 1;
     for (int j = 0; j < m->layout->ndim; j++)
-        shape[j] = dimmap_group_len(&m->dim[j], shardmap_group(m, pos, j));
-    return region_span_bytes(m->layout, shape) / dtype_size(m->layout->dtype);
+        n *= (uint64_t)dimmap_group_len(&m->dim[j], shardmap_group(m, pos, j));
+    return n;
 }
 
 static reshard_status_t alloc_buf(char **at, uint64_t bytes, uint64_t *total)
@@ -94,14 +95,14 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
             !(q->done[pw->scales] = rs_calloc(3 * nscales + 1, 1, "quantized blocks")))
             return RESHARD_ERR_NO_MEMORY;
         if (qsrc) { /* the sender's FP8 values, and the scales it computes for them */
-            RS_CHECK(alloc_buf(&q->qsrc[w], span_elems(&pw->src_map, rank), &q->bytes));
+            RS_CHECK(alloc_buf(&q->qsrc[w], shard_elems(&pw->src_map, rank), &q->bytes));
             RS_CHECK(alloc_buf(&q->qsrc[pw->scales], nscales * sizeof(float), &q->bytes));
             if (!q->geo[2 * w])
                 RS_CHECK(geo_make(&pw->src_map, rank, &q->geo[2 * w]));
         }
         if (stage) {
             RS_CHECK(alloc_buf(&q->stage[w],
-                               span_elems(&pw->dst_map, rank) * dtype_size(pw->src.dtype),
+                               shard_elems(&pw->dst_map, rank) * dtype_size(pw->src.dtype),
                                &q->bytes));
             if (!q->geo[2 * w + 1])
                 RS_CHECK(geo_make(&pw->dst_map, rank, &q->geo[2 * w + 1]));
@@ -202,6 +203,14 @@ static int64_t geo_at(const struct qgeo *g, const int64_t *gi)
     for (int d = 0; d < g->ndim; d++)
         lin = lin * g->shape[d] + g->loc[d][gi[d]];
     return region_view_at(g->view, g->shape, g->ndim, lin);
+}
+
+/* The same shard, row-major without the view: the executor's FP8 and staging copies. */
+static struct qgeo geo_flat(const struct qgeo *g)
+{
+    struct qgeo f = *g;
+    f.view = NULL;
+    return f;
 }
 
 static enum rs_fp8 fp8_of(enum rs_dtype t)
@@ -408,6 +417,7 @@ static void quantize_sends(struct exec *x, uint32_t w, const reshard_buffers_t *
     memset(s.done, 0, (size_t)nscales);
     memset(cast, 0, (size_t)nscales);
     int nd = s.pw->dst.ndim;
+    struct qgeo flat = geo_flat(s.src); /* the FP8 copy */
     for (size_t i = 0; i < x->xs.n; i++) {
         const struct xfer *xf = &x->xs.x[i];
         if (xf->src != me || xf->src_buf != XBUF_QSRC || (xf->tensor != w && xf->tensor != st))
@@ -434,7 +444,7 @@ static void quantize_sends(struct exec *x, uint32_t w, const reshard_buffers_t *
             int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS];
             block_box(&s.pw->dst, b, NULL, NULL, lo, hi);
             cast_box(&s.pw->dst, lo, hi, scale, s.base, s.src, s.pw->src.dtype,
-                     (uint8_t *)x->quant.qsrc[w], s.src);
+                     (uint8_t *)x->quant.qsrc[w], &flat);
         } while (box_next(nd, blo, bhi, b));
     }
 }
@@ -465,6 +475,7 @@ static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t 
     uint8_t *done = x->quant.done[pw->scales] + nscales;
     memset(done, 0, (size_t)nscales);
     int nd = pw->dst.ndim;
+    struct qgeo flat = geo_flat(gd); /* the staging copy */
     for (size_t i = 0; i < x->xs.n; i++) {
         const struct xfer *xf = &x->xs.x[i];
         if (xf->dst != me || xf->dst_buf != XBUF_STAGE || xf->tensor != w)
@@ -480,11 +491,11 @@ static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t 
             if (done[k])
                 continue;
             done[k] = 1;
-            float scale = block_scale(&pw->dst, b, stage, gd, pw->src.dtype);
+            float scale = block_scale(&pw->dst, b, stage, &flat, pw->src.dtype);
             memcpy(sout + geo_at(gs, b) * (int64_t)sizeof(float), &scale, sizeof(scale));
             int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS];
             block_box(&pw->dst, b, NULL, NULL, lo, hi);
-            cast_box(&pw->dst, lo, hi, scale, stage, gd, pw->src.dtype, out, gd);
+            cast_box(&pw->dst, lo, hi, scale, stage, &flat, pw->src.dtype, out, gd);
         } while (box_next(nd, blo, bhi, b));
     }
 }

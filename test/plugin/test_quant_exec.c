@@ -9,6 +9,7 @@
 #include "ranks.h"
 #include "side.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "cuda/quant.h"
 #include "plugin/reshard.h"
 
@@ -451,6 +452,64 @@ Test(quant_exec, shards_placed_at_offsets_in_their_buffers)
                         .src_off = 1000,
                         .dst_off = 333};
     all_ok(run_ranks(4, refit_and_check), 4);
+}
+
+/* What each rank logged as its quantization buffers (exec_quant.c, at INFO). */
+static uint64_t *quant_bytes;
+
+static void quant_bytes_sink(enum rs_log_level level, unsigned long flags, const char *msg)
+{
+    (void)level;
+    (void)flags;
+    int r = -1;
+    unsigned long long n = 0;
+    const char *at = strstr(msg, "rank ");
+    if (at && sscanf(at, "rank %d: %llu bytes for quantizing", &r, &n) == 2 && r >= 0 &&
+        r < MAX_RANKS)
+        quant_bytes[r] = n;
+}
+
+static reshard_status_t refit_logging_quant_bytes(int rank, int size, reshard_comm_t *comm)
+{
+    rs_log_set_sink(quant_bytes_sink);
+    reshard_status_t st = refit_and_check(rank, size, comm);
+    rs_log_set_sink(NULL);
+    return st;
+}
+
+/* Weights 4 Mi elements into fused buffers on both sides: the sender's FP8 copy and the
+ * receiver's staging copy hold the rank's shard (docs/layouts.md: "a staging copy of its
+ * destination shard"), not the fused buffer up to the weight's offset. With every tensor of a
+ * model at its offset in one flat buffer, copies reaching back to each offset would add up to
+ * the buffer's size times the number of tensors. */
+Test(quant_exec, fp8_and_staging_copies_hold_the_shard_not_the_fused_buffer_before_it)
+{
+    quant_bytes = mmap(NULL, MAX_RANKS * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(quant_bytes, MAP_FAILED);
+    memset(quant_bytes, 0, MAX_RANKS * sizeof(uint64_t));
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0) buffer=fused "
+                               "offset=4194304",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) "
+                               "buffer=fused offset=4194304 " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .src_off = 4194304,
+                        .dst_off = 4194304};
+    all_ok(run_ranks(4, refit_logging_quant_bytes), 4);
+    for (int r = 0; r < 4; r++) {
+        /* at most: a source shard of 171 x 256 in FP8, the scales, a destination shard of
+         * 512 x 128 in bf16 */
+        uint64_t most = 171 * 256 + 4 * 2 * 4 + 512 * 128 * 2;
+        cr_log_info("rank %d: %llu bytes for quantizing", r, (unsigned long long)quant_bytes[r]);
+        cr_assert_gt(quant_bytes[r], 0, "rank %d logged its quantization buffers", r);
+        cr_assert_leq(quant_bytes[r], most, "rank %d: %llu bytes, the shards need %llu", r,
+                      (unsigned long long)quant_bytes[r], (unsigned long long)most);
+    }
+    munmap(quant_bytes, MAX_RANKS * sizeof(uint64_t));
 }
 
 Test(quant_exec, per_channel_scales_from_f16_into_e5m2)

@@ -500,11 +500,11 @@ static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t 
     }
 }
 
-void exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs)
+void exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs, const size_t *left)
 {
     if (!x->quant.stage)
         return;
     for (int t = 0; t < x->plan->ntensors; t++)
-        if (is_cast(x->plan, (uint32_t)t) && x->quant.stage[t])
+        if (is_cast(x->plan, (uint32_t)t) && x->quant.stage[t] && (!left || !left[t]))
             quantize_landed(x, (uint32_t)t, bufs);
 }

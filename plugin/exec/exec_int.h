@@ -103,6 +103,9 @@ struct exec_quant {
     uint8_t **done;       /* [ntensors] */
     struct qgeo **geo;    /* [2 * ntensors]: where this rank's source, destination elements are */
     uint64_t bytes;       /* what they hold */
+    /* By CAST weight w: the transfers of w and its scales this rank quantizes for, as a sender
+     * (QSRC) or where they land (STAGE): xfer[first[w] .. first[w + 1]). */
+    size_t *first, *xfer; /* [ntensors + 1], [their count] */
 };
 
 reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,

@@ -54,6 +54,14 @@ static uint64_t shard_elems(const struct rs_shardmap *m, int rank)
     return n;
 }
 
+/* Whether this rank quantizes for transfer xf: it sends it out of its FP8 values, or it lands
+ * (or is forwarded from) staged. */
+static int quant_role(const struct xfer *xf, int rank)
+{
+    return (xf->src == rank && (xf->src_buf == XBUF_QSRC || xf->src_buf == XBUF_STAGE)) ||
+           (xf->dst == rank && xf->dst_buf == XBUF_STAGE);
+}
+
 static reshard_status_t alloc_buf(char **at, uint64_t bytes, uint64_t *total)
 {
     if (*at)
@@ -77,8 +85,29 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
     q->stage = rs_calloc((size_t)nt + 1, sizeof(char *), "quantization buffers");
     q->done = rs_calloc((size_t)nt + 1, sizeof(uint8_t *), "quantization buffers");
     q->geo = rs_calloc(2 * (size_t)nt + 1, sizeof(struct qgeo *), "quantization buffers");
-    if (!q->qsrc || !q->stage || !q->done || !q->geo)
+    q->first = rs_calloc((size_t)nt + 2, sizeof(size_t), "quantized transfers");
+    q->xfer = rs_calloc(xs->n + 1, sizeof(size_t), "quantized transfers");
+    if (!q->qsrc || !q->stage || !q->done || !q->geo || !q->first || !q->xfer)
         return RESHARD_ERR_NO_MEMORY;
+    /* Each weight's list: counted into first[w + 2], summed so that first[w + 1] is where
+     * w's list starts, then filled with first[w + 1] as the cursor, which leaves it where the
+     * list ends: w's transfers are xfer[first[w] .. first[w + 1]). */
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < xs->n; i++) {
+            const struct xfer *xf = &xs->x[i];
+            if (!quant_role(xf, rank))
+                continue;
+            uint32_t w = is_cast_scales(plan, xf->tensor)
+                             ? (uint32_t)plan->tensors[xf->tensor].scales_of
+                             : xf->tensor;
+            if (pass)
+                q->xfer[q->first[w + 1]++] = i;
+            else
+                q->first[w + 2]++;
+        }
+        for (int t = 2; !pass && t <= nt + 1; t++)
+            q->first[t] += q->first[t - 1];
+    }
     for (size_t i = 0; i < xs->n; i++) {
         const struct xfer *xf = &xs->x[i];
         const struct plan_tensor *pt = &plan->tensors[xf->tensor];
@@ -126,6 +155,8 @@ void exec_quant_fini(struct exec_quant *q, int ntensors, struct reshard_comm *c)
         geo_free(q->geo[t]);
     free(q->done);
     free(q->geo);
+    free(q->first);
+    free(q->xfer);
     *q = (struct exec_quant){0};
 }
 
@@ -418,8 +449,8 @@ static void quantize_sends(struct exec *x, uint32_t w, const reshard_buffers_t *
     memset(cast, 0, (size_t)nscales);
     int nd = s.pw->dst.ndim;
     struct qgeo flat = geo_flat(s.src); /* the FP8 copy */
-    for (size_t i = 0; i < x->xs.n; i++) {
-        const struct xfer *xf = &x->xs.x[i];
+    for (size_t i = x->quant.first[w]; i < x->quant.first[w + 1]; i++) {
+        const struct xfer *xf = &x->xs.x[x->quant.xfer[i]];
         if (xf->src != me || xf->src_buf != XBUF_QSRC || (xf->tensor != w && xf->tensor != st))
             continue;
         const int64_t *start = x->xs.coords + xf->box, *len = start + nd;
@@ -476,8 +507,8 @@ static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t 
     memset(done, 0, (size_t)nscales);
     int nd = pw->dst.ndim;
     struct qgeo flat = geo_flat(gd); /* the staging copy */
-    for (size_t i = 0; i < x->xs.n; i++) {
-        const struct xfer *xf = &x->xs.x[i];
+    for (size_t i = x->quant.first[w]; i < x->quant.first[w + 1]; i++) {
+        const struct xfer *xf = &x->xs.x[x->quant.xfer[i]];
         if (xf->dst != me || xf->dst_buf != XBUF_STAGE || xf->tensor != w)
             continue;
         const int64_t *start = x->xs.coords + xf->box, *len = start + nd;

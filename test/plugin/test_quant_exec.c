@@ -33,6 +33,8 @@ struct qcase {
     int refits;
     int64_t src_off, dst_off; /* the weight's shards start this many elements into its buffers */
     int verify;               /* the plan's verify option */
+    int64_t src_pitch, dst_pitch; /* elements between rows of a shard (0: its width) */
+    int fresh;                    /* each refit into (and from) newly allocated buffers */
 };
 
 static struct qcase qc; /* set before the ranks fork */
@@ -217,7 +219,7 @@ static void qside_fill(struct qside *x, int rank, const struct ref *r, int it)
     uint8_t *w = (uint8_t *)x->b[0].src + (size_t)qc.src_off * es;
     for (int64_t i = 0; i < s.shape[0]; i++)
         for (int64_t j = 0; j < s.shape[1]; j++) {
-            uint8_t *at = w + (size_t)(i * s.shape[1] + j) * es;
+            uint8_t *at = w + (size_t)(i * (qc.src_pitch ? qc.src_pitch : s.shape[1]) + j) * es;
             if (qc.src_kind == 3)
                 *at = r->q[s.rows[i] * r->cols + s.cols[j]];
             else
@@ -258,7 +260,8 @@ static int64_t qside_wrong(const struct qside *x, int rank, const struct ref *r,
     const uint8_t *q = (const uint8_t *)x->b[0].dst + qc.dst_off;
     for (int64_t i = 0; i < s.shape[0]; i++)
         for (int64_t j = 0; j < s.shape[1]; j++) {
-            uint8_t want = r->q[s.rows[i] * r->cols + s.cols[j]], got = q[i * s.shape[1] + j];
+            uint8_t want = r->q[s.rows[i] * r->cols + s.cols[j]],
+                    got = q[i * (qc.dst_pitch ? qc.dst_pitch : s.shape[1]) + j];
             if (got != want && !wrong++)
                 snprintf(why, n, "rank %d: element (%lld, %lld) is 0x%02x, expected 0x%02x", rank,
                          (long long)s.rows[i], (long long)s.cols[j], got, want);
@@ -330,6 +333,13 @@ static reshard_status_t refit_and_check(int rank, int size, reshard_comm_t *comm
     for (int it = 0; st == RESHARD_OK && it < qc.refits; it++) {
         struct ref r;
         ref_make(&r, info.shape[0], info.shape[1], it);
+        for (int k = 0; qc.fresh && it && k < 2; k++) {
+            void *keep[2] = {(void *)x.b[k].src, x.b[k].dst};
+            x.b[k].src = x.b[k].src_bytes ? calloc(1, x.b[k].src_bytes) : NULL;
+            x.b[k].dst = x.b[k].dst_bytes ? calloc(1, x.b[k].dst_bytes) : NULL;
+            free(keep[0]);
+            free(keep[1]);
+        }
         qside_fill(&x, rank, &r, it);
         for (int k = 0; k < 2; k++)
             if (x.b[k].dst)
@@ -840,4 +850,54 @@ Test(quant_exec, plan_tensor_queries_name_the_scales_and_refuse_what_is_not_ther
     reshard_topo_destroy(topo);
     reshard_layout_destroy(s);
     reshard_layout_destroy(d);
+}
+
+/* More layouts, each on both algorithms, three refits: strided shards on either side, padded
+ * rows (strides) on both, a replicated destination of staged blocks, blocks smaller than the
+ * shards with partial last ones, and every other case into and out of freshly allocated
+ * buffers each refit (so that nothing of an earlier execution's addresses is reused). */
+Test(quant_exec, more_layouts_and_fresh_buffers_each_refit)
+{
+    const char *cases[][2] = {
+        {"shape=512x256 dtype=bf16 ranks=0-3 mesh=2x2 place=SS(0,2),S(0)",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK},
+        {"shape=512x256 dtype=bf16 ranks=0-3 place=S(1)",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-1 place=SS(0,2) " BLOCK},
+        {"shape=512x256 dtype=bf16 ranks=0-2 place=S(1)",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-3 place=R " BLOCK},
+        {"shape=256x200 dtype=f32 ranks=0-2 mesh=3 place=S(0)",
+         "shape=256x200 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),R quant=block(128,128)"},
+        {"shape=300x256 dtype=bf16 ranks=1-3 place=S(1)",
+         "shape=300x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(1),R quant=block(64,32)"},
+        {"shape=512x256 dtype=bf16 ranks=0-2 place=S(0) strides=300x1",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) strides=200x1 " BLOCK},
+        {"shape=512x256 dtype=bf16 ranks=3 place=R",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=4 place=R " BLOCK},
+        {"shape=512x256 dtype=bf16 ranks=0-3 mesh=2x2 place=S(1),S(0)",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=SS(1,2),S(0) quant=block(128,64)"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        for (int algo = 0; algo < 2; algo++) {
+            int er = 128, ec = 128;
+            if (strstr(cases[i][1], "block(64,32)"))
+                er = 64, ec = 32;
+            if (strstr(cases[i][1], "block(128,64)"))
+                ec = 64;
+            qc = (struct qcase){.src = cases[i][0],
+                                .dst = cases[i][1],
+                                .src_kind = strstr(cases[i][0], "f32") ? 2 : 0,
+                                .fmt = RS_FP8_E4M3,
+                                .er = er,
+                                .ec = ec,
+                                .algo = algo ? RESHARD_ALGO_DIRECT : RESHARD_ALGO_RESHARD,
+                                .refits = 2};
+            qc.fresh = i % 2;
+            qc.refits = 3;
+            if (strstr(cases[i][0], "strides"))
+                qc.src_pitch = 300, qc.dst_pitch = 200;
+            struct outcome *o = run_ranks(4, refit_and_check);
+            for (int r = 0; r < 4; r++)
+                cr_assert_eq(o[r].status, RESHARD_OK, "case %zu (%s -> %s) algo %d rank %d: %s", i,
+                             cases[i][0], cases[i][1], algo, r, o[r].msg);
+        }
 }

@@ -103,6 +103,9 @@ struct exec_quant {
     uint8_t **done;       /* [ntensors] */
     struct qgeo **geo;    /* [2 * ntensors]: where this rank's source, destination elements are */
     uint64_t bytes;       /* what they hold */
+    /* By CAST weight w: the transfers of w and its scales this rank quantizes for, as a sender
+     * (QSRC) or where they land (STAGE): xfer[first[w] .. first[w + 1]). */
+    size_t *first, *xfer; /* [ntensors + 1], [their count] */
 };
 
 reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,
@@ -114,8 +117,10 @@ reshard_status_t exec_quant_check(const struct exec *x, const reshard_buffers_t 
 /* Before the first send: the blocks this rank quantizes as a sender, from its sources. */
 void exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs);
 /* Once everything bound for this rank landed: its staged blocks quantized into the
- * destinations, with their scales. */
-void exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs);
+ * destinations, with their scales. left (or NULL: every tensor): after a failure, the chunks
+ * of each tensor still to land: only the tensors with none left, which the outcome calls
+ * complete (nothing writes into them any more). */
+void exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs, const size_t *left);
 
 /* Device buffers on the native executor are staged through host copies (pinned when the driver
  * allows): [2 * ntensors] (source, destination) shadows and their sizes, kept across runs. */

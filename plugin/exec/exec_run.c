@@ -411,7 +411,7 @@ reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
     if (st == RESHARD_OK)
         st = wait_done(r);
     if (st == RESHARD_OK)
-        exec_quant_landed(x, bufs);
+        exec_quant_landed(x, bufs, NULL);
     if (st == RESHARD_OK)
         test_corrupt(x, bufs);
     if (st == RESHARD_OK && r->gdr_landed) /* the caller's kernels see what the NIC wrote */
@@ -423,6 +423,9 @@ reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
     }
     exec_run_fail(r, st); /* the first failure's message, not its echoes */
     remote_cause(x, r);
+    /* A weight quantized where it lands, every chunk of it here: quantized now, so that the
+     * outcome's "complete" holds the new values as for any tensor. */
+    exec_quant_landed(x, bufs, r->dst_left);
     exec_run_record(x, r);
     break_comm(x, r);
     return rs_error(c->broken, "%s", c->broken_why);

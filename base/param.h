@@ -85,9 +85,15 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
       "the UCX library to load (tests point it elsewhere to hide UCX)")                            \
     X(JANSSON_LIB, RS_PARAM_STR, "libjansson.so.4", 0,                                             \
       "the JSON library manifests are read with (loaded on the first manifest)")                   \
+    X(VERIFY, RS_PARAM_INT, "0", 0,                                                                \
+      "1: every communicator plan checks each refit (fingerprints of every destination against "   \
+      "the sources, one small reduction) and fails naming the tensors that differ")                \
     X(TEST_DEVICE_AS_HOST, RS_PARAM_INT, "0", 0,                                                   \
       "tests only: 1 registers device buffers as host memory (the stand-in driver's device "       \
-      "memory is host memory), to run the GPUDirect path without a GPU")
+      "memory is host memory), to run the GPUDirect path without a GPU")                           \
+    X(TEST_CORRUPT, RS_PARAM_INT, "0", 0,                                                          \
+      "tests only: N > 0 makes rank N - 1 flip one bit of the first element that landed in its "   \
+      "first host destination, as a fault on the way would, before any check")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

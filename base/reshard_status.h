@@ -34,7 +34,8 @@ extern "C" {
     X(ERR_UNAVAILABLE, 19, "transport or library not available on this host")                      \
     X(ERR_REMOTE, 20, "another rank failed")                                                       \
     X(ERR_ABORTED, 21, "aborted by reshard_comm_abort")                                            \
-    X(ERR_DATA_LOST, 22, "data was held only by ranks that left (no replica remains)")
+    X(ERR_DATA_LOST, 22, "data was held only by ranks that left (no replica remains)")             \
+    X(ERR_VERIFY, 23, "destination and source fingerprints differ")
 
 typedef enum reshard_status {
 #define RESHARD_STATUS_ENUM_(name, value, msg) RESHARD_##name = value,

@@ -18,12 +18,21 @@
 
 /* Two multiplies and two shifts: non-linear in the bits (a sum of linear terms would miss
  * swaps), and cheap enough to run at memory speed when vectorized. */
-static inline uint64_t fp_mix(uint64_t index, uint64_t bits)
+#define FP_INDEX_MUL UINT64_C(0x9e3779b97f4a7c15)
+
+/* fp_mix of an index already multiplied by FP_INDEX_MUL: a shard's loops keep its indices
+ * that way (products of sums are sums of products mod 2^64), one multiply per element. */
+static inline uint64_t fp_mix_scaled(uint64_t index_mul, uint64_t bits)
 {
-    uint64_t x = index * UINT64_C(0x9e3779b97f4a7c15) ^ bits;
+    uint64_t x = index_mul ^ bits;
     x ^= x >> 29;
     x *= UINT64_C(0xd6e8feb86659fd93);
     return x ^ (x >> 32);
+}
+
+static inline uint64_t fp_mix(uint64_t index, uint64_t bits)
+{
+    return fp_mix_scaled(index * FP_INDEX_MUL, bits);
 }
 
 /* The fingerprint of the shard held at position pos of map, in buf (bytes long, laid out as
@@ -33,5 +42,21 @@ reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const
 /* Whether the shard at position pos is the one of its replicas that counts: the lowest present
  * rank of its tuple. */
 int fingerprint_counts(const struct rs_shardmap *map, int pos, const struct rs_topo *topo);
+
+/* A destination side, where every replica counts (so that a bad replica is caught): the
+ * tensor's check is sum over present destination shards of f * (lcm / replicas) ==
+ * lcm * (the sources' fingerprint), replicas being the present ranks of the shard's tuple and
+ * lcm their least common multiple over the map's tuples. fingerprint_replicas counts them for
+ * position pos (0 when pos itself is absent). */
+int fingerprint_replicas(const struct rs_shardmap *map, int pos, const struct rs_topo *topo);
+/* lcm over the tuples with a present rank (it depends on the ranks and the topology only, not
+ * the shape). RESHARD_ERR_TOO_LARGE past 2^32 (replica counts that cannot all divide one
+ * weight), which a mesh layout never reaches. */
+reshard_status_t fingerprint_lcm(const struct rs_shardmap *map, const struct rs_topo *topo,
+                                 uint64_t *lcm);
+/* The first position of a tuple that holds elements but no present rank (a shrink took all of
+ * its replicas: nobody receives that box, so the destination side cannot add up to the
+ * source's), or -1. */
+int fingerprint_lost(const struct rs_shardmap *map, const struct rs_topo *topo);
 
 #endif

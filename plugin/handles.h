@@ -21,6 +21,7 @@ struct exec;
 struct reshard_plan {
     struct rs_plan *p;
     struct exec *x; /* communicator plans: the executor of the chosen algorithm */
+    int verify;     /* check each execution (reshard_plan_config_t.verify, RESHARD_VERIFY) */
 };
 
 #endif

@@ -132,10 +132,13 @@ typedef struct reshard_plan_config {
     int64_t max_ops;
     /* Communicator plans only (reshard_comm_plan_create). */
     reshard_algo_t algo;
+    /* Communicator plans only: non-zero checks every execution that succeeded (as
+     * RESHARD_VERIFY=1 does for every plan): see "refits that prove themselves" below. */
+    int verify;
 } reshard_plan_config_t;
 
 /* clang-format off */
-#define RESHARD_PLAN_CONFIG_INIT {sizeof(reshard_plan_config_t), 0, 0, RESHARD_ALGO_RESHARD}
+#define RESHARD_PLAN_CONFIG_INIT {sizeof(reshard_plan_config_t), 0, 0, RESHARD_ALGO_RESHARD, 0}
 /* clang-format on */
 
 /* Plans all tensors together (loads balance across them). Source and destination of a tensor
@@ -420,6 +423,39 @@ typedef enum reshard_tensor_state {
  * failed. RESHARD_ERR_INVALID_ARG before the plan's first execution. */
 RESHARD_API reshard_status_t reshard_plan_outcome(const reshard_plan_t *plan,
                                                   reshard_tensor_state_t *states);
+
+/* ---- refits that prove themselves (docs/manifest.md, "Checking the layouts") ----
+ *
+ * Every tensor has a fingerprint in global index space: the sum (mod 2^64) over its elements
+ * of a 64-bit mix of (global index, element bits), so both sides of the same weights give the
+ * same value whatever their layouts, and shards combine by addition. A check compares, per
+ * tensor, every present destination shard (each replica counts, so a bad replica is caught)
+ * with one replica of every source shard, in one small reduction of a fixed size per rank
+ * (and a second, of 8 bytes per tensor, only when something differs, to name the tensors).
+ * Host buffers are read in place; device buffers are copied to the host first (a kernel is to
+ * come).
+ *
+ * With reshard_plan_config_t.verify (or RESHARD_VERIFY=1), reshard_plan_execute checks the
+ * refit once it succeeded, on every rank: where a tensor differs, every rank returns
+ * RESHARD_ERR_VERIFY with a message naming the first tensors and how many (the refit itself
+ * completed: the buffers hold what arrived). A plan asking for it on a shrunk communicator
+ * where some destination box was held only by ranks that left is refused at
+ * reshard_comm_plan_create (RESHARD_ERR_DATA_LOST, naming the tensor): nobody receives that
+ * box, so the check could not add up. A tensor quantized on the way (bf16, f16 or f32 into
+ * FP8) and the scales its quantization computes are left out of both checks, said at INFO:
+ * the two sides hold different values (an FP8 source moved with its scales is plain data, and
+ * checked). */
+
+/* Collective over the plan's communicator, moving no weights: compares the fingerprints of the
+ * sources (bufs[t].src) with those of the destination buffers as they are (bufs[t].dst), when
+ * both sides loaded the same checkpoint, as inference does before the first refit. Every
+ * tensor whose two descriptions disagree (a fused buffer's views swapped, experts permuted,
+ * another interleaving) fails the check: RESHARD_ERR_VERIFY on every rank, the message naming
+ * the first ones with both layouts and how many in all (each one is logged at WARN with its
+ * layouts). RESHARD_ERR_BUFFER names a rank's buffer that is missing or short. The first
+ * thing to run when integrating a new model. */
+RESHARD_API reshard_status_t reshard_plan_check_layouts(reshard_plan_t *plan,
+                                                        const reshard_buffers_t *bufs);
 
 /* What this rank's transports moved since the communicator was created, counted by the
  * transports themselves (payload bytes; control messages apart). */

@@ -16,7 +16,8 @@
 #                              a folder of its own there (run.*, removed at exit), so runs at
 #                              once are safe: one waits for the other only while the shared
 #                              debs/ and stage/ are checked and read
-#   TIMEOUT=600 MEM=2048 SMP=2 qemu's wall-clock limit (s), RAM (MiB) and vCPUs
+#   TIMEOUT=1500 MEM=2048 SMP=2 qemu's wall-clock limit (s), RAM (MiB) and vCPUs (a quiet host
+#                              runs it in ~2 minutes; beside a second make test, 8-14)
 #   RXE_PARTS="..."            a subset of: rxe-up ib-unit net-plugin-ib perf-ib-vs-ucx (the
 #                              default: all four), and cmd
 #   RXE_CMD='...'              the part cmd: a shell command run in the VM (cwd /extra/build)
@@ -42,7 +43,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-build}
 case $BUILD in /*) B=$BUILD ;; *) B=$ROOT/$BUILD ;; esac
 CACHE=${RXE_CACHE:-/var/tmp/reshard-rxe}
-TIMEOUT=${TIMEOUT:-600}
+TIMEOUT=${TIMEOUT:-1500}
 MEM=${MEM:-2048}
 SMP=${SMP:-2}
 DEFAULT_PARTS="rxe-up ib-unit faults-ib net-plugin-ib perf-ib-vs-ucx"

@@ -10,7 +10,9 @@
 #include "plugin/comm/comm.h"
 #include "planner/stats.h"
 #include "plugin/exec/exec.h"
+#include "plugin/exec/exec_verify.h"
 #include "plugin/exec/exec_vote.h"
+#include "base/param.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +78,9 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     reshard_algo_t algo = RESHARD_ALGO_RESHARD;
     if (config && config->size >= offsetof(reshard_plan_config_t, algo) + sizeof(config->algo))
         algo = config->algo;
+    int verify = rs_param_int(RS_PARAM_VERIFY) != 0;
+    if (config && config->size >= offsetof(reshard_plan_config_t, verify) + sizeof(config->verify))
+        verify |= config->verify != 0;
     reshard_status_t st = comm_usable(comm);
     if (st != RESHARD_OK)
         return api_leave(__func__, st);
@@ -92,6 +97,8 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
                                     .coalesce_bytes = exec_coalesce_bytes()};
     mine.status =
         api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, comm->rank, &h->p);
+    if (mine.status == RESHARD_OK && verify)
+        mine.status = exec_verify_possible(h->p);
     if (mine.status == RESHARD_OK && algo != RESHARD_ALGO_RESHARD && comm->nmembers < comm->size)
         mine.status = rs_error(RESHARD_ERR_INVALID_ARG,
                                "%s: the direct and broadcast baselines need every rank; a shrunk "
@@ -126,6 +133,7 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
         return api_leave(__func__, st);
     }
     exec_set_world(h->x, &world);
+    h->verify = verify;
     *plan = h;
     return RESHARD_OK;
 }
@@ -144,6 +152,31 @@ reshard_status_t reshard_plan_outcome(const reshard_plan_t *plan, reshard_tensor
     return api_leave(__func__, exec_outcome(plan->x, states));
 }
 
+/* A check on the plan's communicator, held for it as any collective. */
+static reshard_status_t check(reshard_plan_t *plan, const reshard_buffers_t *bufs,
+                              enum exec_verify_mode mode)
+{
+    struct reshard_comm *c = exec_comm(plan->x);
+    reshard_status_t st = comm_enter(c);
+    if (st != RESHARD_OK)
+        return st;
+    return comm_leave(c, exec_verify(c, plan->p, bufs, mode));
+}
+
+reshard_status_t reshard_plan_check_layouts(reshard_plan_t *plan, const reshard_buffers_t *bufs)
+{
+    api_enter();
+    if (!plan || !bufs)
+        return api_null_arg(__func__, plan ? "bufs" : "plan");
+    if (!plan->x)
+        return api_leave(__func__,
+                         rs_error(RESHARD_ERR_INVALID_ARG,
+                                  "%s: the plan was made by reshard_plan_create, which has no "
+                                  "ranks to ask; check one made by reshard_comm_plan_create",
+                                  __func__));
+    return api_leave(__func__, check(plan, bufs, EXEC_VERIFY_LAYOUTS));
+}
+
 /* Both execute entry points: fn names the one the user called. */
 static reshard_status_t execute(const char *fn, reshard_plan_t *plan, const reshard_buffers_t *bufs,
                                 int on_stream, void *stream)
@@ -156,7 +189,12 @@ static reshard_status_t execute(const char *fn, reshard_plan_t *plan, const resh
                                       "%s: the plan was made by reshard_plan_create; execute one "
                                       "made by reshard_comm_plan_create",
                                       fn));
-    return api_leave(fn, exec_run(plan->x, bufs, on_stream, stream));
+    reshard_status_t st = exec_run(plan->x, bufs, on_stream, stream);
+    /* A refit enqueued on NCCL's stream is waited for first: verification reads what landed. */
+    if (st == RESHARD_OK && plan->verify &&
+        (st = exec_settle(plan->x, on_stream, stream)) == RESHARD_OK)
+        st = check(plan, bufs, EXEC_VERIFY_REFIT);
+    return api_leave(fn, st);
 }
 
 reshard_status_t reshard_plan_execute(reshard_plan_t *plan, const reshard_buffers_t *bufs)

@@ -143,6 +143,16 @@ reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs, int on_
     return st;
 }
 
+struct reshard_comm *exec_comm(const struct exec *x)
+{
+    return x->comm;
+}
+
+reshard_status_t exec_settle(const struct exec *x, int on_stream, void *stream)
+{
+    return x->last.on_nccl && on_stream ? wait_stream(1, stream) : RESHARD_OK;
+}
+
 reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *states)
 {
     if (x->last.on_nccl)

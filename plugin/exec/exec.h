@@ -35,6 +35,11 @@ int64_t exec_chunk_bytes(void);
 /* RESHARD_COALESCE_BYTES, at most the chunk size: what the executor packs. */
 int64_t exec_coalesce_bytes(void);
 void exec_destroy(struct exec *x);
+/* The communicator the executor runs on. */
+struct reshard_comm *exec_comm(const struct exec *x);
+/* After an execution, before its destinations are read: one enqueued on NCCL's stream (on_stream)
+ * is waited for, the others are done when exec_run returns. */
+reshard_status_t exec_settle(const struct exec *x, int on_stream, void *stream);
 /* What the last execution left in this rank's destination buffers, per tensor
  * (reshard_tensor_state_t); RESHARD_ERR_INVALID_ARG before the first execution. */
 reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *states);

@@ -112,10 +112,12 @@ void exec_chunk_region(const struct exec_cut *cut, const struct xfer *xf, uint32
     }
     const struct rs_shardmap *m = buf == XBUF_SRC || buf == XBUF_QSRC ? &pt->src_map : &pt->dst_map;
     region_of_shard(m, shardmap_position(m, rank), s, l, r);
-    if (buf == XBUF_QSRC) /* the source shard's geometry, in FP8 */
-        r->esize = dtype_size(pt->dst.dtype);
-    else if (buf == XBUF_STAGE) /* the destination shard's, in the source dtype */
-        r->esize = dtype_size(pt->src.dtype);
+    if (buf != XBUF_QSRC && buf != XBUF_STAGE)
+        return;
+    /* the executor's own copies: row-major over the shard (no view, no offset), the source
+     * shard in FP8 or the destination shard in the source dtype */
+    r->esize = dtype_size(buf == XBUF_QSRC ? pt->dst.dtype : pt->src.dtype);
+    r->view = NULL;
 }
 
 uint64_t exec_chunk_bytes_of(const struct exec_cut *cut, const struct xfer *xf, uint32_t chunk)

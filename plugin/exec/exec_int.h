@@ -103,6 +103,9 @@ struct exec_quant {
     uint8_t **done;       /* [ntensors] */
     struct qgeo **geo;    /* [2 * ntensors]: where this rank's source, destination elements are */
     uint64_t bytes;       /* what they hold */
+    /* By CAST weight w: the transfers of w and its scales this rank quantizes for, as a sender
+     * (QSRC) or where they land (STAGE): xfer[first[w] .. first[w + 1]). */
+    size_t *first, *xfer; /* [ntensors + 1], [their count] */
     /* [3 * ntensors]: device memory for device buffers (exec_quant_dev.c), made at first use:
      * a sender's FP8 copy and scales, a receiver's staged shard; 0 where none */
     uint64_t *dev;
@@ -120,9 +123,11 @@ reshard_status_t exec_quant_check(const struct exec *x, const reshard_buffers_t 
 reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs,
                                    const reshard_buffers_t *dev);
 /* Once everything bound for this rank landed: its staged blocks quantized into the
- * destinations, with their scales. */
+ * destinations, with their scales. left (or NULL: every tensor): after a failure, the chunks
+ * of each tensor still to land: only the tensors with none left, which the outcome calls
+ * complete (nothing writes into them any more). */
 reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs,
-                                   const reshard_buffers_t *dev);
+                                   const reshard_buffers_t *dev, const size_t *left);
 /* The same on device buffers, with the kernels (exec_quant_dev.c), for CAST weight w. */
 reshard_status_t exec_quant_dev_check(const struct exec *x, const reshard_buffers_t *bufs,
                                       uint32_t w);

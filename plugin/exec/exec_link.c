@@ -104,10 +104,13 @@ static uint64_t span_of(const struct rs_plan *plan, uint32_t t, uint32_t buf, in
         return 0;
     for (int j = 0; j < pt->dst.ndim; j++)
         shape[j] = dimmap_group_len(&m->dim[j], shardmap_group(m, pos, j));
-    uint64_t span = region_span_bytes(m->layout, shape);
-    if (buf == XBUF_STAGE) /* the same elements in the source dtype */
-        span = span / dtype_size(pt->dst.dtype) * dtype_size(pt->src.dtype);
-    return span;
+    if (buf == XBUF_STAGE) { /* the executor's staging copy: the shard, row-major */
+        uint64_t n = dtype_size(pt->src.dtype);
+        for (int j = 0; j < pt->dst.ndim; j++)
+            n *= (uint64_t)shape[j];
+        return n;
+    }
+    return region_span_bytes(m->layout, shape);
 }
 
 /* The pairs one way (writer: this rank's outgoing local transfers), and each transfer's entry

@@ -41,16 +41,25 @@ static int is_cast_scales(const struct rs_plan *p, uint32_t t)
     return w >= 0 && p->tensors[w].quant == PLAN_QUANT_CAST;
 }
 
-/* Elements the buffer of rank's shard of map spans (view included), 0 when it holds none. */
-static uint64_t span_elems(const struct rs_shardmap *m, int rank)
+/* Elements of rank's shard of map, 0 when it holds none: the executor's own copies are
+ * row-major over the shard (no view), whatever buffer the caller's shard sits in. */
+static uint64_t shard_elems(const struct rs_shardmap *m, int rank)
 {
     int pos = shardmap_position(m, rank);
     if (pos < 0)
         return 0;
-    int64_t shape[RS_MAX_DIMS];
+    uint64_t n = 1;
     for (int j = 0; j < m->layout->ndim; j++)
-        shape[j] = dimmap_group_len(&m->dim[j], shardmap_group(m, pos, j));
-    return region_span_bytes(m->layout, shape) / dtype_size(m->layout->dtype);
+        n *= (uint64_t)dimmap_group_len(&m->dim[j], shardmap_group(m, pos, j));
+    return n;
+}
+
+/* Whether this rank quantizes for transfer xf: it sends it out of its FP8 values, or it lands
+ * (or is forwarded from) staged. */
+static int quant_role(const struct xfer *xf, int rank)
+{
+    return (xf->src == rank && (xf->src_buf == XBUF_QSRC || xf->src_buf == XBUF_STAGE)) ||
+           (xf->dst == rank && xf->dst_buf == XBUF_STAGE);
 }
 
 static reshard_status_t alloc_buf(char **at, uint64_t bytes, uint64_t *total)
@@ -76,9 +85,30 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
     q->stage = rs_calloc((size_t)nt + 1, sizeof(char *), "quantization buffers");
     q->done = rs_calloc((size_t)nt + 1, sizeof(uint8_t *), "quantization buffers");
     q->geo = rs_calloc(2 * (size_t)nt + 1, sizeof(struct qgeo *), "quantization buffers");
+    q->first = rs_calloc((size_t)nt + 2, sizeof(size_t), "quantized transfers");
+    q->xfer = rs_calloc(xs->n + 1, sizeof(size_t), "quantized transfers");
     q->dev = rs_calloc(3 * (size_t)nt + 1, sizeof(*q->dev), "quantization buffers");
-    if (!q->qsrc || !q->stage || !q->done || !q->geo || !q->dev)
+    if (!q->qsrc || !q->stage || !q->done || !q->geo || !q->first || !q->xfer || !q->dev)
         return RESHARD_ERR_NO_MEMORY;
+    /* Each weight's list: counted into first[w + 2], summed so that first[w + 1] is where
+     * w's list starts, then filled with first[w + 1] as the cursor, which leaves it where the
+     * list ends: w's transfers are xfer[first[w] .. first[w + 1]). */
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < xs->n; i++) {
+            const struct xfer *xf = &xs->x[i];
+            if (!quant_role(xf, rank))
+                continue;
+            uint32_t w = is_cast_scales(plan, xf->tensor)
+                             ? (uint32_t)plan->tensors[xf->tensor].scales_of
+                             : xf->tensor;
+            if (pass)
+                q->xfer[q->first[w + 1]++] = i;
+            else
+                q->first[w + 2]++;
+        }
+        for (int t = 2; !pass && t <= nt + 1; t++)
+            q->first[t] += q->first[t - 1];
+    }
     for (size_t i = 0; i < xs->n; i++) {
         const struct xfer *xf = &xs->x[i];
         const struct plan_tensor *pt = &plan->tensors[xf->tensor];
@@ -95,14 +125,14 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
             !(q->done[pw->scales] = rs_calloc(3 * nscales + 1, 1, "quantized blocks")))
             return RESHARD_ERR_NO_MEMORY;
         if (qsrc) { /* the sender's FP8 values, and the scales it computes for them */
-            RS_CHECK(alloc_buf(&q->qsrc[w], span_elems(&pw->src_map, rank), &q->bytes));
+            RS_CHECK(alloc_buf(&q->qsrc[w], shard_elems(&pw->src_map, rank), &q->bytes));
             RS_CHECK(alloc_buf(&q->qsrc[pw->scales], nscales * sizeof(float), &q->bytes));
             if (!q->geo[2 * w])
                 RS_CHECK(geo_make(&pw->src_map, rank, &q->geo[2 * w]));
         }
         if (stage) {
             RS_CHECK(alloc_buf(&q->stage[w],
-                               span_elems(&pw->dst_map, rank) * dtype_size(pw->src.dtype),
+                               shard_elems(&pw->dst_map, rank) * dtype_size(pw->src.dtype),
                                &q->bytes));
             if (!q->geo[2 * w + 1])
                 RS_CHECK(geo_make(&pw->dst_map, rank, &q->geo[2 * w + 1]));
@@ -126,6 +156,8 @@ void exec_quant_fini(struct exec_quant *q, int ntensors, struct reshard_comm *c)
         geo_free(q->geo[t]);
     free(q->done);
     free(q->geo);
+    free(q->first);
+    free(q->xfer);
     exec_quant_dev_fini(q, ntensors);
     *q = (struct exec_quant){0};
 }
@@ -193,6 +225,14 @@ static int64_t geo_at(const struct qgeo *g, const int64_t *gi)
     for (int d = 0; d < g->ndim; d++)
         lin = lin * g->shape[d] + g->loc[d][gi[d]];
     return region_view_at(g->view, g->shape, g->ndim, lin);
+}
+
+/* The same shard, row-major without the view: the executor's FP8 and staging copies. */
+static struct qgeo geo_flat(const struct qgeo *g)
+{
+    struct qgeo f = *g;
+    f.view = NULL;
+    return f;
 }
 
 static enum rs_fp8 fp8_of(enum rs_dtype t)
@@ -399,8 +439,9 @@ static void quantize_sends(struct exec *x, uint32_t w, const reshard_buffers_t *
     memset(s.done, 0, (size_t)nscales);
     memset(cast, 0, (size_t)nscales);
     int nd = s.pw->dst.ndim;
-    for (size_t i = 0; i < x->xs.n; i++) {
-        const struct xfer *xf = &x->xs.x[i];
+    struct qgeo flat = geo_flat(s.src); /* the FP8 copy */
+    for (size_t i = x->quant.first[w]; i < x->quant.first[w + 1]; i++) {
+        const struct xfer *xf = &x->xs.x[x->quant.xfer[i]];
         if (xf->src != me || xf->src_buf != XBUF_QSRC || (xf->tensor != w && xf->tensor != st))
             continue;
         const int64_t *start = x->xs.coords + xf->box, *len = start + nd;
@@ -425,7 +466,7 @@ static void quantize_sends(struct exec *x, uint32_t w, const reshard_buffers_t *
             int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS];
             block_box(&s.pw->dst, b, NULL, NULL, lo, hi);
             cast_box(&s.pw->dst, lo, hi, scale, s.base, s.src, s.pw->src.dtype,
-                     (uint8_t *)x->quant.qsrc[w], s.src);
+                     (uint8_t *)x->quant.qsrc[w], &flat);
         } while (box_next(nd, blo, bhi, b));
     }
 }
@@ -461,8 +502,9 @@ static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t 
     uint8_t *done = x->quant.done[pw->scales] + nscales;
     memset(done, 0, (size_t)nscales);
     int nd = pw->dst.ndim;
-    for (size_t i = 0; i < x->xs.n; i++) {
-        const struct xfer *xf = &x->xs.x[i];
+    struct qgeo flat = geo_flat(gd); /* the staging copy */
+    for (size_t i = x->quant.first[w]; i < x->quant.first[w + 1]; i++) {
+        const struct xfer *xf = &x->xs.x[x->quant.xfer[i]];
         if (xf->dst != me || xf->dst_buf != XBUF_STAGE || xf->tensor != w)
             continue;
         const int64_t *start = x->xs.coords + xf->box, *len = start + nd;
@@ -476,20 +518,20 @@ static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t 
             if (done[k])
                 continue;
             done[k] = 1;
-            float scale = block_scale(&pw->dst, b, stage, gd, pw->src.dtype);
+            float scale = block_scale(&pw->dst, b, stage, &flat, pw->src.dtype);
             memcpy(sout + geo_at(gs, b) * (int64_t)sizeof(float), &scale, sizeof(scale));
             int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS];
             block_box(&pw->dst, b, NULL, NULL, lo, hi);
-            cast_box(&pw->dst, lo, hi, scale, stage, gd, pw->src.dtype, out, gd);
+            cast_box(&pw->dst, lo, hi, scale, stage, &flat, pw->src.dtype, out, gd);
         } while (box_next(nd, blo, bhi, b));
     }
 }
 
 reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs,
-                                   const reshard_buffers_t *dev)
+                                   const reshard_buffers_t *dev, const size_t *left)
 {
     for (int t = 0; x->quant.stage && t < x->plan->ntensors; t++) {
-        if (!is_cast(x->plan, (uint32_t)t) || !x->quant.stage[t])
+        if (!is_cast(x->plan, (uint32_t)t) || !x->quant.stage[t] || (left && left[t]))
             continue;
         if (exec_quant_dev_dst(dev, (uint32_t)t))
             RS_CHECK(exec_quant_dev_landed(x, (uint32_t)t, dev));

@@ -4,8 +4,9 @@
  * exec_quant.c does on the host, with the same reference, so the bits are the same.
  *
  * A sender whose source shard is device memory quantizes every block it holds whole on the
- * device, into a device FP8 copy of the shard and the scales tensor, and copies both into the
- * executor's host buffers for them (qsrc: half the bytes of the source for bf16), from which
+ * device, into a device FP8 copy of the shard (row-major over it, as the host's) and the scales
+ * tensor, and copies both into the executor's host buffers for them (qsrc: half the bytes of the
+ * source for bf16), from which
  * the plan's boxes travel as on the host. A receiver whose destination is device memory stages
  * what lands unquantized on the host as before; once everything has landed the staged shard
  * goes to the device once, and each staged box's blocks are quantized there straight into the
@@ -102,10 +103,12 @@ static void split_dims(const struct rs_layout *w, int *a, int *c)
 }
 
 /* Quantizes the blocks [lo, hi) of weight w (global element indices, block aligned or at the
- * tensor's end): elements from src into dst (both of geometry eb), scales into sc (sb). */
+ * tensor's end): elements from src (geometry eb, at element offset soff) into dst (the same, at
+ * doff), scales into sc (sb). */
 static reshard_status_t quant_box(const struct rs_layout *w, enum rs_dtype sdt, const int64_t *lo,
                                   const int64_t *hi, const struct qbox *eb, const char *src,
-                                  uint8_t *dst, const struct qbox *sb, float *sc)
+                                  int64_t soff, uint8_t *dst, int64_t doff, const struct qbox *sb,
+                                  float *sc)
 {
     int nd = w->ndim, a, c;
     split_dims(w, &a, &c);
@@ -136,8 +139,9 @@ static reshard_status_t quant_box(const struct rs_layout *w, enum rs_dtype sdt, 
     for (;;) { /* an odometer over the dims [0, a) */
         for (int k = 0; k < nd; k++)
             blk[k] = at[k] / quant_extent(w, k);
-        int64_t e = box_lin(eb, at);
-        RS_CHECK(cuda_quant(&d, src + e * (int64_t)es, dst + e, sc + box_lin(sb, blk), NULL));
+        int64_t e = box_lin(eb, at) - eb->off;
+        RS_CHECK(cuda_quant(&d, src + (soff + e) * (int64_t)es, dst + doff + e,
+                            sc + box_lin(sb, blk), NULL));
         int k = a - 1;
         for (; k >= 0; k--) {
             if (++at[k] < hi[k])
@@ -260,11 +264,14 @@ static reshard_status_t at_src(struct exec *x, uint32_t w, const reshard_buffers
         lo[d] = (eb.start[d] + e - 1) / e * e;
         hi[d] = end == pw->dst.shape[d] ? end : end / e * e;
     }
-    size_t fp8_bytes = (size_t)box_span(&eb), sc_bytes = (size_t)box_span(&sb) * sizeof(float);
+    /* the FP8 copy is row-major over the shard, as the host's (exec_quant.c) */
+    size_t fp8_bytes = (size_t)(box_span(&eb) - eb.off);
+    size_t sc_bytes = (size_t)box_span(&sb) * sizeof(float);
     uint64_t *q = &x->quant.dev[3 * w], *s = &x->quant.dev[3 * w + 1];
     RS_CHECK(dev_alloc(q, fp8_bytes, "an FP8 copy of a device source (cuMemAlloc)"));
     RS_CHECK(dev_alloc(s, sc_bytes, "the scales of a device source (cuMemAlloc)"));
-    RS_CHECK(quant_box(&pw->dst, pw->src.dtype, lo, hi, &eb, dev[w].src, DEV(*q), &sb, DEV(*s)));
+    RS_CHECK(quant_box(&pw->dst, pw->src.dtype, lo, hi, &eb, dev[w].src, eb.off, DEV(*q), 0, &sb,
+                       DEV(*s)));
     RS_CHECK(dev_sync());
     cu_result r;
     if ((r = cuda_lib()->memcpy_dtoh(x->quant.qsrc[w], *q, fp8_bytes)) != CU_SUCCESS ||
@@ -291,7 +298,8 @@ static reshard_status_t landed(struct exec *x, uint32_t w, const reshard_buffers
     if (!dev[pw->scales].dst)
         return rs_error(RESHARD_ERR_INVALID_ARG, "rank %d: tensor '%s' has no scales buffer '%s'",
                         me, pw->name, ps->name);
-    size_t bytes = (size_t)box_span(&eb) * dtype_size(pw->src.dtype);
+    /* the staged shard is row-major over the shard, as the host's (exec_quant.c) */
+    size_t bytes = (size_t)(box_span(&eb) - eb.off) * dtype_size(pw->src.dtype);
     uint64_t *stage = &x->quant.dev[3 * w + 2];
     RS_CHECK(dev_alloc(stage, bytes, "staging a quantized destination (cuMemAlloc)"));
     cu_result r = cuda_lib()->memcpy_htod(*stage, x->quant.stage[w], bytes);
@@ -311,8 +319,8 @@ static reshard_status_t landed(struct exec *x, uint32_t w, const reshard_buffers
             if (!len[d])
                 hi[d] = lo[d];
         }
-        st = quant_box(&pw->dst, pw->src.dtype, lo, hi, &eb, DEV(*stage), dev[w].dst, &sb,
-                       dev[pw->scales].dst);
+        st = quant_box(&pw->dst, pw->src.dtype, lo, hi, &eb, DEV(*stage), 0, dev[w].dst, eb.off,
+                       &sb, dev[pw->scales].dst);
     }
     return st == RESHARD_OK ? dev_sync() : st;
 }

@@ -10,8 +10,10 @@
 #include "exec_nccl.h"
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "base/param.h"
 #include "cuda/cuda_lib.h"
+#include "planner/dtype.h"
 
 #include <sched.h>
 #include <stdlib.h>
@@ -364,6 +366,26 @@ static void record_completed(struct exec *x)
 
 /* ---- the executors ---- */
 
+/* RESHARD_TEST_CORRUPT=N: rank N - 1 flips the lowest bit of the first element of its first
+ * host destination shard once the refit landed, as a fault between the sender's buffer and
+ * this one would (the verification's test: the check must name the tensor). */
+static void test_corrupt(const struct exec *x, const reshard_buffers_t *bufs)
+{
+    if (rs_param_int(RS_PARAM_TEST_CORRUPT) != x->comm->rank + 1)
+        return;
+    for (int t = 0; t < x->plan->ntensors; t++) {
+        const struct rs_layout *l = &x->plan->tensors[t].dst;
+        size_t at = (size_t)l->view.offset * dtype_size(l->dtype);
+        if (x->share.dst_chunks[t] && bufs[t].dst && bufs[t].mem == RESHARD_MEM_HOST &&
+            at < bufs[t].dst_bytes) {
+            ((unsigned char *)bufs[t].dst)[at] ^= 1;
+            rs_log(RS_LOG_WARN, "rank %d: RESHARD_TEST_CORRUPT flipped a bit of tensor %s",
+                   x->comm->rank, x->plan->tensors[t].name);
+            return;
+        }
+    }
+}
+
 reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
                               const reshard_buffers_t *dev, reshard_status_t pre)
 {
@@ -389,7 +411,9 @@ reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
     if (st == RESHARD_OK)
         st = wait_done(r);
     if (st == RESHARD_OK)
-        st = exec_quant_landed(x, bufs, dev);
+        st = exec_quant_landed(x, bufs, dev, NULL);
+    if (st == RESHARD_OK)
+        test_corrupt(x, bufs);
     if (st == RESHARD_OK && r->gdr_landed) /* the caller's kernels see what the NIC wrote */
         st = cuda_flush_rdma_writes();
     if (st == RESHARD_OK) {
@@ -399,6 +423,9 @@ reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
     }
     exec_run_fail(r, st); /* the first failure's message, not its echoes */
     remote_cause(x, r);
+    /* A weight quantized where it lands, every chunk of it here: quantized now, so that the
+     * outcome's "complete" holds the new values as for any tensor. */
+    (void)exec_quant_landed(x, bufs, dev, r->dst_left); /* the run's failure is the one told */
     exec_run_record(x, r);
     break_comm(x, r);
     return rs_error(c->broken, "%s", c->broken_why);

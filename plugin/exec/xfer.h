@@ -27,10 +27,11 @@
 enum xfer_path { XFER_SELF, XFER_LOCAL, XFER_NET };
 /* SRC, DST: the caller's buffers; TMP: a whole-tensor buffer (bcast). FP8 destinations quantized
  * on the way (planner/quant.h, CAST) add two of the executor's own (exec_quant.c):
- *   QSRC   what a sender quantized: the FP8 values of its source shard (same geometry, 1-byte
- *          elements), or the whole scales tensor (float32) it computed;
- *   STAGE  a destination shard in the source dtype, where boxes that cross unquantized land
- *          before the destination quantizes their blocks. */
+ *   QSRC   what a sender quantized: the FP8 values of its source shard (row-major over the
+ *          shard, without the source's view), or the whole scales tensor (float32) it computed;
+ *   STAGE  a destination shard in the source dtype (row-major, without the destination's
+ *          view), where boxes that cross unquantized land before the destination quantizes
+ *          their blocks. */
 enum xfer_buf { XBUF_SRC, XBUF_DST, XBUF_TMP, XBUF_QSRC, XBUF_STAGE };
 
 #define XFER_NONE         UINT32_MAX

@@ -410,9 +410,12 @@ def _stream_handle(stream, torch_cuda):
 
 class Plan:
     """A collective plan on a communicator: Plan(comm, [(name, src, dst), ...]) with Layouts or
-    spec strings, or Plan.from_manifest(comm, path). Every rank passes the same tensors."""
+    spec strings, or Plan.from_manifest(comm, path). Every rank passes the same tensors.
+    verify=True checks every execution that succeeded (as RESHARD_VERIFY=1 does): a tensor
+    whose destinations differ from its sources fails it on every rank with ReshardError
+    ERR_VERIFY naming the tensors."""
 
-    def __init__(self, comm, tensors, algo="reshard", _manifest=None):
+    def __init__(self, comm, tensors, algo="reshard", _manifest=None, verify=False):
         self._comm = comm
         self._manifest = _manifest
         if _manifest is not None:
@@ -437,7 +440,8 @@ class Plan:
                 arr[i] = _native.TensorT(name.encode(), s._h, d._h)
         if algo not in _native.ALGOS:
             _fail("ERR_INVALID_ARG", "algo %r is not one of %s" % (algo, sorted(_native.ALGOS)))
-        cfg = _native.PlanConfig(ctypes.sizeof(_native.PlanConfig), 0, 0, _native.ALGOS[algo])
+        cfg = _native.PlanConfig(ctypes.sizeof(_native.PlanConfig), 0, 0, _native.ALGOS[algo],
+                                 1 if verify else 0)
         handle = ctypes.c_void_p()
         _check(_native.lib().reshard_comm_plan_create(comm._h, arr, n, ctypes.byref(cfg),
                                                       ctypes.byref(handle)))
@@ -467,9 +471,9 @@ class Plan:
             self._sides.append(tuple(sides))
 
     @classmethod
-    def from_manifest(cls, comm, path, algo="reshard"):
+    def from_manifest(cls, comm, path, algo="reshard", verify=False):
         m = path if isinstance(path, Manifest) else Manifest(path)
-        return cls(comm, None, algo, _manifest=m)
+        return cls(comm, None, algo, _manifest=m, verify=verify)
 
     @property
     def hash(self):
@@ -488,18 +492,8 @@ class Plan:
             return bufs.get(self.names[i])
         return bufs[i]
 
-    def execute(self, src, dst, stream=None):
-        """Moves every tensor. src and dst: sequences in the plan's tensor order, or mappings
-        by name; None (or a missing name) where this rank holds or receives nothing. A buffer
-        is a torch tensor (a DTensor: its local tensor), a numpy array, an object with
-        __cuda_array_interface__ or a bytearray, of the layout's dtype and of the shard's shape
-        (or flat, with exactly its elements); a strided one needs a layout with its strides
-        (Layout.with_strides_of), except that a strided source is read through a copy. A bad
-        buffer on any rank fails every rank before any byte moves (ReshardError ERR_BUFFER,
-        naming the rank and tensor). stream: a CUDA stream (torch.cuda.Stream, or its handle as
-        an int) to order the refit on; with torch CUDA tensors the current stream is used.
-        With RESHARD_EXECUTOR=nccl the refit is enqueued there and completes with the stream.
-        Torch destinations have their version counter bumped, as an in-place write does."""
+    def _buffers(self, src, dst):
+        """The rank's buffers as the C API takes them, after checking each against its shard."""
         n = len(self.names)
         for side, bufs in (("src", src), ("dst", dst)):
             if bufs is not None and hasattr(bufs, "get"):
@@ -542,6 +536,39 @@ class Plan:
         for i, (s, d) in enumerate(held):
             mem = _native.MEM_CUDA if _native.MEM_CUDA in (s.mem, d.mem) else _native.MEM_HOST
             arr[i] = _native.BuffersT(s.ptr, s.nbytes, d.ptr, d.nbytes, mem)
+        return arr, held, problems, torch_cuda
+
+    def check_layouts(self, src, dst):
+        """Collective, moving no weights: with both sides holding the same checkpoint (inference
+        has just loaded the one training started from), compares every tensor's source and
+        destination fingerprints. Returns None when every description agrees; else raises
+        ReshardError ERR_VERIFY on every rank, naming the first tensors whose layouts disagree
+        (with both layouts) and how many. src and dst as for execute(). The first thing to run
+        when integrating a new model."""
+        arr, held, problems, _ = self._buffers(src, dst)  # held keeps copies alive
+        try:
+            _check(_native.lib().reshard_plan_check_layouts(self._h, arr))
+        except ReshardError as e:
+            if problems:
+                raise ReshardError(STATUS["ERR_BUFFER"], "%s (every rank was told: %s)"
+                                   % (problems[0][2], e.message)) from None
+            raise
+        if problems:
+            raise ReshardError(STATUS["ERR_BUFFER"], problems[0][2])
+
+    def execute(self, src, dst, stream=None):
+        """Moves every tensor. src and dst: sequences in the plan's tensor order, or mappings
+        by name; None (or a missing name) where this rank holds or receives nothing. A buffer
+        is a torch tensor (a DTensor: its local tensor), a numpy array, an object with
+        __cuda_array_interface__ or a bytearray, of the layout's dtype and of the shard's shape
+        (or flat, with exactly its elements); a strided one needs a layout with its strides
+        (Layout.with_strides_of), except that a strided source is read through a copy. A bad
+        buffer on any rank fails every rank before any byte moves (ReshardError ERR_BUFFER,
+        naming the rank and tensor). stream: a CUDA stream (torch.cuda.Stream, or its handle as
+        an int) to order the refit on; with torch CUDA tensors the current stream is used.
+        With RESHARD_EXECUTOR=nccl the refit is enqueued there and completes with the stream.
+        Torch destinations have their version counter bumped, as an in-place write does."""
+        arr, held, problems, torch_cuda = self._buffers(src, dst)
         handle = _stream_handle(stream, torch_cuda)
         lib = _native.lib()
         try:

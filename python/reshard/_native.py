@@ -37,6 +37,7 @@ STATUS_NAMES = {
     20: "ERR_REMOTE",
     21: "ERR_ABORTED",
     22: "ERR_DATA_LOST",
+    23: "ERR_VERIFY",
 }
 STATUS = {name: value for value, name in STATUS_NAMES.items()}
 
@@ -79,6 +80,7 @@ class PlanConfig(ctypes.Structure):
         ("split_min_bytes", ctypes.c_int64),
         ("max_ops", ctypes.c_int64),
         ("algo", ctypes.c_int),
+        ("verify", ctypes.c_int),
     ]
 
 
@@ -140,6 +142,7 @@ _SIGNATURES = {
     "reshard_plan_stats": (_S, [_P, ctypes.POINTER(PlanStats), _P]),
     "reshard_plan_outcome": (_S, [_P, ctypes.POINTER(ctypes.c_int)]),
     "reshard_plan_execute": (_S, [_P, ctypes.POINTER(BuffersT)]),
+    "reshard_plan_check_layouts": (_S, [_P, ctypes.POINTER(BuffersT)]),
     "reshard_manifest_load": (_S, [ctypes.c_char_p, ctypes.POINTER(_P)]),
     "reshard_manifest_destroy": (None, [_P]),
     "reshard_manifest_world_size": (_I, [_P]),

@@ -213,6 +213,25 @@ class Refits(unittest.TestCase):
                               "shape (30,)", short[1])
             self.assertIn("rank 3: destination buffer of tensor b holds 0 bytes", short[1])
 
+    def test_check_layouts_names_the_misdescribed_tensor_and_verify_catches_a_bad_refit(self):
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        uid = reshard.unique_id()
+        procs = [ctx.Process(target=verify_rank, args=(uid, r, 4, out)) for r in range(4)]
+        for p in procs:
+            p.start()
+        results = sorted(out.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join(30)
+        for rank, found, flipped, err in results:
+            self.assertIsNone(err, "rank %d:\n%s" % (rank, err))
+            self.assertEqual(found[0], "ERR_VERIFY", "rank %d: %s" % (rank, found))
+            self.assertIn("1 tensor whose source and destination describe", found[1])
+            self.assertIn(": w (source 'shape=48x40", found[1])
+            self.assertNotIn("ok", found[1].split("weights: ")[1])
+            self.assertEqual(flipped[0], "ERR_VERIFY", "rank %d: %s" % (rank, flipped))
+            self.assertIn("1 tensor differs from its source after the refit: w", flipped[1])
+
     def test_bad_buffers_are_refused_with_what_works(self):
         ctx = multiprocessing.get_context("fork")
         out = ctx.Queue()
@@ -226,6 +245,46 @@ class Refits(unittest.TestCase):
         self.assertIn("has dtype float64, the layout's is f32", got[2][0])
         self.assertIn("is read-only", got[2][1])
         self.assertIn("3 buffers for 1 tensors", got[2][2])
+
+
+def verify_rank(uid, rank, size, out):
+    """One rank: check_layouts on two descriptions of the same weights, one of them wrong, then
+    a verified refit that passes and one that a flipped destination bit fails."""
+    try:
+        os.environ["RESHARD_DOMAIN_SIZE"] = "2"
+        comm = reshard.Comm(uid, rank, size)
+        ws, wd = reshard.Layout(W_SRC), reshard.Layout(W_DST)
+        # what the destination calls "w" is really laid out as "S(0)": rows, not columns
+        lie = reshard.Layout("shape=48x40 dtype=f32 ranks=0-3 place=S(0)")
+        plan = reshard.Plan(comm, [("w", ws, wd), ("ok", ws, lie)], verify=True)
+        full = whole(ws, 1)
+        src = [ws.shard_of(full, rank), ws.shard_of(full, rank)]
+        loaded = [lie.shard_of(full, rank).reshape(wd.shard_shape(rank)),
+                  lie.shard_of(full, rank)]
+        found = None
+        try:
+            plan.check_layouts(src, loaded)
+        except reshard.ReshardError as e:
+            found = (e.name, e.message)
+        dst = [np.zeros(wd.shard_shape(rank), np.float32),
+               np.zeros(lie.shard_shape(rank), np.float32)]
+        plan.execute(src, dst)  # verified: passes
+        flipped = None
+        try:
+            # rank 2 holds a replica of w's rows 0-23 that does not count (rank 0's does) and
+            # copies its columns 20-29 into its own destination: one wrong element there is
+            # carried by the refit and caught by the check
+            if rank == 2:
+                src[0] = src[0].copy()
+                src[0][0, 20] += 1
+            plan.execute(src, dst)
+        except reshard.ReshardError as e:
+            flipped = (e.name, e.message)
+        plan.close()
+        comm.close()
+        out.put((rank, found, flipped, None))
+    except Exception:
+        out.put((rank, None, None, traceback.format_exc()))
 
 
 def bad_buffers_rank(uid, out):

@@ -592,7 +592,7 @@ static void row_print(struct ctx *c, const struct row *row)
         return;
     if (c->o->check)
         snprintf(wrong, sizeof(wrong), "%" PRIu64, row->wrong);
-    printf("%11zu%12" PRId64 "%8s%9s%10.1f%9.2f%9.2f%8s%10.2f%10.2f%10.2f\n", row->bytes,
+    printf("%11zu%12" PRId64 "%10s%9s%10.1f%9.2f%9.2f%8s%10.2f%10.2f%10.2f\n", row->bytes,
            row->count, row->type, algo_names[row->algo], row->time_us, algbw, busbw, wrong,
            row->net_mb, row->min_mb, row->nic_mb);
     fflush(stdout);
@@ -847,9 +847,9 @@ static int print_header(struct ctx *c)
     if (print_devices(c))
         return 1;
     if (c->rank == 0) {
-        printf("#\n#%49s%9s%9s%8s%10s%10s%10s\n", "time", "algbw", "busbw", "#wrong", "netMB",
+        printf("#\n#%51s%9s%9s%8s%10s%10s%10s\n", "time", "algbw", "busbw", "#wrong", "netMB",
                "minMB", "nicMB");
-        printf("#%10s%12s%8s%9s%10s%9s%9s\n", "size", "count", "type", "algo", "(us)", "(GB/s)",
+        printf("#%10s%12s%10s%9s%10s%9s%9s\n", "size", "count", "type", "algo", "(us)", "(GB/s)",
                "(GB/s)");
         fflush(stdout);
     }

@@ -91,6 +91,11 @@ static const char *const specs[] = {
     "shape=4x6x5 ranks=0-7 mesh=2x4 place=S(2),S(0)",
     "shape=12x10 ranks=0-1 place=S(1) buffer=b offset=3 view=12x5 strides=7x1",
     "shape=12x10 ranks=0-2 place=S(0) view=2x4x5 strides=1x2x8",
+    /* whole rows, one or several segments of dim 0: summed as runs of the tensor */
+    "shape=12x10 ranks=0-3 mesh=2x2 place=SS(0,2),R",
+    "shape=7x3x5 ranks=0-2 place=SS(0,2)",
+    "shape=37 ranks=0-3 place=S(0)",
+    "shape=9x4 ranks=0-1 place=S(0) buffer=b offset=5",
 };
 
 Test(fingerprint, every_layout_adds_up_to_the_whole_tensor)
@@ -134,6 +139,85 @@ Test(fingerprint, a_short_buffer_is_refused)
     cr_assert_eq(fingerprint_shard(&m, 0, buf, sizeof(buf) - 1, &f), RESHARD_ERR_BUFFER);
     cr_assert(strstr(rs_error_message(), "reaches byte 64 of a 63-byte buffer"), "%s",
               rs_error_message());
+    shardmap_free(&m);
+    layout_free(&l);
+}
+
+/* Replicas after a shrink: mesh 2x3 R,S(0) has tuples {0,3}, {1,4}, {2,5}; with rank 4 gone
+ * the middle one keeps 1 replica, the others 2, so their lcm is 2; with ranks 1 and 4 gone the
+ * middle shard is on no present rank. */
+Test(fingerprint, replica_counts_their_lcm_and_lost_shards_follow_the_absent_ranks)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    cr_assert_eq(spec_parse("shape=37x5 ranks=0-5 mesh=2x3 place=R,S(0)", NULL, &l), RESHARD_OK);
+    cr_assert_eq(shardmap_build(&l, &m, NULL), RESHARD_OK);
+    struct rs_topo topo;
+    cr_assert_eq(topo_create(6, 3, NULL, &topo), RESHARD_OK);
+    uint64_t lcm = 0;
+    cr_assert_eq(fingerprint_lcm(&m, &topo, &lcm), RESHARD_OK);
+    cr_assert_eq(lcm, 2);
+    cr_assert_eq(fingerprint_replicas(&m, shardmap_position(&m, 1), &topo), 2);
+    cr_assert_eq(fingerprint_lost(&m, &topo), -1);
+    int four = 4;
+    cr_assert_eq(topo_set_absent(&topo, &four, 1), RESHARD_OK);
+    cr_assert_eq(fingerprint_replicas(&m, shardmap_position(&m, 1), &topo), 1);
+    cr_assert_eq(fingerprint_replicas(&m, shardmap_position(&m, 0), &topo), 2);
+    cr_assert_eq(fingerprint_replicas(&m, shardmap_position(&m, 4), &topo), 0);
+    cr_assert_eq(fingerprint_lcm(&m, &topo, &lcm), RESHARD_OK);
+    cr_assert_eq(lcm, 2);
+    cr_assert_eq(fingerprint_lost(&m, &topo), -1);
+    int one = 1;
+    cr_assert_eq(topo_set_absent(&topo, &one, 1), RESHARD_OK);
+    int lost = fingerprint_lost(&m, &topo);
+    cr_assert(lost >= 0 && (l.ranks[lost] == 1 || l.ranks[lost] == 4), "position %d", lost);
+    topo_free(&topo);
+    shardmap_free(&m);
+    layout_free(&l);
+}
+
+/* 3 replicas beside 2 need a weight of 6: a replicated shard of 3 ranks and, after a shrink, one
+ * of 2 (mesh 2x3 S(0),R: tuples {0,1,2}, {3,4,5}; rank 5 gone). */
+Test(fingerprint, uneven_replica_counts_take_their_least_common_multiple)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    cr_assert_eq(spec_parse("shape=8x5 ranks=0-5 mesh=2x3 place=S(0),R", NULL, &l), RESHARD_OK);
+    cr_assert_eq(shardmap_build(&l, &m, NULL), RESHARD_OK);
+    struct rs_topo topo;
+    cr_assert_eq(topo_create(6, 3, NULL, &topo), RESHARD_OK);
+    int five = 5;
+    cr_assert_eq(topo_set_absent(&topo, &five, 1), RESHARD_OK);
+    uint64_t lcm = 0;
+    cr_assert_eq(fingerprint_lcm(&m, &topo, &lcm), RESHARD_OK);
+    cr_assert_eq(lcm, 6);
+    topo_free(&topo);
+    shardmap_free(&m);
+    layout_free(&l);
+}
+
+/* Replica counts with no common multiple below 2^32 are refused, not wrapped: 8 tuples of 32
+ * (mesh 8x32 S(0),R over 256 ranks) left with 32, 31, 29, 27, 25, 23, 19 and 17 present. */
+Test(fingerprint, replica_counts_without_a_small_common_multiple_are_refused)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    cr_assert_eq(spec_parse("shape=64x4 ranks=0-255 mesh=8x32 place=S(0),R", NULL, &l), RESHARD_OK);
+    cr_assert_eq(shardmap_build(&l, &m, NULL), RESHARD_OK);
+    struct rs_topo topo;
+    cr_assert_eq(topo_create(256, 8, NULL, &topo), RESHARD_OK);
+    const int present[8] = {32, 31, 29, 27, 25, 23, 19, 17};
+    int gone[256], n = 0;
+    for (int t = 0; t < 8; t++)
+        for (int k = present[t]; k < 32; k++)
+            gone[n++] = 32 * t + k;
+    cr_assert_eq(topo_set_absent(&topo, gone, n), RESHARD_OK);
+    uint64_t lcm = 0;
+    cr_assert_eq(fingerprint_lcm(&m, &topo, &lcm), RESHARD_ERR_TOO_LARGE);
+    cr_assert(strstr(rs_error_message(), "no common multiple below 2^32"), "%s",
+              rs_error_message());
+    cr_assert_eq(lcm, 0);
+    topo_free(&topo);
     shardmap_free(&m);
     layout_free(&l);
 }

@@ -241,6 +241,32 @@ Test(plan, the_hash_is_deterministic_and_covers_the_topology)
     plan_free(c);
 }
 
+/* Finding 6 of issue 19: with RESHARD_PLAN_MAX_OPS=3000000, 16,384 row shards into a 16 x 1,024
+ * mesh replicated over 1,024 used to build 16.8 M ops (and a world of 1 M ranks ran out of
+ * memory): the pre-check counted overlap cells, not the ops forwarding adds. The limit now
+ * counts ops as they are emitted and stops there. */
+Test(plan, a_fan_out_past_the_op_limit_is_refused_as_its_ops_are_emitted, .timeout = 60)
+{
+    const char *s = "shape=16384x1024 ranks=0-16383 place=S(0)";
+    const char *d = "shape=16384x1024 mesh=16x1024 place=S(0),R";
+    struct rs_layout l[2];
+    struct spec_opts o = {.world_size = 16384};
+    cr_assert_eq(spec_parse(s, &o, &l[0]), RESHARD_OK, "%s", rs_error_message());
+    cr_assert_eq(spec_parse(d, &o, &l[1]), RESHARD_OK, "%s", rs_error_message());
+    struct rs_topo topo;
+    cr_assert_eq(topo_create(16384, 8, NULL, &topo), RESHARD_OK);
+    struct plan_input in = {.name = "w", .src = &l[0], .dst = &l[1]};
+    struct plan_opts opts = {.max_ops = 3000000};
+    struct rs_plan *p = NULL;
+    cr_assert_eq(plan_build(&in, 1, &topo, &opts, PLAN_ALL_RANKS, &p), RESHARD_ERR_TOO_LARGE);
+    cr_assert_null(p);
+    cr_assert_str_eq(rs_error_message(), "plan: more than 3000000 transfers (RESHARD_PLAN_MAX_OPS, "
+                                         "at tensor 'w'): coarsen the layouts or raise the limit");
+    topo_free(&topo);
+    layout_free(&l[0]);
+    layout_free(&l[1]);
+}
+
 Test(plan, the_op_limit_refuses_before_building)
 {
     const char *s = "shape=16x16 ranks=0-3 place=S(0)", *d = "shape=16x16 ranks=4-7 place=S(1)";

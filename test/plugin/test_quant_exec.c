@@ -10,6 +10,7 @@
 #include "ranks.h"
 #include "side.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "cuda/cuda_lib.h"
 #include "cuda/quant.h"
 #include "plugin/reshard.h"
@@ -19,8 +20,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/time.h>
 
 /* One case: the layouts (2-D), the source dtype, the destination's FP8 format and the extent
  * of one scale along each dim, and the same destination in bf16 for the byte comparison. */
@@ -33,6 +36,9 @@ struct qcase {
     int refits;
     int64_t src_off, dst_off; /* the weight's shards start this many elements into its buffers */
     unsigned dev_ranks;       /* ranks that pass every buffer as (the stand-in's) device memory */
+    int verify;               /* the plan's verify option */
+    int64_t src_pitch, dst_pitch; /* elements between rows of a shard (0: its width) */
+    int fresh;                    /* each refit into (and from) newly allocated buffers */
 };
 
 static struct qcase qc; /* set before the ranks fork */
@@ -171,6 +177,7 @@ static reshard_status_t qside_open(struct qside *x, reshard_comm_t *comm, int ra
     reshard_tensor_t t = {"layer.w.weight", ls, ld};
     reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
     cfg.algo = qc.algo;
+    cfg.verify = qc.verify;
     reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, &cfg, &x->plan);
     reshard_layout_destroy(ls);
     reshard_layout_destroy(ld);
@@ -217,7 +224,7 @@ static void qside_fill(struct qside *x, int rank, const struct ref *r, int it)
     uint8_t *w = (uint8_t *)x->b[0].src + (size_t)qc.src_off * es;
     for (int64_t i = 0; i < s.shape[0]; i++)
         for (int64_t j = 0; j < s.shape[1]; j++) {
-            uint8_t *at = w + (size_t)(i * s.shape[1] + j) * es;
+            uint8_t *at = w + (size_t)(i * (qc.src_pitch ? qc.src_pitch : s.shape[1]) + j) * es;
             if (qc.src_kind == 3)
                 *at = r->q[s.rows[i] * r->cols + s.cols[j]];
             else
@@ -258,7 +265,8 @@ static int64_t qside_wrong(const struct qside *x, int rank, const struct ref *r,
     const uint8_t *q = (const uint8_t *)x->b[0].dst + qc.dst_off;
     for (int64_t i = 0; i < s.shape[0]; i++)
         for (int64_t j = 0; j < s.shape[1]; j++) {
-            uint8_t want = r->q[s.rows[i] * r->cols + s.cols[j]], got = q[i * s.shape[1] + j];
+            uint8_t want = r->q[s.rows[i] * r->cols + s.cols[j]],
+                    got = q[i * (qc.dst_pitch ? qc.dst_pitch : s.shape[1]) + j];
             if (got != want && !wrong++)
                 snprintf(why, n, "rank %d: element (%lld, %lld) is 0x%02x, expected 0x%02x", rank,
                          (long long)s.rows[i], (long long)s.cols[j], got, want);
@@ -407,6 +415,13 @@ static reshard_status_t refit_and_check(int rank, int size, reshard_comm_t *comm
     for (int it = 0; st == RESHARD_OK && it < qc.refits; it++) {
         struct ref r;
         ref_make(&r, info.shape[0], info.shape[1], it);
+        for (int k = 0; qc.fresh && it && k < 2; k++) {
+            void *keep[2] = {(void *)x.b[k].src, x.b[k].dst};
+            x.b[k].src = x.b[k].src_bytes ? calloc(1, x.b[k].src_bytes) : NULL;
+            x.b[k].dst = x.b[k].dst_bytes ? calloc(1, x.b[k].dst_bytes) : NULL;
+            free(keep[0]);
+            free(keep[1]);
+        }
         qside_fill(&x, rank, &r, it);
         for (int k = 0; k < 2; k++)
             if (x.b[k].dst)
@@ -541,6 +556,185 @@ Test(quant_exec, shards_placed_at_offsets_in_their_buffers)
     all_ok(run_ranks(4, refit_and_check), 4);
 }
 
+/* What each rank logged as its quantization buffers (exec_quant.c, at INFO). */
+static uint64_t *quant_bytes;
+
+static void quant_bytes_sink(enum rs_log_level level, unsigned long flags, const char *msg)
+{
+    (void)level;
+    (void)flags;
+    int r = -1;
+    unsigned long long n = 0;
+    const char *at = strstr(msg, "rank ");
+    if (at && sscanf(at, "rank %d: %llu bytes for quantizing", &r, &n) == 2 && r >= 0 &&
+        r < MAX_RANKS)
+        quant_bytes[r] = n;
+}
+
+static reshard_status_t refit_logging_quant_bytes(int rank, int size, reshard_comm_t *comm)
+{
+    rs_log_set_sink(quant_bytes_sink);
+    reshard_status_t st = refit_and_check(rank, size, comm);
+    rs_log_set_sink(NULL);
+    return st;
+}
+
+/* Weights 4 Mi elements into fused buffers on both sides: the sender's FP8 copy and the
+ * receiver's staging copy hold the rank's shard (docs/layouts.md: "a staging copy of its
+ * destination shard"), not the fused buffer up to the weight's offset. With every tensor of a
+ * model at its offset in one flat buffer, copies reaching back to each offset would add up to
+ * the buffer's size times the number of tensors. */
+Test(quant_exec, fp8_and_staging_copies_hold_the_shard_not_the_fused_buffer_before_it)
+{
+    quant_bytes = mmap(NULL, MAX_RANKS * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(quant_bytes, MAP_FAILED);
+    memset(quant_bytes, 0, MAX_RANKS * sizeof(uint64_t));
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0) buffer=fused "
+                               "offset=4194304",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) "
+                               "buffer=fused offset=4194304 " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .src_off = 4194304,
+                        .dst_off = 4194304};
+    all_ok(run_ranks(4, refit_logging_quant_bytes), 4);
+    for (int r = 0; r < 4; r++) {
+        /* at most: a source shard of 171 x 256 in FP8, the scales, a destination shard of
+         * 512 x 128 in bf16 */
+        uint64_t most = 171 * 256 + 4 * 2 * 4 + 512 * 128 * 2;
+        cr_log_info("rank %d: %llu bytes for quantizing", r, (unsigned long long)quant_bytes[r]);
+        cr_assert_gt(quant_bytes[r], 0, "rank %d logged its quantization buffers", r);
+        cr_assert_leq(quant_bytes[r], most, "rank %d: %llu bytes, the shards need %llu", r,
+                      (unsigned long long)quant_bytes[r], (unsigned long long)most);
+    }
+    munmap(quant_bytes, MAX_RANKS * sizeof(uint64_t));
+}
+
+/* A failed execution: rank 1 receives an FP8 weight from ranks 0 and 2 (block row 1 cut
+ * between them, so it lands staged) and a plain 64 MiB tensor from rank 3, which stops itself
+ * 150 ms into the execution. Rank 1 times out; the weight's chunks had all landed, and
+ * reshard_plan_outcome calls a complete tensor one that holds the new values. */
+#define FAIL_W_SRC "shape=384x256 dtype=bf16 ranks=0,2 mesh=2 place=S(0)"
+#define FAIL_W_DST "shape=384x256 dtype=fp8e4m3 ranks=1 place=R " BLOCK
+#define FAIL_V_SRC "shape=2048x8192 dtype=i32 ranks=3 place=R"
+#define FAIL_V_DST "shape=2048x8192 dtype=i32 ranks=1 place=R"
+
+static int *fail_seen; /* [0]: rank 1 failed, [1]: with the weight complete, [2]: right */
+
+static void stop_self(int sig)
+{
+    (void)sig;
+    raise(SIGSTOP);
+}
+
+static reshard_status_t weight_complete_then_a_peer_stops(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct qside x;
+    memset(&x, 0, sizeof(x));
+    reshard_layout_t *ws = parse(FAIL_W_SRC), *wd = parse(FAIL_W_DST), *vs = parse(FAIL_V_SRC),
+                     *vd = parse(FAIL_V_DST);
+    reshard_tensor_t t[2] = {{"layer.w.weight", ws, wd}, {"v", vs, vd}};
+    reshard_status_t st = reshard_comm_plan_create(comm, t, 2, NULL, &x.plan);
+    reshard_buffers_t b[3] = {{0}};
+    if (st == RESHARD_OK && reshard_plan_ntensors(x.plan) != 3)
+        st = rs_error(RESHARD_ERR_INTERNAL, "%d tensors", reshard_plan_ntensors(x.plan));
+    for (int k = 0; st == RESHARD_OK && k < 3; k++)
+        for (int side = 0; side < 2; side++) {
+            reshard_layout_t *l = NULL;
+            size_t bytes = 0;
+            reshard_plan_tensor_layout(x.plan, k, side, &l);
+            reshard_layout_shard_bytes(l, rank, &bytes);
+            void *p = bytes ? calloc(1, bytes) : NULL;
+            if (side) {
+                b[k].dst = p;
+                b[k].dst_bytes = bytes;
+            } else {
+                b[k].src = p;
+                b[k].src_bytes = bytes;
+            }
+            if (k != 1) /* the weight and its scales, as qside holds them */
+                x.l[k / 2][side] = l;
+            else
+                reshard_layout_destroy(l);
+        }
+    x.nt = 2;
+    x.b[0] = b[0];
+    x.b[1] = b[2];
+    struct ref r = {0};
+    if (st == RESHARD_OK) {
+        ref_make(&r, 384, 256, 0);
+        qside_fill(&x, rank, &r, 0);
+        b[0] = x.b[0];
+        b[2] = x.b[1];
+        for (int k = 0; k < 3; k++)
+            if (b[k].dst)
+                memset(b[k].dst, 0xa5, b[k].dst_bytes);
+    }
+    if (rank == 3) {
+        struct itimerval soon = {.it_value = {.tv_usec = 150 * 1000}};
+        signal(SIGALRM, stop_self);
+        setitimer(ITIMER_REAL, &soon, NULL);
+    }
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x.plan, b);
+    reshard_tensor_state_t states[3];
+    if (rank == 1 && st != RESHARD_OK && reshard_plan_outcome(x.plan, states) == RESHARD_OK) {
+        char why[200] = "";
+        fail_seen[0] = 1;
+        fail_seen[1] = states[0] == RESHARD_TENSOR_COMPLETE && states[2] == RESHARD_TENSOR_COMPLETE;
+        fail_seen[2] = fail_seen[1] && !qside_wrong(&x, rank, &r, why, sizeof(why));
+        fprintf(stderr, "rank 1: %s; outcomes %d %d %d; %s\n", reshard_strerror(st), states[0],
+                states[1], states[2], why);
+    }
+    ref_free(&r);
+    reshard_plan_destroy(x.plan);
+    for (int k = 0; k < 3; k++) {
+        free((void *)b[k].src);
+        free(b[k].dst);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int side = 0; side < 2; side++)
+            reshard_layout_destroy(x.l[k][side]);
+    reshard_layout_destroy(ws);
+    reshard_layout_destroy(wd);
+    reshard_layout_destroy(vs);
+    reshard_layout_destroy(vd);
+    return RESHARD_OK;
+}
+
+Test(quant_exec, a_weight_complete_in_a_failed_execution_holds_its_new_values)
+{
+    qc = (struct qcase){.src = FAIL_W_SRC,
+                        .dst = FAIL_W_DST,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128};
+    setenv("RESHARD_TIMEOUT", "3", 1);
+    setenv("RESHARD_CHUNK_BYTES", "4096", 1);
+    setenv("UCX_LOG_LEVEL", "fatal", 1);
+    setenv("RESHARD_NET_PEER_ERRORS", "1", 1);
+    fail_seen =
+        mmap(NULL, 3 * sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(fail_seen, MAP_FAILED);
+    memset(fail_seen, 0, 3 * sizeof(int));
+    run_ranks_stalling(4, weight_complete_then_a_peer_stops, 3);
+    unsetenv("RESHARD_CHUNK_BYTES");
+    unsetenv("RESHARD_NET_PEER_ERRORS");
+    setenv("RESHARD_TIMEOUT", "20", 1);
+    if (!fail_seen[0] || !fail_seen[1])
+        cr_skip_test("rank 1 %s: nothing to check (a loaded host)",
+                     fail_seen[0] ? "failed before the weight landed" : "did not fail");
+    cr_assert(fail_seen[2], "rank 1: the weight and its scales are reported complete after the "
+                            "failure, yet hold other values (its stderr line says which)");
+    munmap(fail_seen, 3 * sizeof(int));
+}
+
 Test(quant_exec, per_channel_scales_from_f16_into_e5m2)
 {
     qc = (struct qcase){.src = "shape=256x192 dtype=f16 ranks=0-3 place=S(1)",
@@ -587,6 +781,26 @@ Test(quant_exec, fp8_sources_move_with_their_scales_unchanged)
                         .er = 128,
                         .ec = 128,
                         .refits = 1};
+    all_ok(run_ranks(4, refit_and_check), 4);
+}
+
+/* A verified plan: the weight quantized on the way and its computed scales are left out of the
+ * check (bf16 against FP8 cannot add up), so a right refit passes; an FP8 source moving with
+ * its scales is plain data, and checked. */
+Test(quant_exec, a_verified_refit_passes_with_what_it_cannot_check_left_out)
+{
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .verify = 1};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    qc.src = "shape=256x256 dtype=fp8e4m3 ranks=0-1 place=S(0) " BLOCK;
+    qc.dst = "shape=256x256 dtype=fp8e4m3 ranks=2-3 place=S(1) " BLOCK;
+    qc.src_kind = 3;
     all_ok(run_ranks(4, refit_and_check), 4);
 }
 
@@ -974,4 +1188,55 @@ Test(quant_exec, device_shards_placed_at_offsets_in_their_buffers)
     all_ok(run_ranks(4, refit_and_check), 4);
     for (int r = 0; r < 4; r++)
         cr_assert_gt(quant_launches[r], 0, "rank %d quantized on its device", r);
+}
+
+/* More layouts, each on both algorithms, three refits: strided shards on either side, padded
+ * rows (strides) on both, a replicated destination of staged blocks, blocks smaller than the
+ * shards with partial last ones, and every other case into and out of freshly allocated
+ * buffers each refit (so that nothing of an earlier execution's addresses is reused). */
+Test(quant_exec, more_layouts_and_fresh_buffers_each_refit)
+{
+    const char *cases[][2] = {
+        {"shape=512x256 dtype=bf16 ranks=0-3 mesh=2x2 place=SS(0,2),S(0)",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK},
+        {"shape=512x256 dtype=bf16 ranks=0-3 place=S(1)",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-1 place=SS(0,2) " BLOCK},
+        {"shape=512x256 dtype=bf16 ranks=0-2 place=S(1)",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-3 place=R " BLOCK},
+        {"shape=256x200 dtype=f32 ranks=0-2 mesh=3 place=S(0)",
+         "shape=256x200 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),R quant=block(128,128)"},
+        {"shape=300x256 dtype=bf16 ranks=1-3 place=S(1)",
+         "shape=300x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(1),R quant=block(64,32)"},
+        {"shape=512x256 dtype=bf16 ranks=0-2 place=S(0) strides=300x1",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) strides=200x1 " BLOCK},
+        {"shape=512x256 dtype=bf16 ranks=3 place=R",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=4 place=R " BLOCK},
+        {"shape=512x256 dtype=bf16 ranks=0-3 mesh=2x2 place=S(1),S(0)",
+         "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=SS(1,2),S(0) "
+         "quant=block(128,64)"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        for (int algo = 0; algo < 2; algo++) {
+            int er = 128, ec = 128;
+            if (strstr(cases[i][1], "block(64,32)"))
+                er = 64, ec = 32;
+            if (strstr(cases[i][1], "block(128,64)"))
+                ec = 64;
+            qc = (struct qcase){.src = cases[i][0],
+                                .dst = cases[i][1],
+                                .src_kind = strstr(cases[i][0], "f32") ? 2 : 0,
+                                .fmt = RS_FP8_E4M3,
+                                .er = er,
+                                .ec = ec,
+                                .algo = algo ? RESHARD_ALGO_DIRECT : RESHARD_ALGO_RESHARD,
+                                .refits = 2};
+            qc.fresh = i % 2;
+            qc.refits = 3;
+            if (strstr(cases[i][0], "strides"))
+                qc.src_pitch = 300, qc.dst_pitch = 200;
+            struct outcome *o = run_ranks(4, refit_and_check);
+            for (int r = 0; r < 4; r++)
+                cr_assert_eq(o[r].status, RESHARD_OK, "case %zu (%s -> %s) algo %d rank %d: %s", i,
+                             cases[i][0], cases[i][1], algo, r, o[r].msg);
+        }
 }

@@ -173,6 +173,32 @@ Test(reshard_plan, dump_config_and_help, .timeout = 60)
     cr_assert_eq(strncmp(out, "usage: reshard-plan", 19), 0, "%s", out);
 }
 
+/* The README's settings table names every setting --dump-config shows (the tests run from the
+ * repository root). */
+Test(reshard_plan, the_readme_lists_every_setting, .timeout = 60)
+{
+    cr_assert_eq(plan("--dump-config"), 0, "%s", out);
+    FILE *f = fopen("README.md", "r");
+    cr_assert_not_null(f, "README.md from the repository root");
+    static char readme[1 << 18];
+    size_t n = fread(readme, 1, sizeof(readme) - 1, f);
+    fclose(f);
+    readme[n] = '\0';
+    int settings = 0;
+    for (char *line = out; *line;) {
+        char *end = strchr(line, '\n'), name[64], want[72];
+        if (sscanf(line, "%63s", name) == 1 && !strncmp(name, "RESHARD_", 8)) {
+            snprintf(want, sizeof(want), "| `%s` |", name);
+            cr_assert_not_null(strstr(readme, want), "README.md has no row for %s", name);
+            settings++;
+        }
+        if (!end)
+            break;
+        line = end + 1;
+    }
+    cr_assert_gt(settings, 30, "%d settings in:\n%s", settings, out);
+}
+
 Test(reshard_plan, bad_world_size_and_long_rank_lists, .timeout = 60)
 {
     cr_assert_eq(plan("--src 'shape=4 ranks=0' --dst 'shape=4 ranks=1' --world-size x"), 2);

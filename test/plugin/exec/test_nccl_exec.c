@@ -337,6 +337,10 @@ static const char *build_dir(void)
     return b && *b ? b : "build";
 }
 
+/* The plans of e2e_rank verify every refit (reshard_plan_config_t.verify): what execute_stream
+ * enqueued on NCCL is waited for, then checked. */
+static int e2e_verify;
+
 static void e2e_rank(int r, struct fake_shared *sh, struct e2e *out)
 {
     struct fake_nccl_comm fc = {r, 4, sh};
@@ -347,8 +351,10 @@ static void e2e_rank(int r, struct fake_shared *sh, struct e2e *out)
     reshard_layout_t *s = parse(FAN_SRC), *d = parse(FAN_DST);
     reshard_tensor_t t = {"w", s, d};
     reshard_plan_t *plan = NULL;
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cfg.verify = e2e_verify;
     if (st == RESHARD_OK)
-        st = reshard_comm_plan_create(comm, &t, 1, NULL, &plan);
+        st = reshard_comm_plan_create(comm, &t, 1, &cfg, &plan);
     size_t sb = 0, db = 0;
     reshard_layout_shard_bytes(s, r, &sb);
     reshard_layout_shard_bytes(d, r, &db);
@@ -374,8 +380,21 @@ static void e2e_rank(int r, struct fake_shared *sh, struct e2e *out)
         st = reshard_plan_execute_stream(plan, &b, NULL);
         st = st == RESHARD_ERR_INVALID_ARG ? RESHARD_OK : RESHARD_ERR_INTERNAL;
     }
+    char refused[256];
+    snprintf(refused, sizeof(refused), "%s", reshard_last_error());
+    if (st == RESHARD_OK && e2e_verify) { /* a wrong element on rank 3 is caught, every rank */
+        b.mem = RESHARD_MEM_CUDA;
+        if (r == 3)
+            dst[5] ^= 1;
+        st = reshard_plan_check_layouts(plan, &b);
+        st = st == RESHARD_ERR_VERIFY && strstr(reshard_last_error(), "1 tensor whose")
+                 ? RESHARD_OK
+                 : RESHARD_ERR_INTERNAL;
+        if (r == 3)
+            dst[5] ^= 1;
+    }
     out->status = st;
-    snprintf(out->msg, sizeof(out->msg), "%s", reshard_last_error());
+    snprintf(out->msg, sizeof(out->msg), "%s", st == RESHARD_OK ? refused : reshard_last_error());
     reshard_plan_destroy(plan);
     if (st == RESHARD_OK)
         reshard_comm_destroy(comm);
@@ -385,7 +404,27 @@ static void e2e_rank(int r, struct fake_shared *sh, struct e2e *out)
     free(dst);
 }
 
+static struct fake_shared *run_e2e(struct e2e **outs);
+
 Test(nccl_exec, a_communicator_from_nccl_refits_through_nccl_across_forked_ranks, .timeout = 60)
+{
+    struct e2e *out;
+    struct fake_shared *sh = run_e2e(&out);
+    /* the data went through NCCL: the network slices, then the fan-out, in two groups */
+    cr_assert_eq(sh->groups[0], 2, "rank 0 only sends, in round 0 (of two executions)");
+    cr_assert_eq(sh->groups[2], 4, "rank 2 receives, then forwards (twice)");
+    cr_assert_gt(sh->ops[2], 0);
+}
+
+Test(nccl_exec, a_verified_refit_on_nccl_waits_for_the_stream_and_checks_what_landed, .timeout = 60)
+{
+    e2e_verify = 1;
+    struct e2e *out;
+    run_e2e(&out);
+}
+
+/* Four forked ranks of e2e_rank on the recorder; asserts each one's outcome. */
+static struct fake_shared *run_e2e(struct e2e **outs)
 {
     char cuda[512], nccl[512];
     snprintf(cuda, sizeof(cuda), "%s/test/fake/libcuda.so.1", build_dir());
@@ -420,10 +459,8 @@ Test(nccl_exec, a_communicator_from_nccl_refits_through_nccl_across_forked_ranks
                                      "executor moves device memory"),
                   "rank %d: %s", r, out[r].msg);
     }
-    /* the data went through NCCL: the network slices, then the fan-out, in two groups */
-    cr_assert_eq(sh->groups[0], 2, "rank 0 only sends, in round 0 (of two executions)");
-    cr_assert_eq(sh->groups[2], 4, "rank 2 receives, then forwards (twice)");
-    cr_assert_gt(sh->ops[2], 0);
+    *outs = out;
+    return sh;
 }
 
 Test(nccl_exec, missing_nccl_or_cuda_and_a_wrong_executor_are_clear_errors)

@@ -192,6 +192,12 @@ reshard_status_t cuda_pack(const struct rs_pack_desc *d, const void *buf, void *
                            cu_stream stream);
 reshard_status_t cuda_unpack(const struct rs_pack_desc *d, void *buf, const void *packed,
                              cu_stream stream);
+struct rs_quant_desc;
+/* Quantizes the region d describes (pack_desc.h) from src into FP8 at dst with its block
+ * scales at scales, as d->mode says; device pointers, enqueued on stream.
+ * RESHARD_ERR_INVALID_ARG for a descriptor no kernel can run. */
+reshard_status_t cuda_quant(const struct rs_quant_desc *d, const void *src, void *dst,
+                            float *scales, cu_stream stream);
 
 /* Host memory for staging: pinned (cuMemAllocHost) when the driver is there, so that copies
  * to and from the device run at the copy engines' speed; else malloc. cuda_host_pinned tells

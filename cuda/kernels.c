@@ -13,7 +13,7 @@ extern const size_t rs_pack_fatbin_size __attribute__((weak));
 #define BLOCK    256
 #define MAX_GRID 4096
 
-static cu_function pack_fn, unpack_fn;
+static cu_function pack_fn, unpack_fn, quant_fn;
 static reshard_status_t load_status = RESHARD_ERR_UNAVAILABLE;
 static char load_error[256];
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
@@ -38,7 +38,8 @@ static void load(void)
         snprintf(load_error, sizeof(load_error), "%s", rs_error_message());
     } else if ((r = f->module_load_data(&mod, image)) != CU_SUCCESS ||
                (r = f->module_get_function(&pack_fn, mod, "rs_pack")) != CU_SUCCESS ||
-               (r = f->module_get_function(&unpack_fn, mod, "rs_unpack")) != CU_SUCCESS) {
+               (r = f->module_get_function(&unpack_fn, mod, "rs_unpack")) != CU_SUCCESS ||
+               (r = f->module_get_function(&quant_fn, mod, "rs_quant")) != CU_SUCCESS) {
         const char *s = NULL;
         f->get_error_string(r, &s);
         snprintf(load_error, sizeof(load_error), "cuda: loading the pack kernels: %s (%d)",
@@ -79,4 +80,33 @@ reshard_status_t cuda_unpack(const struct rs_pack_desc *d, void *buf, const void
                              cu_stream stream)
 {
     return launch(unpack_fn, d, buf, packed, stream);
+}
+
+static int quant_desc_ok(const struct rs_quant_desc *d)
+{
+    return d->src_type >= RS_QSRC_F32 && d->src_type <= RS_QSRC_F16 &&
+           (d->fp8 == RS_FP8_E4M3 || d->fp8 == RS_FP8_E5M2) && d->mode > 0 &&
+           d->mode <= (RS_QUANT_SCALES | RS_QUANT_CAST) && d->batch >= 0 && d->rows >= 0 &&
+           d->cols >= 0 && d->brows > 0 && d->bcols > 0;
+}
+
+reshard_status_t cuda_quant(const struct rs_quant_desc *d, const void *src, void *dst,
+                            float *scales, cu_stream stream)
+{
+    if (!quant_desc_ok(d))
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "cuda: FP8 quantization of a %lldx%lldx%lld region in %lldx%lld blocks "
+                        "(source type %d, format %d, mode %d): not a valid request",
+                        (long long)d->batch, (long long)d->rows, (long long)d->cols,
+                        (long long)d->brows, (long long)d->bcols, d->src_type, d->fp8, d->mode);
+    RS_CHECK(cuda_kernels());
+    int64_t nblocks = rs_quant_nblocks(d);
+    if (nblocks == 0)
+        return RESHARD_OK;
+    unsigned grid = (unsigned)(nblocks < MAX_GRID ? nblocks : MAX_GRID);
+    struct rs_quant_desc desc = *d;
+    void *params[] = {&desc, (void *)&src, &dst, &scales};
+    cu_result r = cuda_lib()->launch_kernel(quant_fn, grid, 1, 1, RS_QUANT_THREADS, 1, 1, 0, stream,
+                                            params, NULL);
+    return r == CU_SUCCESS ? RESHARD_OK : cuda_error("cuLaunchKernel", r);
 }

@@ -56,3 +56,49 @@ extern "C" __global__ void rs_unpack(const rs_pack_desc d, char *buf, const char
     else
         move_elems<false>(d, buf, const_cast<char *>(packed));
 }
+
+// FP8 quantization of a region (pack_desc.h): one thread block per quantization block,
+// grid-stride over blocks. The block's amax is folded per thread and then across the threads
+// with the same step (a max: any order gives the same value), the scale and every code come
+// from quant.h, so the bits are the host's. Launched with RS_QUANT_THREADS threads.
+
+extern "C" __global__ void __launch_bounds__(RS_QUANT_THREADS)
+    rs_quant(const rs_quant_desc d, const char *src, uint8_t *dst, float *scales)
+{
+    __shared__ float part[RS_QUANT_THREADS];
+    __shared__ float scale;
+    const enum rs_fp8 f = (enum rs_fp8)d.fp8;
+    const int64_t nblocks = rs_quant_nblocks(&d);
+    for (int64_t k = blockIdx.x; k < nblocks; k += gridDim.x) {
+        rs_quant_block q;
+        rs_quant_block_of(&d, k, &q);
+        const int64_t n = q.nr * q.nc;
+        if (d.mode & RS_QUANT_SCALES) {
+            float a = 0;
+            for (int64_t e = threadIdx.x; e < n; e += blockDim.x)
+                a = rs_amax_step(a, rs_quant_load(&d, src, &q, e / q.nc, e % q.nc));
+            part[threadIdx.x] = a;
+            __syncthreads();
+            for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+                if (threadIdx.x < s)
+                    part[threadIdx.x] = rs_amax_step(part[threadIdx.x], part[threadIdx.x + s]);
+                __syncthreads();
+            }
+            if (threadIdx.x == 0) {
+                scale = rs_fp8_scale(part[0], f);
+                scales[q.at] = scale;
+            }
+        } else if (threadIdx.x == 0) {
+            scale = scales[q.at];
+        }
+        __syncthreads();
+        const float s = scale;
+        if (d.mode & RS_QUANT_CAST)
+            for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+                const int64_t r = e / q.nc, c = e % q.nc;
+                dst[rs_quant_dst(&d, &q, r, c)] =
+                    rs_f32_to_fp8(rs_quant_load(&d, src, &q, r, c) / s, f);
+            }
+        __syncthreads(); // part and scale are the next block's
+    }
+}

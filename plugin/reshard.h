@@ -378,8 +378,9 @@ typedef struct reshard_buffers {
 
 /* Collective over the plan's communicator: moves every tensor; bufs[t] for tensor t, with
  * reshard_plan_ntensors(plan) entries (the scales tensors of FP8 destinations after the
- * caller's; tensors quantized on the way need host buffers, and are quantized by their senders
- * where these hold whole blocks, else where they land: docs/layouts.md). Returns
+ * caller's; tensors quantized on the way are quantized by their senders where these hold whole
+ * blocks, else where they land, on the host or, for device buffers, with the library's kernel:
+ * docs/layouts.md). Returns
  * when this rank's destination shards are complete and the ranks it sent to have theirs, so its
  * source shards may be reused. A buffer smaller than its shard fails on every rank before any
  * byte moves (RESHARD_ERR_BUFFER; the communicator stays usable); a second call while one runs

@@ -5,7 +5,9 @@
 #                             [--steps LIST]              (-h, --help: this text)
 #
 # Everything that needs a GPU, in one command, in a few minutes on one GPU: the GPU unit
-# tests (driver, pack/unpack kernels against the host), the kernels' bandwidth against
+# tests (driver, pack/unpack kernels against the host, the FP8 quantization kernel's codes and
+# scales bit for bit against the host reference, and 4 ranks refitting bf16 into FP8 device
+# buffers, checked the same way), the pack kernels' bandwidth against
 # cuMemcpyDtoD (pack_bench), 4 processes refitting device buffers with the fan-out through
 # CUDA IPC (cuMemAlloc destinations), through cuMemCreate memory shared by POSIX descriptor,
 # and through host staging (RESHARD_CUDA_IPC=0), a refit through real NCCL
@@ -201,13 +203,14 @@ device() {
     echo "$CUDA_DETAIL"
 }
 
-# The GPU cases must run on a GPU, not skip. The stand-in answers the kernel check only (its
-# device memory is host memory, which the memory-kind test rightly refuses as device memory).
+# The GPU cases must run on a GPU, not skip. The stand-in answers the kernel checks only (pack
+# and FP8 quantization, the FP8 refit; its device memory is host memory, which the memory-kind test rightly
+# refuses as device memory).
 gpu_unit() {
     local out rc
     # (BXFI_MAP: set when this runs under Criterion itself, which the inner run would obey)
     out=$(env -u BXFI_MAP "$B/test/unit" --verbose -j1 \
-        --filter "gpu/$([ $STAND_IN = 1 ] && echo 'pack_*' || echo '*')" 2>&1)
+        --filter "gpu/$([ $STAND_IN = 1 ] && echo '@(pack|quant)_*' || echo '*')" 2>&1)
     rc=$?
     echo "$out"
     if [ $STAND_IN = 0 ] && grep -q '^\[SKIP\] gpu::' <<<"$out"; then

@@ -106,21 +106,36 @@ struct exec_quant {
     /* By CAST weight w: the transfers of w and its scales this rank quantizes for, as a sender
      * (QSRC) or where they land (STAGE): xfer[first[w] .. first[w + 1]). */
     size_t *first, *xfer; /* [ntensors + 1], [their count] */
+    /* [3 * ntensors]: device memory for device buffers (exec_quant_dev.c), made at first use:
+     * a sender's FP8 copy and scales, a receiver's staged shard; 0 where none */
+    uint64_t *dev;
 };
 
 reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,
                                  const struct xfer_set *xs, int rank);
 void exec_quant_fini(struct exec_quant *q, int ntensors, struct reshard_comm *c);
 struct exec;
-/* Before a run: quantized tensors need host buffers (a clear refusal names the tensor). */
+/* Before a run: quantized tensors' buffers are ones the executor can quantize (a clear refusal
+ * names the tensor). */
 reshard_status_t exec_quant_check(const struct exec *x, const reshard_buffers_t *bufs);
-/* Before the first send: the blocks this rank quantizes as a sender, from its sources. */
-void exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs);
+/* Before the first send: the blocks this rank quantizes as a sender, from its sources (bufs;
+ * dev: the caller's device buffers behind them, or NULL). */
+reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs,
+                                   const reshard_buffers_t *dev);
 /* Once everything bound for this rank landed: its staged blocks quantized into the
  * destinations, with their scales. left (or NULL: every tensor): after a failure, the chunks
  * of each tensor still to land: only the tensors with none left, which the outcome calls
  * complete (nothing writes into them any more). */
-void exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs, const size_t *left);
+reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs,
+                                   const reshard_buffers_t *dev, const size_t *left);
+/* The same on device buffers, with the kernels (exec_quant_dev.c), for CAST weight w. */
+reshard_status_t exec_quant_dev_check(const struct exec *x, const reshard_buffers_t *bufs,
+                                      uint32_t w);
+int exec_quant_dev_src(const reshard_buffers_t *dev, uint32_t w);
+int exec_quant_dev_dst(const reshard_buffers_t *dev, uint32_t w);
+reshard_status_t exec_quant_dev_at_src(struct exec *x, uint32_t w, const reshard_buffers_t *dev);
+reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard_buffers_t *dev);
+void exec_quant_dev_fini(struct exec_quant *q, int ntensors);
 
 /* Device buffers on the native executor are staged through host copies (pinned when the driver
  * allows): [2 * ntensors] (source, destination) shadows and their sizes, kept across runs. */

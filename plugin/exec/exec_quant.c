@@ -12,7 +12,7 @@
  * landed, each staged block (whole in the shard: the planner refuses shards that cut blocks) is
  * quantized into the destination and its scale written to the scales' destination buffer.
  * Both sides use one reference (cuda/quant.h), so the bits do not depend on where a block was
- * quantized.
+ * quantized. Device sources and destinations are quantized by the kernels (exec_quant_dev.c).
  */
 #include "exec_int.h"
 
@@ -87,7 +87,8 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
     q->geo = rs_calloc(2 * (size_t)nt + 1, sizeof(struct qgeo *), "quantization buffers");
     q->first = rs_calloc((size_t)nt + 2, sizeof(size_t), "quantized transfers");
     q->xfer = rs_calloc(xs->n + 1, sizeof(size_t), "quantized transfers");
-    if (!q->qsrc || !q->stage || !q->done || !q->geo || !q->first || !q->xfer)
+    q->dev = rs_calloc(3 * (size_t)nt + 1, sizeof(*q->dev), "quantization buffers");
+    if (!q->qsrc || !q->stage || !q->done || !q->geo || !q->first || !q->xfer || !q->dev)
         return RESHARD_ERR_NO_MEMORY;
     /* Each weight's list: counted into first[w + 2], summed so that first[w + 1] is where
      * w's list starts, then filled with first[w + 1] as the cursor, which leaves it where the
@@ -157,26 +158,16 @@ void exec_quant_fini(struct exec_quant *q, int ntensors, struct reshard_comm *c)
     free(q->geo);
     free(q->first);
     free(q->xfer);
+    exec_quant_dev_fini(q, ntensors);
     *q = (struct exec_quant){0};
 }
 
 reshard_status_t exec_quant_check(const struct exec *x, const reshard_buffers_t *bufs)
 {
     const struct rs_plan *p = x->plan;
-    for (int t = 0; t < p->ntensors; t++) {
-        if (!is_cast(p, (uint32_t)t) && !is_cast_scales(p, (uint32_t)t))
-            continue;
-        if (bufs[t].mem == RESHARD_MEM_CUDA && (bufs[t].src || bufs[t].dst))
-            return rs_error(
-                RESHARD_ERR_INVALID_ARG,
-                "rank %d: tensor '%s' is quantized on the way (%s -> %s), which the "
-                "executor does on host buffers only: pass it (and its scales) in "
-                "host memory, or move it unquantized",
-                x->comm->rank, p->tensors[t].name,
-                dtype_name(
-                    p->tensors[is_cast(p, (uint32_t)t) ? t : p->tensors[t].scales_of].src.dtype),
-                dtype_name(p->tensors[t].dst.dtype));
-    }
+    for (int t = 0; t < p->ntensors; t++)
+        if (is_cast(p, (uint32_t)t))
+            RS_CHECK(exec_quant_dev_check(x, bufs, (uint32_t)t));
     return RESHARD_OK;
 }
 
@@ -480,13 +471,18 @@ static void quantize_sends(struct exec *x, uint32_t w, const reshard_buffers_t *
     }
 }
 
-void exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs)
+reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs,
+                                   const reshard_buffers_t *dev)
 {
-    if (!x->quant.qsrc)
-        return;
-    for (int t = 0; t < x->plan->ntensors; t++)
-        if (is_cast(x->plan, (uint32_t)t) && x->quant.qsrc[t])
+    for (int t = 0; x->quant.qsrc && t < x->plan->ntensors; t++) {
+        if (!is_cast(x->plan, (uint32_t)t) || !x->quant.qsrc[t])
+            continue;
+        if (exec_quant_dev_src(dev, (uint32_t)t))
+            RS_CHECK(exec_quant_dev_at_src(x, (uint32_t)t, dev));
+        else
             quantize_sends(x, (uint32_t)t, bufs);
+    }
+    return RESHARD_OK;
 }
 
 /* ---- the receiver ---- */
@@ -531,11 +527,16 @@ static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t 
     }
 }
 
-void exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs, const size_t *left)
+reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs,
+                                   const reshard_buffers_t *dev, const size_t *left)
 {
-    if (!x->quant.stage)
-        return;
-    for (int t = 0; t < x->plan->ntensors; t++)
-        if (is_cast(x->plan, (uint32_t)t) && x->quant.stage[t] && (!left || !left[t]))
+    for (int t = 0; x->quant.stage && t < x->plan->ntensors; t++) {
+        if (!is_cast(x->plan, (uint32_t)t) || !x->quant.stage[t] || (left && left[t]))
+            continue;
+        if (exec_quant_dev_dst(dev, (uint32_t)t))
+            RS_CHECK(exec_quant_dev_landed(x, (uint32_t)t, dev));
+        else
             quantize_landed(x, (uint32_t)t, bufs);
+    }
+    return RESHARD_OK;
 }

@@ -404,14 +404,14 @@ reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
         return st;
     }
     st = dev ? exec_dev_stage_sources(r, 1) : RESHARD_OK; /* local peers that stage after all */
-    if (st == RESHARD_OK) {
-        exec_quant_at_src(x, bufs); /* what this rank sends quantized, before it sends it */
+    if (st == RESHARD_OK) /* what this rank sends quantized, before it sends it */
+        st = exec_quant_at_src(x, bufs, dev);
+    if (st == RESHARD_OK)
         st = exec_post_start(r);
-    }
     if (st == RESHARD_OK)
         st = wait_done(r);
     if (st == RESHARD_OK)
-        exec_quant_landed(x, bufs, NULL);
+        st = exec_quant_landed(x, bufs, dev, NULL);
     if (st == RESHARD_OK)
         test_corrupt(x, bufs);
     if (st == RESHARD_OK && r->gdr_landed) /* the caller's kernels see what the NIC wrote */
@@ -425,7 +425,7 @@ reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
     remote_cause(x, r);
     /* A weight quantized where it lands, every chunk of it here: quantized now, so that the
      * outcome's "complete" holds the new values as for any tensor. */
-    exec_quant_landed(x, bufs, r->dst_left);
+    (void)exec_quant_landed(x, bufs, dev, r->dst_left); /* the run's failure is the one told */
     exec_run_record(x, r);
     break_comm(x, r);
     return rs_error(c->broken, "%s", c->broken_why);

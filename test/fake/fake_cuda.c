@@ -606,11 +606,17 @@ API int cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, size_t n)
 /* The pack kernels run on the host: any fatbin loads, and rs_pack / rs_unpack move element by
  * element through the index function the real kernels use (cuda/pack_desc.h), so the
  * executor's kernel path runs here; the kernels themselves are tested on a GPU. */
-static int module, pack_fn, unpack_fn, launches;
+static int module, pack_fn, unpack_fn, quant_fn, launches, quant_launches;
 
 API int fake_cuda_launches(void)
 {
     return launches;
+}
+
+/* Launches of rs_quant (counted in fake_cuda_launches too). */
+API int fake_cuda_quant_launches(void)
+{
+    return quant_launches;
 }
 
 API int cuModuleLoadData(void **mod, const void *image)
@@ -628,8 +634,40 @@ API int cuModuleGetFunction(void **f, void *mod, const char *name)
         return 400;
     *f = !strcmp(name, "rs_pack")     ? (void *)&pack_fn
          : !strcmp(name, "rs_unpack") ? &unpack_fn
+         : !strcmp(name, "rs_quant")  ? &quant_fn
                                       : NULL;
     return *f ? 0 : 500; /* CUDA_ERROR_NOT_FOUND */
+}
+
+/* rs_quant, one block after the other, through the kernel's helpers and quant.h. params: the
+ * descriptor, the source, the FP8 codes, the scales. */
+static void quant_run(void **params)
+{
+    const struct rs_quant_desc *d = params[0];
+    const void *src = *(void **)params[1];
+    uint8_t *dst = *(uint8_t **)params[2];
+    float *scales = *(float **)params[3];
+    enum rs_fp8 f = (enum rs_fp8)d->fp8;
+    for (int64_t k = 0; k < rs_quant_nblocks(d); k++) {
+        struct rs_quant_block q;
+        rs_quant_block_of(d, k, &q);
+        float scale;
+        if (d->mode & RS_QUANT_SCALES) {
+            float amax = 0;
+            for (int64_t r = 0; r < q.nr; r++)
+                for (int64_t c = 0; c < q.nc; c++)
+                    amax = rs_amax_step(amax, rs_quant_load(d, src, &q, r, c));
+            scales[q.at] = scale = rs_fp8_scale(amax, f);
+        } else {
+            scale = scales[q.at];
+        }
+        if (d->mode & RS_QUANT_CAST)
+            for (int64_t r = 0; r < q.nr; r++)
+                for (int64_t c = 0; c < q.nc; c++)
+                    dst[rs_quant_dst(d, &q, r, c)] =
+                        rs_f32_to_fp8(rs_quant_load(d, src, &q, r, c) / scale, f);
+    }
+    quant_launches++;
 }
 
 /* params: the descriptor, the buffer, the packed bytes, whether rows are contiguous. */
@@ -638,10 +676,15 @@ API int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned 
 {
     (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)stream;
     (void)extra;
-    if (f != &pack_fn && f != &unpack_fn)
+    if (f != &pack_fn && f != &unpack_fn && f != &quant_fn)
         return 400; /* CUDA_ERROR_INVALID_HANDLE */
     if (fails("cuLaunchKernel"))
         return FAKE_ERROR;
+    if (f == &quant_fn) {
+        quant_run(params);
+        launches++;
+        return 0;
+    }
     const struct rs_pack_desc *d = params[0];
     char *buf = *(char **)params[1], *packed = *(char **)params[2];
     size_t es = (size_t)d->esize;

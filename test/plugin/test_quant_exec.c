@@ -4,16 +4,19 @@
  * (at the senders where they hold the blocks whole, else where the blocks land), per block, per
  * channel and per tensor, and FP8 sources moved with their scales. Every FP8 element and every
  * scale of every destination shard is compared bit for bit with the host reference
- * (cuda/quant.h) computed over the whole tensor.
+ * (cuda/quant.h) computed over the whole tensor. The same on device buffers of the stand-in
+ * libcuda (test/fake), where the quantization kernel's emulation runs and is counted.
  */
 #include "ranks.h"
 #include "side.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "cuda/cuda_lib.h"
 #include "cuda/quant.h"
 #include "plugin/reshard.h"
 
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +35,7 @@ struct qcase {
     reshard_algo_t algo;
     int refits;
     int64_t src_off, dst_off; /* the weight's shards start this many elements into its buffers */
+    unsigned dev_ranks;       /* ranks that pass every buffer as (the stand-in's) device memory */
     int verify;               /* the plan's verify option */
     int64_t src_pitch, dst_pitch; /* elements between rows of a shard (0: its width) */
     int fresh;                    /* each refit into (and from) newly allocated buffers */
@@ -40,7 +44,8 @@ struct qcase {
 static struct qcase qc; /* set before the ranks fork */
 /* What every rank reports beside its status: the network bytes of the FP8 and bf16 refits. */
 static uint64_t *net_fp8, *net_bf16;
-static double *at_src_pct; /* reshard_plan_stats' quant_at_source_pct, per rank */
+static double *at_src_pct;       /* reshard_plan_stats' quant_at_source_pct, per rank */
+static uint64_t *quant_launches; /* the stand-in's quantization kernels run, per rank */
 
 /* The source's value at (i, j) in refit `it`: signs, magnitudes that change every 64 rows and
  * columns, a block of zeros, a NaN, and values small enough to go subnormal in FP8. */
@@ -314,6 +319,83 @@ static reshard_status_t plain_refit_bytes(reshard_comm_t *comm, int rank, const 
     return st;
 }
 
+/* ---- device buffers: the stand-in libcuda's (host memory it hands out as device memory) ---- */
+
+static void *fake_fn(const char *name)
+{
+    void *h = dlopen(getenv("RESHARD_CUDA_LIB"), RTLD_NOW | RTLD_GLOBAL);
+    return h ? dlsym(h, name) : NULL;
+}
+
+/* The device cases need the kernels (the stand-in emulates them, but loads only a fatbin). */
+static void need_kernels(void)
+{
+    size_t n;
+    if (!cuda_fatbin(&n))
+        cr_skip_test("this build had no nvcc: no quantization kernels");
+}
+
+static void use_fake_cuda(void)
+{
+    need_kernels();
+    char path[512];
+    const char *b = getenv("RESHARD_BUILD");
+    snprintf(path, sizeof(path), "%s/test/fake/libcuda.so.1", b && *b ? b : "build");
+    setenv("RESHARD_CUDA_LIB", path, 1);
+}
+
+/* Device memory of the driver the library uses (the stand-in's, or a GPU's), holding host's n
+ * bytes; NULL for none. */
+static reshard_status_t dev_copy(const void *host, size_t n, void **out)
+{
+    const struct cuda_fns *f = cuda_lib();
+    cu_deviceptr p;
+    *out = NULL;
+    if (!host)
+        return RESHARD_OK;
+    if (!f)
+        return RESHARD_ERR_UNAVAILABLE; /* cuda_lib said why */
+    RS_CHECK(cuda_current_context());
+    if (f->mem_alloc(&p, n) != CU_SUCCESS || f->memcpy_htod(p, host, n) != CU_SUCCESS)
+        return rs_error(RESHARD_ERR_NO_MEMORY, "device copy of %zu bytes", n);
+    *out = (void *)(uintptr_t)p;
+    return RESHARD_OK;
+}
+
+/* The buffers execute gets: x's, or device copies of them on the ranks of qc.dev_ranks. */
+static reshard_status_t bufs_for(const struct qside *x, int rank, reshard_buffers_t *b)
+{
+    memcpy(b, x->b, sizeof(x->b));
+    if (!(qc.dev_ranks >> rank & 1))
+        return RESHARD_OK;
+    for (int k = 0; k < x->nt; k++) {
+        void *src, *dst;
+        b[k].mem = RESHARD_MEM_CUDA;
+        b[k].src = b[k].dst = NULL;
+        RS_CHECK(dev_copy(x->b[k].src, x->b[k].src_bytes, &src));
+        b[k].src = src;
+        RS_CHECK(dev_copy(x->b[k].dst, x->b[k].dst_bytes, &dst));
+        b[k].dst = dst;
+    }
+    return RESHARD_OK;
+}
+
+/* The device destinations back into x's, and the device copies freed. */
+static void bufs_back(const struct qside *x, int rank, const reshard_buffers_t *b)
+{
+    const struct cuda_fns *f = cuda_lib();
+    if (!(qc.dev_ranks >> rank & 1) || !f)
+        return;
+    for (int k = 0; k < x->nt; k++) {
+        if (b[k].dst)
+            f->memcpy_dtoh(x->b[k].dst, (cu_deviceptr)(uintptr_t)b[k].dst, x->b[k].dst_bytes);
+        if (b[k].src)
+            f->mem_free((cu_deviceptr)(uintptr_t)b[k].src);
+        if (b[k].dst)
+            f->mem_free((cu_deviceptr)(uintptr_t)b[k].dst);
+    }
+}
+
 static reshard_status_t refit_and_check(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
@@ -345,7 +427,14 @@ static reshard_status_t refit_and_check(int rank, int size, reshard_comm_t *comm
             if (x.b[k].dst)
                 memset(x.b[k].dst, 0xa5, x.b[k].dst_bytes);
         uint64_t before = net_out_of(comm);
-        st = reshard_plan_execute(x.plan, x.b);
+        reshard_buffers_t b[2];
+        if ((st = bufs_for(&x, rank, b)) == RESHARD_OK)
+            st = reshard_plan_execute(x.plan, b);
+        bufs_back(&x, rank, b);
+        if (qc.dev_ranks) {
+            int (*n)(void) = (int (*)(void))fake_fn("fake_cuda_quant_launches");
+            quant_launches[rank] = n ? (uint64_t)n() : 0;
+        }
         if (st == RESHARD_OK && it == 0)
             st = world_net(comm, before, &fp8);
         char why[200] = "";
@@ -377,17 +466,18 @@ static void setup(void)
     setenv("RESHARD_DOMAIN_SIZE", "2", 1);
     setenv("RESHARD_TIMEOUT", "20", 1);
     setenv("UCX_LOG_LEVEL", "error", 1);
-    net_fp8 = mmap(NULL, 3 * MAX_RANKS * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+    net_fp8 = mmap(NULL, 4 * MAX_RANKS * sizeof(uint64_t), PROT_READ | PROT_WRITE,
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     cr_assert_neq(net_fp8, MAP_FAILED);
-    memset(net_fp8, 0, 3 * MAX_RANKS * sizeof(uint64_t));
+    memset(net_fp8, 0, 4 * MAX_RANKS * sizeof(uint64_t));
     net_bf16 = net_fp8 + MAX_RANKS;
     at_src_pct = (double *)(void *)(net_fp8 + 2 * MAX_RANKS);
+    quant_launches = net_fp8 + 3 * MAX_RANKS;
 }
 
 static void teardown(void)
 {
-    munmap(net_fp8, 3 * MAX_RANKS * sizeof(uint64_t));
+    munmap(net_fp8, 4 * MAX_RANKS * sizeof(uint64_t));
 }
 
 TestSuite(quant_exec, .init = setup, .fini = teardown, .timeout = 120);
@@ -752,9 +842,10 @@ Test(quant_exec, the_broadcast_baseline_refuses_a_quantized_destination)
     }
 }
 
-/* Rank 2 passes its weight as device memory: quantizing on the way runs on host buffers only.
- * Every rank is told before any byte moves, naming the tensor, and the communicator stays
- * usable: the same plan then runs on host buffers and is checked. */
+/* Rank 2 passes its weight as device memory and its scales as host memory: a destination and
+ * its scales are quantized together, in one kind of memory. Every rank is told before any byte
+ * moves, naming the tensor, and the communicator stays usable: the same plan then runs on host
+ * buffers and is checked. */
 static reshard_status_t device_weight_on_rank2(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
@@ -797,7 +888,7 @@ static reshard_status_t device_weight_on_rank2(int rank, int size, reshard_comm_
     return st;
 }
 
-Test(quant_exec, device_buffers_for_a_tensor_quantized_on_the_way_are_refused_on_every_rank)
+Test(quant_exec, a_device_weight_with_host_scales_is_refused_on_every_rank)
 {
     qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 place=S(0)",
                         .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
@@ -810,8 +901,8 @@ Test(quant_exec, device_buffers_for_a_tensor_quantized_on_the_way_are_refused_on
     for (int r = 0; r < 4; r++) {
         cr_assert_eq(o[r].status, r == 2 ? RESHARD_ERR_INVALID_ARG : RESHARD_ERR_REMOTE,
                      "rank %d: %s", r, o[r].msg);
-        cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is quantized on the way "
-                                   "(bf16 -> fp8e4m3), which the executor does on host buffers"),
+        cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is in device memory and its "
+                                   "scales 'layer.w.weight_scale_inv' in host memory"),
                   "rank %d: %s", r, o[r].msg);
     }
 }
@@ -852,6 +943,253 @@ Test(quant_exec, plan_tensor_queries_name_the_scales_and_refuse_what_is_not_ther
     reshard_layout_destroy(d);
 }
 
+/* ---- device buffers, quantized by the kernels (the stand-in runs them on the host) ---- */
+
+/* Ranks 0 and 1 pass device buffers, 2 and 3 host ones: the device senders quantize their
+ * blocks with the kernels, the host senders on the host, to the same bits. */
+Test(quant_exec, device_sources_quantize_at_the_senders_with_the_kernels)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 place=S(0)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .dev_ranks = 0x3};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(quant_launches[r] > 0, r < 2, "rank %d: %llu kernel launches", r,
+                     (unsigned long long)quant_launches[r]);
+}
+
+/* Sources that cut blocks: what lands staged on the device ranks is quantized there by the
+ * kernels, straight into the device destination and scales. */
+Test(quant_exec, device_destinations_quantize_staged_blocks_with_the_kernels)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0)",
+                        .dst =
+                            "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .dev_ranks = 0xa};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    cr_assert_eq(at_src_pct[0], 50.0, "half the blocks staged: %f", at_src_pct[0]);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(quant_launches[r] > 0, r % 2 == 1, "rank %d: %llu kernel launches", r,
+                     (unsigned long long)quant_launches[r]);
+}
+
+/* Every rank on the device: f32 with a partial last block and columns cut inside blocks. */
+Test(quant_exec, device_buffers_with_partial_blocks_from_f32)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=320x200 dtype=f32 ranks=0-3 mesh=2x2 place=R,S(1)",
+                        .dst = "shape=320x200 dtype=fp8e4m3 ranks=1-3 place=R " BLOCK,
+                        .src_kind = 2,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1,
+                        .dev_ranks = 0xf};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    for (int r = 1; r < 4; r++)
+        cr_assert_gt(quant_launches[r], 0, "rank %d quantized on its device", r);
+}
+
+Test(quant_exec, device_buffers_per_channel_f16_into_e5m2_and_at_offsets)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=256x192 dtype=f16 ranks=0-3 place=S(1)",
+                        .dst = "shape=256x192 dtype=fp8e5m2 ranks=0-3 place=S(0) quant=channel "
+                               "buffer=fused offset=77",
+                        .src_kind = 1,
+                        .fmt = RS_FP8_E5M2,
+                        .er = 1,
+                        .ec = 192,
+                        .refits = 1,
+                        .dst_off = 77,
+                        .dev_ranks = 0xf};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    for (int r = 0; r < 4; r++)
+        cr_assert_gt(quant_launches[r], 0, "rank %d quantized on its device", r);
+}
+
+Test(quant_exec, device_buffers_one_scale_per_tensor_at_the_sender)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=200x96 dtype=bf16 ranks=0-1 place=R",
+                        .dst = "shape=200x96 dtype=fp8e4m3 ranks=2-3 place=R quant=tensor",
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 200,
+                        .ec = 96,
+                        .refits = 1,
+                        .dev_ranks = 0xf};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    cr_assert_eq(at_src_pct[0], 100.0, "the senders hold the tensor whole: %f", at_src_pct[0]);
+    for (int r = 0; r < 2; r++)
+        cr_assert_gt(quant_launches[r], 0, "rank %d quantized on its device", r);
+}
+
+/* Rank 2 passes device buffers the kernels cannot take: refused on every rank before anything
+ * moves. */
+static reshard_status_t device_bufs_on_rank2(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct qside x;
+    reshard_status_t st = qside_open(&x, comm, rank, qc.src, qc.dst);
+    if (st == RESHARD_OK) {
+        if (rank == 2)
+            x.b[0].mem = x.b[1].mem = RESHARD_MEM_CUDA; /* refused before any access */
+        st = reshard_plan_execute(x.plan, x.b);
+    }
+    char msg[256];
+    snprintf(msg, sizeof(msg), "%s", reshard_last_error());
+    if (reshard_comm_barrier(comm) != RESHARD_OK)
+        st = rs_error(RESHARD_ERR_INTERNAL, "barrier: %s", reshard_last_error());
+    else if (st != RESHARD_OK)
+        st = rs_error(st, "%s", msg);
+    qside_close(&x);
+    return st;
+}
+
+Test(quant_exec, a_strided_device_destination_is_refused_on_every_rank)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 place=S(0)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) "
+                               "view=512x128 strides=130x1 " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1};
+    struct outcome *o = run_ranks(4, device_bufs_on_rank2);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(o[r].status, r == 2 ? RESHARD_ERR_INVALID_ARG : RESHARD_ERR_REMOTE,
+                     "rank %d: %s", r, o[r].msg);
+        cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is quantized on the way on "
+                                   "the device, which takes a destination shard that is one "
+                                   "row-major box: this one is a strided view"),
+                  "rank %d: %s", r, o[r].msg);
+    }
+}
+
+Test(quant_exec, a_device_source_of_several_runs_is_refused_on_every_rank)
+{
+    use_fake_cuda();
+    /* SS(0,2) over 4 ranks: each holds two runs of 64 rows */
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-3 mesh=4 place=SS(0,2)",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1};
+    struct outcome *o = run_ranks(4, device_bufs_on_rank2);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(o[r].status, r == 2 ? RESHARD_ERR_INVALID_ARG : RESHARD_ERR_REMOTE,
+                     "rank %d: %s", r, o[r].msg);
+        cr_assert(strstr(o[r].msg, "rank 2: tensor 'layer.w.weight' is quantized on the way on "
+                                   "the device, which takes a source shard that is one "
+                                   "row-major box: this one holds several runs of dim 0"),
+                  "rank %d: %s", r, o[r].msg);
+    }
+}
+
+/* With a GPU (gpu-check's gpu-unit step): the kernels themselves, in forked ranks on device
+ * buffers, senders and receivers of staged blocks, every element and scale against the
+ * reference; on the stand-in the same through its emulation. */
+Test(gpu, quant_exec_on_device_buffers_gives_the_host_reference, .timeout = 120)
+{
+    need_kernels();
+    setup();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0)",
+                        .dst =
+                            "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .dev_ranks = 0xf};
+    struct outcome *o = run_ranks(4, refit_and_check);
+    if (o[0].status == RESHARD_ERR_UNAVAILABLE)
+        cr_skip_test("no CUDA device (%s)", o[0].msg);
+    all_ok(o, 4);
+    cr_assert_eq(at_src_pct[0], 50.0, "half the blocks at the senders: %f", at_src_pct[0]);
+    teardown();
+}
+
+static int failing_rank;
+
+static void fail_launches_on(int rank)
+{
+    if (rank == failing_rank)
+        setenv("FAKE_CUDA_FAIL", "cuLaunchKernel", 1);
+}
+
+/* The quantization kernel fails on a device sender (before it sends: every rank fails, none
+ * waits for it) and on a device receiver (after everything landed: it fails, naming the
+ * call). */
+Test(quant_exec, a_failed_quantization_kernel_fails_the_refit)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0)",
+                        .dst =
+                            "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),S(1) " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 1,
+                        .dev_ranks = 0xf};
+    rank_setup = fail_launches_on;
+    failing_rank = 0; /* holds block row 0 whole: quantizes it before sending */
+    struct outcome *o = run_ranks(4, refit_and_check);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_neq(o[r].status, RESHARD_OK, "rank %d succeeded", r);
+        cr_assert(strstr(o[r].msg, "rank 0: quantizing tensor 'layer.w.weight' on the device "
+                                   "before sending: cuda: cuLaunchKernel: fake error"),
+                  "rank %d: %s", r, o[r].msg);
+    }
+    failing_rank = 3; /* receives block row 2 staged: quantizes it once it landed */
+    o = run_ranks(4, refit_and_check);
+    rank_setup = NULL;
+    cr_assert_neq(o[3].status, RESHARD_OK, "rank 3 succeeded");
+    cr_assert(strstr(o[3].msg, "rank 3: quantizing tensor 'layer.w.weight' on the device where it "
+                               "landed: cuda: cuLaunchKernel: fake error"),
+              "rank 3: %s", o[3].msg);
+}
+
+/* Both sides inside fused device buffers, at offsets: blocks quantized at the device senders
+ * and where they land alike. */
+Test(quant_exec, device_shards_placed_at_offsets_in_their_buffers)
+{
+    use_fake_cuda();
+    qc = (struct qcase){.src = "shape=512x256 dtype=bf16 ranks=0-2 place=S(0) buffer=fused "
+                               "offset=1000",
+                        .dst = "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) "
+                               "buffer=fused offset=333 " BLOCK,
+                        .src_kind = 0,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .refits = 2,
+                        .src_off = 1000,
+                        .dst_off = 333,
+                        .dev_ranks = 0xf};
+    all_ok(run_ranks(4, refit_and_check), 4);
+    for (int r = 0; r < 4; r++)
+        cr_assert_gt(quant_launches[r], 0, "rank %d quantized on its device", r);
+}
+
 /* More layouts, each on both algorithms, three refits: strided shards on either side, padded
  * rows (strides) on both, a replicated destination of staged blocks, blocks smaller than the
  * shards with partial last ones, and every other case into and out of freshly allocated
@@ -874,7 +1212,8 @@ Test(quant_exec, more_layouts_and_fresh_buffers_each_refit)
         {"shape=512x256 dtype=bf16 ranks=3 place=R",
          "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=4 place=R " BLOCK},
         {"shape=512x256 dtype=bf16 ranks=0-3 mesh=2x2 place=S(1),S(0)",
-         "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=SS(1,2),S(0) quant=block(128,64)"},
+         "shape=512x256 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=SS(1,2),S(0) "
+         "quant=block(128,64)"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         for (int algo = 0; algo < 2; algo++) {

@@ -42,7 +42,7 @@ int held_port(int family)
     return ntohs(family == AF_INET6 ? a6.sin6_port : a4.sin_port);
 }
 
-int free_port(void)
+int held_loopback_port(void)
 {
     int port = held_port(AF_INET);
     cr_assert_gt(port, 0, "no loopback port to hold: %m");

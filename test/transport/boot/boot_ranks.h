@@ -40,7 +40,7 @@ int64_t now_ms(void);
 /* A loopback port of the kernel's pick that nobody listens on, held until the process ends
  * (bound, not listening, SO_REUSEADDR: a bootstrap may listen there too); -1 if none. */
 int held_port(int family);
-int free_port(void); /* held_port(AF_INET), asserted */
+int held_loopback_port(void); /* held_port(AF_INET), asserted */
 /* The tunables the bootstrap reads, back to their defaults whatever the test's environment. */
 void clear_boot_params(void);
 void loopback_id(int port, const char *secret, struct boot_id *id);

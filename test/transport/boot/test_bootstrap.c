@@ -130,7 +130,7 @@ Test(bootstrap, id_from_an_address_and_explicit_port_joins_ranks, .timeout = 30)
 {
     struct boot_id id;
     char addr[80], want[32];
-    int port = free_port();
+    int port = held_loopback_port();
     loopback_id(port, SECRET, &id);
     snprintf(want, sizeof(want), "127.0.0.1:%d", port);
     cr_assert_str_eq(boot_id_addr(&id, addr, sizeof(addr)), want);
@@ -141,7 +141,7 @@ Test(bootstrap, peers_started_before_rank_0_wait_for_it, .timeout = 30)
 {
     struct boot_id id;
     struct rank_run r[3];
-    loopback_id(free_port(), SECRET, &id);
+    loopback_id(held_loopback_port(), SECRET, &id);
     start(&r[1], &id, 1, 3, 10000, WORK_COLLECTIVES);
     start(&r[2], &id, 2, 3, 10000, WORK_COLLECTIVES);
     usleep(300 * 1000); /* their connects are refused meanwhile, and retried */
@@ -173,7 +173,7 @@ Test(bootstrap, configured_address_and_port_are_where_the_id_listens, .timeout =
     struct boot_id id;
     char got[80], want[32];
     char port_str[16];
-    int port = free_port();
+    int port = held_loopback_port();
     snprintf(port_str, sizeof(port_str), "%d", port);
     setenv("RESHARD_BOOT_ADDR", "127.0.0.1", 1);
     setenv("RESHARD_BOOT_PORT", port_str, 1);
@@ -305,7 +305,7 @@ Test(bootstrap, absent_rank_0_makes_a_peer_time_out_naming_its_address, .timeout
     struct boot_id id;
     struct rank_run r;
     char want[32];
-    int port = free_port();
+    int port = held_loopback_port();
     loopback_id(port, SECRET, &id);
     start(&r, &id, 1, 2, 500, WORK_NONE);
     finish(&r);

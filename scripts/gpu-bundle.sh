@@ -87,7 +87,7 @@ from_image() {
 
 # The path of a library by soname, as this machine's loader finds it.
 lib_path() {
-    ldconfig -p | awk -v n="$1" '$1 == n && /x86-64|x86_64|AArch64/ { print $NF; exit }'
+    ldconfig -p | awk -v n="$1" '$1 == n && /x86-64|x86_64|AArch64/ { if (!p) p = $NF } END { if (p) print p }'
 }
 
 declare -A origin=()

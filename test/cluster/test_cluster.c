@@ -63,11 +63,13 @@ Test(cluster_sh, every_rank_gets_torchrun_variables_and_its_nodes_hostname, .tim
 {
     need_cluster();
     /* Each rank prints its variables, whether MASTER_ADDR is one of its own addresses, and its
-     * namespace (to look for it after the run; ip netns identify complains of namespaces
-     * another job is deleting meanwhile: not this test's business). */
+     * namespace (to look for it after the run). ip complains of what another job changes
+     * meanwhile (namespaces deleted, "Dump was interrupted" while addresses change, which
+     * may also cut the dump short: hence three looks): not this test's business. */
     int rc =
         run(CLUSTER " run --nodes 2 --ranks-per-node 2 --rate none --port 23456 -- sh -c '"
-                    "own=no; ip -4 -o addr show | grep -q \" inet $MASTER_ADDR/\" && own=yes; "
+                    "own=no; for t in 1 2 3; do ip -4 -o addr show 2>/dev/null | "
+                    "grep -q \" inet $MASTER_ADDR/\" && { own=yes; break; }; done; "
                     "echo vars $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $RESHARD_NODE "
                     "$(hostname) $MASTER_PORT $own; echo ns $(ip netns identify 2>/dev/null) >&2'");
     cr_assert_eq(rc, 0, "%s", out);

@@ -300,9 +300,9 @@ net_plugin() {
     logs=("$LOG"/net-plugin.Reshard.nccl.*.log)
     [ -e "${logs[0]}" ] || { echo "NCCL wrote no log (NCCL_DEBUG_FILE=$LOG/net-plugin.Reshard.nccl.%p.log)"; return 1; }
     grep -h 'NET/Plugin\|NET/Reshard\|Using network\|GPU Direct RDMA\| via NET/' "${logs[@]}" | sort -u | head -20
-    for net in Reshard Socket; do
-        if ! grep -q "Using network $net" "$LOG/net-plugin.$net".nccl.*.log 2>/dev/null; then
-            echo "NCCL's log does not say 'Using network $net' (NCCL_NET=$net): $(grep -h 'WARN\|Using network' "$LOG/net-plugin.$net".nccl.*.log 2>/dev/null | head -1)"
+    for net in Reshard Socket; do  # each rank's log: rank 0 alone could not connect over it
+        if [ "$(grep -l "Using network $net" "$LOG/net-plugin.$net".nccl.*.log 2>/dev/null | wc -l)" -lt 2 ]; then
+            echo "NCCL's log does not say 'Using network $net' for both ranks (NCCL_NET=$net): $(grep -h 'WARN\|Using network' "$LOG/net-plugin.$net".nccl.*.log 2>/dev/null | head -1)"
             return 1
         fi
         if ! grep -q " via NET/$net/" "$LOG/net-plugin.$net".nccl.*.log; then

@@ -47,6 +47,7 @@ UNIT_BIN := $(BUILD)/test/unit
 BENCH_BIN := $(BUILD)/test/perf/plan_bench
 NET_DRIVER := $(BUILD)/test/net_driver
 NCCL_CHECK := $(BUILD)/test/perf/nccl_check
+NCCL_NET_CHECK := $(BUILD)/test/perf/nccl_net_check
 PACK_BENCH := $(BUILD)/test/perf/pack_bench
 DEVICE_REFIT := $(BUILD)/test/perf/device_refit
 BOOT_SCALE := $(BUILD)/test/perf/boot_scale
@@ -151,6 +152,12 @@ $(NCCL_CHECK): $(BUILD)/obj/test/perf/nccl_check.o $(SO)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -ldl -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS_ALL)
 
+# nccl_net_check: real NCCL's collectives between two processes over its network, the plugin
+# or its own (scripts/gpu-check.sh); NCCL loads the plugin, so it links neither.
+$(NCCL_NET_CHECK): $(BUILD)/obj/test/perf/nccl_net_check.o
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< -ldl $(LDFLAGS_ALL)
+
 # reshard_net_perf: isend/irecv streaming through the exported ncclNetPlugin_v12 table.
 $(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO) $(LIB_LINK)
 	@mkdir -p $(@D)
@@ -179,7 +186,7 @@ check-layers:
 	@$(PYTHON) scripts/check-layers.py
 
 test: deps check-layers
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(NCCL_NET_CHECK) $(PACK_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 ifeq ($(SAN),)
@@ -225,7 +232,7 @@ test-frameworks: deps
 # The verbs transport for real, on soft-RoCE in a qemu VM (scripts/rxe-test.sh, ~2 minutes);
 # make test runs it too, unless qemu cannot run here (it says so) or RESHARD_SKIP_RDMA=1.
 test-rdma: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH) $(DEVICE_REFIT)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(NCCL_NET_CHECK) $(PACK_BENCH) $(DEVICE_REFIT)
 	BUILD=$(BUILD) scripts/rxe-test.sh
 
 demo: deps
@@ -304,4 +311,4 @@ clean:
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(PLAN_OBJ:.o=.d) \
     $(BUILD)/obj/test/perf/plan_bench.d $(BUILD)/obj/test/perf/reshard_perf.d \
     $(BUILD)/obj/test/plugin/net/net_driver.d $(BUILD)/obj/test/plugin/net/net_hostile.d \
-    $(BUILD)/obj/test/perf/reshard_net_perf.d
+    $(BUILD)/obj/test/perf/reshard_net_perf.d $(BUILD)/obj/test/perf/nccl_net_check.d

@@ -11,7 +11,7 @@
 #   lib/libnccl-net-reshard.so     the library (with the pack kernels when nvcc was here)
 #   bin/                           reshard-plan, reshard_perf, reshard_net_perf
 #   test/unit, test/net_driver     the Criterion suites (gpu-check runs gpu/*)
-#   test/perf/                     pack_bench, device_refit, nccl_check
+#   test/perf/                     pack_bench, device_refit, nccl_check, nccl_net_check
 #   test/fake/                     the stand-in libcuda and libnccl (gpu-check.sh --stand-in)
 #   lib/                           every library those need beyond glibc, from this machine:
 #                                  Criterion and its dependencies, UCX (libucp, loaded by
@@ -57,7 +57,7 @@ case $(realpath -m "$OUT") in
 esac
 
 PROGRAMS=(bin/reshard-plan bin/reshard_perf bin/reshard_net_perf test/unit test/net_driver
-    test/perf/pack_bench test/perf/device_refit test/perf/nccl_check)
+    test/perf/pack_bench test/perf/device_refit test/perf/nccl_check test/perf/nccl_net_check)
 FAKES=(test/fake/libcuda.so.1 test/fake/libnccl.so.2)
 if [ $NO_MAKE = 0 ]; then
     # shellcheck disable=SC2086  # MAKE_KNOBS: the knobs BUILD was made with (ASAN=1, DEBUG=1)

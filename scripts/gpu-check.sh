@@ -11,7 +11,11 @@
 # cuMemcpyDtoD (pack_bench), 4 processes refitting device buffers with the fan-out through
 # CUDA IPC (cuMemAlloc destinations), through cuMemCreate memory shared by POSIX descriptor,
 # and through host staging (RESHARD_CUDA_IPC=0), a refit through real NCCL
-# (RESHARD_EXECUTOR=nccl), the DTensor mapping check and the Python tests; then a table.
+# (RESHARD_EXECUTOR=nccl), real NCCL carrying its collectives over the plugin (net-plugin: two
+# processes on the one GPU that NCCL_HOSTID makes two hosts, all_reduce, all_gather and
+# sendrecv from 8 B to 256 MiB with every element checked, the plugin's busbw beside NCCL's own
+# Socket network's, both on loopback; NCCL's log must say 'Using network Reshard'), the DTensor
+# mapping check and the Python tests; then a table.
 #
 # It runs from a bundle (scripts/gpu-bundle.sh, default build/gpu-bundle) on a machine that
 # builds nothing, else from a build folder (default build, made if missing). First it probes
@@ -28,18 +32,23 @@
 #   --logs DIR     where each step's log and the table go (default: a new /tmp/gpu-check.*)
 #   --stand-in     the stand-in libcuda and libnccl of test/fake instead of a GPU: proves the
 #                  plumbing on any machine, on small sizes (the stand-in's device memory is
-#                  host memory: the kernels' speed and the memory-kind test mean nothing there)
+#                  host memory: the kernels' speed and the memory-kind test mean nothing there;
+#                  the stand-in NCCL loads no network plugin and writes no log, so net-plugin
+#                  checks every element but not the log, and says so)
 #   --budget S     stop starting steps after S seconds (default 450: all done in 8 minutes)
 #   --steps LIST   only these steps, comma separated (bundle and probe always run): device,
-#                  gpu-unit, pack, refit-ipc, refit-vmm, refit-staged, nccl, dtensor, python
-# Environment: PYTHON (default: the first python3 that has numpy), NCCL_MIB and REFIT_MIB
-# (256, or 8 and 4 with --stand-in), and the RESHARD_* settings; RESHARD_NCCL_LIB is found in
-# pip's nvidia packages when unset.
+#                  gpu-unit, pack, refit-ipc, refit-vmm, refit-staged, nccl, net-plugin,
+#                  dtensor, python
+# Environment: PYTHON (default: the first python3 that has numpy), NCCL_MIB, REFIT_MIB and
+# NET_MIB (256, or 8, 4 and 1 with --stand-in), NCCL_NET_GDR_LEVEL (net-plugin's, default SYS:
+# GPUDirect wherever the network offers it), NET_LOG_CHECK=1 (check NCCL's log on the stand-in
+# too, where it must fail: for the tests), and the RESHARD_* settings; RESHARD_NCCL_LIB is
+# found in pip's nvidia packages when unset.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BUNDLE='' LOGS='' STAND_IN=0 BUDGET=450 STEPS=''
-ALL_STEPS=device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl,dtensor,python
+ALL_STEPS=device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl,net-plugin,dtensor,python
 die() { echo "gpu-check: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
@@ -65,6 +74,7 @@ while [ $# -gt 0 ]; do
 done
 NCCL_MIB=${NCCL_MIB:-$([ $STAND_IN = 1 ] && echo 8 || echo 256)}
 REFIT_MIB=${REFIT_MIB:-$([ $STAND_IN = 1 ] && echo 4 || echo 256)}
+NET_MIB=${NET_MIB:-$([ $STAND_IN = 1 ] && echo 1 || echo 256)}
 STEPS=${STEPS:-$ALL_STEPS}
 if [ -z "$BUNDLE" ]; then
     BUNDLE=build
@@ -178,7 +188,7 @@ bundle() {
         echo "build folder $BUNDLE"
     elif command -v cc >/dev/null && command -v make >/dev/null; then
         make -j"$(nproc)" BUILD="$BUNDLE" all "$BUNDLE/test/unit" "$BUNDLE/test/perf/nccl_check" \
-            "$BUNDLE/test/perf/pack_bench" "$BUNDLE/test/perf/device_refit" \
+            "$BUNDLE/test/perf/nccl_net_check" "$BUNDLE/test/perf/pack_bench" "$BUNDLE/test/perf/device_refit" \
             "$BUNDLE/test/fake/libcuda.so.1" "$BUNDLE/test/fake/libnccl.so.2" && echo "built $BUNDLE"
     else
         echo "no bundle at $BUNDLE and no compiler here: run scripts/gpu-bundle.sh where you build"
@@ -229,12 +239,80 @@ pack() {
     "$B/test/perf/pack_bench"
 }
 
-nccl() {
+have_nccl() {
     if [ -z "${RESHARD_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep libnccl.so.2 >/dev/null; then
         echo "no libnccl.so.2: not in pip's nvidia packages for $PY nor on the loader's path"
-        return 77
+        return 1
     fi
+}
+
+nccl() {
+    have_nccl || return 77
     "$B/test/perf/nccl_check" "$NCCL_MIB"
+}
+
+# Real NCCL's collectives over a network: nccl_net_check's two processes on the one GPU, two
+# hosts to NCCL (NCCL_HOSTID; multi-node NVLink off, the only path between two hosts besides
+# the network), first over the plugin (NCCL_NET_PLUGIN, its full path), then over NCCL's own
+# Socket network; both on loopback (the plugin's UCX over TCP, or verbs where a port is active;
+# NCCL's sockets), GPUDirect wherever the network offers it. NCCL's log (a file per process)
+# must say that the plugin carried the run.
+net_plugin() {
+    local net rc logs gdr
+    have_nccl || return 77
+    for net in Reshard Socket; do
+        rm -f "$LOG/net-plugin.$net".*
+        env NCCL_NET=$net NCCL_NET_PLUGIN="$([ $net = Reshard ] && echo "$RESHARD_LIB" || echo none)" \
+            NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV \
+            NCCL_DEBUG_FILE="$LOG/net-plugin.$net.nccl.%p.log" NCCL_SOCKET_IFNAME==lo \
+            NCCL_IB_DISABLE=1 NCCL_MNNVL_ENABLE=0 NCCL_NET_GDR_LEVEL="${NCCL_NET_GDR_LEVEL:-SYS}" \
+            RESHARD_NET_DEVICES==lo RESHARD_NET_ALLOW_LO=1 \
+            "$B/test/perf/nccl_net_check" "$NET_MIB" >"$LOG/net-plugin.$net.txt" 2>&1
+        rc=$?
+        echo "---- NCCL_NET=$net"
+        cat "$LOG/net-plugin.$net.txt"
+        if [ $rc != 0 ]; then
+            grep -h 'WARN' "$LOG/net-plugin.$net".nccl.*.log 2>/dev/null | head -5
+            return $rc
+        fi
+    done
+    echo "---- busbw (GB/s), the plugin's and NCCL's Socket network's"
+    awk '$1 ~ /^(all_reduce|all_gather|sendrecv)$/ {
+             k = $1 " " $2; if (FILENAME ~ /Reshard/) { r[k] = $7; order[++n] = k } else s[k] = $7 }
+         END { printf "%-10s %12s %8s %8s %6s\n", "# op", "size(B)", "Reshard", "Socket", "ratio"
+               for (i = 1; i <= n; i++) {
+                   k = order[i]
+                   split(k, f, " ")
+                   ratio = s[k] > 0 ? sprintf("%.2f", r[k] / s[k]) : "-"
+                   printf "%-10s %12s %8.3f %8.3f %6s\n", f[1], f[2], r[k], s[k], ratio } }' \
+        "$LOG/net-plugin.Reshard.txt" "$LOG/net-plugin.Socket.txt"
+    local at
+    at=$(awk -v m="$NET_MIB" '$1 ~ /^(all_reduce|all_gather|sendrecv)$/ && $2 == m * 1048576 {
+             k = $1; if (FILENAME ~ /Reshard/) r[k] = $7; else s[k] = $7 }
+         END { printf "all_reduce %.3g/%.3g, all_gather %.3g/%.3g, sendrecv %.3g/%.3g",
+               r["all_reduce"], s["all_reduce"], r["all_gather"], s["all_gather"], r["sendrecv"],
+               s["sendrecv"] }' "$LOG/net-plugin.Reshard.txt" "$LOG/net-plugin.Socket.txt")
+    if [ $STAND_IN = 1 ] && [ "${NET_LOG_CHECK:-0}" != 1 ]; then
+        echo "NCCL's log is not checked: the stand-in NCCL loads no plugin and writes no log"
+        echo "busbw GB/s Reshard/Socket at $NET_MIB MiB: $at; #wrong 0; stand-in: no log"
+        return 0
+    fi
+    logs=("$LOG"/net-plugin.Reshard.nccl.*.log)
+    [ -e "${logs[0]}" ] || { echo "NCCL wrote no log (NCCL_DEBUG_FILE=$LOG/net-plugin.Reshard.nccl.%p.log)"; return 1; }
+    grep -h 'NET/Plugin\|NET/Reshard\|Using network\|GPU Direct RDMA\| via NET/' "${logs[@]}" | sort -u | head -20
+    for net in Reshard Socket; do  # each rank's log: rank 0 alone could not connect over it
+        if [ "$(grep -l "Using network $net" "$LOG/net-plugin.$net".nccl.*.log 2>/dev/null | wc -l)" -lt 2 ]; then
+            echo "NCCL's log does not say 'Using network $net' for both ranks (NCCL_NET=$net): $(grep -h 'WARN\|Using network' "$LOG/net-plugin.$net".nccl.*.log 2>/dev/null | head -1)"
+            return 1
+        fi
+        if ! grep -q " via NET/$net/" "$LOG/net-plugin.$net".nccl.*.log; then
+            echo "NCCL's log shows no channel via NET/$net: it did not connect the ranks over the network"
+            return 1
+        fi
+    done
+    gdr="GDR off"
+    grep -q " via NET/Reshard/[0-9]*/GDRDMA" "${logs[@]}" && gdr="GDR on"
+    echo "busbw GB/s Reshard/Socket at $NET_MIB MiB: $at; #wrong 0; Using network Reshard, $gdr"
 }
 
 python_tests() {
@@ -242,8 +320,8 @@ python_tests() {
 }
 
 # Steps run under timeout in a child bash: it needs the functions and what they read.
-export -f bundle probe device gpu_unit pack nccl python_tests
-export B BUNDLE STAND_IN PY NCCL_MIB LOG CUDA_DETAIL=''
+export -f bundle probe device gpu_unit pack have_nccl nccl net_plugin python_tests
+export B BUNDLE STAND_IN PY NCCL_MIB NET_MIB LOG CUDA_DETAIL=''
 echo "gpu-check: $BUNDLE, $([ $STAND_IN = 1 ] && echo "stand-in driver" || echo "the GPU"), python $PY, logs $LOG"
 : >"$LOG/summary.txt"
 step bundle "" 600 bundle
@@ -261,6 +339,7 @@ step refit-ipc "cuda cuda-ipc" 120 "$B/test/perf/device_refit" "$REFIT_MIB"
 step refit-vmm "cuda vmm-fd pidfd" 120 env DEVICE_REFIT_VMM=1 "$B/test/perf/device_refit" "$REFIT_MIB"
 step refit-staged "cuda cma" 120 env RESHARD_CUDA_IPC=0 "$B/test/perf/device_refit" "$REFIT_MIB"
 step nccl "cuda" 120 nccl
+step net-plugin "cuda" 150 net_plugin
 step dtensor "torch" 180 "$PY" python/tests/dtensor_check.py
 step python "numpy cma" 240 python_tests
 echo

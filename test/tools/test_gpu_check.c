@@ -60,7 +60,7 @@ static int check(const char *env, const char *steps)
 
 Test(gpu_check, the_stand_in_runs_the_device_steps)
 {
-    int rc = check("", "device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl");
+    int rc = check("", "device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl,net-plugin");
     cr_assert_eq(rc, 0, "%s", out);
     assert_result("probe", "PASS");
     assert_result("gpu-unit", "PASS");
@@ -69,6 +69,7 @@ Test(gpu_check, the_stand_in_runs_the_device_steps)
     assert_result("refit-vmm", "PASS");
     assert_result("refit-staged", "PASS");
     assert_result("nccl", "PASS");
+    assert_result("net-plugin", "PASS");
     cr_assert(strstr(row_of("refit-ipc"), "#wrong 0 on every rank"), "%s", out);
     cr_assert(strstr(out, "0 failed"), "%s", out);
 }
@@ -93,11 +94,66 @@ Test(gpu_check, a_refused_call_is_told_apart_from_a_defect)
     assert_result("refit-ipc", "FAIL");
 }
 
+/* net-plugin on the stand-in: both runs (NCCL_NET=Reshard, then Socket) go through the stand-in
+ * NCCL's collectives between two processes with every element checked, the busbw of both
+ * appear side by side, and the row says that NCCL's log was not checked and why. */
+Test(gpu_check, net_plugin_checks_every_element_of_both_networks_on_the_stand_in)
+{
+    int rc = check("", "net-plugin");
+    cr_assert_eq(rc, 0, "%s", out);
+    assert_result("net-plugin", "PASS");
+    const char *r = row_of("net-plugin");
+    cr_assert(strstr(r, "busbw GB/s Reshard/Socket at 1 MiB: all_reduce "), "%s", out);
+    cr_assert(strstr(r, "; #wrong 0; stand-in: no log\n"), "%s", out);
+    /* every size of every operation, on both networks, with nothing wrong */
+    rc = run_capturef(out, sizeof(out),
+                      "cd %s/logs && for n in Reshard Socket; do awk '$1 ~ /^(all_reduce|all_gather"
+                      "|sendrecv)$/ && $8 == 0' net-plugin.$n.txt | wc -l; done",
+                      dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert_str_eq(out, "30\n30\n", "3 operations x 10 sizes (8 B .. 1 MiB) per network");
+    rc = run_capturef(out, sizeof(out),
+                      "awk '$1 == \"sendrecv\" && $2 == 1048576 && NF == 5' %s/logs/net-plugin.log",
+                      dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    double plugin, socket;
+    cr_assert_eq(sscanf(out, "sendrecv 1048576 %lf %lf", &plugin, &socket), 2,
+                 "the side-by-side table has the last size once:\n%s", out);
+    cr_assert(plugin > 0 && socket > 0, "%s", out);
+}
+
+/* A wrong element anywhere fails the step (the stand-in flips a bit of the last rank's result),
+ * and so does a log without 'Using network Reshard' (NET_LOG_CHECK=1 checks the stand-in's,
+ * which has none): neither check passes vacuously. */
+Test(gpu_check, net_plugin_fails_on_a_wrong_element_or_a_log_without_the_plugin)
+{
+    static const char *const calls[] = {"ncclAllReduce", "ncclAllGather", "ncclRecv"};
+    static const char *const ops[] = {"all_reduce", "all_gather", "sendrecv"};
+    for (int i = 0; i < 3; i++) {
+        char env[64];
+        snprintf(env, sizeof(env), "FAKE_NCCL_CORRUPT=%s", calls[i]);
+        int rc = check(env, "net-plugin");
+        cr_assert_eq(rc, 1, "%s", out);
+        assert_result("net-plugin", "FAIL");
+        /* one element of each of the 10 sizes, and the first named */
+        rc = run_capturef(out, sizeof(out),
+                          "grep -c 'every element checked on both ranks: #wrong 10;' "
+                          "%s/logs/net-plugin.log; grep -c '%s of 8 bytes: element 1 is ' "
+                          "%s/logs/net-plugin.log",
+                          dir, ops[i], dir);
+        cr_assert_str_eq(out, "1\n1\n", "%s", calls[i]);
+    }
+    int rc = check("NET_LOG_CHECK=1", "net-plugin");
+    cr_assert_eq(rc, 1, "%s", out);
+    assert_result("net-plugin", "FAIL");
+    cr_assert(strstr(row_of("net-plugin"), "NCCL wrote no log"), "%s", out);
+}
+
 Test(gpu_check, bad_usage_is_one_line)
 {
     cr_assert_eq(run_capture("scripts/gpu-check.sh --steps pack,nope", out, sizeof(out)), 2);
     cr_assert_str_eq(out, "gpu-check: --steps: no step 'nope' (steps: device,gpu-unit,pack,"
-                          "refit-ipc,refit-vmm,refit-staged,nccl,dtensor,python)\n");
+                          "refit-ipc,refit-vmm,refit-staged,nccl,net-plugin,dtensor,python)\n");
     cr_assert_eq(run_capture("scripts/gpu-check.sh --budget soon", out, sizeof(out)), 2);
     cr_assert_str_eq(out, "gpu-check: --budget needs a number of seconds\n");
 }
@@ -119,6 +175,7 @@ Test(gpu_check, the_bundle_finds_its_libraries_by_itself)
     cr_assert(strstr(out, "\nlib/libcriterion.so.3 "), "%s", out);
     cr_assert(strstr(out, "\nlib/libucp.so.0 "), "%s", out);
     cr_assert(strstr(out, "\nlib/libnccl-net-reshard.so "), "%s", out);
+    cr_assert(strstr(out, "\ntest/perf/nccl_net_check "), "%s", out);
     cr_assert_null(strstr(out, "\nlib/libc.so.6 "), "glibc stays the image's:\n%s", out);
     /* every dependency resolves inside the bundle (or to glibc) */
     rc =

@@ -468,8 +468,8 @@ static int view_overlaps(const int64_t *shape, const int64_t *strides, int ndim)
     int64_t reach = 0; /* largest offset the smaller-stride dims reach */
     for (int d = 0; d < n; d++) {
         int64_t step;
-        if (s[d].stride <= reach || __builtin_mul_overflow(s[d].stride, s[d].extent - 1, &step) ||
-            __builtin_add_overflow(reach, step, &reach))
+        if (s[d].stride <= reach || rs_mul_i64(s[d].stride, s[d].extent - 1, &step) ||
+            rs_add_i64(reach, step, &reach))
             return 1; /* an offset past 2^63 cannot address a buffer either */
     }
     return 0;
@@ -493,7 +493,8 @@ enum rs_item layout_span_bytes(const struct rs_layout *l, const int64_t *local, 
     for (int d = ndim - 1; d >= 0; d--) {
         int64_t stride = v->nstrides ? v->strides[d] : rowmajor;
         if (shape[d] < 1 || stride < 0 || rs_mul_i64(shape[d] - 1, stride, &step) ||
-            rs_add_i64(reach, step, &reach) || rs_mul_i64(rowmajor, shape[d], &rowmajor))
+            rs_add_i64(reach, step, &reach) ||
+            (!v->nstrides && rs_mul_i64(rowmajor, shape[d], &rowmajor)))
             return by_reach;
     }
     /* the view alone, then with the offset in front of it */
@@ -525,7 +526,7 @@ static reshard_status_t check_view_fits(const struct rs_shardmap *map, struct rs
         int64_t vnumel = 1;
         int wraps = 0;
         for (int d = 0; d < ndim; d++)
-            wraps |= __builtin_mul_overflow(vnumel, shape[d], &vnumel);
+            wraps |= rs_mul_i64(vnumel, shape[d], &vnumel);
         if (wraps || vnumel != numel) {
             char buf[160], held[32] = "more than 2^63";
             format_dims(buf, sizeof(buf), v->shape, v->ndim);

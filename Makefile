@@ -247,8 +247,9 @@ bench: $(BENCH_BIN)
 	    --infer tp=32,dp=8 -o $(BUILD)/deepseek-v3.json
 	$(BENCH_BIN) --manifest $(BUILD)/deepseek-v3.json
 
-# Fuzzing with libFuzzer (clang): the layout spec parser, the manifest loader, the bootstrap's
-# frame decoder, its door and handshake decoders (boot_door), the communicator hello
+# Fuzzing with libFuzzer (clang): the layout spec parser, the bytes a shard's view spans with
+# extreme offsets and strides against 128-bit arithmetic (span), the manifest loader, the
+# bootstrap's frame decoder, its door and handshake decoders (boot_door), the communicator hello
 # (comm_hello), the NCCL plugin's handshake (net), the execution hello's decoders
 # (exec_hello: announcements, writer messages, start reports), the ib side channel (ib_cm) and
 # what an ib peer causes on the queue pairs, the CTS decoder first (ib_ctl), FUZZ_SECONDS (60)
@@ -257,7 +258,7 @@ bench: $(BENCH_BIN)
 # the fix, as a seed).
 FUZZ := build/fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := spec manifest boot boot_door comm_hello net exec_hello ib_cm ib_ctl
+FUZZ_TARGETS := spec span manifest boot boot_door comm_hello net exec_hello ib_cm ib_ctl
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 $(FUZZ_SAN) \
                -fsanitize=fuzzer-no-link -I.

@@ -206,16 +206,21 @@ reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const
     const struct rs_view *v = &l->view;
     int vd = v->ndim ? v->ndim : nd;
     const int64_t *vshape = v->ndim ? v->shape : len;
-    int64_t vstride[RS_MAX_DIMS], last = v->offset;
+    int64_t vstride[RS_MAX_DIMS], span = 0;
     for (int k = vd - 1; k >= 0; k--)
         vstride[k] = v->nstrides ? v->strides[k] : k == vd - 1 ? 1 : vstride[k + 1] * vshape[k + 1];
-    for (int k = 0; k < vd && numel; k++)
-        last += (vshape[k] - 1) * vstride[k];
     size_t esize = dtype_size(l->dtype);
-    if (numel && (last + 1) * (int64_t)esize > (int64_t)bytes) {
+    if (numel && layout_span_bytes(l, len, &span) != RS_ITEM_NONE) { /* the checks refuse it */
+        st = rs_error(RESHARD_ERR_BUFFER,
+                      "fingerprint: the shard of rank %d reaches past byte 2^63 of a %zu-byte "
+                      "buffer",
+                      l->ranks[pos], bytes);
+        goto free_tables;
+    }
+    if ((uint64_t)span > bytes) {
         st = rs_error(RESHARD_ERR_BUFFER,
                       "fingerprint: the shard of rank %d reaches byte %lld of a %zu-byte buffer",
-                      l->ranks[pos], (long long)((last + 1) * (int64_t)esize), bytes);
+                      l->ranks[pos], (long long)span, bytes);
         goto free_tables;
     }
     const unsigned char *base = buf;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "grid.h"
 
+#include "base/ckd.h"
 #include "base/error.h"
 
 #include <stdlib.h>
@@ -348,7 +349,7 @@ int64_t overlap_pairs(const struct overlap *o, const struct rs_shardmap *dst)
             cells *= count[j][group]; /* <= the grid's cells, at most 2^32 */
         }
         int64_t runs = o->dst_td.run_first[t + 1] - o->dst_td.run_first[t], add;
-        if (__builtin_mul_overflow(cells, runs, &add) || __builtin_add_overflow(pairs, add, &pairs))
+        if (rs_mul_i64(cells, runs, &add) || rs_add_i64(pairs, add, &pairs))
             pairs = INT64_MAX;
     }
 free_counts:

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "layout.h"
 
+#include "base/ckd.h"
 #include "base/error.h"
 
 #include <stdio.h>
@@ -467,11 +468,44 @@ static int view_overlaps(const int64_t *shape, const int64_t *strides, int ndim)
     int64_t reach = 0; /* largest offset the smaller-stride dims reach */
     for (int d = 0; d < n; d++) {
         int64_t step;
-        if (s[d].stride <= reach || __builtin_mul_overflow(s[d].stride, s[d].extent - 1, &step) ||
-            __builtin_add_overflow(reach, step, &reach))
+        if (s[d].stride <= reach || rs_mul_i64(s[d].stride, s[d].extent - 1, &step) ||
+            rs_add_i64(reach, step, &reach))
             return 1; /* an offset past 2^63 cannot address a buffer either */
     }
     return 0;
+}
+
+enum rs_item layout_span_bytes(const struct rs_layout *l, const int64_t *local, int64_t *bytes)
+{
+    const struct rs_view *v = &l->view;
+    int64_t numel = 1;
+    for (int j = 0; j < l->ndim; j++)
+        if (rs_mul_i64(numel, local[j], &numel))
+            return RS_ITEM_SHAPE;
+    if (numel == 0) {
+        *bytes = 0;
+        return RS_ITEM_NONE;
+    }
+    const int64_t *shape = v->ndim ? v->shape : local;
+    int ndim = v->ndim ? v->ndim : l->ndim;
+    enum rs_item by_reach = v->nstrides ? RS_ITEM_STRIDES : RS_ITEM_VIEW;
+    int64_t esize = (int64_t)dtype_size(l->dtype), reach = 0, rowmajor = 1, step, end;
+    for (int d = ndim - 1; d >= 0; d--) {
+        int64_t stride = v->nstrides ? v->strides[d] : rowmajor;
+        if (shape[d] < 1 || stride < 0 || rs_mul_i64(shape[d] - 1, stride, &step) ||
+            rs_add_i64(reach, step, &reach) ||
+            (!v->nstrides && rs_mul_i64(rowmajor, shape[d], &rowmajor)))
+            return by_reach;
+    }
+    /* the view alone, then with the offset in front of it */
+    if (rs_add_i64(reach, 1, &end) || rs_mul_i64(end, esize, &end))
+        return by_reach;
+    size_t fits;
+    if (v->offset < 0 || rs_add_i64(v->offset, reach + 1, &end) || rs_mul_i64(end, esize, &end) ||
+        rs_i64_to_size(end, &fits))
+        return RS_ITEM_OFFSET;
+    *bytes = end;
+    return RS_ITEM_NONE;
 }
 
 static reshard_status_t check_view_fits(const struct rs_shardmap *map, struct rs_fault *fault)
@@ -492,7 +526,7 @@ static reshard_status_t check_view_fits(const struct rs_shardmap *map, struct rs
         int64_t vnumel = 1;
         int wraps = 0;
         for (int d = 0; d < ndim; d++)
-            wraps |= __builtin_mul_overflow(vnumel, shape[d], &vnumel);
+            wraps |= rs_mul_i64(vnumel, shape[d], &vnumel);
         if (wraps || vnumel != numel) {
             char buf[160], held[32] = "more than 2^63";
             format_dims(buf, sizeof(buf), v->shape, v->ndim);
@@ -503,6 +537,19 @@ static reshard_status_t check_view_fits(const struct rs_shardmap *map, struct rs
                                  "view: %s holds %s elements but the shard of rank %d holds %lld",
                                  buf, held, l->ranks[pos], (long long)numel));
         }
+        int64_t span;
+        enum rs_item past = layout_span_bytes(l, local, &span);
+        if (past != RS_ITEM_NONE)
+            return fail(fault, past, -1,
+                        rs_error(RESHARD_ERR_TOO_LARGE,
+                                 "%s: the view of rank %d reaches past byte 2^63 of its buffer "
+                                 "(offset %lld, %lld elements of %zu bytes), which cannot be "
+                                 "addressed",
+                                 past == RS_ITEM_OFFSET    ? "offset"
+                                 : past == RS_ITEM_STRIDES ? "strides"
+                                                           : "view",
+                                 l->ranks[pos], (long long)v->offset, (long long)numel,
+                                 dtype_size(l->dtype)));
         if (v->nstrides && view_overlaps(shape, v->strides, ndim))
             return fail(fault, RS_ITEM_STRIDES, -1,
                         rs_error(RESHARD_ERR_VIEW,

@@ -132,6 +132,13 @@ reshard_status_t layout_copy(const struct rs_layout *from, struct rs_layout *to)
 void layout_free(struct rs_layout *l);
 
 int64_t layout_numel(const struct rs_layout *l);
+/* Bytes the buffer of a shard of this local shape must span under l's view: one past the
+ * farthest byte the view reaches (0 for an empty shard), computed without wrapping. Returns
+ * RS_ITEM_NONE when that fits an int64_t and a size_t, else the item whose value carries it
+ * past (RS_ITEM_STRIDES or RS_ITEM_VIEW: the view's own reach; RS_ITEM_OFFSET: the offset on
+ * top of it), leaving *bytes alone. The layout checks refuse a layout of which this fails for
+ * any rank. */
+enum rs_item layout_span_bytes(const struct rs_layout *l, const int64_t *local, int64_t *bytes);
 /* Position of a global rank in l->ranks, or -1. */
 int shardmap_position(const struct rs_shardmap *map, int rank);
 int shardmap_group(const struct rs_shardmap *map, int pos, int dim);

@@ -7,6 +7,7 @@
 
 #include "plan_build.h"
 #include "spec.h"
+#include "base/ckd.h"
 #include "base/clock.h"
 #include "base/error.h"
 
@@ -387,8 +388,8 @@ static reshard_status_t check_volume(const struct rs_plan *p)
     for (int t = 0; t < p->ntensors; t++) {
         const struct rs_layout *l = &p->tensors[t].dst;
         int64_t bytes = layout_numel(l) * (int64_t)dtype_size(l->dtype), copies;
-        if (__builtin_mul_overflow(bytes, (int64_t)l->nranks + 1, &copies) ||
-            __builtin_add_overflow(total, copies, &total) || total > RS_MAX_BYTES)
+        if (rs_mul_i64(bytes, (int64_t)l->nranks + 1, &copies) ||
+            rs_add_i64(total, copies, &total) || total > RS_MAX_BYTES)
             return rs_error(RESHARD_ERR_TOO_LARGE,
                             "plan: the tensors times their destination copies exceed 2^62 bytes "
                             "(at tensor '%s')",

@@ -85,7 +85,8 @@ RESHARD_API reshard_status_t reshard_layout_shard_shape(const reshard_layout_t *
  * of these index lists, stored row-major (or as the layout's view says). */
 RESHARD_API reshard_status_t reshard_layout_shard_index(const reshard_layout_t *layout, int rank,
                                                         int dim, int64_t *global);
-/* Bytes the local buffer of rank's shard must span, view included (0 when it holds none). */
+/* Bytes the local buffer of rank's shard must span, view included (0 when it holds none).
+ * Never wrapped: a view that would span past 2^63 bytes is refused by the parser (_TOO_LARGE). */
 RESHARD_API reshard_status_t reshard_layout_shard_bytes(const reshard_layout_t *layout, int rank,
                                                         size_t *bytes);
 

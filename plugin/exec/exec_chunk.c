@@ -6,6 +6,7 @@
 #include "exec_chunk.h"
 
 #include "exec.h"
+#include "base/ckd.h"
 #include "base/param.h"
 
 void exec_cut_init(struct exec_cut *cut, const struct rs_plan *plan, const struct xfer_set *xs)
@@ -52,8 +53,7 @@ static struct cut_shape cut_of(const struct exec_cut *cut, const struct xfer *xf
     int64_t inner = (int64_t)xfer_esize(cut->plan, xf);
     int split = ndim - 1;
     int64_t wider;
-    while (split > 0 && !__builtin_mul_overflow(inner, len[split], &wider) &&
-           wider <= cut->chunk_bytes) {
+    while (split > 0 && !rs_mul_i64(inner, len[split], &wider) && wider <= cut->chunk_bytes) {
         inner = wider;
         split--;
     }

@@ -365,6 +365,11 @@ reshard_status_t exec_start_refuse(const struct rs_plan *plan, int rank,
                         rank, rs_status_name(st), r->tensor, plan->ntensors, r->side);
     const char *name = plan->tensors[r->tensor].name;
     const char *side = r->side ? "destination" : "source";
+    if (st == RESHARD_ERR_BUFFER && r->need > (uint64_t)INT64_MAX) /* region_span_bytes */
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "rank %d: %s buffer of tensor %s holds %llu bytes, its shard's view "
+                        "reaches past byte 2^63, which no buffer can hold",
+                        rank, side, name, (unsigned long long)r->have);
     if (st == RESHARD_ERR_BUFFER)
         return rs_error(RESHARD_ERR_BUFFER,
                         "rank %d: %s buffer of tensor %s holds %llu bytes, its shard needs %llu",

@@ -73,20 +73,10 @@ int64_t region_view_at(const struct rs_view *v, const int64_t *shape, int ndim, 
 
 uint64_t region_span_bytes(const struct rs_layout *l, const int64_t *shape)
 {
-    int64_t numel = 1;
-    for (int j = 0; j < l->ndim; j++)
-        numel *= shape[j];
-    uint64_t esize = dtype_size(l->dtype);
-    if (numel == 0)
-        return 0;
-    const struct rs_view *v = &l->view;
-    const int64_t *vshape;
-    int64_t vstride[RS_MAX_DIMS];
-    int vdim = view_dims(v, shape, l->ndim, &vshape, vstride);
-    int64_t last = v->offset; /* the farthest element the view reaches */
-    for (int d = 0; d < vdim; d++)
-        last += (vshape[d] - 1) * vstride[d];
-    return (uint64_t)(last + 1) * esize;
+    int64_t bytes;
+    if (layout_span_bytes(l, shape, &bytes) != RS_ITEM_NONE)
+        return UINT64_MAX; /* past 2^63: no buffer has room (the layout checks refuse it) */
+    return (uint64_t)bytes;
 }
 
 uint64_t region_bytes(const struct region *r)

@@ -33,7 +33,8 @@ void region_of_full(const struct rs_layout *l, const int64_t *gstart, const int6
  * index lin of a local shard of this shape. */
 int64_t region_view_at(const struct rs_view *v, const int64_t *shape, int ndim, int64_t lin);
 
-/* Bytes the buffer of a shard of this local shape must span under the view. */
+/* Bytes the buffer of a shard of this local shape must span under the view; UINT64_MAX when
+ * that does not fit an int64_t (layout_span_bytes), so that no buffer passes a check of it. */
 uint64_t region_span_bytes(const struct rs_layout *l, const int64_t *shape);
 
 struct region_iter {

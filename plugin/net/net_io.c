@@ -208,8 +208,8 @@ static reshard_status_t mr_for(const struct net_comm *c, void *mh, const void *d
     if (m->dev != c->dev)
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "NET/Reshard: registration %p belongs to another device", mh);
-    const char *p = data;
-    if (size && (p < m->base || p + size > m->base + m->len || p + size < p))
+    uintptr_t at = (uintptr_t)data, base = (uintptr_t)m->base; /* no pointer past the object */
+    if (size && (at < base || at - base > m->len || size > m->len - (at - base)))
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "NET/Reshard: %zu bytes at %p lie outside their registration (%zu bytes "
                         "at %p)",

@@ -143,6 +143,25 @@ Test(fingerprint, a_short_buffer_is_refused)
     layout_free(&l);
 }
 
+/* Issue 27: an offset whose span wraps to 64 bytes (the checks refuse it; planted here) is
+ * refused by the fingerprint's own bound, not read before the buffer. */
+Test(fingerprint, an_offset_whose_span_wraps_is_refused_not_read_before_the_buffer)
+{
+    struct rs_layout l;
+    struct rs_shardmap m;
+    cr_assert_eq(spec_parse("shape=10 dtype=f64 ranks=0 buffer=b", NULL, &l), RESHARD_OK);
+    cr_assert_eq(shardmap_build(&l, &m, NULL), RESHARD_OK);
+    l.view.offset = INT64_C(2305843009213693950); /* (offset + 10) x 8 = 2^64 + 64 */
+    double *buf = calloc(8, sizeof(double));
+    uint64_t f;
+    cr_assert_eq(fingerprint_shard(&m, 0, buf, 8 * sizeof(double), &f), RESHARD_ERR_BUFFER);
+    cr_assert(strstr(rs_error_message(), "reaches past byte 2^63 of a 64-byte buffer"), "%s",
+              rs_error_message());
+    free(buf);
+    shardmap_free(&m);
+    layout_free(&l);
+}
+
 /* Replicas after a shrink: mesh 2x3 R,S(0) has tuples {0,3}, {1,4}, {2,5}; with rank 4 gone
  * the middle one keeps 1 replica, the others 2, so their lcm is 2; with ranks 1 and 4 gone the
  * middle shard is on no present rank. */

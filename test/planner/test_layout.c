@@ -362,9 +362,62 @@ Test(layout, view_sizes_that_wrap_are_refused)
                                          "elements but the shard of rank 0 holds 2 at column 35");
     /* a stride whose reach wraps cannot address a buffer either */
     cr_assert_eq(spec_parse("shape=8x2 ranks=0 strides=4611686018427387904x1", NULL, &l),
-                 RESHARD_ERR_VIEW);
+                 RESHARD_ERR_TOO_LARGE);
     cr_assert_str_eq(rs_error_message(),
-                     "strides: two elements of rank 0's view share a buffer element at column 27");
+                     "strides: the view of rank 0 reaches past byte 2^63 of its buffer (offset 0, "
+                     "16 elements of 2 bytes), which cannot be addressed at column 27");
+}
+
+/* Issue 27: (2^61 - 2 + 10) x 8 bytes is 2^64 + 64, which wrapped to 64: the executor wrote 16
+ * bytes in front of a 64-byte buffer. A view is refused when its last byte lies past 2^63. */
+Test(layout, a_view_offset_near_2_63_bytes_is_refused_naming_the_offset)
+{
+    struct rs_layout l;
+    cr_assert_eq(
+        spec_parse("shape=10 dtype=f64 ranks=0 buffer=b offset=2305843009213693950", NULL, &l),
+        RESHARD_ERR_TOO_LARGE);
+    cr_assert_str_eq(rs_error_message(),
+                     "offset: the view of rank 0 reaches past byte 2^63 of its buffer (offset "
+                     "2305843009213693950, 10 elements of 8 bytes), which cannot be addressed at "
+                     "column 44");
+    /* on a source or a destination alike, sharded or not: rank 1 holds the last 5 */
+    cr_assert_eq(
+        spec_parse("shape=10 dtype=f64 ranks=0-1 place=S(0) offset=2305843009213693950", NULL, &l),
+        RESHARD_ERR_TOO_LARGE);
+    /* the edge: (offset + 10) x 8 = 2^63 - 8 fits; one more element's worth does not */
+    struct rs_shardmap m;
+    build("shape=10 dtype=f64 ranks=0 buffer=b offset=1152921504606846965", &l, &m);
+    int64_t shape[1] = {10}, bytes = 0;
+    cr_assert_eq(layout_span_bytes(&l, shape, &bytes), RS_ITEM_NONE);
+    cr_assert_eq(bytes, INT64_MAX - 7);
+    release(&l, &m);
+    cr_assert_eq(
+        spec_parse("shape=10 dtype=f64 ranks=0 buffer=b offset=1152921504606846966", NULL, &l),
+        RESHARD_ERR_TOO_LARGE);
+    /* an offset alone past 2^63 bytes, without wrapping the element count */
+    cr_assert_eq(spec_parse("shape=1 dtype=f64 ranks=0 offset=9223372036854775807", NULL, &l),
+                 RESHARD_ERR_TOO_LARGE);
+}
+
+Test(layout, strides_whose_byte_reach_passes_2_63_are_refused_naming_the_strides)
+{
+    struct rs_layout l;
+    /* 7 x 2^60 elements fits an int64_t; 8 bytes each does not */
+    cr_assert_eq(spec_parse("shape=8 dtype=f64 ranks=0 strides=1152921504606846976", NULL, &l),
+                 RESHARD_ERR_TOO_LARGE);
+    cr_assert(strstr(rs_error_message(), "strides: the view of rank 0 reaches past byte 2^63"),
+              "%s", rs_error_message());
+    cr_assert(strstr(rs_error_message(), "at column 35"), "%s", rs_error_message());
+    /* the sum of two dims' reaches wraps where neither does alone */
+    cr_assert_eq(spec_parse("shape=2x2 dtype=u8 ranks=0 strides=6917529027641081856x"
+                            "4611686018427387904",
+                            NULL, &l),
+                 RESHARD_ERR_TOO_LARGE);
+    /* a view shape of the shard's elements, strided past the edge */
+    cr_assert_eq(
+        spec_parse("shape=4 dtype=f32 ranks=0 view=2x2 strides=1x3074457345618258602", NULL, &l),
+        RESHARD_ERR_TOO_LARGE);
+    cr_assert(strstr(rs_error_message(), "strides:"), "%s", rs_error_message());
 }
 
 Test(layout, check_rejects_bad_view_structs)

@@ -100,6 +100,21 @@ Test(reshard_plan, bad_input_exits_2_with_one_line, .timeout = 60)
                           "shape 4x8\n");
 }
 
+/* Issue 27: the offset's span wrapped to 64 bytes and reshard-plan said "valid yes". */
+Test(reshard_plan, a_view_offset_near_2_63_bytes_exits_2_naming_the_offset, .timeout = 60)
+{
+    cr_assert_eq(plan("--src 'shape=10 dtype=f64 ranks=0' --dst 'shape=10 dtype=f64 ranks=0 "
+                      "buffer=b offset=2305843009213693950'"),
+                 2, "%s", out);
+    cr_assert_str_eq(out, "error: offset: the view of rank 0 reaches past byte 2^63 of its buffer "
+                          "(offset 2305843009213693950, 10 elements of 8 bytes), which cannot be "
+                          "addressed at column 44 (in --dst)\n");
+    cr_assert_eq(plan("--src 'shape=10 dtype=f64 ranks=0 offset=2305843009213693950' "
+                      "--dst 'shape=10 dtype=f64 ranks=1'"),
+                 2, "%s", out);
+    cr_assert(strstr(out, "(in --src)"), "%s", out);
+}
+
 Test(reshard_plan, usage_errors_exit_2, .timeout = 60)
 {
     cr_assert_eq(plan("--src 'shape=4 ranks=0'"), 2);

@@ -280,6 +280,20 @@ Test(manifest, a_view_past_its_buffer_size_is_refused, .fini = cleanup)
 #undef QK_VIEWS
 }
 
+/* Issue 27: an offset whose span wrapped to 64 bytes passed a buffer of 8 f64 elements. The
+ * loader refuses it now, naming the tensor, the side and the column. */
+Test(manifest, a_view_offset_near_2_63_bytes_is_refused_naming_the_tensor, .fini = cleanup)
+{
+    expect_error("{\"version\": 1, \"world_size\": 1, \"buffers\": {\"b\": 8},"
+                 " \"tensors\": [{\"name\": \"w\", \"shape\": [10], \"dtype\": \"f64\","
+                 " \"src\": \"ranks=0\","
+                 " \"dst\": \"ranks=0 buffer=b offset=2305843009213693950\"}]}",
+                 RESHARD_ERR_TOO_LARGE,
+                 "tensors[0] (w).dst: offset: the view of rank 0 reaches "
+                 "past byte 2^63",
+                 "at column");
+}
+
 /* Tensors with equal layouts share one shard map in the planner: their plan together is the
  * sum of their plans alone, and valid. */
 static uint64_t net_of(const reshard_tensor_t *t, int n, const reshard_topo_t *topo)

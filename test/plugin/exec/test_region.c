@@ -158,6 +158,24 @@ Test(region, span_bytes_reach_the_last_element_of_the_view)
     shard_close(&plain);
 }
 
+/* A layout the checks would refuse (issue 27): its span is not wrapped to a small number that
+ * a buffer passes, but past any buffer. */
+Test(region, span_bytes_past_2_63_do_not_wrap_to_a_small_size)
+{
+    struct shard s;
+    shard_open(&s, "shape=10 dtype=f64 ranks=0 buffer=b");
+    int64_t shape[1] = {10};
+    s.l.view.offset = INT64_C(2305843009213693950); /* (offset + 10) x 8 = 2^64 + 64 */
+    cr_assert_eq(region_span_bytes(&s.l, shape), UINT64_MAX);
+    s.l.view.offset = 0;
+    s.l.view.nstrides = 1;
+    s.l.view.strides[0] = INT64_C(1) << 61; /* 9 x 2^61 elements wrap */
+    cr_assert_eq(region_span_bytes(&s.l, shape), UINT64_MAX);
+    s.l.view.strides[0] = 1;
+    cr_assert_eq(region_span_bytes(&s.l, shape), 80);
+    shard_close(&s);
+}
+
 static void count_up(int32_t *buf, int n)
 {
     for (int i = 0; i < n; i++)

@@ -13,6 +13,21 @@
  * be read from several threads; a communicator runs one execution at a time (a concurrent one
  * fails with RESHARD_ERR_BUSY). Collective calls (marked so) must be made by every rank of the
  * communicator, in the same order.
+ *
+ * Lifetimes. A communicator plan holds its communicator: reshard_comm_destroy with plans still
+ * alive stops the communicator at once (their executions, and every call on it, fail with
+ * RESHARD_ERR_INVALID_ARG saying it was destroyed), and its connections close when the last of
+ * those plans is destroyed (that reshard_plan_destroy then does the collective step of
+ * reshard_comm_destroy), as MPI_Comm_free does. A destroy (of a plan or a communicator) from
+ * another thread during an execution or collective on it returns at once and leaves the
+ * object to that call, which finishes as it would have (it is not stopped:
+ * reshard_comm_abort stops it) and frees what was destroyed as it returns. Plans and
+ * communicators passed after their destroy are refused (RESHARD_ERR_INVALID_ARG, "not a live
+ * plan"), by every call that returns a status, and a second destroy does nothing, as long as
+ * no new plan or communicator took the address since; the calls that return no status
+ * (reshard_plan_hash, _ntensors, _tensor_name, reshard_comm_rank, _size, _topo, _has_rank)
+ * must not be made on a destroyed handle or race its destroy. Layouts, topologies and
+ * manifests may be destroyed as soon as the plans are made: plans keep copies.
  */
 #ifndef RESHARD_H
 #define RESHARD_H
@@ -165,6 +180,9 @@ RESHARD_API reshard_status_t reshard_plan_create_rank(const reshard_tensor_t *te
 RESHARD_API reshard_status_t reshard_plan_validate(const reshard_plan_t *plan);
 /* A hash of the plan; ranks compare it before moving data. */
 RESHARD_API uint64_t reshard_plan_hash(const reshard_plan_t *plan);
+/* Not collective, except as the last plan of a destroyed communicator (see Lifetimes above).
+ * From another thread during an execution of the plan: returns at once, and the execution
+ * frees the plan as it returns. */
 RESHARD_API void reshard_plan_destroy(reshard_plan_t *plan);
 
 /* A plan's tensors: the caller's, in order, then one scales tensor (float32) for each tensor
@@ -314,7 +332,9 @@ RESHARD_API reshard_status_t reshard_comm_init_env(reshard_comm_t **comm);
  * needs configuring. NCCL is
  * the one already in the process, else libnccl.so.2; the all-gather needs the CUDA driver and
  * a device (the calling thread's current context, else device 0's primary context). The NCCL
- * communicator stays the caller's and must outlive this one. Collective over its ranks. A
+ * communicator stays the caller's and must outlive this one (until reshard_comm_destroy, and
+ * any execution in flight then has returned, and its stream work ended). Collective over its
+ * ranks. A
  * rank whose CUDA setup fails before the all-gather cannot take part in it, and the others then
  * wait in NCCL, as with any NCCL collective a rank misses. */
 RESHARD_API reshard_status_t reshard_comm_init_nccl(void *nccl_comm, reshard_comm_t **comm);
@@ -322,7 +342,9 @@ RESHARD_API int reshard_comm_rank(const reshard_comm_t *comm);
 RESHARD_API int reshard_comm_size(const reshard_comm_t *comm);
 /* The communicator's topology (owned by the communicator). */
 RESHARD_API const reshard_topo_t *reshard_comm_topo(const reshard_comm_t *comm);
-/* Collective. Closes connections; plans made on the communicator must be destroyed first. */
+/* Collective. Closes connections, now when no plan made on the communicator is alive (nor a
+ * call on it in flight in another thread), else when the last of them is gone: see Lifetimes
+ * at the top. Either way the communicator and its plans accept nothing new from here. */
 RESHARD_API void reshard_comm_destroy(reshard_comm_t *comm);
 /* Stops the communicator, from any thread: an execution (or any collective) in flight here
  * ends with RESHARD_ERR_ABORTED within milliseconds, even while it waits for the others in the

@@ -17,6 +17,30 @@ _Static_assert(sizeof(reshard_unique_id_t) == sizeof(struct boot_id),
 
 /* ---- communicators ---- */
 
+reshard_status_t api_comm_hold(const char *fn, struct reshard_comm *c)
+{
+    if (api_live_take(&c->live))
+        return RESHARD_OK;
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "%s: not a live communicator: the communicator was destroyed "
+                    "(reshard_comm_destroy)",
+                    fn);
+}
+
+/* A new communicator, handed to the caller: its first reference (comm_alloc's) is theirs. */
+static reshard_status_t given(struct reshard_comm **comm, reshard_status_t st)
+{
+    if (st == RESHARD_OK)
+        api_live_add(&(*comm)->live, &(*comm)->refs);
+    return st;
+}
+
+reshard_status_t api_comm_drop(struct reshard_comm *c, reshard_status_t st)
+{
+    comm_release(c);
+    return st;
+}
+
 reshard_status_t reshard_get_unique_id(reshard_unique_id_t *id)
 {
     api_enter();
@@ -37,7 +61,7 @@ reshard_status_t reshard_comm_init_rank(const reshard_unique_id_t *id, int rank,
         return api_null_arg(__func__, id ? "comm" : "id");
     struct boot_id b;
     memcpy(&b, id, sizeof(b));
-    return api_leave(__func__, comm_create(&b, rank, size, -1, comm));
+    return api_leave(__func__, given(comm, comm_create(&b, rank, size, -1, comm)));
 }
 
 reshard_status_t reshard_comm_init_env(reshard_comm_t **comm)
@@ -48,7 +72,7 @@ reshard_status_t reshard_comm_init_env(reshard_comm_t **comm)
     struct boot_env env;
     reshard_status_t st = boot_env_read(&env);
     if (st == RESHARD_OK)
-        st = comm_create(&env.id, env.rank, env.size, env.local_rank, comm);
+        st = given(comm, comm_create(&env.id, env.rank, env.size, env.local_rank, comm));
     return api_leave(__func__, st);
 }
 
@@ -57,7 +81,7 @@ reshard_status_t reshard_comm_init_nccl(void *nccl_comm, reshard_comm_t **comm)
     api_enter();
     if (!nccl_comm || !comm)
         return api_null_arg(__func__, comm ? "nccl_comm" : "comm");
-    return api_leave(__func__, comm_create_nccl(nccl_comm, comm));
+    return api_leave(__func__, given(comm, comm_create_nccl(nccl_comm, comm)));
 }
 
 int reshard_comm_rank(const reshard_comm_t *comm)
@@ -84,15 +108,20 @@ reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int *exclude, i
     if (nexclude < 0)
         return api_leave(
             __func__, rs_error(RESHARD_ERR_INVALID_ARG, "%s: nexclude is %d", __func__, nexclude));
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
     int idle = 0; /* not while this rank executes on it */
     if (!atomic_compare_exchange_strong(&comm->busy, &idle, 1))
-        return api_leave(__func__, rs_error(RESHARD_ERR_BUSY,
-                                            "%s: the communicator is executing; abort it "
-                                            "(reshard_comm_abort) and let the execution return",
-                                            __func__));
-    reshard_status_t st = comm_shrink(comm, exclude, nexclude, newcomm);
+        return api_leave(__func__,
+                         api_comm_drop(comm, rs_error(RESHARD_ERR_BUSY,
+                                                      "%s: the communicator is executing; "
+                                                      "abort it (reshard_comm_abort) and "
+                                                      "let the execution return",
+                                                      __func__)));
+    st = given(newcomm, comm_shrink(comm, exclude, nexclude, newcomm));
     atomic_store(&comm->busy, 0);
-    return api_leave(__func__, st);
+    return api_leave(__func__, api_comm_drop(comm, st));
 }
 
 const reshard_topo_t *reshard_comm_topo(const reshard_comm_t *comm)
@@ -105,18 +134,27 @@ reshard_status_t reshard_comm_abort(reshard_comm_t *comm)
     api_enter();
     if (!comm)
         return api_null_arg(__func__, "comm");
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
     atomic_store(&comm->abort_req, 1);
     int idle = 0;
     if (atomic_compare_exchange_strong(&comm->busy, &idle, 1)) { /* nothing in flight */
         comm_abort_now(comm);
         atomic_store(&comm->busy, 0);
     } /* else the execution in flight sees the request within a wait (milliseconds) */
-    return RESHARD_OK;
+    return api_comm_drop(comm, RESHARD_OK);
 }
 
 void reshard_comm_destroy(reshard_comm_t *comm)
 {
-    comm_destroy(comm);
+    if (!comm)
+        return;
+    if (!api_live_remove(&comm->live)) {
+        rs_log(RS_LOG_INFO, "reshard_comm_destroy: not a live communicator (destroyed already?)");
+        return;
+    }
+    comm_close(comm);
 }
 
 reshard_status_t reshard_comm_barrier(reshard_comm_t *comm)
@@ -124,10 +162,12 @@ reshard_status_t reshard_comm_barrier(reshard_comm_t *comm)
     api_enter();
     if (!comm)
         return api_null_arg(__func__, "comm");
-    reshard_status_t st = comm_enter(comm);
-    if (st == RESHARD_OK)
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    if ((st = comm_enter(comm)) == RESHARD_OK)
         st = comm_leave(comm, boot_barrier(comm->boot));
-    return api_leave(__func__, st);
+    return api_leave(__func__, api_comm_drop(comm, st));
 }
 
 reshard_status_t reshard_comm_allgather(reshard_comm_t *comm, void *buf, size_t bytes_per_rank)
@@ -135,10 +175,12 @@ reshard_status_t reshard_comm_allgather(reshard_comm_t *comm, void *buf, size_t 
     api_enter();
     if (!comm || !buf)
         return api_null_arg(__func__, comm ? "buf" : "comm");
-    reshard_status_t st = comm_enter(comm);
-    if (st == RESHARD_OK)
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    if ((st = comm_enter(comm)) == RESHARD_OK)
         st = comm_leave(comm, comm_allgather(comm, buf, bytes_per_rank));
-    return api_leave(__func__, st);
+    return api_leave(__func__, api_comm_drop(comm, st));
 }
 
 reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
@@ -147,6 +189,10 @@ reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
     api_enter();
     if (!comm || !counters)
         return api_null_arg(__func__, comm ? "counters" : "comm");
+    struct reshard_comm *c = (struct reshard_comm *)comm; /* held, not changed */
+    reshard_status_t st = api_comm_hold(__func__, c);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
     const struct tp_counters *n = &comm->net->counters;
     uint64_t boot_out = 0, boot_in = 0;
     boot_bytes(comm->boot, &boot_out, &boot_in);
@@ -164,7 +210,7 @@ reshard_status_t reshard_comm_counters(const reshard_comm_t *comm,
                                           .boot_in = boot_in,
                                           .ctrl_bytes_out = comm->ctrl_bytes_out,
                                           .ctrl_bytes_in = comm->ctrl_bytes_in};
-    return RESHARD_OK;
+    return api_comm_drop(c, RESHARD_OK);
 }
 
 reshard_status_t reshard_comm_counters_all(reshard_comm_t *comm, reshard_comm_counters_t *all,
@@ -173,11 +219,13 @@ reshard_status_t reshard_comm_counters_all(reshard_comm_t *comm, reshard_comm_co
     api_enter();
     if (!comm || !all)
         return api_null_arg(__func__, comm ? "all" : "comm");
-    RS_CHECK(reshard_comm_counters(comm, &all[comm->rank]));
-    reshard_status_t st = comm_enter(comm);
-    if (st == RESHARD_OK)
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    st = reshard_comm_counters(comm, &all[comm->rank]);
+    if (st == RESHARD_OK && (st = comm_enter(comm)) == RESHARD_OK)
         st = comm_leave(comm, comm_allgather(comm, all, sizeof(*all)));
     if (st == RESHARD_OK && node)
         memcpy(node, comm->node, (size_t)comm->size * sizeof(int));
-    return api_leave(__func__, st);
+    return api_leave(__func__, api_comm_drop(comm, st));
 }

@@ -81,13 +81,16 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     int verify = rs_param_int(RS_PARAM_VERIFY) != 0;
     if (config && config->size >= offsetof(reshard_plan_config_t, verify) + sizeof(config->verify))
         verify |= config->verify != 0;
-    reshard_status_t st = comm_usable(comm);
+    /* Held from here: on success, the hold is the plan's reference to its communicator. */
+    reshard_status_t st = api_comm_hold(__func__, comm);
     if (st != RESHARD_OK)
         return api_leave(__func__, st);
+    if ((st = comm_usable(comm)) != RESHARD_OK)
+        return api_leave(__func__, api_comm_drop(comm, st));
     struct reshard_plan *h = rs_calloc(1, sizeof(*h), "plan");
     if (!h) {
         boot_abort(comm->boot, RESHARD_ERR_NO_MEMORY, "out of memory creating a plan");
-        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
+        return api_leave(__func__, api_comm_drop(comm, RESHARD_ERR_NO_MEMORY));
     }
     /* Build everything locally, then vote: a rank that failed still votes, so nobody waits
      * for it, and nobody runs a plan another rank could not build. Each rank plans its own
@@ -130,12 +133,27 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
         exec_destroy(h->x);
         plan_free(h->p);
         free(h);
-        return api_leave(__func__, st);
+        return api_leave(__func__, api_comm_drop(comm, st));
     }
     exec_set_world(h->x, &world);
     h->verify = verify;
+    api_plan_given(h);
     *plan = h;
     return RESHARD_OK;
+}
+
+/* Holds a communicator plan for the call (api_plan_hold: before anything of it is read); one
+ * made by reshard_plan_create is refused, saying what it cannot do. */
+static reshard_status_t hold_comm_plan(const char *fn, const reshard_plan_t *plan,
+                                       const char *cannot)
+{
+    struct reshard_plan *h = (struct reshard_plan *)plan; /* held, not changed */
+    RS_CHECK(api_plan_hold(fn, h));
+    if (h->x)
+        return RESHARD_OK;
+    api_plan_release(h);
+    return rs_error(RESHARD_ERR_INVALID_ARG, "%s: the plan was made by reshard_plan_create, %s", fn,
+                    cannot);
 }
 
 reshard_status_t reshard_plan_outcome(const reshard_plan_t *plan, reshard_tensor_state_t *states)
@@ -143,13 +161,13 @@ reshard_status_t reshard_plan_outcome(const reshard_plan_t *plan, reshard_tensor
     api_enter();
     if (!plan || !states)
         return api_null_arg(__func__, plan ? "states" : "plan");
-    if (!plan->x)
-        return api_leave(__func__,
-                         rs_error(RESHARD_ERR_INVALID_ARG,
-                                  "%s: the plan was made by reshard_plan_create, which never "
-                                  "executes; ask a plan made by reshard_comm_plan_create",
-                                  __func__));
-    return api_leave(__func__, exec_outcome(plan->x, states));
+    reshard_status_t st = hold_comm_plan(
+        __func__, plan, "which never executes; ask a plan made by reshard_comm_plan_create");
+    if (st == RESHARD_OK) {
+        st = exec_outcome(plan->x, states);
+        api_plan_release((struct reshard_plan *)plan);
+    }
+    return api_leave(__func__, st);
 }
 
 /* A check on the plan's communicator, held for it as any collective. */
@@ -168,13 +186,13 @@ reshard_status_t reshard_plan_check_layouts(reshard_plan_t *plan, const reshard_
     api_enter();
     if (!plan || !bufs)
         return api_null_arg(__func__, plan ? "bufs" : "plan");
-    if (!plan->x)
-        return api_leave(__func__,
-                         rs_error(RESHARD_ERR_INVALID_ARG,
-                                  "%s: the plan was made by reshard_plan_create, which has no "
-                                  "ranks to ask; check one made by reshard_comm_plan_create",
-                                  __func__));
-    return api_leave(__func__, check(plan, bufs, EXEC_VERIFY_LAYOUTS));
+    reshard_status_t st = hold_comm_plan(
+        __func__, plan, "which has no ranks to ask; check one made by reshard_comm_plan_create");
+    if (st == RESHARD_OK) {
+        st = check(plan, bufs, EXEC_VERIFY_LAYOUTS);
+        api_plan_release(plan);
+    }
+    return api_leave(__func__, st);
 }
 
 /* Both execute entry points: fn names the one the user called. */
@@ -184,16 +202,18 @@ static reshard_status_t execute(const char *fn, reshard_plan_t *plan, const resh
     api_enter();
     if (!plan || !bufs)
         return api_null_arg(fn, plan ? "bufs" : "plan");
-    if (!plan->x)
-        return api_leave(fn, rs_error(RESHARD_ERR_INVALID_ARG,
-                                      "%s: the plan was made by reshard_plan_create; execute one "
-                                      "made by reshard_comm_plan_create",
-                                      fn));
-    reshard_status_t st = exec_run(plan->x, bufs, on_stream, stream);
+    /* Held until it returns: a destroy from another thread leaves the plan, and through it
+     * the communicator, to this execution. */
+    reshard_status_t st = hold_comm_plan(
+        fn, plan, "which has no communicator; execute one made by reshard_comm_plan_create");
+    if (st != RESHARD_OK)
+        return api_leave(fn, st);
+    st = exec_run(plan->x, bufs, on_stream, stream);
     /* A refit enqueued on NCCL's stream is waited for first: verification reads what landed. */
     if (st == RESHARD_OK && plan->verify &&
         (st = exec_settle(plan->x, on_stream, stream)) == RESHARD_OK)
         st = check(plan, bufs, EXEC_VERIFY_REFIT);
+    api_plan_release(plan);
     return api_leave(fn, st);
 }
 

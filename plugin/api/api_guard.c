@@ -2,8 +2,9 @@
 /*
  * The guard around every public entry point (reshard.h): entering clears the last error,
  * leaving logs a failure once, at the level its cause deserves, and leaves the message to
- * reshard_last_error(). Also the entries that only read the library's own state: status
- * strings, the last error, the configuration.
+ * reshard_last_error(). The list of live handles, which calls on plans and communicators
+ * take their reference through. Also the entries that only read the library's own state:
+ * status strings, the last error, the configuration.
  */
 #include "plugin/reshard.h"
 
@@ -11,6 +12,58 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/param.h"
+
+#include <pthread.h>
+
+/* The plans and communicators the caller holds. A handle is looked for by address, and only
+ * linked nodes are ever read, so a destroyed handle passed again is refused, not read (unless
+ * a new plan or communicator took its address since). */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct live_handle *live_head;
+
+void api_live_add(struct live_handle *h, atomic_int *refs)
+{
+    pthread_mutex_lock(&live_lock);
+    h->refs = refs;
+    h->prev = NULL;
+    h->next = live_head;
+    if (live_head)
+        live_head->prev = h;
+    live_head = h;
+    pthread_mutex_unlock(&live_lock);
+}
+
+static int linked(const struct live_handle *h)
+{
+    for (const struct live_handle *n = live_head; n; n = n->next)
+        if (n == h)
+            return 1;
+    return 0;
+}
+
+int api_live_take(const struct live_handle *h)
+{
+    pthread_mutex_lock(&live_lock);
+    int found = linked(h);
+    if (found)
+        atomic_fetch_add(h->refs, 1);
+    pthread_mutex_unlock(&live_lock);
+    return found;
+}
+
+int api_live_remove(struct live_handle *h)
+{
+    pthread_mutex_lock(&live_lock);
+    int found = linked(h);
+    if (found) {
+        *(h->prev ? &h->prev->next : &live_head) = h->next;
+        if (h->next)
+            h->next->prev = h->prev;
+        h->prev = h->next = NULL;
+    }
+    pthread_mutex_unlock(&live_lock);
+    return found;
+}
 
 /* 0 after reshard_log_set_failures(0): the caller shows every failure itself. */
 static _Atomic int warn_failures = 1;

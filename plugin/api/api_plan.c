@@ -14,6 +14,7 @@
 #include "planner/plan.h"
 #include "planner/stats.h"
 #include "planner/validate.h"
+#include "plugin/comm/comm.h"
 #include "plugin/exec/exec.h"
 #include "plugin/exec/predict.h"
 
@@ -109,6 +110,7 @@ reshard_status_t reshard_plan_create(const reshard_tensor_t *tensors, int ntenso
         free(h);
         return api_leave(__func__, st);
     }
+    api_plan_given(h);
     *plan = h;
     return RESHARD_OK;
 }
@@ -134,6 +136,7 @@ reshard_status_t reshard_plan_create_rank(const reshard_tensor_t *tensors, int n
         free(h);
         return api_leave(__func__, st);
     }
+    api_plan_given(h);
     *plan = h;
     return RESHARD_OK;
 }
@@ -157,13 +160,25 @@ static reshard_status_t needs_every_rank(const char *fn, const reshard_plan_t *p
                     fn, p->scope);
 }
 
+/* Holds a plan for a call that only reads it (api_plan_hold); api_plan_release(held(plan))
+ * ends it. */
+static struct reshard_plan *held(const reshard_plan_t *plan)
+{
+    return (struct reshard_plan *)plan; /* the reference count changes, nothing else */
+}
+
 reshard_status_t reshard_plan_validate(const reshard_plan_t *plan)
 {
     api_enter();
     if (!plan)
         return api_null_arg(__func__, "plan");
-    reshard_status_t st = needs_every_rank(__func__, plan);
-    return api_leave(__func__, st == RESHARD_OK ? plan_validate(plan->p) : st);
+    reshard_status_t st = api_plan_hold(__func__, held(plan));
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    if ((st = needs_every_rank(__func__, plan)) == RESHARD_OK)
+        st = plan_validate(plan->p);
+    api_plan_release(held(plan));
+    return api_leave(__func__, st);
 }
 
 uint64_t reshard_plan_hash(const reshard_plan_t *plan)
@@ -171,13 +186,41 @@ uint64_t reshard_plan_hash(const reshard_plan_t *plan)
     return plan ? plan->p->hash : 0;
 }
 
+void api_plan_given(struct reshard_plan *h)
+{
+    atomic_init(&h->refs, 1);
+    api_live_add(&h->live, &h->refs);
+}
+
+reshard_status_t api_plan_hold(const char *fn, struct reshard_plan *h)
+{
+    if (api_live_take(&h->live))
+        return RESHARD_OK;
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "%s: not a live plan: the plan was destroyed (reshard_plan_destroy)", fn);
+}
+
+void api_plan_release(struct reshard_plan *h)
+{
+    if (atomic_fetch_sub(&h->refs, 1) != 1)
+        return;
+    struct reshard_comm *c = h->x ? exec_comm(h->x) : NULL;
+    exec_destroy(h->x); /* its registrations go while the communicator's context is open */
+    plan_free(h->p);
+    free(h);
+    if (c)
+        comm_release(c); /* the last plan of a destroyed communicator closes it */
+}
+
 void reshard_plan_destroy(reshard_plan_t *plan)
 {
     if (!plan)
         return;
-    exec_destroy(plan->x);
-    plan_free(plan->p);
-    free(plan);
+    if (!api_live_remove(&plan->live)) {
+        rs_log(RS_LOG_INFO, "reshard_plan_destroy: not a live plan (destroyed already?)");
+        return;
+    }
+    api_plan_release(plan); /* an execution from another thread may still hold it */
 }
 
 int reshard_plan_ntensors(const reshard_plan_t *plan)
@@ -192,28 +235,38 @@ const char *reshard_plan_tensor_name(const reshard_plan_t *plan, int t)
     return plan->p->tensors[t].name;
 }
 
+static reshard_status_t tensor_layout(const char *fn, const struct rs_plan *p, int t, int side,
+                                      reshard_layout_t **layout)
+{
+    if (t < 0 || t >= p->ntensors || (side != 0 && side != 1))
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "%s: tensor %d side %d: the plan has %d tensors, sides 0 (source) and 1 "
+                        "(destination)",
+                        fn, t, side, p->ntensors);
+    struct reshard_layout *h = rs_calloc(1, sizeof(*h), "layout");
+    if (!h)
+        return RESHARD_ERR_NO_MEMORY;
+    reshard_status_t st = layout_copy(side ? &p->tensors[t].dst : &p->tensors[t].src, &h->l);
+    if (st != RESHARD_OK) {
+        free(h);
+        return st;
+    }
+    *layout = h;
+    return RESHARD_OK;
+}
+
 reshard_status_t reshard_plan_tensor_layout(const reshard_plan_t *plan, int t, int side,
                                             reshard_layout_t **layout)
 {
     api_enter();
     if (!plan || !layout)
         return api_null_arg(__func__, plan ? "layout" : "plan");
-    const struct rs_plan *p = plan->p;
-    if (t < 0 || t >= p->ntensors || (side != 0 && side != 1))
-        return api_leave(__func__, rs_error(RESHARD_ERR_INVALID_ARG,
-                                            "%s: tensor %d side %d: the plan has %d tensors, "
-                                            "sides 0 (source) and 1 (destination)",
-                                            __func__, t, side, p->ntensors));
-    struct reshard_layout *h = rs_calloc(1, sizeof(*h), "layout");
-    if (!h)
-        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
-    reshard_status_t st = layout_copy(side ? &p->tensors[t].dst : &p->tensors[t].src, &h->l);
-    if (st != RESHARD_OK) {
-        free(h);
+    reshard_status_t st = api_plan_hold(__func__, held(plan));
+    if (st != RESHARD_OK)
         return api_leave(__func__, st);
-    }
-    *layout = h;
-    return RESHARD_OK;
+    st = tensor_layout(__func__, plan->p, t, side, layout);
+    api_plan_release(held(plan));
+    return api_leave(__func__, st);
 }
 
 /* Messages per rank of the reshard transfers a plan of every rank would run. */
@@ -240,24 +293,22 @@ reshard_status_t reshard_plan_predict(const reshard_plan_t *plan, const reshard_
     api_enter();
     if (!plan || !cluster || !out)
         return api_null_arg(__func__, !plan ? "plan" : !cluster ? "cluster" : "out");
-    reshard_status_t st = needs_every_rank(__func__, plan);
-    return api_leave(__func__, st == RESHARD_OK ? predict_plan(plan->p, cluster, out) : st);
+    reshard_status_t st = api_plan_hold(__func__, held(plan));
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    if ((st = needs_every_rank(__func__, plan)) == RESHARD_OK)
+        st = predict_plan(plan->p, cluster, out);
+    api_plan_release(held(plan));
+    return api_leave(__func__, st);
 }
 
-reshard_status_t reshard_plan_rank_stats(const reshard_plan_t *plan, int rank,
-                                         reshard_rank_stats_t *stats, uint64_t *nops,
-                                         double *plan_ms)
+static reshard_status_t rank_stats(const char *fn, const struct rs_plan *p, int rank,
+                                   reshard_rank_stats_t *stats, uint64_t *nops, double *plan_ms)
 {
-    api_enter();
-    if (!plan || !stats)
-        return api_null_arg(__func__, plan ? "stats" : "plan");
-    const struct rs_plan *p = plan->p;
     if (rank < 0 || rank >= p->topo.nranks || (p->scope != PLAN_ALL_RANKS && rank != p->scope))
-        return api_leave(
-            __func__,
-            rs_error(RESHARD_ERR_INVALID_ARG, "%s: rank %d: the plan holds %s transfers", __func__,
-                     rank,
-                     p->scope == PLAN_ALL_RANKS ? "ranks 0 .. world_size-1's" : "another rank's"));
+        return rs_error(
+            RESHARD_ERR_INVALID_ARG, "%s: rank %d: the plan holds %s transfers", fn, rank,
+            p->scope == PLAN_ALL_RANKS ? "ranks 0 .. world_size-1's" : "another rank's");
     reshard_rank_stats_t s = {.domain = p->topo.domain[rank],
                               .local_index = p->topo.local_index[rank]};
     uint64_t n = 0;
@@ -285,7 +336,7 @@ reshard_status_t reshard_plan_rank_stats(const reshard_plan_t *plan, int rank,
     free(msgs);
     xfer_free(&xs);
     if (st != RESHARD_OK)
-        return api_leave(__func__, st);
+        return st;
     *stats = s;
     if (nops)
         *nops = n;
@@ -294,25 +345,37 @@ reshard_status_t reshard_plan_rank_stats(const reshard_plan_t *plan, int rank,
     return RESHARD_OK;
 }
 
-reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_stats_t *stats,
-                                    reshard_rank_stats_t *ranks)
+reshard_status_t reshard_plan_rank_stats(const reshard_plan_t *plan, int rank,
+                                         reshard_rank_stats_t *stats, uint64_t *nops,
+                                         double *plan_ms)
 {
     api_enter();
     if (!plan || !stats)
         return api_null_arg(__func__, plan ? "stats" : "plan");
+    reshard_status_t st = api_plan_hold(__func__, held(plan));
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    st = rank_stats(__func__, plan->p, rank, stats, nops, plan_ms);
+    api_plan_release(held(plan));
+    return api_leave(__func__, st);
+}
+
+/* reshard_plan_stats of a plan of every rank (held by the caller). */
+static reshard_status_t plan_stats(const reshard_plan_t *plan, reshard_plan_stats_t *stats,
+                                   reshard_rank_stats_t *ranks)
+{
     const struct rs_plan *p = plan->p;
-    if (plan->x) /* the world's totals from the plan vote, this rank's own row */
-        return api_leave(__func__, exec_stats(plan->x, stats, ranks));
-    if (needs_every_rank(__func__, plan) != RESHARD_OK)
-        return api_leave(__func__, RESHARD_ERR_INVALID_ARG);
+    reshard_status_t st = needs_every_rank("reshard_plan_stats", plan);
+    if (st != RESHARD_OK)
+        return st;
     struct plan_stats s;
     struct plan_rank_stats *r = NULL;
     if (ranks && !(r = rs_calloc((size_t)p->topo.nranks, sizeof(*r), "rank stats")))
-        return api_leave(__func__, RESHARD_ERR_NO_MEMORY);
-    reshard_status_t st = plan_stats_compute(p, &s, r);
+        return RESHARD_ERR_NO_MEMORY;
+    st = plan_stats_compute(p, &s, r);
     if (st != RESHARD_OK) {
         free(r);
-        return api_leave(__func__, st);
+        return st;
     }
     *stats = (reshard_plan_stats_t){
         .net_bytes = (uint64_t)s.net_bytes,
@@ -346,5 +409,22 @@ reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_sta
             .self = (uint64_t)r[k].self,
         };
     free(r);
-    return ranks ? api_leave(__func__, rank_msgs(plan, ranks)) : RESHARD_OK;
+    return ranks ? rank_msgs(plan, ranks) : RESHARD_OK;
+}
+
+reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_stats_t *stats,
+                                    reshard_rank_stats_t *ranks)
+{
+    api_enter();
+    if (!plan || !stats)
+        return api_null_arg(__func__, plan ? "stats" : "plan");
+    reshard_status_t st = api_plan_hold(__func__, held(plan));
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    if (plan->x) /* the world's totals from the plan vote, this rank's own row */
+        st = exec_stats(plan->x, stats, ranks);
+    else
+        st = plan_stats(plan, stats, ranks);
+    api_plan_release(held(plan));
+    return api_leave(__func__, st);
 }

@@ -172,6 +172,7 @@ struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
     struct reshard_comm *c = rs_calloc(1, sizeof(*c), "communicator");
     if (!c)
         return NULL;
+    atomic_init(&c->refs, 1); /* the caller's */
     c->rank = rank;
     c->size = c->nmembers = size;
     c->local_rank = local_rank;
@@ -347,6 +348,10 @@ reshard_status_t comm_leave(struct reshard_comm *c, reshard_status_t st)
 
 reshard_status_t comm_usable(const struct reshard_comm *c)
 {
+    if (atomic_load(&c->destroyed))
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "the communicator was destroyed (reshard_comm_destroy): its plans can "
+                        "only be destroyed, which closes its connections once the last is gone");
     if (c->broken == RESHARD_OK)
         return RESHARD_OK;
     return rs_error(c->broken, "the communicator failed earlier and must be destroyed: %s",
@@ -400,6 +405,35 @@ err_free_staging:
     free(slots);
     free(base);
     return st;
+}
+
+void comm_hold(struct reshard_comm *c)
+{
+    atomic_fetch_add(&c->refs, 1);
+}
+
+void comm_release(struct reshard_comm *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) == 1)
+        comm_destroy(c);
+}
+
+void comm_close(struct reshard_comm *c)
+{
+    if (atomic_exchange(&c->destroyed, 1)) {
+        rs_log(RS_LOG_INFO,
+               "reshard_comm_destroy: rank %d's communicator was already destroyed "
+               "(its plans still hold it)",
+               c->rank);
+        return;
+    }
+    int held = atomic_load(&c->refs) - 1;
+    if (held > 0)
+        rs_log(RS_LOG_INFO,
+               "reshard_comm_destroy: rank %d's communicator is still held by %d plan(s) or "
+               "call(s) in flight: its connections close when the last is gone",
+               c->rank, held);
+    comm_release(c);
 }
 
 void comm_destroy(struct reshard_comm *c)

@@ -38,6 +38,13 @@ struct reshard_comm {
     uint32_t seq;         /* executions so far: every rank counts the same */
     atomic_int busy;      /* one execution at a time: the network context is single-threaded */
     atomic_int abort_req; /* reshard_comm_abort was called: the execution in flight stops */
+    /* References: the caller's handle, each plan made on the communicator, each public call
+     * in flight on it. The last comm_release tears it down, so a communicator destroyed under
+     * live plans (or during a call from another thread) closes its connections only when they
+     * are gone. destroyed: reshard_comm_destroy was called; nothing new may start. */
+    atomic_int refs;
+    atomic_int destroyed;
+    struct live_handle live; /* linked while the caller holds it (api_guard.c) */
     /* A failure while bytes were moving leaves messages and connections in an unknown state:
      * the communicator refuses further collectives until destroyed. */
     reshard_status_t broken;
@@ -88,11 +95,21 @@ static inline int comm_has(const struct reshard_comm *c, int rank)
 /* boot_allgather over the members: buf holds size slots of `bytes`, this rank's filled; on
  * return every member's is, and an absent rank's is zeros. */
 reshard_status_t comm_allgather(struct reshard_comm *c, void *buf, size_t bytes);
+/* Tears c down now, whoever else holds it: for a communicator nobody was given yet (its own
+ * failed construction) and for the last comm_release. */
 void comm_destroy(struct reshard_comm *c);
+/* Takes a reference (comm_alloc gives the first, the caller's); the last comm_release tears the
+ * communicator down: collective then, as reshard_comm_destroy says. */
+void comm_hold(struct reshard_comm *c);
+void comm_release(struct reshard_comm *c);
+/* reshard_comm_destroy: marks c destroyed and gives the caller's reference up. A second call
+ * on a communicator still held (by a plan) is ignored, said at INFO. */
+void comm_close(struct reshard_comm *c);
 int comm_timeout_ms(void);
-/* RESHARD_OK, or why the communicator can no longer be used (message recorded). */
 /* Breaks the communicator for reshard_comm_abort (busy held) and tells the other ranks. */
 void comm_abort_now(struct reshard_comm *c);
+/* RESHARD_OK, or why the communicator can no longer be used (message recorded): it was
+ * destroyed (RESHARD_ERR_INVALID_ARG), or failed earlier (the failure's status). */
 reshard_status_t comm_usable(const struct reshard_comm *c);
 /* Around every collective on the bootstrap: one at a time (RESHARD_ERR_BUSY otherwise), so that
  * an abort from another thread only raises the flag the collective watches; comm_leave then

@@ -14,7 +14,10 @@ against the layout (dtype, shape, strides) on every rank before any byte moves. 
 raises ReshardError with the library's status and message. docs/python.md has the whole story:
 model helpers (reshard.models), the vLLM engine (reshard.vllm_engine), packaging.
 """
+import contextlib
 import ctypes
+import threading
+import weakref
 
 from . import _buffers, _dtensor, _native
 from ._native import STATUS, STATUS_NAMES
@@ -230,6 +233,61 @@ class Layout:
         return "Layout(%r)" % self.spec
 
 
+class _Held:
+    """A library handle that several threads may use while one of them closes it. Every call
+    holds it (`with self._held() as h`); close() destroys it at once when no call holds it,
+    else the last call to return does, so a close from another thread never frees what a
+    call in flight uses. Once closed, calls raise ReshardError ERR_INVALID_ARG saying why."""
+
+    _destroy = None  # the library's destroy function, by name
+
+    def _own(self, handle):
+        self._h = handle
+        self._lock = threading.Lock()
+        self._calls = 0
+        self._closed = None  # why calls are refused, once closed
+
+    @contextlib.contextmanager
+    def _held(self):
+        with self._lock:
+            if self._closed is not None:
+                _fail("ERR_INVALID_ARG", self._closed)
+            self._calls += 1
+            handle = self._h
+        try:
+            yield handle
+        finally:
+            with self._lock:
+                self._calls -= 1
+                handle = self._take() if self._closed is not None else None
+            self._destroy_now(handle)
+
+    def _take(self):
+        """The handle, once nothing holds it, for the caller to destroy (under the lock)."""
+        if self._calls or self._h is None:
+            return None
+        handle, self._h = self._h, None
+        return handle
+
+    def _destroy_now(self, handle):
+        if handle is not None:
+            getattr(_native.lib(), self._destroy)(handle)
+
+    def _close(self, why):
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # __init__ failed before the library made the handle
+            return
+        with lock:
+            if self._closed is None:
+                self._closed = why
+            handle = self._take()
+        self._destroy_now(handle)
+
+    @property
+    def closed(self):
+        return getattr(self, "_closed", "never made") is not None
+
+
 def unique_id():
     """A new rendezvous id (128 bytes) for Comm(); this process must create rank 0 (itself, or
     a child forked after this call)."""
@@ -238,9 +296,12 @@ def unique_id():
     return ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))
 
 
-class Comm:
+class Comm(_Held):
     """A communicator: Comm(unique_id(), rank, size), or Comm.from_env() under torchrun,
-    mpirun or srun (MASTER_ADDR / MASTER_PORT)."""
+    mpirun or srun (MASTER_ADDR / MASTER_PORT). close() closes its plans first (docs/python.md,
+    "Lifetimes")."""
+
+    _destroy = "reshard_comm_destroy"
 
     def __init__(self, uid, rank, size):
         if not isinstance(uid, (bytes, bytearray)) or len(uid) != 128:
@@ -250,12 +311,16 @@ class Comm:
         handle = ctypes.c_void_p()
         _check(_native.lib().reshard_comm_init_rank(ctypes.byref(raw), rank, size,
                                                     ctypes.byref(handle)))
-        self._h = handle
+        self._wrapped(handle)
+
+    def _wrapped(self, handle):
+        self._own(handle)
+        self._plans = weakref.WeakSet()  # closed by close(), before the communicator
 
     @classmethod
     def _wrap(cls, handle):
         c = cls.__new__(cls)
-        c._h = handle
+        c._wrapped(handle)
         return c
 
     @classmethod
@@ -308,22 +373,27 @@ class Comm:
 
     @property
     def rank(self):
-        return _native.lib().reshard_comm_rank(self._h)
+        with self._held() as h:
+            return _native.lib().reshard_comm_rank(h)
 
     @property
     def size(self):
-        return _native.lib().reshard_comm_size(self._h)
+        with self._held() as h:
+            return _native.lib().reshard_comm_size(h)
 
     def has_rank(self, rank):
         """False once a shrink left `rank` out."""
-        return bool(_native.lib().reshard_comm_has_rank(self._h, rank))
+        with self._held() as h:
+            return bool(_native.lib().reshard_comm_has_rank(h, rank))
 
     def barrier(self):
-        _check(_native.lib().reshard_comm_barrier(self._h))
+        with self._held() as h:
+            _check(_native.lib().reshard_comm_barrier(h))
 
     def abort(self):
         """Stops an execution in flight here and on every rank it can reach (any thread)."""
-        _check(_native.lib().reshard_comm_abort(self._h))
+        with self._held() as h:
+            _check(_native.lib().reshard_comm_abort(h))
 
     def shrink(self, exclude):
         """A communicator of the ranks not in `exclude` (only they call it); ranks keep their
@@ -331,20 +401,25 @@ class Comm:
         exclude = [int(r) for r in exclude]
         arr = (ctypes.c_int * max(len(exclude), 1))(*exclude)
         handle = ctypes.c_void_p()
-        _check(_native.lib().reshard_comm_shrink(self._h, arr, len(exclude), ctypes.byref(handle)))
+        with self._held() as h:
+            _check(_native.lib().reshard_comm_shrink(h, arr, len(exclude), ctypes.byref(handle)))
         return Comm._wrap(handle)
 
     def counters(self):
         """Bytes and messages this rank's transports moved: a dict."""
         c = _native.Counters()
-        _check(_native.lib().reshard_comm_counters(self._h, ctypes.byref(c)))
+        with self._held() as h:
+            _check(_native.lib().reshard_comm_counters(h, ctypes.byref(c)))
         return {name: getattr(c, name) for name, _ in c._fields_}
 
     def close(self):
-        """Collective (unless the communicator failed); destroy its plans first."""
-        if getattr(self, "_h", None):
-            _native.lib().reshard_comm_destroy(self._h)
-            self._h = None
+        """Collective (unless the communicator failed): closes the plans made on it, then the
+        communicator; later calls on either raise ReshardError ERR_INVALID_ARG. A plan
+        executing in another thread finishes first, and its thread then closes the
+        connections. Closing again does nothing."""
+        for plan in list(getattr(self, "_plans", ())):
+            plan._close("the plan's communicator was closed (Comm.close closes its plans)")
+        self._close("the communicator was closed")
 
     def __enter__(self):
         return self
@@ -408,12 +483,15 @@ def _stream_handle(stream, torch_cuda):
     return None
 
 
-class Plan:
+class Plan(_Held):
     """A collective plan on a communicator: Plan(comm, [(name, src, dst), ...]) with Layouts or
     spec strings, or Plan.from_manifest(comm, path). Every rank passes the same tensors.
     verify=True checks every execution that succeeded (as RESHARD_VERIFY=1 does): a tensor
     whose destinations differ from its sources fails it on every rank with ReshardError
-    ERR_VERIFY naming the tensors."""
+    ERR_VERIFY naming the tensors. close() (or the end of a with block, or garbage collection)
+    frees it, from any thread, also during an execute there: that execute finishes first."""
+
+    _destroy = "reshard_plan_destroy"
 
     def __init__(self, comm, tensors, algo="reshard", _manifest=None, verify=False):
         self._comm = comm
@@ -443,9 +521,11 @@ class Plan:
         cfg = _native.PlanConfig(ctypes.sizeof(_native.PlanConfig), 0, 0, _native.ALGOS[algo],
                                  1 if verify else 0)
         handle = ctypes.c_void_p()
-        _check(_native.lib().reshard_comm_plan_create(comm._h, arr, n, ctypes.byref(cfg),
-                                                      ctypes.byref(handle)))
-        self._h = handle
+        with comm._held() as ch:
+            _check(_native.lib().reshard_comm_plan_create(ch, arr, n, ctypes.byref(cfg),
+                                                          ctypes.byref(handle)))
+            self._own(handle)
+            comm._plans.add(self)
         if _manifest is not None:
             self._sides = list(_manifest.layouts)
         else:
@@ -458,17 +538,18 @@ class Plan:
         named after their weights (x.weight -> x.weight_scale_inv), passed like any tensor.
         A weight quantized on the way has its scales computed: their source is None."""
         lib = _native.lib()
-        for i in range(n, lib.reshard_plan_ntensors(self._h)):
-            sides = []
-            for side in (0, 1):
-                h = ctypes.c_void_p()
-                _check(lib.reshard_plan_tensor_layout(self._h, i, side, ctypes.byref(h)))
-                layout = Layout.__new__(Layout)
-                layout._owned = True
-                layout._init(h)
-                sides.append(layout)
-            self.names.append(lib.reshard_plan_tensor_name(self._h, i).decode())
-            self._sides.append(tuple(sides))
+        with self._held() as ph:
+            for i in range(n, lib.reshard_plan_ntensors(ph)):
+                sides = []
+                for side in (0, 1):
+                    h = ctypes.c_void_p()
+                    _check(lib.reshard_plan_tensor_layout(ph, i, side, ctypes.byref(h)))
+                    layout = Layout.__new__(Layout)
+                    layout._owned = True
+                    layout._init(h)
+                    sides.append(layout)
+                self.names.append(lib.reshard_plan_tensor_name(ph, i).decode())
+                self._sides.append(tuple(sides))
 
     @classmethod
     def from_manifest(cls, comm, path, algo="reshard", verify=False):
@@ -477,12 +558,14 @@ class Plan:
 
     @property
     def hash(self):
-        return _native.lib().reshard_plan_hash(self._h)
+        with self._held() as h:
+            return _native.lib().reshard_plan_hash(h)
 
     def stats(self):
         """The plan's figures (bytes over the network, lower bounds, ops): a dict."""
         s = _native.PlanStats()
-        _check(_native.lib().reshard_plan_stats(self._h, ctypes.byref(s), None))
+        with self._held() as h:
+            _check(_native.lib().reshard_plan_stats(h, ctypes.byref(s), None))
         return {name: getattr(s, name) for name, _ in s._fields_}
 
     def _side(self, bufs, i):
@@ -545,9 +628,11 @@ class Plan:
         ReshardError ERR_VERIFY on every rank, naming the first tensors whose layouts disagree
         (with both layouts) and how many. src and dst as for execute(). The first thing to run
         when integrating a new model."""
-        arr, held, problems, _ = self._buffers(src, dst)  # held keeps copies alive
+        problems = None
         try:
-            _check(_native.lib().reshard_plan_check_layouts(self._h, arr))
+            with self._held() as h:
+                arr, held, problems, _ = self._buffers(src, dst)  # held keeps copies alive
+                _check(_native.lib().reshard_plan_check_layouts(h, arr))
         except ReshardError as e:
             if problems:
                 raise ReshardError(STATUS["ERR_BUFFER"], "%s (every rank was told: %s)"
@@ -568,14 +653,16 @@ class Plan:
         an int) to order the refit on; with torch CUDA tensors the current stream is used.
         With RESHARD_EXECUTOR=nccl the refit is enqueued there and completes with the stream.
         Torch destinations have their version counter bumped, as an in-place write does."""
-        arr, held, problems, torch_cuda = self._buffers(src, dst)
-        handle = _stream_handle(stream, torch_cuda)
         lib = _native.lib()
+        problems = None
         try:
-            if handle is None:
-                _check(lib.reshard_plan_execute(self._h, arr))
-            else:
-                _check(lib.reshard_plan_execute_stream(self._h, arr, ctypes.c_void_p(handle)))
+            with self._held() as h:
+                arr, held, problems, torch_cuda = self._buffers(src, dst)
+                handle = _stream_handle(stream, torch_cuda)
+                if handle is None:
+                    _check(lib.reshard_plan_execute(h, arr))
+                else:
+                    _check(lib.reshard_plan_execute_stream(h, arr, ctypes.c_void_p(handle)))
         except ReshardError as e:
             if problems:
                 raise ReshardError(STATUS["ERR_BUFFER"], "%s (every rank was told: %s)"
@@ -595,13 +682,20 @@ class Plan:
         "none"} for this rank's destinations."""
         n = len(self.names)
         states = (ctypes.c_int * max(n, 1))()
-        _check(_native.lib().reshard_plan_outcome(self._h, states))
+        with self._held() as h:
+            _check(_native.lib().reshard_plan_outcome(h, states))
         return {self.names[i]: _native.TENSOR_STATES[states[i]] for i in range(n)}
 
     def close(self):
-        if getattr(self, "_h", None):
-            _native.lib().reshard_plan_destroy(self._h)
-            self._h = None
+        """Frees the plan (not collective); later calls raise ReshardError ERR_INVALID_ARG.
+        From another thread during an execute: that execute finishes, then frees it."""
+        self._close("the plan was closed")
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
 
     def __enter__(self):
         return self

@@ -53,16 +53,19 @@ struct outcome *run_ranks_stalling(int size, rank_fn fn, int stalls)
         if (r == stalls)
             continue;
         waitpid(pid[r], &ws, 0);
-        if (!WIFEXITED(ws) && crashed < 0) {
+        /* A rank ends with _exit(0): anything else crashed it (ASan exits with 1, and its
+         * outcome would otherwise read as RESHARD_OK). */
+        if ((!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) && crashed < 0) {
             crashed = r;
-            sig = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
+            sig = WIFSIGNALED(ws) ? WTERMSIG(ws) : -WEXITSTATUS(ws);
         }
     }
     if (stalls >= 0) { /* before any assertion: a stopped rank must not outlive the test */
         kill(pid[stalls], SIGKILL);
         waitpid(pid[stalls], NULL, 0);
     }
-    cr_assert_eq(crashed, -1, "rank %d crashed (signal %d)", crashed, sig);
+    cr_assert_eq(crashed, -1, "rank %d crashed (%s %d)", crashed,
+                 sig > 0 ? "signal" : "exit status", sig > 0 ? sig : -sig);
     return out;
 }
 

@@ -47,12 +47,15 @@ Test(install, prefix_holds_a_working_tool_and_pkg_config, .timeout = 120)
     snprintf(cmd, sizeof(cmd),
              "test -f %s/include/reshard.h && test -f %s/include/reshard_status.h", prefix, prefix);
     cr_assert_eq(run_capture(cmd, out, sizeof(out)), 0, "headers installed");
-    /* the installed headers stand alone: a program compiles against them and links */
+    /* the installed headers stand alone: a program compiles against them and links (against
+     * an ASan library, with the sanitizers: their runtime must come first, or it stops the
+     * program before main) */
+    const char *san = knobs && strstr(knobs, "ASAN=1") ? "-fsanitize=address,undefined" : "";
     snprintf(cmd, sizeof(cmd),
              "printf '#include <reshard.h>\nint main(void){return reshard_strerror(RESHARD_OK)"
-             "==0;}\n' | cc -x c - -o %s/prog -I%s/include -L%s/lib -lnccl-net-reshard "
+             "==0;}\n' | cc %s -x c - -o %s/prog -I%s/include -L%s/lib -lnccl-net-reshard "
              "-Wl,-rpath,%s/lib && %s/prog",
-             prefix, prefix, prefix, prefix, prefix);
+             san, prefix, prefix, prefix, prefix, prefix);
     cr_assert_eq(run_capture(cmd, out, sizeof(out)), 0, "%s", out);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", prefix);
     run_capture(cmd, out, sizeof(out));

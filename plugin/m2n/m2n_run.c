@@ -287,7 +287,8 @@ static int side_diff(const struct m2n_side *a, const struct m2n_side *b, int ext
     return 0;
 }
 
-/* Every rank's record; a rank's own failure or a disagreement becomes every rank's error. */
+/* Every rank's record; a disagreement (named first: it explains the checks that fail after
+ * it) or a rank's own failure becomes every rank's error. */
 static ncclResult_t agree(const struct m2n_call *call, reshard_comm_t *comm,
                           const struct m2n_record *mine)
 {
@@ -300,11 +301,6 @@ static ncclResult_t agree(const struct m2n_call *call, reshard_comm_t *comm,
     ncclResult_t r = ncclSuccess;
     if (st != RESHARD_OK)
         r = m2n_from_status(st, call->api);
-    for (int i = 0; r == ncclSuccess && i < size; i++)
-        if (all[i].err) {
-            all[i].why[sizeof(all[i].why) - 1] = '\0';
-            r = m2n_fail(ncclInvalidArgument, "%s: rank %d: %.480s", call->api, i, all[i].why);
-        }
     for (int i = 1; r == ncclSuccess && i < size; i++)
         for (int s = 0; s < 2 && r == ncclSuccess; s++) {
             char field[64];
@@ -315,6 +311,12 @@ static ncclResult_t agree(const struct m2n_call *call, reshard_comm_t *comm,
                              "%s: %s.%s differs across ranks: rank %d passes %" PRId64
                              ", rank 0 passes %" PRId64 " (every rank passes both sides alike)",
                              call->api, s ? "dst" : "src", field, i, vi, v0);
+        }
+    /* descriptors that agree, then each rank's own checks */
+    for (int i = 0; r == ncclSuccess && i < size; i++)
+        if (all[i].err) {
+            all[i].why[sizeof(all[i].why) - 1] = '\0';
+            r = m2n_fail(ncclInvalidArgument, "%s: rank %d: %.480s", call->api, i, all[i].why);
         }
     free(all);
     return r;

@@ -54,6 +54,7 @@ UNIT_BIN := $(BUILD)/test/unit
 BENCH_BIN := $(BUILD)/test/perf/plan_bench
 NET_DRIVER := $(BUILD)/test/net_driver
 NCCL_CHECK := $(BUILD)/test/perf/nccl_check
+M2N_CHECK := $(BUILD)/test/perf/m2n_check
 PACK_BENCH := $(BUILD)/test/perf/pack_bench
 DEVICE_REFIT := $(BUILD)/test/perf/device_refit
 BOOT_SCALE := $(BUILD)/test/perf/boot_scale
@@ -162,6 +163,12 @@ $(NCCL_CHECK): $(BUILD)/obj/test/perf/nccl_check.o $(SO)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -ldl -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS_ALL)
 
+# m2n_check: NCCL M2N's C API through real NCCL on one GPU (scripts/gpu-check.sh; nccl_m2n.h
+# only).
+$(M2N_CHECK): $(BUILD)/obj/test/perf/m2n_check.o $(M2N_SO)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< -L$(BUILD) -lreshard-m2n -ldl -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS_ALL)
+
 # reshard_net_perf: isend/irecv streaming through the exported ncclNetPlugin_v12 table.
 $(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO) $(LIB_LINK)
 	@mkdir -p $(@D)
@@ -190,7 +197,7 @@ check-layers:
 	@$(PYTHON) scripts/check-layers.py
 
 test: deps check-layers
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(PACK_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(M2N_CHECK) $(PACK_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 ifeq ($(SAN),)

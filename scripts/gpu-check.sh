@@ -31,7 +31,7 @@
 #                  host memory: the kernels' speed and the memory-kind test mean nothing there)
 #   --budget S     stop starting steps after S seconds (default 450: all done in 8 minutes)
 #   --steps LIST   only these steps, comma separated (bundle and probe always run): device,
-#                  gpu-unit, pack, refit-ipc, refit-vmm, refit-staged, nccl, dtensor, python
+#                  gpu-unit, pack, refit-ipc, refit-vmm, refit-staged, nccl, m2n, dtensor, python
 # Environment: PYTHON (default: the first python3 that has numpy), NCCL_MIB and REFIT_MIB
 # (256, or 8 and 4 with --stand-in), and the RESHARD_* settings; RESHARD_NCCL_LIB is found in
 # pip's nvidia packages when unset.
@@ -39,7 +39,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BUNDLE='' LOGS='' STAND_IN=0 BUDGET=450 STEPS=''
-ALL_STEPS=device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl,dtensor,python
+ALL_STEPS=device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl,m2n,dtensor,python
 die() { echo "gpu-check: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
@@ -178,6 +178,7 @@ bundle() {
         echo "build folder $BUNDLE"
     elif command -v cc >/dev/null && command -v make >/dev/null; then
         make -j"$(nproc)" BUILD="$BUNDLE" all "$BUNDLE/test/unit" "$BUNDLE/test/perf/nccl_check" \
+            "$BUNDLE/test/perf/m2n_check" \
             "$BUNDLE/test/perf/pack_bench" "$BUNDLE/test/perf/device_refit" \
             "$BUNDLE/test/fake/libcuda.so.1" "$BUNDLE/test/fake/libnccl.so.2" && echo "built $BUNDLE"
     else
@@ -237,12 +238,21 @@ nccl() {
     "$B/test/perf/nccl_check" "$NCCL_MIB"
 }
 
+# NCCL M2N's C API (libreshard-m2n.so) on the GPU with real NCCL: one rank, every placement
+m2n() {
+    if [ -z "${RESHARD_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep libnccl.so.2 >/dev/null; then
+        echo "no libnccl.so.2: not in pip's nvidia packages for $PY nor on the loader's path"
+        return 77
+    fi
+    "$B/test/perf/m2n_check" "$NCCL_MIB"
+}
+
 python_tests() {
     "$PY" -m unittest discover -s python/tests 2>&1
 }
 
 # Steps run under timeout in a child bash: it needs the functions and what they read.
-export -f bundle probe device gpu_unit pack nccl python_tests
+export -f bundle probe device gpu_unit pack nccl m2n python_tests
 export B BUNDLE STAND_IN PY NCCL_MIB LOG CUDA_DETAIL=''
 echo "gpu-check: $BUNDLE, $([ $STAND_IN = 1 ] && echo "stand-in driver" || echo "the GPU"), python $PY, logs $LOG"
 : >"$LOG/summary.txt"
@@ -261,6 +271,7 @@ step refit-ipc "cuda cuda-ipc" 120 "$B/test/perf/device_refit" "$REFIT_MIB"
 step refit-vmm "cuda vmm-fd pidfd" 120 env DEVICE_REFIT_VMM=1 "$B/test/perf/device_refit" "$REFIT_MIB"
 step refit-staged "cuda cma" 120 env RESHARD_CUDA_IPC=0 "$B/test/perf/device_refit" "$REFIT_MIB"
 step nccl "cuda" 120 nccl
+step m2n "cuda" 120 m2n
 step dtensor "torch" 180 "$PY" python/tests/dtensor_check.py
 step python "numpy cma" 240 python_tests
 echo

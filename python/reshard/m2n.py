@@ -14,8 +14,9 @@ other M2N integrations call, backed by libreshard-m2n.so (plugin/m2n/nccl_m2n.h)
 src and dst are this rank's tiles (torch tensors, numpy arrays, objects with
 __cuda_array_interface__, or None where the rank is not on that side), comm the NCCL
 communicator over both sides (NCCL4Py's Communicator, vLLM's PyNcclCommunicator.comm, or an
-ncclComm_t as an int), stream a CUDA stream (torch's, NCCL4Py's, an int, or None for the
-default). Every rank passes both meshes and placements; the local shape of the side it does not
+ncclComm_t as an int) or a torch.distributed process group (gloo: CPU tiles moved by
+reshard's own transports, for runs without a GPU), stream a CUDA stream (torch's, NCCL4Py's, an
+int, or None for the default). Every rank passes both meshes and placements; the local shape of the side it does not
 hold is computed from the one it does, as M2N's shards are even. What M2N's descriptors cannot
 say (more than 3 dims or 2 mesh axes, several shard axes, uneven shards) goes through reshard's
 extension when `global_shape=` is given.
@@ -527,6 +528,9 @@ def reshard(src, dst, comm, stream=None, *, src_mesh, src_placements, dst_mesh, 
         shape = tuple(s * k for s, k in zip(sshape, _factors(src_mesh, sp, len(sshape))))
     else:
         shape = tuple(s * k for s, k in zip(dshape, _factors(dst_mesh, dp, len(dshape))))
+    if _is_process_group(comm):
+        _reshard_on_group(comm, src, dst, shape, dtype, (src_mesh, sp), (dst_mesh, dp), stream)
+        return
     h = None if handle is None else _handle_ptr(handle, ("ptr",))
     c, s = _comm_ptr(comm), _stream_ptr(stream)
     # M2N's own descriptors where they can say it, reshard's extension where they cannot
@@ -554,6 +558,67 @@ def reshard(src, dst, comm, stream=None, *, src_mesh, src_placements, dst_mesh, 
     check_status(lib().reshard_m2n_reshard(h, c, ctypes.byref(st), ctypes.byref(dt), s))
 
 
+# ---- a torch.distributed group instead of an NCCL communicator ----
+
+_SPEC_DTYPES = {0: "i8", 1: "u8", 2: "i32", 3: "i32", 4: "i64", 5: "i64", 6: "f16", 7: "f32",
+                8: "f64", 9: "bf16", 10: "fp8e4m3", 11: "fp8e5m2"}
+_groups = {}  # id(group) -> (group, reshard.Comm, {(src spec, dst spec): reshard.Plan})
+_groups_lock = threading.Lock()
+
+
+def _is_process_group(comm):
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and isinstance(comm, getattr(dist, "ProcessGroup", ()))
+
+
+def _spec(side, shape, dtype):
+    """The layout spec of one side, as libreshard-m2n.so writes it from M2N's descriptors."""
+    mesh, codes = side
+    ranks = "%d" % mesh.start_rank
+    if mesh.size > 1:
+        ranks += "-%d" % (mesh.start_rank + mesh.size - 1)
+    return "shape=%s dtype=%s ranks=%s mesh=%s place=%s" % (
+        "x".join(str(d) for d in shape), _SPEC_DTYPES[dtype], ranks,
+        "x".join(str(d) for d in mesh.dims),
+        ",".join("R" if c == REPLICATE else "S(%d)" % c for c in codes))
+
+
+def _reshard_on_group(group, src, dst, shape, dtype, src_side, dst_side, stream):
+    """The same reshard on a process group's ranks: a reshard communicator made on the group
+    once (collective), a plan once per pair of layouts, host or device tiles moved by reshard's
+    native executor. Errors are M2N's: NCCLReshardError with the library's detail."""
+    import reshard as _rs
+
+    key = (_spec(src_side, shape, dtype), _spec(dst_side, shape, dtype))
+    try:
+        with _groups_lock:
+            entry = _groups.get(id(group))
+            if entry is None or entry[0] is not group:
+                entry = _groups[id(group)] = (group, _rs.Comm.from_process_group(group), {})
+            plan = entry[2].get(key)
+            if plan is None:
+                plan = entry[2][key] = _rs.Plan(entry[1], [("m2n", key[0], key[1])])
+        plan.execute([src], [dst], stream=stream)
+    except _rs.ReshardError as e:
+        invalid = {"ERR_INVALID_ARG", "ERR_SPEC_SYNTAX", "ERR_MESH_SIZE", "ERR_SHARD_DIM",
+                   "ERR_NOT_DIVISIBLE", "ERR_MISMATCH", "ERR_RANK_RANGE", "ERR_VIEW",
+                   "ERR_TOO_LARGE", "ERR_BUFFER", "ERR_PLAN_MISMATCH"}
+        remote = {"ERR_TIMEOUT", "ERR_REFUSED", "ERR_REMOTE", "ERR_ABORTED", "ERR_DATA_LOST"}
+        status = 4 if e.name in invalid else 6 if e.name in remote else 2
+        raise NCCLReshardError(status, "reshard: %s" % e.message) from e
+
+
+def release_groups():
+    """Destroys the communicators and plans made on process groups (collective over each)."""
+    with _groups_lock:
+        entries = list(_groups.values())
+        _groups.clear()
+    for _, comm, plans in entries:
+        for plan in plans.values():
+            plan.close()
+        comm.close()
+
+
 def reshard_with_window(src, dst, comm, window, stream=None, **kw):
     """ncclReshardWithWindow: the window is accepted and not needed."""
     reshard(src, dst, comm, stream, window=window, **kw)
@@ -577,5 +642,5 @@ def install():
 __all__ = [
     "Config", "Handle", "Mesh", "Replicate", "Shard", "NCCLReshardError", "NcclInvalid",
     "reshard", "reshard_with_window", "group", "group_start", "group_end", "group_abort", "init",
-    "finalize", "install", "local_shape", "normalize_placements",
+    "finalize", "install", "local_shape", "normalize_placements", "release_groups",
 ]

@@ -7,9 +7,11 @@ numpy tiles: every element checked, M2N's errors with their detail, install() ma
 Run from the repository root after make (make test does), with build/test/fake built.
 """
 import ctypes
+import importlib.util
 import mmap
 import multiprocessing
 import os
+import subprocess
 import sys
 import traceback
 import unittest
@@ -274,6 +276,25 @@ class Surface(unittest.TestCase):
             h._ptr = ptr.value or 1  # a handle that is not (or no longer) one
             h.destroy()
         self.assertIn("unknown or already finalized", cm.exception.detail)
+
+
+def _no_frameworks():
+    gone = [m for m in ("torch", "vllm") if importlib.util.find_spec(m) is None]
+    return ("not installed here: %s (make test-frameworks installs them)" % ", ".join(gone)
+            if gone else None)
+
+
+class VllmM2nCommon(unittest.TestCase):
+    @unittest.skipIf(_no_frameworks(), _no_frameworks())
+    def test_vllms_m2n_conversions_drive_reshard_m2n_exactly_on_gloo(self):
+        r = subprocess.run([sys.executable, os.path.join(HERE, "m2n_vllm_check.py")],
+                           capture_output=True, text=True, timeout=900)
+        if r.returncode == 77:
+            self.skipTest(r.stdout.strip().splitlines()[-1])
+        self.assertEqual(r.returncode, 0, r.stdout[-6000:] + r.stderr[-6000:])
+        self.assertIn("m2n_vllm_check: 5 parameters on 8 ranks over gloo through vLLM's "
+                      "m2n_common and reshard.m2n", r.stdout)
+        self.assertIn(" elements checked, 0 wrong", r.stdout)
 
 
 if __name__ == "__main__":

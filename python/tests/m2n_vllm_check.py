@@ -93,11 +93,12 @@ def rank_main(rank, init_file, queue):
 
 
 def main():
-    try:
-        import torch  # noqa: F401
-        from vllm.distributed.weight_transfer import m2n_common  # noqa: F401
-    except ImportError as e:
-        print("m2n_vllm_check: skipped: %s" % e)
+    import importlib.util
+
+    # found, not imported: the ranks import them (torch and vLLM take minutes here)
+    gone = [m for m in ("torch", "vllm") if importlib.util.find_spec(m) is None]
+    if gone:
+        print("m2n_vllm_check: skipped: not installed: %s" % ", ".join(gone))
         return 77
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import traceback
 import unittest
+import unittest.mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -82,12 +83,25 @@ def tile(shape, mesh, placements, rank, dtype):
 
 
 def run_ranks(fn, *args):
-    """fn(comm, rank, *args) on WORLD forked ranks over one stand-in NCCL; their results."""
-    os.environ["RESHARD_CUDA_LIB"] = FAKE_CUDA
-    os.environ["RESHARD_NCCL_LIB"] = FAKE_NCCL
-    os.environ["RESHARD_DOMAIN_SIZE"] = "4"
-    os.environ["RESHARD_TIMEOUT"] = "30"
-    os.environ["NCCL_M2N_LIBRARY"] = os.path.join(BUILD, m2n.LIB_NAME)
+    """fn(comm, rank, *args) on WORLD forked ranks over one stand-in NCCL; their results. The
+    ranks' settings are the parent's environment only while they start: the tests that run
+    after these in the same interpreter see it as it was."""
+    env = {"RESHARD_CUDA_LIB": FAKE_CUDA, "RESHARD_NCCL_LIB": FAKE_NCCL,
+           "RESHARD_DOMAIN_SIZE": "4", "RESHARD_TIMEOUT": "30",
+           "NCCL_M2N_LIBRARY": os.path.join(BUILD, m2n.LIB_NAME)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return _run_ranks(fn, *args)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_ranks(fn, *args):
     shared = mmap.mmap(-1, ctypes.sizeof(_FakeShared))
     sh = _FakeShared.from_buffer(shared)
     sh.size = WORLD
@@ -261,8 +275,8 @@ class Surface(unittest.TestCase):
                     sys.modules[k] = v
 
     @unittest.skipIf(_missing(), _missing())
+    @unittest.mock.patch.dict(os.environ, {"NCCL_M2N_LIBRARY": os.path.join(BUILD, m2n.LIB_NAME)})
     def test_a_bad_config_is_m2ns_invalid_argument_with_its_detail(self):
-        os.environ["NCCL_M2N_LIBRARY"] = os.path.join(BUILD, m2n.LIB_NAME)
         cfg = m2n._Config(ctypes.sizeof(m2n._Config), 7, 2, 0)
         ptr = ctypes.c_void_p()
         status = m2n.lib().ncclM2nInit(ctypes.byref(ptr), ctypes.byref(cfg))

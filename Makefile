@@ -20,7 +20,9 @@ LDFLAGS_ALL := $(SAN) $(LDFLAGS)
 
 # The library's layers, bottom up; make check-layers keeps every include pointing down them.
 LAYERS := base planner cuda transport plugin
-LIB_SRC := $(sort $(shell find $(LAYERS) -name '*.c'))
+# plugin/m2n (NCCL M2N's API) is an object of its own, M2N_SO below, so the plugin exports only
+# reshard's API.
+LIB_SRC := $(filter-out plugin/m2n/%,$(sort $(shell find $(LAYERS) -name '*.c')))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 # Every suite under test/ except the stand-ins, fuzz targets, benchmarks and the net driver,
 # which are programs of their own.
@@ -30,6 +32,11 @@ TEST_SRC := $(filter-out test/plugin/net/net_driver.c test/plugin/net/net_hostil
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
 SO := $(BUILD)/libnccl-net-reshard.so
+# NCCL M2N's C API over reshard (plugin/m2n/nccl_m2n.h), in place of libnccl_m2n.so: the
+# library whole inside it, so it too needs only libc.
+M2N_SRC := $(sort $(wildcard plugin/m2n/*.c))
+M2N_OBJ := $(M2N_SRC:%.c=$(BUILD)/obj/%.o)
+M2N_SO := $(BUILD)/libreshard-m2n.so
 AR_LIB := $(BUILD)/libreshard-internal.a
 # The tools, in one place and laid out as installed: bin/ beside lib/ (a link to the library),
 # each finding the library through its RUNPATH $ORIGIN/../lib, here and under any PREFIX.
@@ -48,6 +55,7 @@ BENCH_BIN := $(BUILD)/test/perf/plan_bench
 NET_DRIVER := $(BUILD)/test/net_driver
 NCCL_CHECK := $(BUILD)/test/perf/nccl_check
 NCCL_NET_CHECK := $(BUILD)/test/perf/nccl_net_check
+M2N_CHECK := $(BUILD)/test/perf/m2n_check
 PACK_BENCH := $(BUILD)/test/perf/pack_bench
 DEVICE_REFIT := $(BUILD)/test/perf/device_refit
 BOOT_SCALE := $(BUILD)/test/perf/boot_scale
@@ -65,7 +73,7 @@ PYTHON ?= /usr/bin/python3
 .PHONY: all test test-rdma test-frameworks demo bench deps install format format-check clean \
         fuzz fuzz-build check-layers
 
-all: $(SO) $(LIB_LINK) $(TOOL_BINS) $(OLD_TOOL_LINKS)
+all: $(SO) $(M2N_SO) $(LIB_LINK) $(TOOL_BINS) $(OLD_TOOL_LINKS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
@@ -91,6 +99,10 @@ endif
 $(SO): $(LIB_OBJ) $(FATBIN_OBJ)
 	$(CC) -shared -Wl,-soname,libnccl-net-reshard.so -Wl,--no-undefined -o $@ $^ \
 	    $(LDFLAGS_ALL) -lpthread -ldl
+
+$(M2N_SO): $(M2N_OBJ) $(AR_LIB) $(FATBIN_OBJ)
+	$(CC) -shared -Wl,-soname,libreshard-m2n.so -Wl,--no-undefined -o $@ $(M2N_OBJ) \
+	    $(FATBIN_OBJ) $(AR_LIB) $(LDFLAGS_ALL) -lpthread -ldl
 
 $(AR_LIB): $(LIB_OBJ)
 	@rm -f $@
@@ -118,9 +130,9 @@ $(BUILD)/test/perf/reshard_perf: $(PERF_BIN)
 # code, and the export test checks the shared object itself.
 # The fatbin object goes in by name: its symbols are weak references, which do not pull a
 # member out of an archive.
-$(UNIT_BIN): $(TEST_OBJ) $(AR_LIB) $(FATBIN_OBJ)
+$(UNIT_BIN): $(TEST_OBJ) $(M2N_OBJ) $(AR_LIB) $(FATBIN_OBJ)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $(TEST_OBJ) $(FATBIN_OBJ) $(AR_LIB) -lcriterion -lpthread -ldl -lm \
+	$(CC) -o $@ $(TEST_OBJ) $(M2N_OBJ) $(FATBIN_OBJ) $(AR_LIB) -lcriterion -lpthread -ldl -lm \
 	    $(LDFLAGS_ALL)
 
 $(BENCH_BIN): $(BUILD)/obj/test/perf/plan_bench.o $(SO)
@@ -158,6 +170,12 @@ $(NCCL_NET_CHECK): $(BUILD)/obj/test/perf/nccl_net_check.o
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< -ldl $(LDFLAGS_ALL)
 
+# m2n_check: NCCL M2N's C API through real NCCL on one GPU (scripts/gpu-check.sh; nccl_m2n.h
+# only).
+$(M2N_CHECK): $(BUILD)/obj/test/perf/m2n_check.o $(M2N_SO)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< -L$(BUILD) -lreshard-m2n -ldl -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS_ALL)
+
 # reshard_net_perf: isend/irecv streaming through the exported ncclNetPlugin_v12 table.
 $(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO) $(LIB_LINK)
 	@mkdir -p $(@D)
@@ -186,7 +204,7 @@ check-layers:
 	@$(PYTHON) scripts/check-layers.py
 
 test: deps check-layers
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(NCCL_NET_CHECK) $(PACK_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(NCCL_NET_CHECK) $(M2N_CHECK) $(PACK_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 ifeq ($(SAN),)
@@ -292,7 +310,8 @@ fuzz:
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \
 	    $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	install -m 755 $(SO) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SO) $(M2N_SO) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 plugin/m2n/nccl_m2n.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 base/reshard_status.h $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|"base/reshard_status.h"|"reshard_status.h"|' plugin/reshard.h \
 	    > $(DESTDIR)$(PREFIX)/include/reshard.h
@@ -309,7 +328,7 @@ format-check:
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(PLAN_OBJ:.o=.d) \
+-include $(LIB_OBJ:.o=.d) $(M2N_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(PLAN_OBJ:.o=.d) \
     $(BUILD)/obj/test/perf/plan_bench.d $(BUILD)/obj/test/perf/reshard_perf.d \
     $(BUILD)/obj/test/plugin/net/net_driver.d $(BUILD)/obj/test/plugin/net/net_hostile.d \
     $(BUILD)/obj/test/perf/reshard_net_perf.d $(BUILD)/obj/test/perf/nccl_net_check.d

@@ -13,6 +13,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIB = "libnccl-net-reshard.so"
+M2N_LIB = "libreshard-m2n.so"  # NCCL M2N's API (reshard.m2n loads it)
 
 
 class BuildWithLibrary(build_py):
@@ -20,7 +21,8 @@ class BuildWithLibrary(build_py):
         super().run()
         build = os.environ.get("RESHARD_BUILD", "build")
         target = os.path.join(build, LIB)
-        cmd = ["make", "-C", ROOT, "--no-print-directory", "BUILD=" + build, target]
+        m2n_target = os.path.join(build, M2N_LIB)
+        cmd = ["make", "-C", ROOT, "--no-print-directory", "BUILD=" + build, target, m2n_target]
         print("reshard: " + " ".join(cmd), flush=True)
         try:
             subprocess.run(cmd, check=True)
@@ -30,6 +32,7 @@ class BuildWithLibrary(build_py):
         dest = os.path.join(self.build_lib, "reshard", LIB)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, target), dest)
+        shutil.copy2(os.path.join(ROOT, m2n_target), os.path.join(os.path.dirname(dest), M2N_LIB))
 
 
 class BinaryDistribution(Distribution):

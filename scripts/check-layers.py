@@ -20,7 +20,7 @@ LAYERS = ["base", "planner", "cuda", "transport", "plugin", "tools"]
 # Rooms inside a layer: a larger number sits higher.
 ROOMS = {
     "transport": {"sock": 1, "boot": 2, "ucx": 2, "ib": 2},
-    "plugin": {"net": 1, "comm": 1, "exec": 2, "api": 3},
+    "plugin": {"net": 1, "comm": 1, "exec": 2, "api": 3, "m2n": 4},
 }
 TOP = 99  # the top-level sources of a layer, above its rooms
 # What the planner may take from the system: the C library (ISO C and POSIX).

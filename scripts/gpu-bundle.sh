@@ -11,7 +11,8 @@
 #   lib/libnccl-net-reshard.so     the library (with the pack kernels when nvcc was here)
 #   bin/                           reshard-plan, reshard_perf, reshard_net_perf
 #   test/unit, test/net_driver     the Criterion suites (gpu-check runs gpu/*)
-#   test/perf/                     pack_bench, device_refit, nccl_check, nccl_net_check
+#   test/perf/                     pack_bench, device_refit, nccl_check, nccl_net_check,
+#                                  m2n_check
 #   test/fake/                     the stand-in libcuda and libnccl (gpu-check.sh --stand-in)
 #   lib/                           every library those need beyond glibc, from this machine:
 #                                  Criterion and its dependencies, UCX (libucp, loaded by
@@ -57,14 +58,15 @@ case $(realpath -m "$OUT") in
 esac
 
 PROGRAMS=(bin/reshard-plan bin/reshard_perf bin/reshard_net_perf test/unit test/net_driver
-    test/perf/pack_bench test/perf/device_refit test/perf/nccl_check test/perf/nccl_net_check)
+    test/perf/pack_bench test/perf/device_refit test/perf/nccl_check test/perf/nccl_net_check
+    test/perf/m2n_check)
 FAKES=(test/fake/libcuda.so.1 test/fake/libnccl.so.2)
 if [ $NO_MAKE = 0 ]; then
     # shellcheck disable=SC2086  # MAKE_KNOBS: the knobs BUILD was made with (ASAN=1, DEBUG=1)
     make -s -j"$(nproc)" BUILD="$BUILD" ${MAKE_KNOBS:-} all "${PROGRAMS[@]/#/$BUILD/}" \
         "${FAKES[@]/#/$BUILD/}" >&2
 fi
-for f in "${PROGRAMS[@]}" "${FAKES[@]}" libnccl-net-reshard.so; do
+for f in "${PROGRAMS[@]}" "${FAKES[@]}" libnccl-net-reshard.so libreshard-m2n.so; do
     [ -e "$BUILD/$f" ] || die "$BUILD/$f is missing: build it (or drop --no-make)"
 done
 
@@ -73,7 +75,7 @@ mkdir -p "$OUT/lib/ucx" "$OUT/bin" "$OUT/test/perf" "$OUT/test/fake"
 for f in "${PROGRAMS[@]}" "${FAKES[@]}"; do
     cp -L "$BUILD/$f" "$OUT/$f"
 done
-cp -L "$BUILD/libnccl-net-reshard.so" "$OUT/lib/"
+cp -L "$BUILD/libnccl-net-reshard.so" "$BUILD/libreshard-m2n.so" "$OUT/lib/"
 
 # Libraries the GPU image brings itself: glibc's, the loader, and the compiler's runtime.
 from_image() {
@@ -125,7 +127,7 @@ while :; do
         new=1
     done < <(find "$OUT" -type f \( -perm -u+x -o -name '*.so*' \) -exec ldd {} \; 2>/dev/null |
         awk '$2 == "=>" && $3 != "" { print $1, $3 } $2 == "=>" && $3 == "not" { print $1, "not" }' |
-        grep -v '^libnccl-net-reshard.so ' | sort -u)
+        grep -v '^libnccl-net-reshard.so \|^libreshard-m2n.so ' | sort -u)
     [ $new = 1 ] || break
 done
 

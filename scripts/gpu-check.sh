@@ -38,7 +38,7 @@
 #   --budget S     stop starting steps after S seconds (default 450: all done in 8 minutes)
 #   --steps LIST   only these steps, comma separated (bundle and probe always run): device,
 #                  gpu-unit, pack, refit-ipc, refit-vmm, refit-staged, nccl, net-plugin,
-#                  dtensor, python
+#                  m2n, dtensor, python
 # Environment: PYTHON (default: the first python3 that has numpy), NCCL_MIB, REFIT_MIB and
 # NET_MIB (256, or 8, 4 and 1 with --stand-in), NCCL_NET_GDR_LEVEL (net-plugin's, default SYS:
 # GPUDirect wherever the network offers it), NET_LOG_CHECK=1 (check NCCL's log on the stand-in
@@ -48,7 +48,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BUNDLE='' LOGS='' STAND_IN=0 BUDGET=450 STEPS=''
-ALL_STEPS=device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl,net-plugin,dtensor,python
+ALL_STEPS=device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl,net-plugin,m2n,dtensor,python
 die() { echo "gpu-check: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
@@ -188,7 +188,7 @@ bundle() {
         echo "build folder $BUNDLE"
     elif command -v cc >/dev/null && command -v make >/dev/null; then
         make -j"$(nproc)" BUILD="$BUNDLE" all "$BUNDLE/test/unit" "$BUNDLE/test/perf/nccl_check" \
-            "$BUNDLE/test/perf/nccl_net_check" "$BUNDLE/test/perf/pack_bench" "$BUNDLE/test/perf/device_refit" \
+            "$BUNDLE/test/perf/nccl_net_check" "$BUNDLE/test/perf/m2n_check" "$BUNDLE/test/perf/pack_bench" "$BUNDLE/test/perf/device_refit" \
             "$BUNDLE/test/fake/libcuda.so.1" "$BUNDLE/test/fake/libnccl.so.2" && echo "built $BUNDLE"
     else
         echo "no bundle at $BUNDLE and no compiler here: run scripts/gpu-bundle.sh where you build"
@@ -315,12 +315,18 @@ net_plugin() {
     echo "busbw GB/s Reshard/Socket at $NET_MIB MiB: $at; #wrong 0; Using network Reshard, $gdr"
 }
 
+# NCCL M2N's C API (libreshard-m2n.so) on the GPU with real NCCL: one rank, every placement
+m2n() {
+    have_nccl || return 77
+    "$B/test/perf/m2n_check" "$NCCL_MIB"
+}
+
 python_tests() {
     "$PY" -m unittest discover -s python/tests 2>&1
 }
 
 # Steps run under timeout in a child bash: it needs the functions and what they read.
-export -f bundle probe device gpu_unit pack have_nccl nccl net_plugin python_tests
+export -f bundle probe device gpu_unit pack have_nccl nccl net_plugin m2n python_tests
 export B BUNDLE STAND_IN PY NCCL_MIB NET_MIB LOG CUDA_DETAIL=''
 echo "gpu-check: $BUNDLE, $([ $STAND_IN = 1 ] && echo "stand-in driver" || echo "the GPU"), python $PY, logs $LOG"
 : >"$LOG/summary.txt"
@@ -340,6 +346,7 @@ step refit-vmm "cuda vmm-fd pidfd" 120 env DEVICE_REFIT_VMM=1 "$B/test/perf/devi
 step refit-staged "cuda cma" 120 env RESHARD_CUDA_IPC=0 "$B/test/perf/device_refit" "$REFIT_MIB"
 step nccl "cuda" 120 nccl
 step net-plugin "cuda" 150 net_plugin
+step m2n "cuda" 120 m2n
 step dtensor "torch" 180 "$PY" python/tests/dtensor_check.py
 step python "numpy cma" 240 python_tests
 echo

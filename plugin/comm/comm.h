@@ -30,6 +30,9 @@ struct reshard_comm {
     struct boot_id *spares; /* [size] */
     struct boot *boot;
     void *nccl; /* the NCCL communicator it was made from (reshard_comm_init_nccl), or NULL */
+    /* Every execution runs the NCCL executor whatever RESHARD_EXECUTOR says: set by the M2N
+     * API (plugin/m2n), whose callers expect NCCL's stream semantics. */
+    int nccl_executor;
     struct reshard_topo topo;
     struct tp_ctx *net;
     pid_t *pid;           /* [size]: verified pids of the peers this rank may write, else 0 */

@@ -115,7 +115,7 @@ reshard_status_t exec_run(struct exec *x, const reshard_buffers_t *bufs, int on_
 {
     struct reshard_comm *c = x->comm;
     const char *executor = rs_param_str(RS_PARAM_EXECUTOR);
-    int on_nccl = !strcmp(executor, "nccl");
+    int on_nccl = c->nccl_executor || !strcmp(executor, "nccl");
     if (!on_nccl && strcmp(executor, "native"))
         return rs_error(RESHARD_ERR_INVALID_ARG, "RESHARD_EXECUTOR=%s: expected native or nccl",
                         executor);

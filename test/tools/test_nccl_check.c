@@ -56,3 +56,17 @@ Test(device_refit, four_processes_refit_device_buffers_on_the_stand_in, .timeout
                           "through CUDA IPC: #wrong 0 on every rank"),
               "%s", out);
 }
+
+Test(m2n_check, the_m2n_api_moves_device_memory_through_nccl_on_the_stand_ins, .timeout = 120)
+{
+    char out[4096];
+    const char *b = build_dir();
+    int rc = run_capturef(out, sizeof(out),
+                          "RESHARD_CUDA_LIB=%s/test/fake/libcuda.so.1 "
+                          "RESHARD_NCCL_LIB=%s/test/fake/libnccl.so.2 %s/test/perf/m2n_check 2",
+                          b, b, b);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "m2n_check: 75 reshards through NCCL (2-D 2 MiB, 3-D, 4-D), "), "%s",
+              out);
+    cr_assert(strstr(out, "#wrong 0, unnamed dtype refused\n"), "%s", out);
+}

@@ -167,6 +167,8 @@ for f in libnccl-net-reshard.so test/unit test/net_driver bin/reshard_perf; do
     put "$B/$f" "/extra/build/$f"
 done
 put "$B/libnccl-net-reshard.so" /extra/build/lib/libnccl-net-reshard.so
+# The stand-in CUDA driver: net-plugin-ib's GPUDirect cases register its device memory.
+[ ! -f "$B/test/fake/libcuda.so.1" ] || put "$B/test/fake/libcuda.so.1" /extra/build/test/fake/libcuda.so.1
 
 # Shared libraries: every DT_NEEDED soname not yet in the tree, from the stage if it has it,
 # else from this host; repeat until nothing new is needed.
@@ -257,7 +259,9 @@ part_ib_unit() {
 }
 # Sources, destinations and forwarders killed or frozen (test/plugin/test_faults.c) on ib.
 part_faults_ib() { unit 'faults/*'; }
-# The plugin's suites (test/plugin/test_net_plugin.c) are net_conformance and net_faults.
+# The plugin's suites (test/plugin/test_net_plugin.c) are net_conformance and net_faults; with
+# the stand-in driver in the VM they include GPUDirect: device buffers registered (regMr CUDA,
+# regMrDmaBuf), each receive flushed by an RDMA read through the loopback queue pair.
 part_net_plugin_ib() { unit 'net_*/*'; }
 
 # Each pair: source|destination, on 4 ranks in two emulated NVLink domains of 2. Small, since

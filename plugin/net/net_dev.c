@@ -10,6 +10,7 @@
  */
 #include "net_int.h"
 
+#include "cuda/cuda_lib.h"
 #include "transport/ib/ib_dev.h"
 
 #include "base/error.h"
@@ -216,6 +217,52 @@ static void devs_free(struct net_dev *t, int n, int locked)
     free(t);
 }
 
+int net_device_as_host(void)
+{
+    return rs_param_int(RS_PARAM_TEST_DEVICE_AS_HOST) == 1;
+}
+
+/* What memory NCCL may hand device d (its transport context made): host memory always; device
+ * memory (NCCL_PTR_CUDA) where the CUDA driver is present and the transport registers it for
+ * the NIC to reach directly (GPUDirect RDMA), and as dma-bufs (NCCL_PTR_DMABUF) where it takes
+ * those. Said once at INFO, with the reason when device memory is off: NCCL then stages every
+ * byte through host memory. */
+static void gdr_probe(struct net_dev *d)
+{
+    struct rs_saved_error saved;
+    rs_error_save(&saved);
+    char why[RS_ERROR_MAX] = "", dmabuf_why[RS_ERROR_MAX] = "";
+    const struct cuda_fns *cu = rs_param_int(RS_PARAM_GPUDIRECT) ? cuda_lib() : NULL;
+    d->ptr_support = NET_PTR_HOST;
+    if (!rs_param_int(RS_PARAM_GPUDIRECT))
+        snprintf(why, sizeof(why), "RESHARD_GPUDIRECT=0");
+    else if (!cu)
+        snprintf(why, sizeof(why), "no CUDA driver (%s)", rs_error_message());
+    else if (net_device_as_host()) /* the stand-in's device memory is host memory */
+        d->ptr_support |= NET_PTR_CUDA | NET_PTR_DMABUF;
+    else if (!d->tp->device_mem)
+        snprintf(why, sizeof(why), "%s", d->tp->device_mem_why);
+    else if (d->tp->dmabuf && d->tp->ops->mem_reg_dmabuf)
+        d->ptr_support |= NET_PTR_CUDA | NET_PTR_DMABUF;
+    else {
+        d->ptr_support |= NET_PTR_CUDA;
+        snprintf(dmabuf_why, sizeof(dmabuf_why), "; no dma-bufs: %s",
+                 d->tp->ops->mem_reg_dmabuf ? "peer memory only" : "the transport takes none");
+    }
+    rs_error_restore(&saved);
+    if (why[0])
+        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                   "NET/Reshard: %s takes host memory only (no GPUDirect RDMA): %s", d->name, why);
+    else
+        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                   "NET/Reshard: %s takes device memory (GPUDirect RDMA%s%s)%s", d->name,
+                   d->ptr_support & NET_PTR_DMABUF ? ", dma-buf" : "",
+                   net_device_as_host() ? ", registered as host memory: "
+                                          "RESHARD_TEST_DEVICE_AS_HOST=1"
+                                        : "",
+                   dmabuf_why);
+}
+
 /* No device: NCCL then uses another network. why is the whole reason. */
 static void offer_none(const char *why)
 {
@@ -236,6 +283,7 @@ static void probe_and_publish(struct net_dev *found, int n)
     for (int i = 0; i < n; i++) {
         reshard_status_t st = net_dev_tp(&found[i]); /* no lock: not published yet */
         if (st == RESHARD_OK) {
+            gdr_probe(&found[i]);
             if (kept != i)
                 found[kept] = found[i];
             kept++;
@@ -412,7 +460,7 @@ reshard_status_t net_properties(int dev, struct net_props *out)
         .name = d->name,
         .pci_path = d->pci_path,
         .guid = d->guid,
-        .ptr_support = NET_PTR_HOST,
+        .ptr_support = d->ptr_support,
         .speed_mbps = d->speed_mbps,
         .port = d->port,
         .latency_us = 0,

@@ -20,6 +20,7 @@ struct net_dev {
     int speed_mbps;
     char *pci_path;
     uint64_t guid;
+    int ptr_support;      /* NET_PTR_*: what regMr takes here (net_dev_gdr_probe) */
     pthread_mutex_t lock; /* everything below, and every comm of this device */
     struct tp_ctx *tp;    /* made on first listen or connect */
     int next_peer;        /* transport peer index of the next send comm, unless one is free */
@@ -74,6 +75,7 @@ struct net_mr {
     void *tp_mh;
     char *base;
     size_t len;
+    int device; /* device memory (NCCL_PTR_CUDA, or a dma-buf): receives into it are flushed */
 };
 
 /* net_dev.c */
@@ -85,6 +87,9 @@ int net_if_selected(const char *list, const char *name);
 int net_if_virtual(const char *name);
 struct net_dev *net_dev_get(int dev);
 int net_dev_count(void);
+/* Device memory registers as host memory (RESHARD_TEST_DEVICE_AS_HOST=1: the stand-in driver's
+ * device memory is host memory). */
+int net_device_as_host(void);
 /* Makes the device's transport context on first use; called with dev->lock held. */
 reshard_status_t net_dev_tp(struct net_dev *d);
 /* Releases the closed comms whose transfers have all completed; dev->lock held. */

@@ -11,14 +11,19 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "cuda/cuda_lib.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #define WATCH_PERIOD_MS 1 /* how often a test that finds nothing done reads the socket */
@@ -114,29 +119,59 @@ static reshard_status_t comm_get(void *comm, unsigned kinds, const char *call,
 
 #define ANY_COMM (NET_KINDS(NET_KIND_SEND) | NET_KINDS(NET_KIND_RECV))
 
-reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void **mh)
+static const char *ptr_name(int type)
 {
-    struct net_comm *c;
-    RS_CHECK(comm_get(comm, ANY_COMM, "regMr", &c));
-    if (!mh)
-        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr without a handle pointer");
-    if (type != NET_PTR_HOST)
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "NET/Reshard: cannot register %s memory at %p: this build moves host "
-                        "memory only (ptrSupport is NCCL_PTR_HOST)",
-                        type == NET_PTR_CUDA ? "CUDA device" : "this kind of", data);
-    if (size && !data)
-        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr of %zu bytes at NULL", size);
+    return type == NET_PTR_HOST     ? "NCCL_PTR_HOST"
+           : type == NET_PTR_CUDA   ? "NCCL_PTR_CUDA"
+           : type == NET_PTR_DMABUF ? "NCCL_PTR_DMABUF"
+                                    : "an unknown kind";
+}
+
+/* Whether the memory at data is what the call says it is: the CUDA driver, where there is one,
+ * knows device memory. A CUDA pointer registered as host memory would make the NIC write host
+ * pages that are not there; a host pointer registered as device memory fails in the driver. */
+static reshard_status_t kind_check(const char *call, const struct net_dev *d, const void *data,
+                                   int device)
+{
+    struct rs_saved_error saved;
+    rs_error_save(&saved);
+    enum cuda_mem_kind k = cuda_mem_kind(data);
+    rs_error_restore(&saved);
+    if (device && k != CUDA_MEM_DEVICE)
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: %s of %p on %s as device memory: the CUDA driver knows it "
+                        "as %s memory",
+                        call, data, d->name, cuda_mem_kind_name(k));
+    if (!device && k == CUDA_MEM_DEVICE)
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: %s of %p on %s as host memory (NCCL_PTR_HOST): the CUDA "
+                        "driver knows it as device memory",
+                        call, data, d->name);
+    return RESHARD_OK;
+}
+
+/* A registration of [data, data + size) on c's device: the transport's (mem_reg, or
+ * mem_reg_dmabuf with fd >= 0), and NCCL's handle for it. */
+static reshard_status_t mr_make(struct net_comm *c, void *data, size_t size, int device, int fd,
+                                uint64_t offset, void **mh)
+{
     struct net_dev *d = c->dev;
     struct net_mr *m = rs_calloc(1, sizeof(*m), "NET/Reshard registration");
     if (!m)
         return RESHARD_ERR_NO_MEMORY;
     reshard_status_t st =
         (m->handle = net_live_add(m, NET_KIND_MR)) ? RESHARD_OK : RESHARD_ERR_NO_MEMORY;
+    enum tp_mem mem = device && !net_device_as_host() ? TP_MEM_CUDA : TP_MEM_HOST;
     pthread_mutex_lock(&d->lock);
-    if (st == RESHARD_OK && size) /* a transport cannot map nothing; an empty one covers empty
-                                   * messages */
-        st = d->tp->ops->mem_reg(d->tp, data, size, TP_MEM_HOST, &m->tp_mh);
+    if (st == RESHARD_OK)
+        st = net_dev_tp(d);
+    if (st == RESHARD_OK && size) { /* a transport cannot map nothing; an empty one covers empty
+                                     * messages */
+        if (fd >= 0 && mem == TP_MEM_CUDA)
+            st = d->tp->ops->mem_reg_dmabuf(d->tp, data, size, fd, offset, &m->tp_mh);
+        else
+            st = d->tp->ops->mem_reg(d->tp, data, size, mem, &m->tp_mh);
+    }
     if (st == RESHARD_OK)
         d->users++; /* the transport context stays until the registration goes */
     pthread_mutex_unlock(&d->lock);
@@ -148,22 +183,89 @@ reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void 
     m->dev = d;
     m->base = data;
     m->len = size;
+    m->device = device;
     *mh = m->handle;
     return RESHARD_OK;
+}
+
+/* The device takes memory of this kind (ptrSupport); an error naming the call otherwise. */
+static reshard_status_t takes(const char *call, const struct net_dev *d, const void *data, int type)
+{
+    if (d->ptr_support & type)
+        return RESHARD_OK;
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "NET/Reshard: %s cannot register %s at %p on %s: the device takes %s (its "
+                    "ptrSupport; its INIT line says why)",
+                    call, type == NET_PTR_CUDA ? "CUDA device memory" : "a dma-buf", data, d->name,
+                    d->ptr_support & NET_PTR_CUDA ? "host and CUDA memory, not dma-bufs"
+                                                  : "host memory only");
+}
+
+reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void **mh)
+{
+    struct net_comm *c;
+    RS_CHECK(comm_get(comm, ANY_COMM, "regMr", &c));
+    if (!mh)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr without a handle pointer");
+    if (type != NET_PTR_HOST && type != NET_PTR_CUDA)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: cannot register memory of type %d at %p on %s (regMr takes "
+                        "NCCL_PTR_HOST or NCCL_PTR_CUDA)",
+                        type, data, c->dev->name);
+    if (size && !data)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr of %zu bytes at NULL", size);
+    RS_CHECK(takes("regMr", c->dev, data, type));
+    if (size)
+        RS_CHECK(kind_check("regMr", c->dev, data, type == NET_PTR_CUDA));
+    return mr_make(c, data, size, type == NET_PTR_CUDA, -1, 0, mh);
+}
+
+/* Whether fd is a dma-buf (its file system's magic), or under RESHARD_TEST_DEVICE_AS_HOST=1
+ * a memfd, which is what the stand-in driver exports; its size in *bytes. */
+static int is_dmabuf(int fd, uint64_t *bytes)
+{
+    struct statfs fs;
+    struct stat st;
+    if (fstatfs(fd, &fs) != 0 || fstat(fd, &st) != 0)
+        return 0;
+    *bytes = (uint64_t)st.st_size;
+    if (fs.f_type == DMA_BUF_MAGIC)
+        return 1;
+    return net_device_as_host() && fcntl(fd, F_GET_SEALS) >= 0;
 }
 
 reshard_status_t net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,
                                    int fd, void **mh)
 {
-    (void)offset;
-    (void)fd;
-    (void)mh;
     struct net_comm *c;
     RS_CHECK(comm_get(comm, ANY_COMM, "regMrDmaBuf", &c));
-    return rs_error(RESHARD_ERR_INVALID_ARG,
-                    "NET/Reshard: cannot register a dma-buf (%zu bytes at %p, type %d): this "
-                    "build moves host memory only (ptrSupport is NCCL_PTR_HOST)",
-                    size, data, type);
+    struct net_dev *d = c->dev;
+    if (!mh)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: regMrDmaBuf without a handle pointer");
+    if (type != NET_PTR_CUDA && type != NET_PTR_DMABUF)
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: regMrDmaBuf of %p on %s as %s: a dma-buf holds device "
+                        "memory (NCCL_PTR_CUDA or NCCL_PTR_DMABUF)",
+                        data, d->name, ptr_name(type));
+    if (!data || !size)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMrDmaBuf of %zu bytes at %p",
+                        size, data);
+    RS_CHECK(takes("regMrDmaBuf", d, data, NET_PTR_DMABUF));
+    uint64_t bytes = 0;
+    if (fd < 0 || !is_dmabuf(fd, &bytes))
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: regMrDmaBuf of %zu bytes at %p on %s: file descriptor %d "
+                        "is not a dma-buf",
+                        size, data, d->name, fd);
+    if (offset > bytes || size > bytes - offset)
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: regMrDmaBuf of %zu bytes at %p on %s: offset %llu and size "
+                        "run past the end of dma-buf %d (%llu bytes)",
+                        size, data, d->name, (unsigned long long)offset, fd,
+                        (unsigned long long)bytes);
+    RS_CHECK(kind_check("regMrDmaBuf", d, data, 1));
+    return mr_make(c, data, size, 1, fd, offset, mh);
 }
 
 /* The registration behind handle mh; an error naming call otherwise. */
@@ -210,10 +312,11 @@ static reshard_status_t mr_for(const struct net_comm *c, void *mh, const void *d
                         "NET/Reshard: registration %p belongs to another device", mh);
     const char *p = data;
     if (size && (p < m->base || p + size > m->base + m->len || p + size < p))
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "NET/Reshard: %zu bytes at %p lie outside their registration (%zu bytes "
-                        "at %p)",
-                        size, data, m->len, (void *)m->base);
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: %s of %zu bytes at %p on %s: they lie outside their "
+                        "registration (%zu bytes at %p)",
+                        c->kind == NET_KIND_SEND ? "isend" : "irecv", size, data, c->dev->name,
+                        m->len, (void *)m->base);
     *tp_mh = m->tp_mh;
     return RESHARD_OK;
 }
@@ -382,18 +485,72 @@ reshard_status_t net_irecv(void *recv_comm, int n, void **data, const size_t *si
     return RESHARD_OK;
 }
 
+/* NCCL flushes a receive into device memory before its kernel reads it (GPUDirect RDMA): the
+ * last buffer that got bytes is read back through the transport (ib: an RDMA read through a
+ * queue pair connected to itself, as NCCL's own IB network does), which completes after the
+ * network's writes are visible; a transport without a flush of its own asks the CUDA driver
+ * (cuFlushGPUDirectRDMAWrites) and the flush is done at once (*req NULL). Only device
+ * registrations are flushed: NCCL flushes nothing else, so host memory here is a caller's
+ * mistake. */
 reshard_status_t net_iflush(void *recv_comm, int n, void **data, const int *sizes, void **mhs,
                             void **req)
 {
-    (void)data;
-    (void)sizes;
-    (void)mhs;
     struct net_comm *c;
     RS_CHECK(comm_get(recv_comm, NET_KINDS(NET_KIND_RECV), "iflush", &c));
-    (void)c;
-    if (!req || n < 1 || n > NET_MAX_RECVS)
-        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: iflush of %d buffers", n);
+    if (!req || n < 1 || n > NET_MAX_RECVS || !data || !sizes || !mhs)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: iflush of %d buffers (1 to maxRecvs=%d, with data, sizes "
+                        "and registrations)",
+                        n, NET_MAX_RECVS);
+    struct net_dev *d = c->dev;
+    int last = -1;
+    struct net_mr *lm = NULL;
+    for (int i = 0; i < n; i++) {
+        struct net_mr *m;
+        if (sizes[i] < 0)
+            return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: iflush of %d bytes at %p",
+                            sizes[i], data[i]);
+        if (!sizes[i])
+            continue;
+        RS_CHECK(mr_get(mhs[i], "iflush", &m));
+        void *tp_mh;
+        if (!m->device)
+            return rs_error(RESHARD_ERR_BUFFER,
+                            "NET/Reshard: iflush of %d bytes at %p on %s: a receive into host "
+                            "memory needs no flush (NCCL flushes GPUDirect receives only)",
+                            sizes[i], data[i], d->name);
+        RS_CHECK(mr_for(c, mhs[i], data[i], (size_t)sizes[i], &tp_mh));
+        last = i;
+        lm = m;
+    }
     *req = NULL;
+    if (last < 0)
+        return RESHARD_OK; /* nothing arrived: nothing to flush */
+    if (!d->tp->ops->flush) {
+        reshard_status_t st = cuda_flush_rdma_writes();
+        if (st != RESHARD_OK)
+            return rs_error(st, "NET/Reshard: iflush of %p on %s: %s", data[last], d->name,
+                            rs_error_message());
+        return RESHARD_OK;
+    }
+    struct net_req *r = NULL;
+    pthread_mutex_lock(&d->lock);
+    reshard_status_t st =
+        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, 1, &r);
+    if (st == RESHARD_OK) {
+        st = d->tp->ops->flush(d->tp, lm->tp_mh, data[last], (size_t)sizes[last], &r->sub[0].tp);
+        if (st == RESHARD_OK) {
+            r->pending = 1;
+            c->in_transport++;
+        } else {
+            st = rs_error(st, "NET/Reshard: iflush of %p on %s: %s", data[last], d->name,
+                          rs_error_message());
+            req_abandon(r);
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    RS_CHECK(st);
+    *req = r->handle;
     return RESHARD_OK;
 }
 

@@ -54,6 +54,8 @@ ncclResult_t net_result(reshard_status_t st, const char *call)
         return ncclSystemError;
     case RESHARD_ERR_UNAVAILABLE: /* the installation or environment does not allow it */
         return ncclInvalidUsage;
+    case RESHARD_ERR_BUFFER: /* memory that is not what the call says, or past its registration */
+        return ncclInvalidArgument;
     default: /* the caller broke the plugin contract */
         return ncclInternalError;
     }

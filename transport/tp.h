@@ -165,6 +165,13 @@ struct tp_ops {
     /* ctrl: a control message (counted apart from payload). mh may be NULL. */
     reshard_status_t (*send)(struct tp_ctx *ctx, int peer, uint64_t tag, const void *buf,
                              size_t len, void *mh, int ctrl, struct tp_req *req);
+    /* A part of a message striped over several contexts (the NCCL plugin's virtual NICs): the
+     * len bytes land at [offset, offset + len) of the matching receive's buffer, which
+     * completes with len bytes, so each context's receive may cover the whole buffer while
+     * each sender writes its own part. A part that does not fit fails both ends as an
+     * oversized message does. NULL where the transport cannot place bytes at an offset. */
+    reshard_status_t (*send_part)(struct tp_ctx *ctx, int peer, uint64_t tag, const void *buf,
+                                  size_t len, void *mh, size_t offset, struct tp_req *req);
     /* Matches the message from peer with exactly this tag: a message from another peer never
      * fills it, whatever its tag. Tags use the low TP_TAG_BITS bits; a transport may keep the
      * rest for the sender's rank. */

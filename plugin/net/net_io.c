@@ -55,10 +55,16 @@ void net_comm_fail(struct net_comm *c, reshard_status_t st, const char *fmt, ...
     c->failed = st;
     rs_log(RS_LOG_WARN, "NET/Reshard: %s comm with %s failed: %s", comm_kind(c), c->peer_name,
            c->why);
-    struct tp_ctx *tp = c->dev->tp;
-    for (int i = 0; tp && i < c->nreqs; i++)
-        for (int j = 0; c->reqs[i].state != REQ_FREE && j < c->reqs[i].n; j++)
-            tp->ops->cancel(tp, &c->reqs[i].sub[j].tp);
+    for (int i = 0; c->dev->tp && i < c->nreqs; i++)
+        if (c->reqs[i].state != REQ_FREE)
+            net_req_cancel(&c->reqs[i]);
+}
+
+void net_req_cancel(struct net_req *r)
+{
+    const struct net_dev *d = r->comm->dev;
+    for (int j = 0; j < r->nsub; j++)
+        net_rail(d, j % d->nrails)->ops->cancel(net_rail(d, j % d->nrails), &r->sub[j].tp);
 }
 
 static void watch_read(struct net_comm *c, int64_t now)
@@ -165,12 +171,16 @@ static reshard_status_t mr_make(struct net_comm *c, void *data, size_t size, int
     pthread_mutex_lock(&d->lock);
     if (st == RESHARD_OK)
         st = net_dev_tp(d);
-    if (st == RESHARD_OK && size) { /* a transport cannot map nothing; an empty one covers empty
-                                     * messages */
+    /* A transport cannot map nothing; an empty registration covers empty messages. */
+    for (int r = 0; st == RESHARD_OK && size && r < d->nrails; r++) {
+        struct tp_ctx *tp = net_rail(d, r);
         if (fd >= 0 && mem == TP_MEM_CUDA)
-            st = d->tp->ops->mem_reg_dmabuf(d->tp, data, size, fd, offset, &m->tp_mh);
+            st = tp->ops->mem_reg_dmabuf(tp, data, size, fd, offset, &m->tp_mh[r]);
         else
-            st = d->tp->ops->mem_reg(d->tp, data, size, mem, &m->tp_mh);
+            st = tp->ops->mem_reg(tp, data, size, mem, &m->tp_mh[r]);
+        if (st != RESHARD_OK)
+            while (r-- > 0)
+                net_rail(d, r)->ops->mem_dereg(net_rail(d, r), m->tp_mh[r]);
     }
     if (st == RESHARD_OK)
         d->users++; /* the transport context stays until the registration goes */
@@ -287,8 +297,9 @@ reshard_status_t net_dereg_mr(void *comm, void *mh)
     RS_CHECK(mr_get(mh, "deregMr", &m));
     net_live_drop(m->handle);
     pthread_mutex_lock(&m->dev->lock);
-    if (m->tp_mh)
-        m->dev->tp->ops->mem_dereg(m->dev->tp, m->tp_mh);
+    for (int r = 0; r < m->dev->nrails; r++)
+        if (m->tp_mh[r])
+            net_rail(m->dev, r)->ops->mem_dereg(net_rail(m->dev, r), m->tp_mh[r]);
     m->dev->users--;
     pthread_mutex_unlock(&m->dev->lock);
     free(m);
@@ -297,9 +308,9 @@ reshard_status_t net_dereg_mr(void *comm, void *mh)
 
 /* The transport handle for [data, data + size), which must lie inside the registration. */
 static reshard_status_t mr_for(const struct net_comm *c, void *mh, const void *data, size_t size,
-                               void **tp_mh)
+                               struct net_mr **out)
 {
-    *tp_mh = NULL;
+    *out = NULL;
     if (size && !data)
         return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: %s of %zu bytes at NULL",
                         c->kind == NET_KIND_SEND ? "isend" : "irecv", size);
@@ -317,8 +328,14 @@ static reshard_status_t mr_for(const struct net_comm *c, void *mh, const void *d
                         "registration (%zu bytes at %p)",
                         c->kind == NET_KIND_SEND ? "isend" : "irecv", size, data, c->dev->name,
                         m->len, (void *)m->base);
-    *tp_mh = m->tp_mh;
+    *out = m;
     return RESHARD_OK;
+}
+
+/* Rail r's handle of registration m (NULL: none). */
+static void *rail_mh(const struct net_mr *m, int r)
+{
+    return m ? m->tp_mh[r] : NULL;
 }
 
 /* ---- requests ---- */
@@ -330,7 +347,8 @@ static void sub_done(struct tp_req *t, reshard_status_t st, size_t got)
     struct net_comm *c = r->comm;
     c->in_transport--;
     r->pending--;
-    r->sizes[s - r->sub] = got;
+    if (c->kind == NET_KIND_RECV) /* a striped message's parts add up; a send's size is known */
+        r->sizes[(s - r->sub) / c->dev->nrails] += got;
     if (st != RESHARD_OK && r->st == RESHARD_OK)
         r->st = st;
     if (r->state == REQ_ABANDONED && !r->pending) { /* its handle went when it was abandoned */
@@ -340,7 +358,7 @@ static void sub_done(struct tp_req *t, reshard_status_t st, size_t got)
 }
 
 /* dev->lock held. */
-static reshard_status_t req_get(struct net_comm *c, int n, struct net_req **out)
+static reshard_status_t req_get(struct net_comm *c, int n, int nsub, struct net_req **out)
 {
     if (c->failed != RESHARD_OK)
         return rs_error(c->failed, "NET/Reshard: %s comm with %s: %s", comm_kind(c), c->peer_name,
@@ -353,10 +371,11 @@ static reshard_status_t req_get(struct net_comm *c, int n, struct net_req **out)
             return RESHARD_ERR_NO_MEMORY;
         r->state = REQ_ACTIVE;
         r->n = n;
+        r->nsub = nsub;
         r->pending = 0;
         r->st = RESHARD_OK;
         memset(r->sizes, 0, sizeof(r->sizes));
-        for (int j = 0; j < n; j++) {
+        for (int j = 0; j < nsub; j++) {
             r->sub[j].req = r;
             r->sub[j].tp.done = sub_done;
         }
@@ -401,14 +420,16 @@ static void req_abandon(struct net_req *r)
     net_live_drop(r->handle);
     if (r->pending) {
         r->state = REQ_ABANDONED;
-        for (int j = 0; j < r->n; j++)
-            c->dev->tp->ops->cancel(c->dev->tp, &r->sub[j].tp);
+        net_req_cancel(r);
     } else {
         r->state = REQ_FREE;
         c->active--;
     }
 }
 
+/* One message, or on a virtual NIC of k rails one part per rail (part r is bytes
+ * [size * r / k, size * (r + 1) / k), placed at that offset of the receive, which each rail
+ * offers whole). */
 reshard_status_t net_isend(void *send_comm, void *data, size_t size, int tag, void *mh, void **req)
 {
     struct net_comm *c;
@@ -419,21 +440,31 @@ reshard_status_t net_isend(void *send_comm, void *data, size_t size, int tag, vo
         return rs_error(RESHARD_ERR_TOO_LARGE,
                         "NET/Reshard: isend of %zu bytes exceeds maxP2pBytes (%zu)", size,
                         NET_MAX_MESSAGE);
-    void *tp_mh;
-    RS_CHECK(mr_for(c, mh, data, size, &tp_mh));
+    struct net_mr *m;
+    RS_CHECK(mr_for(c, mh, data, size, &m));
     struct net_dev *d = c->dev;
+    int k = d->nrails;
     struct net_req *r = NULL;
     pthread_mutex_lock(&d->lock);
     reshard_status_t st =
-        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, 1, &r);
+        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, 1, k, &r);
     if (st == RESHARD_OK) {
         uint64_t t = (uint64_t)c->id << 32 | (uint32_t)tag;
         r->sizes[0] = size;
-        st = d->tp->ops->send(d->tp, c->peer, t, data, size, tp_mh, 0, &r->sub[0].tp);
-        if (st == RESHARD_OK) {
-            r->pending = 1;
-            c->in_transport++;
-        } else {
+        for (int rr = 0; st == RESHARD_OK && rr < k; rr++) {
+            struct tp_ctx *tp = net_rail(d, rr);
+            size_t off = size / (size_t)k * (size_t)rr,
+                   end = rr + 1 < k ? off + size / (size_t)k : size;
+            st = k == 1
+                     ? tp->ops->send(tp, c->peer, t, data, size, rail_mh(m, rr), 0, &r->sub[rr].tp)
+                     : tp->ops->send_part(tp, c->peer, t, (char *)data + off, end - off,
+                                          rail_mh(m, rr), off, &r->sub[rr].tp);
+            if (st == RESHARD_OK) {
+                r->pending++;
+                c->in_transport++;
+            }
+        }
+        if (st != RESHARD_OK) {
             st = post_error(c, st);
             req_abandon(r);
         }
@@ -454,22 +485,25 @@ reshard_status_t net_irecv(void *recv_comm, int n, void **data, const size_t *si
                         "NET/Reshard: irecv of %d buffers (1 to maxRecvs=%d, with data, sizes and "
                         "tags)",
                         n, NET_MAX_RECVS);
-    void *tp_mh[NET_MAX_RECVS];
+    struct net_mr *m[NET_MAX_RECVS];
     for (int i = 0; i < n; i++) {
         if (sizes[i] > NET_MAX_MESSAGE)
             return rs_error(RESHARD_ERR_TOO_LARGE,
                             "NET/Reshard: irecv of %zu bytes exceeds maxP2pBytes (%zu)", sizes[i],
                             NET_MAX_MESSAGE);
-        RS_CHECK(mr_for(c, mhs ? mhs[i] : NULL, data[i], sizes[i], &tp_mh[i]));
+        RS_CHECK(mr_for(c, mhs ? mhs[i] : NULL, data[i], sizes[i], &m[i]));
     }
     struct net_dev *d = c->dev;
+    int k = d->nrails; /* each rail offers the whole buffer; its part lands where it belongs */
     struct net_req *r = NULL;
     pthread_mutex_lock(&d->lock);
     reshard_status_t st =
-        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, n, &r);
-    for (int i = 0; st == RESHARD_OK && i < n; i++) {
+        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, n, n * k, &r);
+    for (int j = 0; st == RESHARD_OK && j < n * k; j++) {
+        int i = j / k, rr = j % k;
         uint64_t t = (uint64_t)c->id << 32 | (uint32_t)tags[i];
-        st = d->tp->ops->recv(d->tp, c->peer, t, data[i], sizes[i], tp_mh[i], &r->sub[i].tp);
+        struct tp_ctx *tp = net_rail(d, rr);
+        st = tp->ops->recv(tp, c->peer, t, data[i], sizes[i], rail_mh(m[i], rr), &r->sub[j].tp);
         if (st == RESHARD_OK) {
             r->pending++;
             c->in_transport++;
@@ -503,7 +537,7 @@ reshard_status_t net_iflush(void *recv_comm, int n, void **data, const int *size
                         "and registrations)",
                         n, NET_MAX_RECVS);
     struct net_dev *d = c->dev;
-    int last = -1;
+    int last = -1, k = d->nrails;
     struct net_mr *lm = NULL;
     for (int i = 0; i < n; i++) {
         struct net_mr *m;
@@ -513,13 +547,13 @@ reshard_status_t net_iflush(void *recv_comm, int n, void **data, const int *size
         if (!sizes[i])
             continue;
         RS_CHECK(mr_get(mhs[i], "iflush", &m));
-        void *tp_mh;
+        struct net_mr *in;
         if (!m->device)
             return rs_error(RESHARD_ERR_BUFFER,
                             "NET/Reshard: iflush of %d bytes at %p on %s: a receive into host "
                             "memory needs no flush (NCCL flushes GPUDirect receives only)",
                             sizes[i], data[i], d->name);
-        RS_CHECK(mr_for(c, mhs[i], data[i], (size_t)sizes[i], &tp_mh));
+        RS_CHECK(mr_for(c, mhs[i], data[i], (size_t)sizes[i], &in));
         last = i;
         lm = m;
     }
@@ -533,14 +567,15 @@ reshard_status_t net_iflush(void *recv_comm, int n, void **data, const int *size
                             rs_error_message());
         return RESHARD_OK;
     }
-    struct net_req *r = NULL;
+    struct net_req *r = NULL; /* one read per rail: each NIC's writes are flushed by its own */
     pthread_mutex_lock(&d->lock);
     reshard_status_t st =
-        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, 1, &r);
-    if (st == RESHARD_OK) {
-        st = d->tp->ops->flush(d->tp, lm->tp_mh, data[last], (size_t)sizes[last], &r->sub[0].tp);
+        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, 1, k, &r);
+    for (int rr = 0; st == RESHARD_OK && rr < k; rr++) {
+        struct tp_ctx *tp = net_rail(d, rr);
+        st = tp->ops->flush(tp, lm->tp_mh[rr], data[last], (size_t)sizes[last], &r->sub[rr].tp);
         if (st == RESHARD_OK) {
-            r->pending = 1;
+            r->pending++;
             c->in_transport++;
         } else {
             st = rs_error(st, "NET/Reshard: iflush of %p on %s: %s", data[last], d->name,
@@ -574,7 +609,7 @@ reshard_status_t net_test(void *request, int *done, int *sizes)
     struct net_dev *d = c->dev;
     pthread_mutex_lock(&d->lock);
     if (r->pending)
-        d->tp->ops->progress(d->tp);
+        net_dev_progress(d);
     /* Still waiting, or failed by the transport: the socket says whether the peer is gone.
      * A transfer that completed is reported done whatever became of the comm since. */
     if (r->pending || r->st != RESHARD_OK)

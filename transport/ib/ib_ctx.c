@@ -150,6 +150,7 @@ const struct tp_ops tp_ib_ops = {
     .mem_reg_dmabuf = ib_mem_reg_dmabuf,
     .flush = ib_flush,
     .send = ib_send,
+    .send_part = ib_send_part,
     .recv = ib_recv,
     .recv_iov = ib_recv_iov,
     .cancel = ib_cancel,

@@ -141,14 +141,17 @@ reshard_status_t ib_flush(struct tp_ctx *c, void *mh, const void *addr, size_t l
     size_t n = len < FLUSH_BYTES ? len : FLUSH_BYTES;
     struct ibv_sge sge = {
         .addr = (uintptr_t)x->flush_buf, .length = (uint32_t)n, .lkey = x->flush_mr->lkey};
-    struct ibv_send_wr wr = {
-        .wr_id = (uintptr_t)req | 4,
-        .sg_list = &sge,
-        .num_sge = 1,
-        .opcode = IBV_WR_RDMA_READ,
-        .send_flags = IBV_SEND_SIGNALED,
-        .wr.rdma = {.remote_addr = (uintptr_t)(p + len - n), .rkey = g->read_mr->rkey},
-    }, *bad;
+    struct ibv_send_wr wr =
+                           {
+                               .wr_id = (uintptr_t)req | 4,
+                               .sg_list = &sge,
+                               .num_sge = 1,
+                               .opcode = IBV_WR_RDMA_READ,
+                               .send_flags = IBV_SEND_SIGNALED,
+                               .wr.rdma = {.remote_addr = (uintptr_t)(p + len - n),
+                                           .rkey = g->read_mr->rkey},
+                           },
+                       *bad;
     tp_req_start(c, req, -1, len, 0, 0);
     int e = ibv_post_send(x->flush_qp, &wr, &bad);
     if (e) {

@@ -123,6 +123,7 @@ struct ib_send {
     uint64_t tag;
     const char *buf;
     size_t len;
+    size_t offset; /* where in the receive's buffer the bytes go (send_part; else 0) */
     struct ibv_mr *mr;
     int transient; /* mr is from the registration cache */
     int pending;   /* stripes posted and not completed */
@@ -421,6 +422,8 @@ reshard_status_t ib_matched(struct ib_ctx *x, struct ib_peer *p, struct ib_send 
                             const struct ib_cts *c);
 reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const void *buf, size_t len,
                          void *mh, int ctrl, struct tp_req *req);
+reshard_status_t ib_send_part(struct tp_ctx *c, int peer, uint64_t tag, const void *buf, size_t len,
+                              void *mh, size_t offset, struct tp_req *req);
 reshard_status_t ib_recv(struct tp_ctx *c, int peer, uint64_t tag, void *buf, size_t len, void *mh,
                          struct tp_req *req);
 reshard_status_t ib_recv_iov(struct tp_ctx *c, int peer, uint64_t tag, const struct iovec *iov,

@@ -400,9 +400,11 @@ static int check_props(int dev, char *name, size_t name_len)
         p2p = p->maxP2pBytes, coll = p->maxCollBytes;
         CHECK("getProperties", p->vProps.ndevs == 1 && p->vProps.devs[0] == dev, "vProps {%d, %d}",
               p->vProps.ndevs, p->vProps.devs[0]);
+        /* Rails and planes are known for RDMA ports and PCI interfaces, else undefined. */
         CHECK("getProperties",
-              p->maxMultiRequestSize >= 1 && p->railId == NCCL_NET_ID_UNDEF &&
-                  p->planeId == NCCL_NET_ID_UNDEF,
+              p->maxMultiRequestSize >= 1 && p->railId >= NCCL_NET_ID_UNDEF &&
+                  p->planeId >= NCCL_NET_ID_UNDEF &&
+                  (p->pciPath || p->port > 0 || p->railId == NCCL_NET_ID_UNDEF),
               "maxMultiRequestSize %d railId %d planeId %d", p->maxMultiRequestSize, p->railId,
               p->planeId);
     }
@@ -1007,11 +1009,21 @@ static int refused(const char *step, ncclResult_t got, const char *call, const v
     return 0;
 }
 
-static int open_fds(void)
+/* Descriptors of the stand-in's device memory (its dma-bufs are its memfds) open in this
+ * process: a registration that kept one would show here. Counting every descriptor would not
+ * do: UCX opens sockets of its own whenever its connections progress. */
+static int open_dmabufs(void)
 {
     int n = 0;
-    for (int fd = 0; fd < 4096; fd++)
-        n += fcntl(fd, F_GETFD) >= 0;
+    for (int fd = 0; fd < 4096; fd++) {
+        char path[64], link[256];
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        ssize_t len = readlink(path, link, sizeof(link) - 1);
+        if (len > 0) {
+            link[len] = '\0';
+            n += strstr(link, "memfd:fake-cuda") != NULL;
+        }
+    }
     return n;
 }
 
@@ -1031,7 +1043,7 @@ static int case_gdr_bad_input(void *ctx)
     size_t n = 1 << 20;
     unsigned char *d = dev_alloc(n), *host = malloc(n);
     CHECK("memory", d && host, "no memory");
-    int fds = open_fds(), pipefd[2];
+    int fds = open_dmabufs(), pipefd[2];
     CHECK("pipe", pipe(pipefd) == 0, "pipe: %s", strerror(errno));
     int dmabuf = dev_dmabuf(d, n);
     if (dmabuf < 0)
@@ -1065,13 +1077,164 @@ static int case_gdr_bad_input(void *ctx)
         return -1;
     NCCL_OK("deregMr", d_dereg(sc, smh));
     NCCL_OK("deregMr", d_dereg(rc, hmh));
-    CHECK("descriptors", open_fds() == fds, "%d descriptors open, %d before", open_fds(), fds);
+    CHECK("descriptors", open_dmabufs() == fds, "%d descriptors of device memory open, %d before",
+          open_dmabufs(), fds);
     ok("no registration or descriptor left behind");
     NCCL_OK("closeSend", d_close_send(sc));
     NCCL_OK("closeRecv", d_close_recv(rc));
     NCCL_OK("closeListen", d_close_listen(lc));
     dev_free(d);
     free(host);
+    return 0;
+}
+
+/* Packets an RDMA port has sent (hw_counters/sent_pkts: soft-RoCE has it); -1 when this
+ * device has no such counter (an interface: UCX spreads a virtual NIC over its own lanes, and
+ * traffic between local addresses never leaves by them anyway). */
+static long long sent_packets(const char *name, int port)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/hw_counters/sent_pkts", name,
+             port > 0 ? port : 1);
+    FILE *f = fopen(path, "r");
+    long long n = -1;
+    if (f && fscanf(f, "%lld", &n) != 1)
+        n = -1;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static int props_of(int dev, ncclNetProperties_v12_t *p12, ncclNetProperties_v9_t *p9)
+{
+    NCCL_OK("getProperties", version >= 12   ? T(12)->getProperties(dev, p12)
+                             : version >= 11 ? T(11)->getProperties(dev, (void *)p9)
+                                             : T(9)->getProperties(dev, p9));
+    if (version >= 12)
+        *p9 = (ncclNetProperties_v9_t){.name = p12->name,
+                                       .speed = p12->speed,
+                                       .port = p12->port,
+                                       .ptrSupport = p12->ptrSupport,
+                                       .vProps = {.ndevs = p12->vProps.ndevs}};
+    if (version >= 12)
+        for (int i = 0; i < p12->vProps.ndevs && i < NCCL_NET_MAX_DEVS_PER_NIC_V9; i++)
+            p9->vProps.devs[i] = p12->vProps.devs[i];
+    return 0;
+}
+
+static ncclResult_t d_make_vdevice(int *d, int n, const int *devs)
+{
+    ncclNetVDeviceProps_v12_t p12 = {.ndevs = n};
+    ncclNetVDeviceProps_v9_t p9 = {.ndevs = n};
+    for (int i = 0; i < n && i < NCCL_NET_MAX_DEVS_PER_NIC_V9; i++)
+        p9.devs[i] = p12.devs[i] = devs[i];
+    return version >= 12   ? T(12)->makeVDevice(d, &p12)
+           : version >= 11 ? T(11)->makeVDevice(d, &p9)
+           : version == 10 ? T(10)->makeVDevice(d, &p9)
+                           : T(9)->makeVDevice(d, &p9);
+}
+
+/* A message over virtual NIC v (striped over its rails), exact at the other end. */
+static int vnic_message(void *sc, void *rc, unsigned char *sbuf, unsigned char *rbuf, void *smh,
+                        void *rmh, size_t size, int tag)
+{
+    void *sreq, *rreq, *data = rbuf;
+    size_t cap = size + 64;
+    int got[MAX_RECVS_WANTED];
+    fill(sbuf, size, (uint64_t)tag);
+    memset(rbuf, 0, cap);
+    NCCL_OK("vNIC irecv", d_irecv(rc, 1, &data, &cap, &tag, &rmh, &rreq));
+    NCCL_OK("vNIC isend", d_isend(sc, sbuf, size, tag, smh, &sreq));
+    NCCL_OK("vNIC isend", wait_req(sreq, NULL, 60));
+    NCCL_OK("vNIC irecv", wait_req(rreq, got, 60));
+    CHECK("vNIC", got[0] == (int)size, "%zu bytes sent, %d reported", size, got[0]);
+    size_t bad = mismatch(rbuf, size, (uint64_t)tag);
+    CHECK("vNIC", !bad, "%zu-byte message: byte %zu differs", size, bad - 1);
+    for (size_t i = size; i < cap; i++)
+        CHECK("vNIC", rbuf[i] == 0, "%zu-byte message: byte %zu past it was written", size, i);
+    return 0;
+}
+
+/* makeVDevice (v9 and later): a virtual NIC of devices 0 and 1, its properties (vProps, the
+ * sum of the speeds), the same merge made again, bad merges refused; then messages over it,
+ * exact, with both devices carrying packets. Needs two devices (soft-RoCE: rxe0 and rxe1). */
+static int case_vnic(void *ctx)
+{
+    int ndev = 0;
+    NCCL_OK("devices", d_devices(&ndev));
+    if (version < 9 || ndev < 2) {
+        printf("ok vNIC skipped: %s\n", version < 9 ? "v8 has no makeVDevice" : "one device");
+        return 0;
+    }
+    ncclNetProperties_v12_t q12[3];
+    ncclNetProperties_v9_t q[3];
+    if (props_of(0, &q12[0], &q[0]) || props_of(1, &q12[1], &q[1]))
+        return -1;
+    int v = -1, again = -1, two[2] = {0, 1}, same[2] = {1, 1}, far[2] = {0, 99};
+    NCCL_OK("makeVDevice", d_make_vdevice(&v, 2, two));
+    NCCL_OK("makeVDevice", d_make_vdevice(&again, 2, two));
+    CHECK("makeVDevice", v >= 2 && again == v, "made %d, then %d", v, again);
+    if (props_of(v, &q12[2], &q[2]))
+        return -1;
+    CHECK("vNIC properties",
+          q[2].vProps.ndevs == 2 && q[2].vProps.devs[0] == 0 && q[2].vProps.devs[1] == 1,
+          "vProps {%d: %d %d}", q[2].vProps.ndevs, q[2].vProps.devs[0], q[2].vProps.devs[1]);
+    CHECK("vNIC properties", q[2].speed == q[0].speed + q[1].speed, "speed %d, members %d + %d",
+          q[2].speed, q[0].speed, q[1].speed);
+    printf("ok makeVDevice: device %d %s, %d Mbps, vProps {0, 1}\n", v, q[2].name, q[2].speed);
+    if (version >= 12)
+        printf("ok railId/planeId: %d/%d %d/%d, vNIC %d/%d\n", q12[0].railId, q12[0].planeId,
+               q12[1].railId, q12[1].planeId, q12[2].railId, q12[2].planeId);
+    int bogus = -1;
+    if (expect("makeVDevice of one device", d_make_vdevice(&bogus, 1, two), ncclInternalError,
+               "makeVDevice of 1 devices") ||
+        expect("makeVDevice of a device twice", d_make_vdevice(&bogus, 2, same), ncclInternalError,
+               "listed twice") ||
+        expect("makeVDevice of a device that is not there", d_make_vdevice(&bogus, 2, far),
+               ncclInternalError, "not one of the"))
+        return -1;
+
+    unsigned char h[NCCL_NET_HANDLE_MAXSIZE] = {0};
+    void *lc, *sc = NULL, *rc = NULL, *smh, *rmh;
+    NCCL_OK("listen on the vNIC", d_listen(ctx, v, h, &lc));
+    for (double end = now_s() + 30; !sc || !rc;) {
+        if (!sc)
+            NCCL_OK("connect on the vNIC", d_connect(ctx, v, h, &sc));
+        if (!rc)
+            NCCL_OK("accept on the vNIC", d_accept(lc, &rc));
+        CHECK("vNIC", now_s() < end, "no connection within 30 s");
+    }
+    size_t big = (8u << 20) + 3;
+    unsigned char *sbuf = malloc(big + 64), *rbuf = malloc(big + 64);
+    CHECK("vNIC", sbuf && rbuf, "no memory");
+    NCCL_OK("regMr on the vNIC", d_reg(sc, sbuf, big + 64, NCCL_PTR_HOST, &smh));
+    NCCL_OK("regMr on the vNIC", d_reg(rc, rbuf, big + 64, NCCL_PTR_HOST, &rmh));
+    long long before[2] = {sent_packets(q[0].name, q[0].port), sent_packets(q[1].name, q[1].port)};
+    if (vnic_message(sc, rc, sbuf, rbuf, smh, rmh, big, 11) ||
+        vnic_message(sc, rc, sbuf, rbuf, smh, rmh, 101, 12) ||
+        vnic_message(sc, rc, sbuf, rbuf, smh, rmh, 1, 13) ||
+        vnic_message(sc, rc, sbuf, rbuf, smh, rmh, 0, 14))
+        return -1;
+    long long after[2] = {sent_packets(q[0].name, q[0].port), sent_packets(q[1].name, q[1].port)};
+    printf("ok vNIC messages of %zu, 101, 1 and 0 bytes exact\n", big);
+    if (before[0] >= 0 && before[1] >= 0) {
+        /* Each rail carried about half of 8 MiB: thousands of packets at any MTU. */
+        CHECK("vNIC striping", after[0] - before[0] > 1000 && after[1] - before[1] > 1000,
+              "%s sent %lld packets, %s %lld", q[0].name, after[0] - before[0], q[1].name,
+              after[1] - before[1]);
+        printf("ok vNIC striped: %s sent %lld packets, %s %lld\n", q[0].name, after[0] - before[0],
+               q[1].name, after[1] - before[1]);
+    } else {
+        printf("ok vNIC striping not measured: no packet counters for %s and %s here\n", q[0].name,
+               q[1].name);
+    }
+    NCCL_OK("deregMr", d_dereg(sc, smh));
+    NCCL_OK("deregMr", d_dereg(rc, rmh));
+    NCCL_OK("closeSend", d_close_send(sc));
+    NCCL_OK("closeRecv", d_close_recv(rc));
+    NCCL_OK("closeListen", d_close_listen(lc));
+    free(sbuf);
+    free(rbuf);
     return 0;
 }
 
@@ -1261,6 +1424,7 @@ static const struct {
     {"too-many-requests", case_too_many},
     {"bad-mr", case_bad_mr},
     {"gdr-bad-input", case_gdr_bad_input},
+    {"vnic", case_vnic},
     {"threads", case_threads},
     {"bad-args", case_bad_args},
     {"connect-timeout", case_connect_timeout},

@@ -263,6 +263,37 @@ Test(net_faults, gpudirect_bad_input_is_refused_naming_call_pointer_and_device, 
     net_each_version(env, "gdr-bad-input", expect);
 }
 
+/* makeVDevice merges devices 0 and 1 into a virtual NIC (vProps, the speeds' sum; the same
+ * merge again is the same device; bad merges refused), and messages over it are exact, each
+ * rail carrying packets of its own. Needs two devices: make test-rdma's net-plugin-ib part
+ * adds rxe1 beside rxe0; over loopback there is one. */
+Test(net_conformance, virtual_nic_of_two_ports_stripes_each_message_over_both, .timeout = 150)
+{
+    int ran = 0;
+    for (int i = 1; i < NET_NVERSIONS; i++) { /* v9 on: v8 has no makeVDevice */
+        int rc = net_case(net_versions[i], "", "vnic");
+        cr_assert_eq(rc, 0, "v%d vnic:\n%s", net_versions[i], net_out);
+        cr_assert_null(strstr(net_out, "FAIL"), "%s", net_out);
+        if (strstr(net_out, "ok vNIC skipped: one device"))
+            continue;
+        ran++;
+        const char *expect[] = {"ok makeVDevice: device", "ok makeVDevice of one device: 3",
+                                "ok makeVDevice of a device twice: 3",
+                                "ok vNIC messages of 8388611, 101, 1 and 0 bytes exact"};
+        for (size_t e = 0; e < sizeof(expect) / sizeof(expect[0]); e++)
+            cr_assert(strstr(net_out, expect[e]), "v%d: no '%s':\n%s", net_versions[i], expect[e],
+                      net_out);
+        if (getenv("RESHARD_TRANSPORT") && !strcmp(getenv("RESHARD_TRANSPORT"), "ib"))
+            cr_assert(strstr(net_out, "ok vNIC striped:"), "v%d: no striping measured:\n%s",
+                      net_versions[i], net_out);
+        cr_log_info("v%d:\n%s", net_versions[i], net_out);
+        net_no_sanitizer_reports();
+    }
+    if (!ran)
+        cr_skip_test("one network device here: a virtual NIC needs two (make test-rdma runs it "
+                     "on rxe0 and rxe1)");
+}
+
 Test(net_conformance, newest_symbol_first, .timeout = 60)
 {
     int rc = net_run("LD_LIBRARY_PATH=%s " NET_LOOPBACK " %s/test/net_driver --version auto --case "

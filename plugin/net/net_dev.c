@@ -526,6 +526,17 @@ reshard_status_t net_properties(int dev, struct net_props *out)
     return RESHARD_OK;
 }
 
+/* Appends sep and s to the string in dst (cap bytes), cutting what does not fit. */
+static void append(char *dst, size_t cap, const char *sep, const char *s)
+{
+    size_t at = strlen(dst);
+    for (const char *p = sep; *p && at + 1 < cap; p++)
+        dst[at++] = *p;
+    for (const char *p = s; *p && at + 1 < cap; p++)
+        dst[at++] = *p;
+    dst[at] = '\0';
+}
+
 /* A virtual NIC: named for its members ("mlx5_0+mlx5_1"), as fast as all of them, on the
  * first one's PCI path, rail and node; it takes the memory every member takes. Its transport
  * contexts are its own, made at its first connection like a physical device's. */
@@ -575,8 +586,7 @@ reshard_status_t net_make_vdevice(const int *list, int n, int max, int *out)
                           .plane_id = m0->plane_id,
                           .nmembers = n,
                           .nrails = transport->send_part ? n : 1};
-    size_t len = 0;
-    char joined[sizeof(v->rail_dev[0])] = "";
+    char name[sizeof(v->name)] = "", joined[sizeof(v->rail_dev[0])] = "";
     for (int i = 0; i < n; i++) {
         const struct net_dev *m = &devs[list[i]];
         v->members[i] = list[i];
@@ -584,12 +594,11 @@ reshard_status_t net_make_vdevice(const int *list, int n, int max, int *out)
         v->ptr_support &= m->ptr_support;
         if (m->plane_id != v->plane_id)
             v->plane_id = -1; /* it spans planes */
-        len += (size_t)snprintf(v->name + len, len < sizeof(v->name) ? sizeof(v->name) - len : 0,
-                                "%s%s", i ? "+" : "", m->name);
-        snprintf(v->rail_dev[i], sizeof(v->rail_dev[i]), "%s", m->rail_dev[0]);
-        size_t j = strlen(joined);
-        snprintf(joined + j, sizeof(joined) - j, "%s%s", i ? "," : "", m->name);
+        append(name, sizeof(name), i ? "+" : "", m->name);
+        memcpy(v->rail_dev[i], m->rail_dev[0], sizeof(v->rail_dev[i]));
+        append(joined, sizeof(joined), i ? "," : "", m->name);
     }
+    memcpy(v->name, name, sizeof(v->name));
     if (v->nrails == 1) /* UCX: one context on every member's interface */
         snprintf(v->rail_dev[0], sizeof(v->rail_dev[0]), "%s", joined);
     pthread_mutex_init(&v->lock, NULL);

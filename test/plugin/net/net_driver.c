@@ -1166,6 +1166,8 @@ static int case_vnic(void *ctx)
         printf("ok vNIC skipped: %s\n", version < 9 ? "v8 has no makeVDevice" : "one device");
         return 0;
     }
+    CHECK("makeVDevice", version >= 12 ? (void *)T(12)->makeVDevice : (void *)T(9)->makeVDevice,
+          "v%d's makeVDevice is NULL: NCCL cannot merge ports", version);
     ncclNetProperties_v12_t q12[3];
     ncclNetProperties_v9_t q[3];
     if (props_of(0, &q12[0], &q[0]) || props_of(1, &q12[1], &q[1]))

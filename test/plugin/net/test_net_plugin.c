@@ -140,7 +140,9 @@ static void life_cycle(int v)
     char want[128];
     for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
         snprintf(want, sizeof(want), "[rank 0] %s", steps[i]);
-        cr_assert_eq(net_count_lines(want), 1, "receiver: no '%s' line:\n%s", steps[i], net_out);
+        int n = net_count_lines(want); /* one line of properties per device */
+        cr_assert(strcmp(steps[i], "ok getProperties") ? n == 1 : n >= 1,
+                  "receiver: %d '%s' lines:\n%s", n, steps[i], net_out);
     }
     const char *send_steps[] = {"ok connect",
                                 "ok isend 5000",

@@ -70,6 +70,9 @@ struct tp_ctx {
      * directly (GPUDirect RDMA): set at init, with the reason when it does not. */
     int device_mem;
     char device_mem_why[160];
+    /* Whether mem_reg_dmabuf takes a dma-buf of device memory (device_mem may also come
+     * from peer memory, which registers device pointers but not dma-bufs). */
+    int dmabuf;
 };
 
 /* The bits of a message tag that belong to the caller; the transport owns the others. */
@@ -148,9 +151,27 @@ struct tp_ops {
     reshard_status_t (*mem_reg)(struct tp_ctx *ctx, void *addr, size_t len, enum tp_mem mem,
                                 void **mh);
     void (*mem_dereg)(struct tp_ctx *ctx, void *mh);
+    /* Registers device memory that arrives as a dma-buf: the len bytes at offset of fd, which
+     * the process sees at addr. The caller may close fd once this returns. NULL where the
+     * transport takes no dma-bufs (ctx->dmabuf says whether this context does). */
+    reshard_status_t (*mem_reg_dmabuf)(struct tp_ctx *ctx, void *addr, size_t len, int fd,
+                                       uint64_t offset, void **mh);
+    /* Makes the network's writes into registered memory (a completed receive of device
+     * memory) visible to the device before req completes: a read of the receive's last bytes
+     * [addr, addr + len) (len at least 1) through the registration mh, as GPUDirect RDMA needs
+     * before a kernel reads the data. NULL where the transport needs no flush of its own. */
+    reshard_status_t (*flush)(struct tp_ctx *ctx, void *mh, const void *addr, size_t len,
+                              struct tp_req *req);
     /* ctrl: a control message (counted apart from payload). mh may be NULL. */
     reshard_status_t (*send)(struct tp_ctx *ctx, int peer, uint64_t tag, const void *buf,
                              size_t len, void *mh, int ctrl, struct tp_req *req);
+    /* A part of a message striped over several contexts (the NCCL plugin's virtual NICs): the
+     * len bytes land at [offset, offset + len) of the matching receive's buffer, which
+     * completes with len bytes, so each context's receive may cover the whole buffer while
+     * each sender writes its own part. A part that does not fit fails both ends as an
+     * oversized message does. NULL where the transport cannot place bytes at an offset. */
+    reshard_status_t (*send_part)(struct tp_ctx *ctx, int peer, uint64_t tag, const void *buf,
+                                  size_t len, void *mh, size_t offset, struct tp_req *req);
     /* Matches the message from peer with exactly this tag: a message from another peer never
      * fills it, whatever its tag. Tags use the low TP_TAG_BITS bits; a transport may keep the
      * rest for the sender's rank. */

@@ -49,6 +49,8 @@ struct net_props {
     float latency_us;
     int max_comms, max_recvs;
     size_t max_p2p_bytes, max_coll_bytes;
+    int ndevs, devs[8];    /* the physical devices behind it (vProps): itself, or a virtual NIC's */
+    int rail_id, plane_id; /* -1: unknown */
 };
 
 /* A plugin context (v11+: one per NCCL communicator; older versions: one for the process).
@@ -60,6 +62,9 @@ reshard_status_t net_ctx_check(const void *ctx);
 
 reshard_status_t net_devices(int *ndev);
 reshard_status_t net_properties(int dev, struct net_props *out);
+/* makeVDevice: a new device merging the physical devices devs[0..n-1] (2 to max, distinct),
+ * whose messages are striped over them; *dev is its index. */
+reshard_status_t net_make_vdevice(const int *devs, int n, int max, int *dev);
 
 /* Non-blocking, as NCCL requires: a NULL comm with RESHARD_OK means "call again" (connect with
  * the same handle, which carries the connection's progress). */

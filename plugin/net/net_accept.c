@@ -264,10 +264,8 @@ static reshard_status_t answer(struct net_listen *l, struct net_pending *p)
     p->comm->id = ++d->next_id;
     d->users++;
     p->comm->peer = net_dev_peer_take(d);
-    RS_CHECK_GOTO(d->tp->ops->set_peer(d->tp, p->comm->peer, p->caddr, p->caddr_len), st,
-                  err_retire_comm);
-    RS_CHECK_GOTO(d->tp->ops->connect(d->tp, p->comm->peer), st, err_retire_comm);
-    RS_CHECK_GOTO(d->tp->ops->address(d->tp, p->comm->peer, w + NET_REPLY_BYTES, &len), st,
+    RS_CHECK_GOTO(net_dev_set_peer(d, p->comm->peer, p->caddr, p->caddr_len), st, err_retire_comm);
+    RS_CHECK_GOTO(net_dev_address(d, p->comm->peer, w + NET_REPLY_BYTES, &len), st,
                   err_retire_comm);
     pthread_mutex_unlock(&d->lock);
     net_wire_reply(w, NET_REPLY_OK, p->comm->id, len);

@@ -57,7 +57,7 @@ struct net_comm *net_comm_new(struct net_dev *d, enum net_kind kind, int fd, con
     snprintf(c->peer_name, sizeof(c->peer_name), "%s", peer);
     int send = kind == NET_KIND_SEND;
     if (comm_alloc_reqs(c, send ? NET_MAX_REQUESTS * NET_MAX_RECVS : NET_MAX_REQUESTS,
-                        send ? 1 : NET_MAX_RECVS) != RESHARD_OK) {
+                        (send ? 1 : NET_MAX_RECVS) * d->nrails) != RESHARD_OK) {
         free(c);
         return NULL;
     }
@@ -84,15 +84,16 @@ void net_comm_retire(struct net_comm *c)
     sock_close(&c->fd);
     if (d->tp && c->kind == NET_KIND_RECV)
         for (int i = 0; i < c->nreqs; i++)
-            for (int j = 0; c->reqs[i].state != REQ_FREE && j < c->reqs[i].n; j++)
-                d->tp->ops->cancel(d->tp, &c->reqs[i].sub[j].tp);
+            if (c->reqs[i].state != REQ_FREE)
+                net_req_cancel(&c->reqs[i]);
     if (d->tp && c->peer >= 0) {
-        d->tp->ops->close_peer(d->tp, c->peer);
+        for (int r = 0; r < d->nrails; r++)
+            net_rail(d, r)->ops->close_peer(net_rail(d, r), c->peer);
         net_dev_peer_give(d, c->peer);
     }
     d->users--;
     if (d->tp)
-        d->tp->ops->progress(d->tp);
+        net_dev_progress(d);
     if (c->in_transport) {
         rs_log(RS_LOG_INFO,
                "NET/Reshard: the transport still holds %d transfer(s) of the comm "

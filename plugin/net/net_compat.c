@@ -74,10 +74,12 @@ static ncclResult_t v9_get_properties(int dev, ncclNetProperties_v9_t *props)
         .maxRecvs = p.maxRecvs,
         .netDeviceType = p.netDeviceType,
         .netDeviceVersion = p.netDeviceVersion,
-        .vProps = {.ndevs = 1, .devs = {dev}},
+        .vProps = {.ndevs = p.vProps.ndevs},
         .maxP2pBytes = p.maxP2pBytes,
         .maxCollBytes = p.maxCollBytes,
     };
+    for (int i = 0; i < p.vProps.ndevs && i < NCCL_NET_MAX_DEVS_PER_NIC_V9; i++)
+        props->vProps.devs[i] = p.vProps.devs[i];
     return ncclSuccess;
 }
 
@@ -155,7 +157,7 @@ NET_EXPORT const ncclNet_v10_t ncclNetPlugin_v10 = {
     .closeListen = net_nccl_close_listen,
     .getDeviceMr = NULL,   /* HOST devices: no device-side registrations */
     .irecvConsumed = NULL, /* host receives need no consumption notice (NCCL checks) */
-    .makeVDevice = NULL,
+    .makeVDevice = net_nccl_make_vdevice_v9,
 };
 
 /* ---- v9 ---- */
@@ -180,7 +182,7 @@ NET_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
     .closeListen = net_nccl_close_listen,
     .getDeviceMr = NULL,   /* HOST devices: no device-side registrations */
     .irecvConsumed = NULL, /* host receives need no consumption notice (NCCL checks) */
-    .makeVDevice = NULL,
+    .makeVDevice = net_nccl_make_vdevice_v9,
 };
 
 /* ---- v8: int sizes ---- */

@@ -109,7 +109,7 @@ static reshard_status_t stage_new(struct net_dev *d, struct net_handle *h,
     reshard_status_t st = net_dev_tp(d);
     if (st == RESHARD_OK) {
         s->peer_index = net_dev_peer_take(d);
-        st = d->tp->ops->address(d->tp, s->peer_index, addr, &len);
+        st = net_dev_address(d, s->peer_index, addr, &len);
     }
     pthread_mutex_unlock(&d->lock);
     if (st == RESHARD_OK && !(s->hello = rs_calloc(1, NET_HELLO_BYTES + len, "NET/Reshard hello")))
@@ -192,8 +192,7 @@ static reshard_status_t send_comm_make(struct net_connecting *s)
     c->peer = s->peer_index;
     s->peer_index = -1; /* the comm's now */
     d->users++;
-    RS_CHECK_GOTO(d->tp->ops->set_peer(d->tp, c->peer, s->addr, s->addr_len), st, err_retire_comm);
-    RS_CHECK_GOTO(d->tp->ops->connect(d->tp, c->peer), st, err_retire_comm);
+    RS_CHECK_GOTO(net_dev_set_peer(d, c->peer, s->addr, s->addr_len), st, err_retire_comm);
     s->comm = c;
     pthread_mutex_unlock(&d->lock);
     return RESHARD_OK;

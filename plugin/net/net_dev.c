@@ -10,6 +10,7 @@
  */
 #include "net_int.h"
 
+#include "cuda/cuda_lib.h"
 #include "transport/ib/ib_dev.h"
 
 #include "base/error.h"
@@ -24,6 +25,7 @@
 #include <string.h>
 
 #define NET_MAX_DEVS           64
+#define NET_MAX_VDEVS          64 /* virtual NICs, after the physical devices */
 #define NET_DEFAULT_SPEED_MBPS 10000
 
 struct net_ctx {
@@ -132,7 +134,10 @@ static reshard_status_t discover_ib(struct net_dev **out, int *count)
     const struct ib_port *ports;
     int n;
     RS_CHECK(ib_ports(&ports, &n));
-    struct net_dev *found = rs_calloc(n ? (size_t)n : 1, sizeof(*found), "network devices");
+    if (n > NET_MAX_DEVS)
+        n = NET_MAX_DEVS;
+    struct net_dev *found =
+        rs_calloc(NET_MAX_DEVS + NET_MAX_VDEVS, sizeof(*found), "network devices");
     if (!found)
         return RESHARD_ERR_NO_MEMORY;
     for (int i = 0; i < n; i++) {
@@ -163,7 +168,8 @@ static reshard_status_t discover_ifs(struct net_dev **out, int *count)
     struct ifaddrs *all;
     if (getifaddrs(&all) != 0)
         return rs_error(RESHARD_ERR_NETWORK, "NET/Reshard: getifaddrs: %m");
-    struct net_dev *found = rs_calloc(NET_MAX_DEVS, sizeof(*found), "network devices");
+    struct net_dev *found =
+        rs_calloc(NET_MAX_DEVS + NET_MAX_VDEVS, sizeof(*found), "network devices");
     if (!found) {
         freeifaddrs(all);
         return RESHARD_ERR_NO_MEMORY;
@@ -216,6 +222,52 @@ static void devs_free(struct net_dev *t, int n, int locked)
     free(t);
 }
 
+int net_device_as_host(void)
+{
+    return rs_param_int(RS_PARAM_TEST_DEVICE_AS_HOST) == 1;
+}
+
+/* What memory NCCL may hand device d (its transport context made): host memory always; device
+ * memory (NCCL_PTR_CUDA) where the CUDA driver is present and the transport registers it for
+ * the NIC to reach directly (GPUDirect RDMA), and as dma-bufs (NCCL_PTR_DMABUF) where it takes
+ * those. Said once at INFO, with the reason when device memory is off: NCCL then stages every
+ * byte through host memory. */
+static void gdr_probe(struct net_dev *d)
+{
+    struct rs_saved_error saved;
+    rs_error_save(&saved);
+    char why[RS_ERROR_MAX] = "", dmabuf_why[RS_ERROR_MAX] = "";
+    const struct cuda_fns *cu = rs_param_int(RS_PARAM_GPUDIRECT) ? cuda_lib() : NULL;
+    d->ptr_support = NET_PTR_HOST;
+    if (!rs_param_int(RS_PARAM_GPUDIRECT))
+        snprintf(why, sizeof(why), "RESHARD_GPUDIRECT=0");
+    else if (!cu)
+        snprintf(why, sizeof(why), "no CUDA driver (%s)", rs_error_message());
+    else if (net_device_as_host()) /* the stand-in's device memory is host memory */
+        d->ptr_support |= NET_PTR_CUDA | NET_PTR_DMABUF;
+    else if (!d->tp->device_mem)
+        snprintf(why, sizeof(why), "%s", d->tp->device_mem_why);
+    else if (d->tp->dmabuf && d->tp->ops->mem_reg_dmabuf)
+        d->ptr_support |= NET_PTR_CUDA | NET_PTR_DMABUF;
+    else {
+        d->ptr_support |= NET_PTR_CUDA;
+        snprintf(dmabuf_why, sizeof(dmabuf_why), "; no dma-bufs: %s",
+                 d->tp->ops->mem_reg_dmabuf ? "peer memory only" : "the transport takes none");
+    }
+    rs_error_restore(&saved);
+    if (why[0])
+        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                   "NET/Reshard: %s takes host memory only (no GPUDirect RDMA): %s", d->name, why);
+    else
+        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                   "NET/Reshard: %s takes device memory (GPUDirect RDMA%s%s)%s", d->name,
+                   d->ptr_support & NET_PTR_DMABUF ? ", dma-buf" : "",
+                   net_device_as_host() ? ", registered as host memory: "
+                                          "RESHARD_TEST_DEVICE_AS_HOST=1"
+                                        : "",
+                   dmabuf_why);
+}
+
 /* No device: NCCL then uses another network. why is the whole reason. */
 static void offer_none(const char *why)
 {
@@ -223,6 +275,44 @@ static void offer_none(const char *why)
     rs_log_sub(RS_LOG_WARN, RS_LOGF_INIT | RS_LOGF_NET,
                "%s%s; the plugin offers no device, so NCCL uses another network",
                strncmp(why, prefix, strlen(prefix)) ? prefix : "", why);
+}
+
+/* v12's rail and plane of each physical device. RDMA ports: the rail is the HCA's place in
+ * the order the ports were found (RESHARD_IB_HCA's, else the devices', which follows their PCI
+ * order), the plane the port's place among its HCA's ports. Interfaces: the rail is the place
+ * among those with a PCI device, one plane each; without a PCI device both stay unknown. */
+static void place(struct net_dev *t, int n)
+{
+    for (int i = 0; i < n; i++) {
+        struct net_dev *d = &t[i];
+        d->members[0] = i;
+        d->rail_id = d->plane_id = -1;
+        int rail = 0, plane = 0, first = 1;
+        for (int j = 0; j < i; j++) {
+            if (transport == &tp_ib_ops) {
+                int same = !strcmp(t[j].name, d->name);
+                plane += same;
+                first &= !same;
+                int seen = 0; /* a device counts once, at its first port */
+                for (int k = 0; k < j && !seen; k++)
+                    seen = !strcmp(t[k].name, t[j].name);
+                rail += !same && !seen;
+            } else {
+                rail += t[j].pci_path != NULL;
+            }
+        }
+        if (transport == &tp_ib_ops) {
+            if (!first) { /* the rail of the HCA's first port */
+                int j = 0;
+                while (strcmp(t[j].name, d->name))
+                    j++;
+                rail = t[j].rail_id;
+            }
+            d->rail_id = rail, d->plane_id = plane;
+        } else if (d->pci_path) {
+            d->rail_id = rail, d->plane_id = 0;
+        }
+    }
 }
 
 /* The transport is tried on every device found (each context stays for the device's first
@@ -234,8 +324,12 @@ static void probe_and_publish(struct net_dev *found, int n)
     int kept = 0;
     char why[RS_ERROR_MAX] = "";
     for (int i = 0; i < n; i++) {
+        found[i].nmembers = found[i].nrails = 1;
+        snprintf(found[i].rail_dev[0], sizeof(found[i].rail_dev[0]), "%s",
+                 transport == &tp_ib_ops ? found[i].tp_dev : found[i].name);
         reshard_status_t st = net_dev_tp(&found[i]); /* no lock: not published yet */
         if (st == RESHARD_OK) {
+            gdr_probe(&found[i]);
             if (kept != i)
                 found[kept] = found[i];
             kept++;
@@ -254,6 +348,7 @@ static void probe_and_publish(struct net_dev *found, int n)
     }
     if (n && !kept)
         offer_none(why);
+    place(found, kept);
     for (int i = 0; i < kept; i++) {
         struct net_dev *d = &found[i];
         pthread_mutex_init(&d->lock, NULL);
@@ -335,8 +430,11 @@ static void release_devices(void)
         struct net_dev *d = &devs[i];
         pthread_mutex_lock(&d->lock);
         if (d->tp && !d->users) {
-            d->tp->ops->close(d->tp); /* completes, then drops, what the dead comms held */
+            for (int r = d->nrails - 1; r >= 0; r--) /* completes, then drops, what the dead
+                                                      * comms held */
+                net_rail(d, r)->ops->close(net_rail(d, r));
             d->tp = NULL;
+            memset(d->more, 0, sizeof(d->more));
             d->next_peer = 0;
             d->n_free = 0;
             while (d->dead) {
@@ -412,7 +510,7 @@ reshard_status_t net_properties(int dev, struct net_props *out)
         .name = d->name,
         .pci_path = d->pci_path,
         .guid = d->guid,
-        .ptr_support = NET_PTR_HOST,
+        .ptr_support = d->ptr_support,
         .speed_mbps = d->speed_mbps,
         .port = d->port,
         .latency_us = 0,
@@ -420,7 +518,124 @@ reshard_status_t net_properties(int dev, struct net_props *out)
         .max_recvs = NET_MAX_RECVS,
         .max_p2p_bytes = NET_MAX_MESSAGE,
         .max_coll_bytes = NET_MAX_MESSAGE,
+        .ndevs = d->nmembers,
+        .rail_id = d->rail_id,
+        .plane_id = d->plane_id,
     };
+    memcpy(out->devs, d->members, sizeof(int) * (size_t)d->nmembers);
+    return RESHARD_OK;
+}
+
+/* Appends sep and s to the string in dst (cap bytes), cutting what does not fit. */
+static void append(char *dst, size_t cap, const char *sep, const char *s)
+{
+    size_t at = strlen(dst);
+    for (const char *p = sep; *p && at + 1 < cap; p++)
+        dst[at++] = *p;
+    for (const char *p = s; *p && at + 1 < cap; p++)
+        dst[at++] = *p;
+    dst[at] = '\0';
+}
+
+/* A virtual NIC: named for its members ("mlx5_0+mlx5_1"), as fast as all of them, on the
+ * first one's PCI path, rail and node; it takes the memory every member takes. Its transport
+ * contexts are its own, made at its first connection like a physical device's. */
+reshard_status_t net_make_vdevice(const int *list, int n, int max, int *out)
+{
+    RS_CHECK(check_init());
+    if (!list || !out || n < 2 || n > max || n > NET_MAX_RAILS)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: makeVDevice of %d devices (2 to %d, with a list)", n,
+                        max < NET_MAX_RAILS ? max : NET_MAX_RAILS);
+    pthread_mutex_lock(&global_lock);
+    reshard_status_t st = RESHARD_OK;
+    int phys = 0;
+    while (phys < ndevs && devs[phys].nmembers == 1)
+        phys++;
+    for (int i = 0; i < n && st == RESHARD_OK; i++) {
+        if (list[i] < 0 || list[i] >= phys || devs[list[i]].nmembers != 1)
+            st = rs_error(RESHARD_ERR_INVALID_ARG,
+                          "NET/Reshard: makeVDevice: device %d is not one of the %d physical "
+                          "devices",
+                          list[i], phys);
+        for (int j = 0; j < i && st == RESHARD_OK; j++)
+            if (list[j] == list[i])
+                st = rs_error(RESHARD_ERR_INVALID_ARG,
+                              "NET/Reshard: makeVDevice: device %d is listed twice", list[i]);
+    }
+    for (int v = phys; v < ndevs && st == RESHARD_OK; v++) /* made already: the same one */
+        if (devs[v].nmembers == n && !memcmp(devs[v].members, list, sizeof(int) * (size_t)n)) {
+            *out = v;
+            pthread_mutex_unlock(&global_lock);
+            return RESHARD_OK;
+        }
+    if (st == RESHARD_OK && ndevs >= NET_MAX_DEVS + NET_MAX_VDEVS)
+        st = rs_error(RESHARD_ERR_TOO_LARGE, "NET/Reshard: makeVDevice: %d devices already", ndevs);
+    if (st != RESHARD_OK) {
+        pthread_mutex_unlock(&global_lock);
+        return st;
+    }
+    struct net_dev *v = &devs[ndevs];
+    const struct net_dev *m0 = &devs[list[0]];
+    *v = (struct net_dev){.addr = m0->addr,
+                          .port = m0->port,
+                          .guid = m0->guid,
+                          .pci_path = m0->pci_path ? strdup(m0->pci_path) : NULL,
+                          .ptr_support = m0->ptr_support,
+                          .rail_id = m0->rail_id,
+                          .plane_id = m0->plane_id,
+                          .nmembers = n,
+                          .nrails = transport->send_part ? n : 1};
+    char name[sizeof(v->name)] = "", joined[sizeof(v->rail_dev[0])] = "";
+    for (int i = 0; i < n; i++) {
+        const struct net_dev *m = &devs[list[i]];
+        v->members[i] = list[i];
+        v->speed_mbps += m->speed_mbps;
+        v->ptr_support &= m->ptr_support;
+        if (m->plane_id != v->plane_id)
+            v->plane_id = -1; /* it spans planes */
+        append(name, sizeof(name), i ? "+" : "", m->name);
+        memcpy(v->rail_dev[i], m->rail_dev[0], sizeof(v->rail_dev[i]));
+        append(joined, sizeof(joined), i ? "," : "", m->name);
+    }
+    memcpy(v->name, name, sizeof(v->name));
+    if (v->nrails == 1) /* UCX: one context on every member's interface */
+        snprintf(v->rail_dev[0], sizeof(v->rail_dev[0]), "%s", joined);
+    pthread_mutex_init(&v->lock, NULL);
+    *out = ndevs++;
+    pthread_mutex_unlock(&global_lock);
+    rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+               "NET/Reshard: device %d is a virtual NIC of %s, %d Mbps: %s", *out, v->name,
+               v->speed_mbps,
+               v->nrails > 1 ? "each message striped over its ports' queue pairs"
+                             : "one UCX context over its interfaces (UCX spreads over its lanes)");
+    return RESHARD_OK;
+}
+
+static reshard_status_t rail_init(struct net_dev *d, int r, struct tp_ctx **out)
+{
+    struct tp_config cfg = {
+        .rank = 0,
+        .size = 0,
+        .tls = rs_param_str(RS_PARAM_NET_TLS),
+        .devices = d->rail_dev[r],
+        .peer_errors = (int)rs_param_int(RS_PARAM_NET_PEER_ERRORS),
+        .serialized = 1, /* NCCL's service and progress threads, under d->lock */
+        .local_rank = -1,
+    };
+    reshard_status_t st = transport->init(&cfg, out);
+    if (st != RESHARD_OK) { /* the transport said what; say whose */
+        char why[RS_ERROR_MAX];
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        return rs_error(st, "NET/Reshard: the %s transport cannot run on %s: %s", transport->name,
+                        d->rail_dev[r], *why ? why : rs_status_string(st));
+    }
+    if (transport == &tp_ib_ops)
+        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                   "NET/Reshard: %s uses verbs (RC, RDMA write)", d->rail_dev[r]);
+    else
+        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                   "NET/Reshard: %s uses UCX transports '%s'", d->rail_dev[r], cfg.tls);
     return RESHARD_OK;
 }
 
@@ -428,28 +643,85 @@ reshard_status_t net_dev_tp(struct net_dev *d)
 {
     if (d->tp)
         return RESHARD_OK;
-    struct tp_config cfg = {
-        .rank = 0,
-        .size = 0,
-        .tls = rs_param_str(RS_PARAM_NET_TLS),
-        .devices = transport == &tp_ib_ops ? d->tp_dev : d->name,
-        .peer_errors = (int)rs_param_int(RS_PARAM_NET_PEER_ERRORS),
-        .serialized = 1, /* NCCL's service and progress threads, under d->lock */
-        .local_rank = -1,
-    };
-    reshard_status_t st = transport->init(&cfg, &d->tp);
-    if (st != RESHARD_OK) { /* the transport said what; say whose */
-        char why[RS_ERROR_MAX];
-        snprintf(why, sizeof(why), "%s", rs_error_message());
-        return rs_error(st, "NET/Reshard: the %s transport cannot run on %s: %s", transport->name,
-                        d->name, *why ? why : rs_status_string(st));
+    struct tp_ctx *made[NET_MAX_RAILS] = {0};
+    for (int r = 0; r < d->nrails; r++) {
+        reshard_status_t st = rail_init(d, r, &made[r]);
+        if (st != RESHARD_OK) {
+            while (r-- > 0)
+                made[r]->ops->close(made[r]);
+            return st;
+        }
     }
-    if (transport == &tp_ib_ops)
-        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
-                   "NET/Reshard: %s port %d uses verbs (RC, RDMA write)", d->name, d->port);
-    else
-        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
-                   "NET/Reshard: %s uses UCX transports '%s'", d->name, cfg.tls);
+    d->tp = made[0];
+    for (int r = 1; r < d->nrails; r++)
+        d->more[r - 1] = made[r];
+    return RESHARD_OK;
+}
+
+void net_dev_progress(struct net_dev *d)
+{
+    for (int r = 0; r < d->nrails; r++)
+        if (net_rail(d, r))
+            net_rail(d, r)->ops->progress(net_rail(d, r));
+}
+
+#define VNIC_ADDR_MAGIC 0x52535641u /* RSVA: a virtual NIC's framed addresses */
+
+/* One rail: the address as it is. Several: magic, count, then each length (4 bytes) and
+ * address, so that the peer gives each of its rails the matching one. */
+reshard_status_t net_dev_address(struct net_dev *d, int peer, void *buf, size_t *len)
+{
+    if (d->nrails == 1)
+        return d->tp->ops->address(d->tp, peer, buf, len);
+    unsigned char *w = buf;
+    size_t cap = *len, at = 8;
+    if (cap < at)
+        return rs_error(RESHARD_ERR_TOO_LARGE, "NET/Reshard: no room for %s's addresses", d->name);
+    uint32_t head[2] = {VNIC_ADDR_MAGIC, (uint32_t)d->nrails};
+    memcpy(w, head, sizeof(head));
+    for (int r = 0; r < d->nrails; r++) {
+        if (cap < at + 4)
+            return rs_error(RESHARD_ERR_TOO_LARGE, "NET/Reshard: no room for %s's addresses",
+                            d->name);
+        size_t n = cap - at - 4;
+        RS_CHECK(net_rail(d, r)->ops->address(net_rail(d, r), peer, w + at + 4, &n));
+        uint32_t l = (uint32_t)n;
+        memcpy(w + at, &l, 4);
+        at += 4 + n;
+    }
+    *len = at;
+    return RESHARD_OK;
+}
+
+reshard_status_t net_dev_set_peer(struct net_dev *d, int peer, const void *addr, size_t len)
+{
+    if (d->nrails == 1) {
+        RS_CHECK(d->tp->ops->set_peer(d->tp, peer, addr, len));
+        return d->tp->ops->connect(d->tp, peer);
+    }
+    const unsigned char *a = addr;
+    uint32_t head[2] = {0, 0};
+    if (len >= sizeof(head))
+        memcpy(head, a, sizeof(head));
+    if (head[0] != VNIC_ADDR_MAGIC || head[1] != (uint32_t)d->nrails)
+        return rs_error(RESHARD_ERR_MISMATCH,
+                        "NET/Reshard: the peer of %s is not a virtual NIC of %d rails (NCCL must "
+                        "merge the same ports on every node)",
+                        d->name, d->nrails);
+    size_t at = sizeof(head);
+    for (int r = 0; r < d->nrails; r++) {
+        uint32_t l = 0;
+        if (len - at >= 4)
+            memcpy(&l, a + at, 4);
+        if (len - at < 4 || l > len - at - 4)
+            return rs_error(RESHARD_ERR_NETWORK,
+                            "NET/Reshard: the peer's addresses for %s are "
+                            "cut short",
+                            d->name);
+        RS_CHECK(net_rail(d, r)->ops->set_peer(net_rail(d, r), peer, a + at + 4, l));
+        RS_CHECK(net_rail(d, r)->ops->connect(net_rail(d, r), peer));
+        at += 4 + l;
+    }
     return RESHARD_OK;
 }
 

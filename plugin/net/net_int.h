@@ -12,6 +12,8 @@
 
 struct net_comm;
 
+#define NET_MAX_RAILS 8 /* devices one virtual NIC merges (NCCL v12's limit) */
+
 struct net_dev {
     char name[64];
     char tp_dev[80];      /* the transport's device selector (ib: "=mlx5_0:1") */
@@ -20,10 +22,20 @@ struct net_dev {
     int speed_mbps;
     char *pci_path;
     uint64_t guid;
-    pthread_mutex_t lock; /* everything below, and every comm of this device */
-    struct tp_ctx *tp;    /* made on first listen or connect */
-    int next_peer;        /* transport peer index of the next send comm, unless one is free */
-    int *free_peers;      /* indices of closed send comms, for the next ones */
+    int ptr_support;       /* NET_PTR_*: what regMr takes here (net_dev_gdr_probe) */
+    int rail_id, plane_id; /* v12: where the port sits (-1: unknown) */
+    /* A virtual NIC (makeVDevice) merges physical devices (members, for vProps). Where the
+     * transport places bytes at an offset (send_part: ib) each member is a rail with its own
+     * transport context (tp, then more[]) and every message is striped over them; elsewhere
+     * (UCX) one context spans every member's interface and UCX spreads it over its lanes. */
+    int nmembers, members[NET_MAX_RAILS];
+    int nrails;                       /* transport contexts: 1, or nmembers */
+    char rail_dev[NET_MAX_RAILS][80]; /* each context's device selector */
+    pthread_mutex_t lock;             /* everything below, and every comm of this device */
+    struct tp_ctx *tp; /* made on first listen or connect; a virtual NIC's first rail */
+    struct tp_ctx *more[NET_MAX_RAILS - 1]; /* the other rails */
+    int next_peer;   /* transport peer index of the next send comm, unless one is free */
+    int *free_peers; /* indices of closed send comms, for the next ones */
     size_t n_free, free_cap;
     uint32_t next_id;      /* tag prefix of the next receive comm */
     int users;             /* open listen, send and receive comms, and registrations */
@@ -43,7 +55,8 @@ struct net_req {
     void *handle; /* NCCL's, while active (net_live.h) */
     struct net_comm *comm;
     int n;       /* transfers */
-    int pending; /* transfers the transport has not completed */
+    int nsub;    /* transport requests: n times the rails (sub[i * rails + rail]) */
+    int pending; /* transport requests not completed */
     reshard_status_t st;
     size_t sizes[NET_MAX_RECVS];
     struct net_sub *sub;
@@ -71,9 +84,10 @@ struct net_comm {
 struct net_mr {
     void *handle; /* NCCL's (net_live.h) */
     struct net_dev *dev;
-    void *tp_mh;
+    void *tp_mh[NET_MAX_RAILS]; /* one per rail */
     char *base;
     size_t len;
+    int device; /* device memory (NCCL_PTR_CUDA, or a dma-buf): receives into it are flushed */
 };
 
 /* net_dev.c */
@@ -85,8 +99,22 @@ int net_if_selected(const char *list, const char *name);
 int net_if_virtual(const char *name);
 struct net_dev *net_dev_get(int dev);
 int net_dev_count(void);
-/* Makes the device's transport context on first use; called with dev->lock held. */
+/* Device memory registers as host memory (RESHARD_TEST_DEVICE_AS_HOST=1: the stand-in driver's
+ * device memory is host memory). */
+int net_device_as_host(void);
+/* Makes the device's transport contexts on first use; called with dev->lock held. */
 reshard_status_t net_dev_tp(struct net_dev *d);
+/* Rail r's transport context (0 <= r < d->nrails). */
+static inline struct tp_ctx *net_rail(const struct net_dev *d, int r)
+{
+    return r ? d->more[r - 1] : d->tp;
+}
+/* The device's transport address for peer, its rails' framed together on a virtual NIC; and the
+ * peer's (set_peer and connect on every rail). dev->lock held. */
+reshard_status_t net_dev_address(struct net_dev *d, int peer, void *buf, size_t *len);
+reshard_status_t net_dev_set_peer(struct net_dev *d, int peer, const void *addr, size_t len);
+/* Advances every rail's transport. dev->lock held. */
+void net_dev_progress(struct net_dev *d);
 /* Releases the closed comms whose transfers have all completed; dev->lock held. */
 void net_dev_reap(struct net_dev *d);
 /* Transport peer numbers, dev->lock held: a closed comm's number serves the next one. */
@@ -109,6 +137,8 @@ void net_comm_retire(struct net_comm *c);
 void net_comm_free(struct net_comm *c);
 
 /* net_io.c */
+/* Asks the transport to end every transfer of r early (its rail's context for each). */
+void net_req_cancel(struct net_req *r);
 /* Fails every transfer of c (the peer is gone): receives are cancelled, requests report why. */
 void net_comm_fail(struct net_comm *c, reshard_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

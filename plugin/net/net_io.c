@@ -11,14 +11,19 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "cuda/cuda_lib.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #define WATCH_PERIOD_MS 1 /* how often a test that finds nothing done reads the socket */
@@ -50,10 +55,16 @@ void net_comm_fail(struct net_comm *c, reshard_status_t st, const char *fmt, ...
     c->failed = st;
     rs_log(RS_LOG_WARN, "NET/Reshard: %s comm with %s failed: %s", comm_kind(c), c->peer_name,
            c->why);
-    struct tp_ctx *tp = c->dev->tp;
-    for (int i = 0; tp && i < c->nreqs; i++)
-        for (int j = 0; c->reqs[i].state != REQ_FREE && j < c->reqs[i].n; j++)
-            tp->ops->cancel(tp, &c->reqs[i].sub[j].tp);
+    for (int i = 0; c->dev->tp && i < c->nreqs; i++)
+        if (c->reqs[i].state != REQ_FREE)
+            net_req_cancel(&c->reqs[i]);
+}
+
+void net_req_cancel(struct net_req *r)
+{
+    const struct net_dev *d = r->comm->dev;
+    for (int j = 0; j < r->nsub; j++)
+        net_rail(d, j % d->nrails)->ops->cancel(net_rail(d, j % d->nrails), &r->sub[j].tp);
 }
 
 static void watch_read(struct net_comm *c, int64_t now)
@@ -114,29 +125,63 @@ static reshard_status_t comm_get(void *comm, unsigned kinds, const char *call,
 
 #define ANY_COMM (NET_KINDS(NET_KIND_SEND) | NET_KINDS(NET_KIND_RECV))
 
-reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void **mh)
+static const char *ptr_name(int type)
 {
-    struct net_comm *c;
-    RS_CHECK(comm_get(comm, ANY_COMM, "regMr", &c));
-    if (!mh)
-        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr without a handle pointer");
-    if (type != NET_PTR_HOST)
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "NET/Reshard: cannot register %s memory at %p: this build moves host "
-                        "memory only (ptrSupport is NCCL_PTR_HOST)",
-                        type == NET_PTR_CUDA ? "CUDA device" : "this kind of", data);
-    if (size && !data)
-        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr of %zu bytes at NULL", size);
+    return type == NET_PTR_HOST     ? "NCCL_PTR_HOST"
+           : type == NET_PTR_CUDA   ? "NCCL_PTR_CUDA"
+           : type == NET_PTR_DMABUF ? "NCCL_PTR_DMABUF"
+                                    : "an unknown kind";
+}
+
+/* Whether the memory at data is what the call says it is: the CUDA driver, where there is one,
+ * knows device memory. A CUDA pointer registered as host memory would make the NIC write host
+ * pages that are not there; a host pointer registered as device memory fails in the driver. */
+static reshard_status_t kind_check(const char *call, const struct net_dev *d, const void *data,
+                                   int device)
+{
+    struct rs_saved_error saved;
+    rs_error_save(&saved);
+    enum cuda_mem_kind k = cuda_mem_kind(data);
+    rs_error_restore(&saved);
+    if (device && k != CUDA_MEM_DEVICE)
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: %s of %p on %s as device memory: the CUDA driver knows it "
+                        "as %s memory",
+                        call, data, d->name, cuda_mem_kind_name(k));
+    if (!device && k == CUDA_MEM_DEVICE)
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: %s of %p on %s as host memory (NCCL_PTR_HOST): the CUDA "
+                        "driver knows it as device memory",
+                        call, data, d->name);
+    return RESHARD_OK;
+}
+
+/* A registration of [data, data + size) on c's device: the transport's (mem_reg, or
+ * mem_reg_dmabuf with fd >= 0), and NCCL's handle for it. */
+static reshard_status_t mr_make(struct net_comm *c, void *data, size_t size, int device, int fd,
+                                uint64_t offset, void **mh)
+{
     struct net_dev *d = c->dev;
     struct net_mr *m = rs_calloc(1, sizeof(*m), "NET/Reshard registration");
     if (!m)
         return RESHARD_ERR_NO_MEMORY;
     reshard_status_t st =
         (m->handle = net_live_add(m, NET_KIND_MR)) ? RESHARD_OK : RESHARD_ERR_NO_MEMORY;
+    enum tp_mem mem = device && !net_device_as_host() ? TP_MEM_CUDA : TP_MEM_HOST;
     pthread_mutex_lock(&d->lock);
-    if (st == RESHARD_OK && size) /* a transport cannot map nothing; an empty one covers empty
-                                   * messages */
-        st = d->tp->ops->mem_reg(d->tp, data, size, TP_MEM_HOST, &m->tp_mh);
+    if (st == RESHARD_OK)
+        st = net_dev_tp(d);
+    /* A transport cannot map nothing; an empty registration covers empty messages. */
+    for (int r = 0; st == RESHARD_OK && size && r < d->nrails; r++) {
+        struct tp_ctx *tp = net_rail(d, r);
+        if (fd >= 0 && mem == TP_MEM_CUDA)
+            st = tp->ops->mem_reg_dmabuf(tp, data, size, fd, offset, &m->tp_mh[r]);
+        else
+            st = tp->ops->mem_reg(tp, data, size, mem, &m->tp_mh[r]);
+        if (st != RESHARD_OK)
+            while (r-- > 0)
+                net_rail(d, r)->ops->mem_dereg(net_rail(d, r), m->tp_mh[r]);
+    }
     if (st == RESHARD_OK)
         d->users++; /* the transport context stays until the registration goes */
     pthread_mutex_unlock(&d->lock);
@@ -148,22 +193,89 @@ reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void 
     m->dev = d;
     m->base = data;
     m->len = size;
+    m->device = device;
     *mh = m->handle;
     return RESHARD_OK;
+}
+
+/* The device takes memory of this kind (ptrSupport); an error naming the call otherwise. */
+static reshard_status_t takes(const char *call, const struct net_dev *d, const void *data, int type)
+{
+    if (d->ptr_support & type)
+        return RESHARD_OK;
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "NET/Reshard: %s cannot register %s at %p on %s: the device takes %s (its "
+                    "ptrSupport; its INIT line says why)",
+                    call, type == NET_PTR_CUDA ? "CUDA device memory" : "a dma-buf", data, d->name,
+                    d->ptr_support & NET_PTR_CUDA ? "host and CUDA memory, not dma-bufs"
+                                                  : "host memory only");
+}
+
+reshard_status_t net_reg_mr(void *comm, void *data, size_t size, int type, void **mh)
+{
+    struct net_comm *c;
+    RS_CHECK(comm_get(comm, ANY_COMM, "regMr", &c));
+    if (!mh)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr without a handle pointer");
+    if (type != NET_PTR_HOST && type != NET_PTR_CUDA)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: cannot register memory of type %d at %p on %s (regMr takes "
+                        "NCCL_PTR_HOST or NCCL_PTR_CUDA)",
+                        type, data, c->dev->name);
+    if (size && !data)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMr of %zu bytes at NULL", size);
+    RS_CHECK(takes("regMr", c->dev, data, type));
+    if (size)
+        RS_CHECK(kind_check("regMr", c->dev, data, type == NET_PTR_CUDA));
+    return mr_make(c, data, size, type == NET_PTR_CUDA, -1, 0, mh);
+}
+
+/* Whether fd is a dma-buf (its file system's magic), or under RESHARD_TEST_DEVICE_AS_HOST=1
+ * a memfd, which is what the stand-in driver exports; its size in *bytes. */
+static int is_dmabuf(int fd, uint64_t *bytes)
+{
+    struct statfs fs;
+    struct stat st;
+    if (fstatfs(fd, &fs) != 0 || fstat(fd, &st) != 0)
+        return 0;
+    *bytes = (uint64_t)st.st_size;
+    if (fs.f_type == DMA_BUF_MAGIC)
+        return 1;
+    return net_device_as_host() && fcntl(fd, F_GET_SEALS) >= 0;
 }
 
 reshard_status_t net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,
                                    int fd, void **mh)
 {
-    (void)offset;
-    (void)fd;
-    (void)mh;
     struct net_comm *c;
     RS_CHECK(comm_get(comm, ANY_COMM, "regMrDmaBuf", &c));
-    return rs_error(RESHARD_ERR_INVALID_ARG,
-                    "NET/Reshard: cannot register a dma-buf (%zu bytes at %p, type %d): this "
-                    "build moves host memory only (ptrSupport is NCCL_PTR_HOST)",
-                    size, data, type);
+    struct net_dev *d = c->dev;
+    if (!mh)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: regMrDmaBuf without a handle pointer");
+    if (type != NET_PTR_CUDA && type != NET_PTR_DMABUF)
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: regMrDmaBuf of %p on %s as %s: a dma-buf holds device "
+                        "memory (NCCL_PTR_CUDA or NCCL_PTR_DMABUF)",
+                        data, d->name, ptr_name(type));
+    if (!data || !size)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: regMrDmaBuf of %zu bytes at %p",
+                        size, data);
+    RS_CHECK(takes("regMrDmaBuf", d, data, NET_PTR_DMABUF));
+    uint64_t bytes = 0;
+    if (fd < 0 || !is_dmabuf(fd, &bytes))
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: regMrDmaBuf of %zu bytes at %p on %s: file descriptor %d "
+                        "is not a dma-buf",
+                        size, data, d->name, fd);
+    if (offset > bytes || size > bytes - offset)
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: regMrDmaBuf of %zu bytes at %p on %s: offset %llu and size "
+                        "run past the end of dma-buf %d (%llu bytes)",
+                        size, data, d->name, (unsigned long long)offset, fd,
+                        (unsigned long long)bytes);
+    RS_CHECK(kind_check("regMrDmaBuf", d, data, 1));
+    return mr_make(c, data, size, 1, fd, offset, mh);
 }
 
 /* The registration behind handle mh; an error naming call otherwise. */
@@ -185,8 +297,9 @@ reshard_status_t net_dereg_mr(void *comm, void *mh)
     RS_CHECK(mr_get(mh, "deregMr", &m));
     net_live_drop(m->handle);
     pthread_mutex_lock(&m->dev->lock);
-    if (m->tp_mh)
-        m->dev->tp->ops->mem_dereg(m->dev->tp, m->tp_mh);
+    for (int r = 0; r < m->dev->nrails; r++)
+        if (m->tp_mh[r])
+            net_rail(m->dev, r)->ops->mem_dereg(net_rail(m->dev, r), m->tp_mh[r]);
     m->dev->users--;
     pthread_mutex_unlock(&m->dev->lock);
     free(m);
@@ -195,9 +308,9 @@ reshard_status_t net_dereg_mr(void *comm, void *mh)
 
 /* The transport handle for [data, data + size), which must lie inside the registration. */
 static reshard_status_t mr_for(const struct net_comm *c, void *mh, const void *data, size_t size,
-                               void **tp_mh)
+                               struct net_mr **out)
 {
-    *tp_mh = NULL;
+    *out = NULL;
     if (size && !data)
         return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: %s of %zu bytes at NULL",
                         c->kind == NET_KIND_SEND ? "isend" : "irecv", size);
@@ -210,12 +323,19 @@ static reshard_status_t mr_for(const struct net_comm *c, void *mh, const void *d
                         "NET/Reshard: registration %p belongs to another device", mh);
     uintptr_t at = (uintptr_t)data, base = (uintptr_t)m->base; /* no pointer past the object */
     if (size && (at < base || at - base > m->len || size > m->len - (at - base)))
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "NET/Reshard: %zu bytes at %p lie outside their registration (%zu bytes "
-                        "at %p)",
-                        size, data, m->len, (void *)m->base);
-    *tp_mh = m->tp_mh;
+        return rs_error(RESHARD_ERR_BUFFER,
+                        "NET/Reshard: %s of %zu bytes at %p on %s: they lie outside their "
+                        "registration (%zu bytes at %p)",
+                        c->kind == NET_KIND_SEND ? "isend" : "irecv", size, data, c->dev->name,
+                        m->len, (void *)m->base);
+    *out = m;
     return RESHARD_OK;
+}
+
+/* Rail r's handle of registration m (NULL: none). */
+static void *rail_mh(const struct net_mr *m, int r)
+{
+    return m ? m->tp_mh[r] : NULL;
 }
 
 /* ---- requests ---- */
@@ -227,7 +347,8 @@ static void sub_done(struct tp_req *t, reshard_status_t st, size_t got)
     struct net_comm *c = r->comm;
     c->in_transport--;
     r->pending--;
-    r->sizes[s - r->sub] = got;
+    if (c->kind == NET_KIND_RECV) /* a striped message's parts add up; a send's size is known */
+        r->sizes[(s - r->sub) / c->dev->nrails] += got;
     if (st != RESHARD_OK && r->st == RESHARD_OK)
         r->st = st;
     if (r->state == REQ_ABANDONED && !r->pending) { /* its handle went when it was abandoned */
@@ -237,7 +358,7 @@ static void sub_done(struct tp_req *t, reshard_status_t st, size_t got)
 }
 
 /* dev->lock held. */
-static reshard_status_t req_get(struct net_comm *c, int n, struct net_req **out)
+static reshard_status_t req_get(struct net_comm *c, int n, int nsub, struct net_req **out)
 {
     if (c->failed != RESHARD_OK)
         return rs_error(c->failed, "NET/Reshard: %s comm with %s: %s", comm_kind(c), c->peer_name,
@@ -250,10 +371,11 @@ static reshard_status_t req_get(struct net_comm *c, int n, struct net_req **out)
             return RESHARD_ERR_NO_MEMORY;
         r->state = REQ_ACTIVE;
         r->n = n;
+        r->nsub = nsub;
         r->pending = 0;
         r->st = RESHARD_OK;
         memset(r->sizes, 0, sizeof(r->sizes));
-        for (int j = 0; j < n; j++) {
+        for (int j = 0; j < nsub; j++) {
             r->sub[j].req = r;
             r->sub[j].tp.done = sub_done;
         }
@@ -298,14 +420,16 @@ static void req_abandon(struct net_req *r)
     net_live_drop(r->handle);
     if (r->pending) {
         r->state = REQ_ABANDONED;
-        for (int j = 0; j < r->n; j++)
-            c->dev->tp->ops->cancel(c->dev->tp, &r->sub[j].tp);
+        net_req_cancel(r);
     } else {
         r->state = REQ_FREE;
         c->active--;
     }
 }
 
+/* One message, or on a virtual NIC of k rails one part per rail (part r is bytes
+ * [size * r / k, size * (r + 1) / k), placed at that offset of the receive, which each rail
+ * offers whole). */
 reshard_status_t net_isend(void *send_comm, void *data, size_t size, int tag, void *mh, void **req)
 {
     struct net_comm *c;
@@ -316,21 +440,31 @@ reshard_status_t net_isend(void *send_comm, void *data, size_t size, int tag, vo
         return rs_error(RESHARD_ERR_TOO_LARGE,
                         "NET/Reshard: isend of %zu bytes exceeds maxP2pBytes (%zu)", size,
                         NET_MAX_MESSAGE);
-    void *tp_mh;
-    RS_CHECK(mr_for(c, mh, data, size, &tp_mh));
+    struct net_mr *m;
+    RS_CHECK(mr_for(c, mh, data, size, &m));
     struct net_dev *d = c->dev;
+    int k = d->nrails;
     struct net_req *r = NULL;
     pthread_mutex_lock(&d->lock);
     reshard_status_t st =
-        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, 1, &r);
+        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, 1, k, &r);
     if (st == RESHARD_OK) {
         uint64_t t = (uint64_t)c->id << 32 | (uint32_t)tag;
         r->sizes[0] = size;
-        st = d->tp->ops->send(d->tp, c->peer, t, data, size, tp_mh, 0, &r->sub[0].tp);
-        if (st == RESHARD_OK) {
-            r->pending = 1;
-            c->in_transport++;
-        } else {
+        for (int rr = 0; st == RESHARD_OK && rr < k; rr++) {
+            struct tp_ctx *tp = net_rail(d, rr);
+            size_t off = size / (size_t)k * (size_t)rr,
+                   end = rr + 1 < k ? off + size / (size_t)k : size;
+            st = k == 1
+                     ? tp->ops->send(tp, c->peer, t, data, size, rail_mh(m, rr), 0, &r->sub[rr].tp)
+                     : tp->ops->send_part(tp, c->peer, t, (char *)data + off, end - off,
+                                          rail_mh(m, rr), off, &r->sub[rr].tp);
+            if (st == RESHARD_OK) {
+                r->pending++;
+                c->in_transport++;
+            }
+        }
+        if (st != RESHARD_OK) {
             st = post_error(c, st);
             req_abandon(r);
         }
@@ -351,22 +485,25 @@ reshard_status_t net_irecv(void *recv_comm, int n, void **data, const size_t *si
                         "NET/Reshard: irecv of %d buffers (1 to maxRecvs=%d, with data, sizes and "
                         "tags)",
                         n, NET_MAX_RECVS);
-    void *tp_mh[NET_MAX_RECVS];
+    struct net_mr *m[NET_MAX_RECVS];
     for (int i = 0; i < n; i++) {
         if (sizes[i] > NET_MAX_MESSAGE)
             return rs_error(RESHARD_ERR_TOO_LARGE,
                             "NET/Reshard: irecv of %zu bytes exceeds maxP2pBytes (%zu)", sizes[i],
                             NET_MAX_MESSAGE);
-        RS_CHECK(mr_for(c, mhs ? mhs[i] : NULL, data[i], sizes[i], &tp_mh[i]));
+        RS_CHECK(mr_for(c, mhs ? mhs[i] : NULL, data[i], sizes[i], &m[i]));
     }
     struct net_dev *d = c->dev;
+    int k = d->nrails; /* each rail offers the whole buffer; its part lands where it belongs */
     struct net_req *r = NULL;
     pthread_mutex_lock(&d->lock);
     reshard_status_t st =
-        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, n, &r);
-    for (int i = 0; st == RESHARD_OK && i < n; i++) {
+        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, n, n * k, &r);
+    for (int j = 0; st == RESHARD_OK && j < n * k; j++) {
+        int i = j / k, rr = j % k;
         uint64_t t = (uint64_t)c->id << 32 | (uint32_t)tags[i];
-        st = d->tp->ops->recv(d->tp, c->peer, t, data[i], sizes[i], tp_mh[i], &r->sub[i].tp);
+        struct tp_ctx *tp = net_rail(d, rr);
+        st = tp->ops->recv(tp, c->peer, t, data[i], sizes[i], rail_mh(m[i], rr), &r->sub[j].tp);
         if (st == RESHARD_OK) {
             r->pending++;
             c->in_transport++;
@@ -382,18 +519,73 @@ reshard_status_t net_irecv(void *recv_comm, int n, void **data, const size_t *si
     return RESHARD_OK;
 }
 
+/* NCCL flushes a receive into device memory before its kernel reads it (GPUDirect RDMA): the
+ * last buffer that got bytes is read back through the transport (ib: an RDMA read through a
+ * queue pair connected to itself, as NCCL's own IB network does), which completes after the
+ * network's writes are visible; a transport without a flush of its own asks the CUDA driver
+ * (cuFlushGPUDirectRDMAWrites) and the flush is done at once (*req NULL). Only device
+ * registrations are flushed: NCCL flushes nothing else, so host memory here is a caller's
+ * mistake. */
 reshard_status_t net_iflush(void *recv_comm, int n, void **data, const int *sizes, void **mhs,
                             void **req)
 {
-    (void)data;
-    (void)sizes;
-    (void)mhs;
     struct net_comm *c;
     RS_CHECK(comm_get(recv_comm, NET_KINDS(NET_KIND_RECV), "iflush", &c));
-    (void)c;
-    if (!req || n < 1 || n > NET_MAX_RECVS)
-        return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: iflush of %d buffers", n);
+    if (!req || n < 1 || n > NET_MAX_RECVS || !data || !sizes || !mhs)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "NET/Reshard: iflush of %d buffers (1 to maxRecvs=%d, with data, sizes "
+                        "and registrations)",
+                        n, NET_MAX_RECVS);
+    struct net_dev *d = c->dev;
+    int last = -1, k = d->nrails;
+    struct net_mr *lm = NULL;
+    for (int i = 0; i < n; i++) {
+        struct net_mr *m;
+        if (sizes[i] < 0)
+            return rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: iflush of %d bytes at %p",
+                            sizes[i], data[i]);
+        if (!sizes[i])
+            continue;
+        RS_CHECK(mr_get(mhs[i], "iflush", &m));
+        struct net_mr *in;
+        if (!m->device)
+            return rs_error(RESHARD_ERR_BUFFER,
+                            "NET/Reshard: iflush of %d bytes at %p on %s: a receive into host "
+                            "memory needs no flush (NCCL flushes GPUDirect receives only)",
+                            sizes[i], data[i], d->name);
+        RS_CHECK(mr_for(c, mhs[i], data[i], (size_t)sizes[i], &in));
+        last = i;
+        lm = m;
+    }
     *req = NULL;
+    if (last < 0)
+        return RESHARD_OK; /* nothing arrived: nothing to flush */
+    if (!d->tp->ops->flush) {
+        reshard_status_t st = cuda_flush_rdma_writes();
+        if (st != RESHARD_OK)
+            return rs_error(st, "NET/Reshard: iflush of %p on %s: %s", data[last], d->name,
+                            rs_error_message());
+        return RESHARD_OK;
+    }
+    struct net_req *r = NULL; /* one read per rail: each NIC's writes are flushed by its own */
+    pthread_mutex_lock(&d->lock);
+    reshard_status_t st =
+        c->failed != RESHARD_OK ? req_error(c, c->failed, NULL) : req_get(c, 1, k, &r);
+    for (int rr = 0; st == RESHARD_OK && rr < k; rr++) {
+        struct tp_ctx *tp = net_rail(d, rr);
+        st = tp->ops->flush(tp, lm->tp_mh[rr], data[last], (size_t)sizes[last], &r->sub[rr].tp);
+        if (st == RESHARD_OK) {
+            r->pending++;
+            c->in_transport++;
+        } else {
+            st = rs_error(st, "NET/Reshard: iflush of %p on %s: %s", data[last], d->name,
+                          rs_error_message());
+            req_abandon(r);
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    RS_CHECK(st);
+    *req = r->handle;
     return RESHARD_OK;
 }
 
@@ -417,7 +609,7 @@ reshard_status_t net_test(void *request, int *done, int *sizes)
     struct net_dev *d = c->dev;
     pthread_mutex_lock(&d->lock);
     if (r->pending)
-        d->tp->ops->progress(d->tp);
+        net_dev_progress(d);
     /* Still waiting, or failed by the transport: the socket says whether the peer is gone.
      * A transfer that completed is reported done whatever became of the comm since. */
     if (r->pending || r->st != RESHARD_OK)

@@ -54,6 +54,8 @@ ncclResult_t net_result(reshard_status_t st, const char *call)
         return ncclSystemError;
     case RESHARD_ERR_UNAVAILABLE: /* the installation or environment does not allow it */
         return ncclInvalidUsage;
+    case RESHARD_ERR_BUFFER: /* memory that is not what the call says, or past its registration */
+        return ncclInvalidArgument;
     default: /* the caller broke the plugin contract */
         return ncclInternalError;
     }
@@ -160,14 +162,36 @@ ncclResult_t net_nccl_get_properties(int dev, ncclNetProperties_v12_t *props)
         .maxRecvs = p.max_recvs,
         .netDeviceType = NCCL_NET_DEVICE_HOST,
         .netDeviceVersion = NCCL_NET_DEVICE_INVALID_VERSION,
-        .vProps = {.ndevs = 1, .devs = {dev}},
+        .vProps = {.ndevs = p.ndevs},
         .maxP2pBytes = p.max_p2p_bytes,
         .maxCollBytes = p.max_coll_bytes,
         .maxMultiRequestSize = 1,
-        .railId = NCCL_NET_ID_UNDEF,
-        .planeId = NCCL_NET_ID_UNDEF,
+        .railId = (int16_t)p.rail_id, /* -1 is NCCL_NET_ID_UNDEF */
+        .planeId = (int16_t)p.plane_id,
     };
+    for (int i = 0; i < p.ndevs && i < NCCL_NET_MAX_DEVS_PER_NIC_V12; i++)
+        props->vProps.devs[i] = p.devs[i];
     return ncclSuccess;
+}
+
+static ncclResult_t net_nccl_make_vdevice(int *d, int ndevs, const int *devs, int max)
+{
+    if (!d)
+        return net_result(rs_error(RESHARD_ERR_INVALID_ARG, "NET/Reshard: makeVDevice(NULL)"),
+                          "makeVDevice");
+    return net_result(net_make_vdevice(devs, ndevs, max, d), "makeVDevice");
+}
+
+static ncclResult_t v12_make_vdevice(int *d, ncclNetVDeviceProps_v12_t *props)
+{
+    return net_nccl_make_vdevice(d, props ? props->ndevs : 0, props ? props->devs : NULL,
+                                 NCCL_NET_MAX_DEVS_PER_NIC_V12);
+}
+
+ncclResult_t net_nccl_make_vdevice_v9(int *d, ncclNetVDeviceProps_v9_t *props)
+{
+    return net_nccl_make_vdevice(d, props ? props->ndevs : 0, props ? props->devs : NULL,
+                                 NCCL_NET_MAX_DEVS_PER_NIC_V9);
 }
 
 static ncclResult_t v12_listen(void *ctx, int dev, void *handle, void **listen_comm)
@@ -231,7 +255,7 @@ NET_EXPORT const ncclNet_v12_t ncclNetPlugin_v12 = {
     .closeListen = net_nccl_close_listen,
     .getDeviceMr = NULL,   /* HOST devices: no device-side registrations */
     .irecvConsumed = NULL, /* host receives need no consumption notice (NCCL checks) */
-    .makeVDevice = NULL,   /* no NIC fusion: NCCL then keeps one virtual device per NIC */
+    .makeVDevice = v12_make_vdevice,
     .finalize = v12_finalize,
     .setNetAttr = v12_set_net_attr,
 };
@@ -260,11 +284,13 @@ static ncclResult_t v11_get_properties(int dev, ncclNetProperties_v11_t *props)
         .maxRecvs = p.maxRecvs,
         .netDeviceType = p.netDeviceType,
         .netDeviceVersion = p.netDeviceVersion,
-        .vProps = {.ndevs = 1, .devs = {dev}},
+        .vProps = {.ndevs = p.vProps.ndevs},
         .maxP2pBytes = p.maxP2pBytes,
         .maxCollBytes = p.maxCollBytes,
         .maxMultiRequestSize = p.maxMultiRequestSize,
     };
+    for (int i = 0; i < p.vProps.ndevs && i < NCCL_NET_MAX_DEVS_PER_NIC_V9; i++)
+        props->vProps.devs[i] = p.vProps.devs[i];
     return ncclSuccess;
 }
 
@@ -288,7 +314,7 @@ NET_EXPORT const ncclNet_v11_t ncclNetPlugin_v11 = {
     .closeListen = net_nccl_close_listen,
     .getDeviceMr = NULL,
     .irecvConsumed = NULL,
-    .makeVDevice = NULL,
+    .makeVDevice = net_nccl_make_vdevice_v9,
     .finalize = v12_finalize,
     .setNetAttr = v12_set_net_attr,
 };

@@ -29,5 +29,7 @@ ncclResult_t net_nccl_test(void *req, int *done, int *sizes);
 ncclResult_t net_nccl_close_send(void *comm);
 ncclResult_t net_nccl_close_recv(void *comm);
 ncclResult_t net_nccl_close_listen(void *comm);
+/* makeVDevice of v9 to v11 (4 devices at most). */
+ncclResult_t net_nccl_make_vdevice_v9(int *d, ncclNetVDeviceProps_v9_t *props);
 
 #endif

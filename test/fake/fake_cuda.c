@@ -131,13 +131,38 @@ API int cuCtxSetCurrent(void *ctx)
 }
 
 /* Only an allocation's id (CU_POINTER_ATTRIBUTE_BUFFER_ID) is known; other queries fail, so
- * that every pointer reads as host memory. */
+ * that every pointer reads as host memory. FAKE_CUDA_MEMORY_TYPE=1 also answers the memory
+ * type (CU_POINTER_ATTRIBUTE_MEMORY_TYPE: device) of allocations, for tests of callers that
+ * tell device memory from host memory. */
 API int cuPointerGetAttribute(void *data, int attr, uint64_t ptr)
 {
-    struct fake_alloc *a = attr == 7 ? find(ptr) : NULL;
+    const char *typed = getenv("FAKE_CUDA_MEMORY_TYPE");
+    int type_query = attr == 2 && typed && !strcmp(typed, "1");
+    struct fake_alloc *a = attr == 7 || type_query ? find(ptr) : NULL;
     if (!a)
         return 1; /* CUDA_ERROR_INVALID_VALUE: not the driver's memory */
-    *(unsigned long long *)data = a->id;
+    if (type_query)
+        *(unsigned *)data = 2; /* CU_MEMORYTYPE_DEVICE */
+    else
+        *(unsigned long long *)data = a->id;
+    return 0;
+}
+
+/* The stand-in's dma-buf of a device range: a descriptor of the memfd behind the allocation,
+ * whose offset 0 is the range's start as in a real dma-buf, so the range must start at the
+ * allocation's start and lie inside it. */
+API int cuMemGetHandleForAddressRange(void *handle, uint64_t ptr, size_t size, int type,
+                                      unsigned long long flags)
+{
+    struct fake_alloc *a = find(ptr);
+    if (fails("cuMemGetHandleForAddressRange") || type != 1 || flags)
+        return FAKE_ERROR;
+    if (!a || a->fd < 0 || ptr != (uint64_t)(uintptr_t)a->base || size > a->bytes)
+        return FAKE_INVALID_VALUE;
+    int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return FAKE_ERROR;
+    *(int *)handle = fd;
     return 0;
 }
 

@@ -5,7 +5,7 @@
  * a send's stripe, a flush), and progress() and wait(), the only places completions reach the
  * caller from. A work request's id is a pointer whose low bits say what it points to: 0 a
  * send, 1 a peer (control traffic), 2 a posted receive slot, 3 a memory window (its bind or
- * invalidation).
+ * invalidation), 4 a flush's read (ib_flush.c).
  */
 #include "ib_int.h"
 
@@ -172,6 +172,10 @@ static void on_send_done(struct ib_ctx *x, struct ib_send *s, const struct ibv_w
 static void on_wc(struct ib_ctx *x, const struct ibv_wc *wc)
 {
     uintptr_t tag = wc->wr_id & 7, ptr = wc->wr_id & ~(uintptr_t)7;
+    if (tag == 4) {
+        ib_flush_done(x, (struct tp_req *)ptr, wc);
+        return;
+    }
     struct ib_peer *p = tag == 1   ? (struct ib_peer *)ptr
                         : tag == 2 ? ((struct ib_slot *)ptr)->peer
                         : tag == 3 ? ((struct ib_win *)ptr)->peer

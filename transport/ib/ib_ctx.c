@@ -118,6 +118,7 @@ static void ib_close(struct tp_ctx *c)
     ib_send_close_all(x);
     ib_tmr_drop_all(x);
     ib_bounce_drop_all(x);
+    ib_flush_close(x);
     if (x->cq)
         x->f->destroy_cq(x->cq);
     if (x->chan)
@@ -135,8 +136,8 @@ static void ib_close(struct tp_ctx *c)
 }
 
 /* ib_init and ib_close are here; address comes from ib_cm.c; set_peer, connect, disconnect and
- * close_peer from ib_peer.c; mem_* from ib_mr.c; send, recv*, cancel from ib_post.c; progress
- * and wait from ib_cq.c. */
+ * close_peer from ib_peer.c; mem_* from ib_mr.c; flush from ib_flush.c; send, recv*, cancel from
+ * ib_post.c; progress and wait from ib_cq.c. */
 const struct tp_ops tp_ib_ops = {
     .size = sizeof(struct tp_ops),
     .name = "ib",
@@ -146,7 +147,10 @@ const struct tp_ops tp_ib_ops = {
     .connect = ib_connect,
     .mem_reg = ib_mem_reg,
     .mem_dereg = ib_mem_dereg,
+    .mem_reg_dmabuf = ib_mem_reg_dmabuf,
+    .flush = ib_flush,
     .send = ib_send,
+    .send_part = ib_send_part,
     .recv = ib_recv,
     .recv_iov = ib_recv_iov,
     .cancel = ib_cancel,

@@ -112,6 +112,9 @@ struct ib_reg {
     int bindable;     /* LOCAL_WRITE | MW_BIND: receives bind windows over it */
     int fd;           /* device memory: its dma-buf, for registrations of one receive; else -1 */
     uint64_t fd_base; /* the address at offset 0 of that dma-buf */
+    /* What a flush reads through (ib_flush.c): mr itself for device memory, registered with
+     * remote read; for host memory a second registration, made at its first flush. */
+    struct ibv_mr *read_mr;
 };
 
 struct ib_send {
@@ -120,6 +123,7 @@ struct ib_send {
     uint64_t tag;
     const char *buf;
     size_t len;
+    size_t offset; /* where in the receive's buffer the bytes go (send_part; else 0) */
     struct ibv_mr *mr;
     int transient; /* mr is from the registration cache */
     int pending;   /* stripes posted and not completed */
@@ -290,6 +294,13 @@ struct ib_ctx {
     struct tp_deferred deferred;
     int64_t last_sock_poll;
     int handshakes; /* peers connecting, stashed connections */
+    int peermem;    /* device pointers register with ibv_reg_mr (nvidia-peermem is loaded) */
+    /* Flushes (ib_flush.c): a queue pair connected to itself, made at the first flush, that
+     * reads a receive's last bytes into flush_buf. */
+    struct ibv_qp *flush_qp;
+    struct ibv_mr *flush_mr;
+    char *flush_buf;
+    int flush_used; /* reads posted and not completed */
 };
 
 static inline struct ib_ctx *to_ib(struct tp_ctx *c)
@@ -338,9 +349,22 @@ void ib_tmr_drop_all(struct ib_ctx *x);
 /* A registration of exactly [addr, addr + len) that peers may write: for one receive, where
  * the device has no windows. */
 struct ibv_mr *ib_mr_exact(struct ib_ctx *x, const struct ib_reg *reg, char *addr, size_t len);
+/* Whether device memory registers here: as dma-bufs (ibv_reg_dmabuf_mr), or as device pointers
+ * through peer memory; sets super.device_mem, super.dmabuf and device_mem_why. */
 void ib_mr_probe_dmabuf(struct ib_ctx *x);
 reshard_status_t ib_mem_reg(struct tp_ctx *c, void *addr, size_t len, enum tp_mem mem, void **mh);
+reshard_status_t ib_mem_reg_dmabuf(struct tp_ctx *c, void *addr, size_t len, int fd,
+                                   uint64_t offset, void **mh);
 void ib_mem_dereg(struct tp_ctx *c, void *mh);
+
+/* ---- ib_flush.c: flushes of device memory after a receive ---- */
+
+/* A flush's read completed (its work request id names req, low bits 4). */
+void ib_flush_done(struct ib_ctx *x, struct tp_req *req, const struct ibv_wc *wc);
+reshard_status_t ib_flush(struct tp_ctx *c, void *mh, const void *addr, size_t len,
+                          struct tp_req *req);
+/* Destroys the flush queue pair and its buffer (the context closes). */
+void ib_flush_close(struct ib_ctx *x);
 
 /* ---- ib_bounce.c: the bounce buffers' arena ---- */
 
@@ -398,6 +422,8 @@ reshard_status_t ib_matched(struct ib_ctx *x, struct ib_peer *p, struct ib_send 
                             const struct ib_cts *c);
 reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const void *buf, size_t len,
                          void *mh, int ctrl, struct tp_req *req);
+reshard_status_t ib_send_part(struct tp_ctx *c, int peer, uint64_t tag, const void *buf, size_t len,
+                              void *mh, size_t offset, struct tp_req *req);
 reshard_status_t ib_recv(struct tp_ctx *c, int peer, uint64_t tag, void *buf, size_t len, void *mh,
                          struct tp_req *req);
 reshard_status_t ib_recv_iov(struct tp_ctx *c, int peer, uint64_t tag, const struct iovec *iov,

@@ -218,7 +218,8 @@ static reshard_status_t post_write(struct ib_ctx *x, struct ib_peer *p, struct i
                                  .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
                                  .send_flags = IBV_SEND_SIGNALED,
                                  .imm_data = htonl(c->id << 8 | (uint32_t)k),
-                                 .wr.rdma = {.remote_addr = c->addr + off, .rkey = c->rkey[q]}},
+                                 .wr.rdma = {.remote_addr = c->addr + s->offset + off,
+                                             .rkey = c->rkey[q]}},
                            *bad;
         if (ibv_post_send(p->qp[q], &wr, &bad))
             return ib_qp_fail(x, p, "ibv_post_send (RDMA write)");
@@ -274,12 +275,12 @@ reshard_status_t ib_queue_work(struct ib_ctx *x, struct ib_peer *p, const struct
 reshard_status_t ib_matched(struct ib_ctx *x, struct ib_peer *p, struct ib_send *s,
                             const struct ib_cts *c)
 {
-    if (s->len > c->len) {
-        reshard_status_t st =
-            rs_error(RESHARD_ERR_TOO_LARGE,
-                     "ib: a %zu-byte message to rank %d for a %llu-byte "
-                     "receive (tag 0x%llx)",
-                     s->len, p->index, (unsigned long long)c->len, (unsigned long long)c->tag);
+    if (s->len > c->len || s->offset > c->len - s->len) {
+        reshard_status_t st = rs_error(
+            RESHARD_ERR_TOO_LARGE,
+            "ib: a %zu-byte message (at offset %zu) to rank %d for a %llu-byte "
+            "receive (tag 0x%llx)",
+            s->len, s->offset, p->index, (unsigned long long)c->len, (unsigned long long)c->tag);
         ib_send_fail(x, s, st);
         return ib_queue_work(x, p, &(struct ib_work){.kind = W_REFUSE, .cts = *c});
     }
@@ -311,8 +312,8 @@ static reshard_status_t check_reg(const struct ib_reg *g, const void *buf, size_
                     what, buf, g->len, (void *)g->base);
 }
 
-reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const void *buf, size_t len,
-                         void *mh, int ctrl, struct tp_req *req)
+static reshard_status_t send_at(struct tp_ctx *c, int peer, uint64_t tag, const void *buf,
+                                size_t len, void *mh, int ctrl, size_t offset, struct tp_req *req)
 {
     struct ib_ctx *x = to_ib(c);
     struct ib_reg *g = mh;
@@ -322,8 +323,13 @@ reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const void *b
     struct ib_send *s = calloc(1, sizeof(*s));
     if (!s)
         return rs_error(RESHARD_ERR_NO_MEMORY, "ib: no memory for a send");
-    *s = (struct ib_send){
-        .req = req, .peer = p, .tag = tag, .buf = buf, .len = len, .mr = g ? g->mr : NULL};
+    *s = (struct ib_send){.req = req,
+                          .peer = p,
+                          .tag = tag,
+                          .buf = buf,
+                          .len = len,
+                          .offset = offset,
+                          .mr = g ? g->mr : NULL};
     if (len && !g) {
         if (!(s->mr = ib_tmr_get(x, buf, len, 0))) {
             free(s);
@@ -351,6 +357,18 @@ reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const void *b
     *p->sends_tail = s;
     p->sends_tail = &s->next;
     return RESHARD_OK;
+}
+
+reshard_status_t ib_send(struct tp_ctx *c, int peer, uint64_t tag, const void *buf, size_t len,
+                         void *mh, int ctrl, struct tp_req *req)
+{
+    return send_at(c, peer, tag, buf, len, mh, ctrl, 0, req);
+}
+
+reshard_status_t ib_send_part(struct tp_ctx *c, int peer, uint64_t tag, const void *buf, size_t len,
+                              void *mh, size_t offset, struct tp_req *req)
+{
+    return send_at(c, peer, tag, buf, len, mh, 0, offset, req);
 }
 
 /* The receive's length and registration are checked first; then it takes an id, and its keys

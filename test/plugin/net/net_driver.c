@@ -3,7 +3,7 @@
  * The conformance driver: loads the plugin the way NCCL does and drives one ncclNet_vN table.
  *
  *   net_driver --version N|auto --role recv|send|env --handle FILE [--stream-mib M]
- *              [--die send|recv]
+ *              [--die send|recv] [--mem device]
  *   net_driver --version N|auto --case NAME
  *
  * The library is found as NCCL finds it: dlopen("libnccl-net-reshard.so") through
@@ -14,6 +14,10 @@
  * writes the handle to FILE (the out-of-band channel), the sender waits for FILE and connects.
  * "env" takes the role from $RANK (0 receives), for scripts/cluster.sh. --die SIDE makes that
  * side kill itself in the middle of the stream, and the other expect a prompt, clear error.
+ * --mem device: the buffers are device memory of the CUDA driver $RESHARD_CUDA_LIB names (the
+ * stand-in, whose device memory the test reads as host memory): the sender registers its with
+ * regMr(NCCL_PTR_CUDA), the receiver its as a dma-buf (regMrDmaBuf) and flushes every receive
+ * (iflush) before reading it, as NCCL does with GPUDirect RDMA.
  *
  * --case: one bad-input or fault case inside one process (listener and connector both here).
  *
@@ -25,8 +29,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,10 +158,87 @@ ncclResult_t d_reg(void *comm, void *data, size_t size, int type, void **mh)
                          : T(9)->regMr(comm, data, size, type, mh);
 }
 
-ncclResult_t d_reg_dmabuf(void *comm, void *data, size_t size, void **mh)
+ncclResult_t d_reg_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
+                          void **mh)
 {
-    return version >= 11 ? T(11)->regMrDmaBuf(comm, data, size, NCCL_PTR_DMABUF, 0, 3, mh)
-                         : T(9)->regMrDmaBuf(comm, data, size, NCCL_PTR_DMABUF, 0, 3, mh);
+    return version >= 11 ? T(11)->regMrDmaBuf(comm, data, size, type, offset, fd, mh)
+                         : T(9)->regMrDmaBuf(comm, data, size, type, offset, fd, mh);
+}
+
+/* ---- device memory, from the CUDA driver tests point RESHARD_CUDA_LIB at ---- */
+
+static int (*cu_mem_alloc)(uint64_t *p, size_t n);
+static int (*cu_mem_free)(uint64_t p);
+static int (*cu_dmabuf)(void *fd, uint64_t p, size_t n, int type, unsigned long long flags);
+
+void *dev_alloc(size_t n)
+{
+    if (!cu_mem_alloc) {
+        const char *path = getenv("RESHARD_CUDA_LIB");
+        void *lib = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        int (*init)(unsigned) = lib ? (int (*)(unsigned))dlsym(lib, "cuInit") : NULL;
+        cu_mem_alloc = lib ? (int (*)(uint64_t *, size_t))dlsym(lib, "cuMemAlloc_v2") : NULL;
+        cu_mem_free = lib ? (int (*)(uint64_t))dlsym(lib, "cuMemFree_v2") : NULL;
+        cu_dmabuf = lib ? (int (*)(void *, uint64_t, size_t, int, unsigned long long))dlsym(
+                              lib, "cuMemGetHandleForAddressRange")
+                        : NULL;
+        if (!init || !cu_mem_alloc || !cu_mem_free || !cu_dmabuf || init(0)) {
+            fail("device memory", "no CUDA driver at %s: %s", path ? path : "libcuda.so.1",
+                 lib ? "a call is missing or cuInit failed" : dlerror());
+            cu_mem_alloc = NULL;
+            return NULL;
+        }
+    }
+    uint64_t p = 0;
+    if (cu_mem_alloc(&p, n)) {
+        fail("device memory", "cuMemAlloc of %zu bytes failed", n);
+        return NULL;
+    }
+    return (void *)(uintptr_t)p;
+}
+
+void dev_free(void *p)
+{
+    if (p && cu_mem_free)
+        cu_mem_free((uint64_t)(uintptr_t)p);
+}
+
+/* The dma-buf of [p, p + n), as NCCL gets one (cuMemGetHandleForAddressRange); -1 on failure. */
+int dev_dmabuf(void *p, size_t n)
+{
+    int fd = -1;
+    if (!cu_dmabuf || cu_dmabuf(&fd, (uint64_t)(uintptr_t)p, n, 1 /* DMA_BUF_FD */, 0)) {
+        fail("dma-buf", "cuMemGetHandleForAddressRange of %zu bytes at %p failed", n, p);
+        return -1;
+    }
+    return fd;
+}
+
+/* regMrDmaBuf as NCCL calls it: the fd of the whole range, closed once registered. */
+ncclResult_t d_reg_device_dmabuf(void *comm, void *data, size_t size, void **mh)
+{
+    int fd = dev_dmabuf(data, size);
+    if (fd < 0)
+        return ncclSystemError;
+    ncclResult_t r = d_reg_dmabuf(comm, data, size, NCCL_PTR_CUDA, 0, fd, mh);
+    close(fd);
+    return r;
+}
+
+/* Flushes the receive of n buffers that got got[i] bytes, as NCCL does before its kernel reads
+ * device memory: iflush, and test until done when it gave a request. */
+int flush_recv(void *rc, int n, void **data, const int *got, void **mhs, int *flushes)
+{
+    int sizes[MAX_RECVS_WANTED];
+    void *req = (void *)0x1;
+    for (int i = 0; i < n; i++)
+        sizes[i] = got[i];
+    NCCL_OK("iflush", d_iflush(rc, n, data, sizes, mhs, &req));
+    CHECK("iflush", req != (void *)0x1, "iflush left the request unset");
+    if (req)
+        NCCL_OK("iflush", wait_req(req, NULL, 30));
+    (*flushes)++;
+    return 0;
 }
 
 ncclResult_t d_dereg(void *comm, void *mh)
@@ -294,7 +377,9 @@ static int check_props(int dev, char *name, size_t name_len)
     /* Every version starts the same way up to ptrSupport and regIsGlobal. */
     const ncclNetProperties_v8_t *p8 = (const void *)buf;
     CHECK("getProperties", p8->name && *p8->name, "device %d has no name", dev);
-    CHECK("getProperties", p8->ptrSupport == NCCL_PTR_HOST, "ptrSupport %#x", p8->ptrSupport);
+    const char *want_ptr = getenv("NET_EXPECT_PTR"); /* the tests' expectation (default host) */
+    int ptr = want_ptr ? atoi(want_ptr) : NCCL_PTR_HOST;
+    CHECK("getProperties", p8->ptrSupport == ptr, "ptrSupport %#x, want %#x", p8->ptrSupport, ptr);
     snprintf(name, name_len, "%s", p8->name);
     int speed, max_recvs, type;
     size_t p2p = 1, coll = 1;
@@ -315,9 +400,11 @@ static int check_props(int dev, char *name, size_t name_len)
         p2p = p->maxP2pBytes, coll = p->maxCollBytes;
         CHECK("getProperties", p->vProps.ndevs == 1 && p->vProps.devs[0] == dev, "vProps {%d, %d}",
               p->vProps.ndevs, p->vProps.devs[0]);
+        /* Rails and planes are known for RDMA ports and PCI interfaces, else undefined. */
         CHECK("getProperties",
-              p->maxMultiRequestSize >= 1 && p->railId == NCCL_NET_ID_UNDEF &&
-                  p->planeId == NCCL_NET_ID_UNDEF,
+              p->maxMultiRequestSize >= 1 && p->railId >= NCCL_NET_ID_UNDEF &&
+                  p->planeId >= NCCL_NET_ID_UNDEF &&
+                  (p->pciPath || p->port > 0 || p->railId == NCCL_NET_ID_UNDEF),
               "maxMultiRequestSize %d railId %d planeId %d", p->maxMultiRequestSize, p->railId,
               p->planeId);
     }
@@ -326,8 +413,9 @@ static int check_props(int dev, char *name, size_t name_len)
     CHECK("getProperties", type == NCCL_NET_DEVICE_HOST, "netDeviceType %d", type);
     CHECK("getProperties", p2p > 0 && p2p <= (size_t)1 << 40 && coll > 0 && coll <= (size_t)1 << 40,
           "maxP2pBytes %zu maxCollBytes %zu", p2p, coll);
-    printf("ok getProperties v%d dev %d %s %d Mbps pciPath %s maxRecvs %d\n", version, dev,
-           p8->name, speed, p8->pciPath ? p8->pciPath : "(none)", max_recvs);
+    printf("ok getProperties v%d dev %d %s %d Mbps pciPath %s maxRecvs %d ptrSupport %#x\n",
+           version, dev, p8->name, speed, p8->pciPath ? p8->pciPath : "(none)", max_recvs,
+           p8->ptrSupport);
     return 0;
 }
 
@@ -407,6 +495,7 @@ struct run {
     const char *handle_file;
     enum die die;
     size_t stream_mib;
+    int device; /* --mem device */
 };
 
 /* The survivor's check: the stream's request failed (r, from `call`: test, or irecv when the
@@ -505,10 +594,14 @@ static int recv_side(void *ctx, const struct run *run)
     }
     ok("accept");
     size_t bytes = (size_t)WINDOW * MSG;
-    unsigned char *buf = malloc(bytes);
+    unsigned char *buf = run->device ? dev_alloc(bytes) : malloc(bytes);
+    int flushes = 0;
     CHECK("regMr", buf, "no memory");
-    NCCL_OK("regMr", d_reg(rc, buf, bytes, NCCL_PTR_HOST, &mh));
-    ok("regMr");
+    if (run->device)
+        NCCL_OK("regMr", d_reg_device_dmabuf(rc, buf, bytes, &mh));
+    else
+        NCCL_OK("regMr", d_reg(rc, buf, bytes, NCCL_PTR_HOST, &mh));
+    ok(run->device ? "regMr (regMrDmaBuf of device memory)" : "regMr");
 
     /* 5000 bytes into a 5200-byte receive: test reports 5000. */
     void *req, *data[MAX_RECVS_WANTED];
@@ -519,6 +612,8 @@ static int recv_side(void *ctx, const struct run *run)
     NCCL_OK("irecv", d_irecv(rc, 1, data, sizes, tags, mhs, &req));
     CHECK("irecv", req && req != (void *)0x1, "irecv gave request %p", req);
     NCCL_OK("test", wait_req(req, got, 30));
+    if (run->device && flush_recv(rc, 1, data, got, mhs, &flushes))
+        return -1;
     CHECK("size", got[0] == 5000, "5000 bytes sent, test reports %d", got[0]);
     size_t bad = mismatch(buf, 5000, 1);
     CHECK("size", !bad, "byte %zu differs", bad - 1);
@@ -530,6 +625,8 @@ static int recv_side(void *ctx, const struct run *run)
     }
     NCCL_OK("grouped irecv", d_irecv(rc, MAX_RECVS_WANTED, data, sizes, tags, mhs, &req));
     NCCL_OK("grouped irecv", wait_req(req, got, 30));
+    if (run->device && flush_recv(rc, MAX_RECVS_WANTED, data, got, mhs, &flushes))
+        return -1;
     for (int i = 0; i < MAX_RECVS_WANTED; i++) {
         CHECK("grouped irecv", got[i] == 1000 + i, "buffer %d got %d bytes, want %d", i, got[i],
               1000 + i);
@@ -550,6 +647,10 @@ static int recv_side(void *ctx, const struct run *run)
     }
     for (int k = 31; k >= 0; k--) {
         NCCL_OK("32 outstanding", wait_req(reqs[k], got, 30));
+        for (int i = 0; i < MAX_RECVS_WANTED; i++)
+            data[i] = buf + (size_t)(k * MAX_RECVS_WANTED + i) * MANY_BYTES;
+        if (run->device && flush_recv(rc, MAX_RECVS_WANTED, data, got, mhs, &flushes))
+            return -1;
         for (int i = 0; i < MAX_RECVS_WANTED; i++) {
             int m = k * MAX_RECVS_WANTED + i;
             CHECK("32 outstanding", got[i] == MANY_BYTES, "message %d: %d bytes", m, got[i]);
@@ -565,6 +666,11 @@ static int recv_side(void *ctx, const struct run *run)
     got[0] = -1;
     NCCL_OK("zero bytes", wait_req(req, got, 30));
     CHECK("zero bytes", got[0] == 0, "test reports %d bytes", got[0]);
+    if (run->device) { /* nothing arrived: nothing to flush, and iflush says so */
+        req = (void *)0x1;
+        NCCL_OK("zero bytes", d_iflush(rc, 1, data, got, mhs, &req));
+        CHECK("zero bytes", req == NULL, "iflush of 0 bytes gave request %p", req);
+    }
     ok("zero-byte message");
 
     /* The stream, WINDOW receives in flight, every word folded into the checksum. */
@@ -600,11 +706,14 @@ static int recv_side(void *ctx, const struct run *run)
             NCCL_OK("closeRecv after failure", d_close_recv(rc));
             NCCL_OK("closeListen", d_close_listen(lc));
             ok("closed after failure");
-            free(buf);
+            run->device ? dev_free(buf) : free(buf);
             return 0;
         }
         NCCL_OK("stream", r);
         CHECK("stream", got[0] == MSG, "message %zu: %d bytes", m, got[0]);
+        data[0] = buf + (m % WINDOW) * MSG;
+        if (run->device && flush_recv(rc, 1, data, got, mhs, &flushes))
+            return -1;
         const uint64_t *w = (const void *)(buf + (m % WINDOW) * MSG);
         for (size_t i = 0; i < MSG / 8; i++) {
             sum = mix(sum, w[i]);
@@ -618,13 +727,16 @@ static int recv_side(void *ctx, const struct run *run)
            run->stream_mib, nmsg, (unsigned long long)sum, dt,
            (double)run->stream_mib * MIB / dt / 1e9);
 
-    /* iflush of host memory completes at once. */
+    /* NCCL flushes receives into device memory only: a host receive's flush is a mistake. */
     int fsize = 64;
     data[0] = buf;
-    req = (void *)0x1;
-    NCCL_OK("iflush", d_iflush(rc, 1, data, &fsize, &mh, &req));
-    CHECK("iflush", req == NULL, "host memory needs no flush, got request %p", req);
-    ok("iflush");
+    if (run->device)
+        printf("ok iflush: %d receives into device memory flushed\n", flushes);
+    else if (expect("flush of a host receive", d_iflush(rc, 1, data, &fsize, &mh, &req),
+                    ncclInvalidArgument, "needs no flush"))
+        return -1;
+    else
+        ok("iflush (refused for a host receive)");
 
     /* Close with a receive in flight that no one will match. */
     data[0] = buf, sizes[0] = MANY_BYTES, tags[0] = STRAY_TAG, mhs[0] = mh;
@@ -635,7 +747,7 @@ static int recv_side(void *ctx, const struct run *run)
     ok("closeRecv with a receive in flight");
     NCCL_OK("closeListen", d_close_listen(lc));
     ok("closeListen");
-    free(buf);
+    run->device ? dev_free(buf) : free(buf);
     return write_done(run->handle_file);
 }
 
@@ -652,10 +764,10 @@ static int send_side(void *ctx, const struct run *run)
     }
     ok("connect");
     size_t bytes = (size_t)WINDOW * MSG;
-    unsigned char *buf = malloc(bytes);
+    unsigned char *buf = run->device ? dev_alloc(bytes) : malloc(bytes);
     CHECK("regMr", buf, "no memory");
-    NCCL_OK("regMr", d_reg(sc, buf, bytes, NCCL_PTR_HOST, &mh));
-    ok("regMr");
+    NCCL_OK("regMr", d_reg(sc, buf, bytes, run->device ? NCCL_PTR_CUDA : NCCL_PTR_HOST, &mh));
+    ok(run->device ? "regMr (NCCL_PTR_CUDA)" : "regMr");
 
     void *req;
     int got[MAX_RECVS_WANTED];
@@ -705,7 +817,7 @@ static int send_side(void *ctx, const struct run *run)
                 NCCL_OK("deregMr after failure", d_dereg(sc, mh));
                 NCCL_OK("closeSend after failure", d_close_send(sc));
                 ok("closed after failure");
-                free(buf);
+                run->device ? dev_free(buf) : free(buf);
                 return 0;
             }
         }
@@ -736,7 +848,7 @@ static int send_side(void *ctx, const struct run *run)
     ok("the receiver is done");
     NCCL_OK("closeSend", d_close_send(sc));
     ok("closeSend with a send in flight");
-    free(buf);
+    run->device ? dev_free(buf) : free(buf);
     return 0;
 }
 
@@ -863,20 +975,268 @@ static int case_bad_mr(void *ctx)
                ncclInternalError, "CUDA device") ||
         expect("regMr of an unknown kind", d_reg(rc, buf, sizeof(buf), 0x40, &mh),
                ncclInternalError, "cannot register") ||
-        expect("regMrDmaBuf", d_reg_dmabuf(sc, buf, sizeof(buf), &mh), ncclInternalError,
-               "dma-buf") ||
+        expect("regMrDmaBuf", d_reg_dmabuf(sc, buf, sizeof(buf), NCCL_PTR_DMABUF, 0, 3, &mh),
+               ncclInternalError, "dma-buf") ||
         expect("deregMr of garbage", d_dereg(sc, buf), ncclInternalError, "not a registration"))
         return -1;
     CHECK("regMr", mh == NULL, "a failed regMr wrote a handle");
     NCCL_OK("regMr", d_reg(sc, buf, sizeof(buf), NCCL_PTR_HOST, &mh));
     void *req;
     if (expect("isend outside its registration", d_isend(sc, buf + 32, 64, 1, mh, &req),
-               ncclInternalError, "outside their registration"))
+               ncclInvalidArgument, "outside their registration"))
         return -1;
     NCCL_OK("deregMr", d_dereg(sc, mh));
     NCCL_OK("closeSend", d_close_send(sc));
     NCCL_OK("closeRecv", d_close_recv(rc));
     NCCL_OK("closeListen", d_close_listen(lc));
+    return 0;
+}
+
+/* A refusal of bad input: ncclInvalidArgument, a WARN naming the call, the pointer and the
+ * device, and no handle written. */
+static int refused(const char *step, ncclResult_t got, const char *call, const void *p,
+                   const char *dev, void *const *mh)
+{
+    char ptr[32];
+    snprintf(ptr, sizeof(ptr), "%p", p);
+    CHECK(step, got == ncclInvalidArgument, "returned %d, want ncclInvalidArgument (last WARN: %s)",
+          (int)got, last_warn);
+    CHECK(step, strstr(last_warn, call) && strstr(last_warn, ptr) && strstr(last_warn, dev),
+          "WARN '%s' does not name %s, %s and %s", last_warn, call, ptr, dev);
+    CHECK(step, !mh || !*mh, "a refused registration wrote a handle");
+    printf("ok %s: %d, WARN: %s\n", step, (int)got, last_warn);
+    last_warn[0] = '\0';
+    return 0;
+}
+
+/* Descriptors of the stand-in's device memory (its dma-bufs are its memfds) open in this
+ * process: a registration that kept one would show here. Counting every descriptor would not
+ * do: UCX opens sockets of its own whenever its connections progress. */
+static int open_dmabufs(void)
+{
+    int n = 0;
+    for (int fd = 0; fd < 4096; fd++) {
+        char path[64], link[256];
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        ssize_t len = readlink(path, link, sizeof(link) - 1);
+        if (len > 0) {
+            link[len] = '\0';
+            n += strstr(link, "memfd:fake-cuda") != NULL;
+        }
+    }
+    return n;
+}
+
+/* GPUDirect's bad input, on the stand-in driver with RESHARD_TEST_DEVICE_AS_HOST=1: memory of
+ * the wrong kind, a descriptor that is not a dma-buf, a range past a dma-buf's end, a transfer
+ * past its registration, a flush of a host receive. Nothing is registered, no descriptor left. */
+static int case_gdr_bad_input(void *ctx)
+{
+    unsigned char h[NCCL_NET_HANDLE_MAXSIZE], props[512];
+    void *lc, *sc, *rc, *mh = NULL, *smh = NULL, *hmh = NULL, *req;
+    NCCL_OK("getProperties", version >= 11 ? T(11)->getProperties(0, (void *)props)
+                                           : T(9)->getProperties(0, (void *)props));
+    char dev[64];
+    snprintf(dev, sizeof(dev), "%s", ((const ncclNetProperties_v8_t *)props)->name);
+    if (pair(ctx, &lc, &sc, &rc, h))
+        return -1;
+    size_t n = 1 << 20;
+    unsigned char *d = dev_alloc(n), *host = malloc(n);
+    CHECK("memory", d && host, "no memory");
+    int fds = open_dmabufs(), pipefd[2];
+    CHECK("pipe", pipe(pipefd) == 0, "pipe: %s", strerror(errno));
+    int dmabuf = dev_dmabuf(d, n);
+    if (dmabuf < 0)
+        return -1;
+    if (refused("device memory as NCCL_PTR_HOST", d_reg(rc, d, n, NCCL_PTR_HOST, &mh), "regMr", d,
+                dev, &mh) ||
+        refused("host memory as NCCL_PTR_CUDA", d_reg(rc, host, n, NCCL_PTR_CUDA, &mh), "regMr",
+                host, dev, &mh) ||
+        refused("host memory as a dma-buf",
+                d_reg_dmabuf(rc, host, n, NCCL_PTR_CUDA, 0, dmabuf, &mh), "regMrDmaBuf", host, dev,
+                &mh) ||
+        refused("a pipe as a dma-buf", d_reg_dmabuf(rc, d, n, NCCL_PTR_CUDA, 0, pipefd[0], &mh),
+                "regMrDmaBuf", d, dev, &mh) ||
+        refused("descriptor -1 as a dma-buf", d_reg_dmabuf(rc, d, n, NCCL_PTR_CUDA, 0, -1, &mh),
+                "regMrDmaBuf", d, dev, &mh) ||
+        refused("a range past the dma-buf's end",
+                d_reg_dmabuf(rc, d, n, NCCL_PTR_CUDA, 4096, dmabuf, &mh), "regMrDmaBuf", d, dev,
+                &mh))
+        return -1;
+    close(pipefd[0]);
+    close(pipefd[1]);
+    close(dmabuf);
+    NCCL_OK("regMr", d_reg(sc, d, n, NCCL_PTR_CUDA, &smh));
+    NCCL_OK("regMr", d_reg(rc, host, n, NCCL_PTR_HOST, &hmh));
+    void *data = host;
+    int size = 64;
+    if (refused("isend past its registration", d_isend(sc, d + n - 16, 64, 1, smh, &req), "isend",
+                d + n - 16, dev, NULL) ||
+        refused("iflush of a host receive", d_iflush(rc, 1, &data, &size, &hmh, &req), "iflush",
+                host, dev, NULL))
+        return -1;
+    NCCL_OK("deregMr", d_dereg(sc, smh));
+    NCCL_OK("deregMr", d_dereg(rc, hmh));
+    CHECK("descriptors", open_dmabufs() == fds, "%d descriptors of device memory open, %d before",
+          open_dmabufs(), fds);
+    ok("no registration or descriptor left behind");
+    NCCL_OK("closeSend", d_close_send(sc));
+    NCCL_OK("closeRecv", d_close_recv(rc));
+    NCCL_OK("closeListen", d_close_listen(lc));
+    dev_free(d);
+    free(host);
+    return 0;
+}
+
+/* Packets an RDMA port has sent (hw_counters/sent_pkts: soft-RoCE has it); -1 when this
+ * device has no such counter (an interface: UCX spreads a virtual NIC over its own lanes, and
+ * traffic between local addresses never leaves by them anyway). */
+static long long sent_packets(const char *name, int port)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/hw_counters/sent_pkts", name,
+             port > 0 ? port : 1);
+    FILE *f = fopen(path, "r");
+    long long n = -1;
+    if (f && fscanf(f, "%lld", &n) != 1)
+        n = -1;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static int props_of(int dev, ncclNetProperties_v12_t *p12, ncclNetProperties_v9_t *p9)
+{
+    NCCL_OK("getProperties", version >= 12   ? T(12)->getProperties(dev, p12)
+                             : version >= 11 ? T(11)->getProperties(dev, (void *)p9)
+                                             : T(9)->getProperties(dev, p9));
+    if (version >= 12)
+        *p9 = (ncclNetProperties_v9_t){.name = p12->name,
+                                       .speed = p12->speed,
+                                       .port = p12->port,
+                                       .ptrSupport = p12->ptrSupport,
+                                       .vProps = {.ndevs = p12->vProps.ndevs}};
+    if (version >= 12)
+        for (int i = 0; i < p12->vProps.ndevs && i < NCCL_NET_MAX_DEVS_PER_NIC_V9; i++)
+            p9->vProps.devs[i] = p12->vProps.devs[i];
+    return 0;
+}
+
+static ncclResult_t d_make_vdevice(int *d, int n, const int *devs)
+{
+    ncclNetVDeviceProps_v12_t p12 = {.ndevs = n};
+    ncclNetVDeviceProps_v9_t p9 = {.ndevs = n};
+    for (int i = 0; i < n && i < NCCL_NET_MAX_DEVS_PER_NIC_V9; i++)
+        p9.devs[i] = p12.devs[i] = devs[i];
+    return version >= 12   ? T(12)->makeVDevice(d, &p12)
+           : version >= 11 ? T(11)->makeVDevice(d, &p9)
+           : version == 10 ? T(10)->makeVDevice(d, &p9)
+                           : T(9)->makeVDevice(d, &p9);
+}
+
+/* A message over virtual NIC v (striped over its rails), exact at the other end. */
+static int vnic_message(void *sc, void *rc, unsigned char *sbuf, unsigned char *rbuf, void *smh,
+                        void *rmh, size_t size, int tag)
+{
+    void *sreq, *rreq, *data = rbuf;
+    size_t cap = size + 64;
+    int got[MAX_RECVS_WANTED];
+    fill(sbuf, size, (uint64_t)tag);
+    memset(rbuf, 0, cap);
+    NCCL_OK("vNIC irecv", d_irecv(rc, 1, &data, &cap, &tag, &rmh, &rreq));
+    NCCL_OK("vNIC isend", d_isend(sc, sbuf, size, tag, smh, &sreq));
+    NCCL_OK("vNIC isend", wait_req(sreq, NULL, 60));
+    NCCL_OK("vNIC irecv", wait_req(rreq, got, 60));
+    CHECK("vNIC", got[0] == (int)size, "%zu bytes sent, %d reported", size, got[0]);
+    size_t bad = mismatch(rbuf, size, (uint64_t)tag);
+    CHECK("vNIC", !bad, "%zu-byte message: byte %zu differs", size, bad - 1);
+    for (size_t i = size; i < cap; i++)
+        CHECK("vNIC", rbuf[i] == 0, "%zu-byte message: byte %zu past it was written", size, i);
+    return 0;
+}
+
+/* makeVDevice (v9 and later): a virtual NIC of devices 0 and 1, its properties (vProps, the
+ * sum of the speeds), the same merge made again, bad merges refused; then messages over it,
+ * exact, with both devices carrying packets. Needs two devices (soft-RoCE: rxe0 and rxe1). */
+static int case_vnic(void *ctx)
+{
+    int ndev = 0;
+    NCCL_OK("devices", d_devices(&ndev));
+    if (version < 9 || ndev < 2) {
+        printf("ok vNIC skipped: %s\n", version < 9 ? "v8 has no makeVDevice" : "one device");
+        return 0;
+    }
+    CHECK("makeVDevice", version >= 12 ? (void *)T(12)->makeVDevice : (void *)T(9)->makeVDevice,
+          "v%d's makeVDevice is NULL: NCCL cannot merge ports", version);
+    ncclNetProperties_v12_t q12[3];
+    ncclNetProperties_v9_t q[3];
+    if (props_of(0, &q12[0], &q[0]) || props_of(1, &q12[1], &q[1]))
+        return -1;
+    int v = -1, again = -1, two[2] = {0, 1}, same[2] = {1, 1}, far[2] = {0, 99};
+    NCCL_OK("makeVDevice", d_make_vdevice(&v, 2, two));
+    NCCL_OK("makeVDevice", d_make_vdevice(&again, 2, two));
+    CHECK("makeVDevice", v >= 2 && again == v, "made %d, then %d", v, again);
+    if (props_of(v, &q12[2], &q[2]))
+        return -1;
+    CHECK("vNIC properties",
+          q[2].vProps.ndevs == 2 && q[2].vProps.devs[0] == 0 && q[2].vProps.devs[1] == 1,
+          "vProps {%d: %d %d}", q[2].vProps.ndevs, q[2].vProps.devs[0], q[2].vProps.devs[1]);
+    CHECK("vNIC properties", q[2].speed == q[0].speed + q[1].speed, "speed %d, members %d + %d",
+          q[2].speed, q[0].speed, q[1].speed);
+    printf("ok makeVDevice: device %d %s, %d Mbps, vProps {0, 1}\n", v, q[2].name, q[2].speed);
+    if (version >= 12)
+        printf("ok railId/planeId: %d/%d %d/%d, vNIC %d/%d\n", q12[0].railId, q12[0].planeId,
+               q12[1].railId, q12[1].planeId, q12[2].railId, q12[2].planeId);
+    int bogus = -1;
+    if (expect("makeVDevice of one device", d_make_vdevice(&bogus, 1, two), ncclInternalError,
+               "makeVDevice of 1 devices") ||
+        expect("makeVDevice of a device twice", d_make_vdevice(&bogus, 2, same), ncclInternalError,
+               "listed twice") ||
+        expect("makeVDevice of a device that is not there", d_make_vdevice(&bogus, 2, far),
+               ncclInternalError, "not one of the"))
+        return -1;
+
+    unsigned char h[NCCL_NET_HANDLE_MAXSIZE] = {0};
+    void *lc, *sc = NULL, *rc = NULL, *smh, *rmh;
+    NCCL_OK("listen on the vNIC", d_listen(ctx, v, h, &lc));
+    for (double end = now_s() + 30; !sc || !rc;) {
+        if (!sc)
+            NCCL_OK("connect on the vNIC", d_connect(ctx, v, h, &sc));
+        if (!rc)
+            NCCL_OK("accept on the vNIC", d_accept(lc, &rc));
+        CHECK("vNIC", now_s() < end, "no connection within 30 s");
+    }
+    size_t big = (8u << 20) + 3;
+    unsigned char *sbuf = malloc(big + 64), *rbuf = malloc(big + 64);
+    CHECK("vNIC", sbuf && rbuf, "no memory");
+    NCCL_OK("regMr on the vNIC", d_reg(sc, sbuf, big + 64, NCCL_PTR_HOST, &smh));
+    NCCL_OK("regMr on the vNIC", d_reg(rc, rbuf, big + 64, NCCL_PTR_HOST, &rmh));
+    long long before[2] = {sent_packets(q[0].name, q[0].port), sent_packets(q[1].name, q[1].port)};
+    if (vnic_message(sc, rc, sbuf, rbuf, smh, rmh, big, 11) ||
+        vnic_message(sc, rc, sbuf, rbuf, smh, rmh, 101, 12) ||
+        vnic_message(sc, rc, sbuf, rbuf, smh, rmh, 1, 13) ||
+        vnic_message(sc, rc, sbuf, rbuf, smh, rmh, 0, 14))
+        return -1;
+    long long after[2] = {sent_packets(q[0].name, q[0].port), sent_packets(q[1].name, q[1].port)};
+    printf("ok vNIC messages of %zu, 101, 1 and 0 bytes exact\n", big);
+    if (before[0] >= 0 && before[1] >= 0) {
+        /* Each rail carried about half of 8 MiB: thousands of packets at any MTU. */
+        CHECK("vNIC striping", after[0] - before[0] > 1000 && after[1] - before[1] > 1000,
+              "%s sent %lld packets, %s %lld", q[0].name, after[0] - before[0], q[1].name,
+              after[1] - before[1]);
+        printf("ok vNIC striped: %s sent %lld packets, %s %lld\n", q[0].name, after[0] - before[0],
+               q[1].name, after[1] - before[1]);
+    } else {
+        printf("ok vNIC striping not measured: no packet counters for %s and %s here\n", q[0].name,
+               q[1].name);
+    }
+    NCCL_OK("deregMr", d_dereg(sc, smh));
+    NCCL_OK("deregMr", d_dereg(rc, rmh));
+    NCCL_OK("closeSend", d_close_send(sc));
+    NCCL_OK("closeRecv", d_close_recv(rc));
+    NCCL_OK("closeListen", d_close_listen(lc));
+    free(sbuf);
+    free(rbuf);
     return 0;
 }
 
@@ -1065,6 +1425,8 @@ static const struct {
     {"test-after-done", case_test_after_done},
     {"too-many-requests", case_too_many},
     {"bad-mr", case_bad_mr},
+    {"gdr-bad-input", case_gdr_bad_input},
+    {"vnic", case_vnic},
     {"threads", case_threads},
     {"bad-args", case_bad_args},
     {"connect-timeout", case_connect_timeout},
@@ -1094,11 +1456,14 @@ int main(int argc, char **argv)
             run.stream_mib = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--die") && i + 1 < argc)
             run.die = !strcmp(argv[++i], "send") ? DIE_SEND : DIE_RECV;
+        else if (!strcmp(argv[i], "--mem") && i + 1 < argc)
+            run.device = !strcmp(argv[++i], "device");
         else if (!strcmp(argv[i], "--case") && i + 1 < argc)
             cname = argv[++i];
         else {
-            fprintf(stderr, "usage: net_driver --version N|auto (--role recv|send|env --handle "
-                            "FILE [--stream-mib M] [--die send|recv] | --case NAME)\n");
+            fprintf(stderr,
+                    "usage: net_driver --version N|auto (--role recv|send|env --handle "
+                    "FILE [--stream-mib M] [--die send|recv] [--mem device] | --case NAME)\n");
             return 2;
         }
     }

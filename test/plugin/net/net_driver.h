@@ -68,7 +68,8 @@ ncclResult_t d_listen(void *ctx, int dev, void *handle, void **lc);
 ncclResult_t d_connect(void *ctx, int dev, void *handle, void **sc);
 ncclResult_t d_accept(void *lc, void **rc);
 ncclResult_t d_reg(void *comm, void *data, size_t size, int type, void **mh);
-ncclResult_t d_reg_dmabuf(void *comm, void *data, size_t size, void **mh);
+ncclResult_t d_reg_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
+                          void **mh);
 ncclResult_t d_dereg(void *comm, void *mh);
 ncclResult_t d_isend(void *sc, void *data, size_t size, int tag, void *mh, void **req);
 ncclResult_t d_irecv(void *rc, int n, void **data, size_t *sizes, int *tags, void **mhs,
@@ -78,6 +79,16 @@ ncclResult_t d_test(void *req, int *done, int *sizes);
 ncclResult_t d_close_send(void *c);
 ncclResult_t d_close_recv(void *c);
 ncclResult_t d_close_listen(void *c);
+
+/* Device memory of the CUDA driver $RESHARD_CUDA_LIB names (the stand-in in tests). */
+void *dev_alloc(size_t n);
+void dev_free(void *p);
+/* The dma-buf of [p, p + n) (cuMemGetHandleForAddressRange); -1 on failure. */
+int dev_dmabuf(void *p, size_t n);
+/* regMrDmaBuf of device memory as NCCL calls it (the fd closed once registered). */
+ncclResult_t d_reg_device_dmabuf(void *comm, void *data, size_t size, void **mh);
+/* iflush of a receive of n buffers that got got[i] bytes, waited for; counts it. */
+int flush_recv(void *rc, int n, void **data, const int *got, void **mhs, int *flushes);
 
 /* Tests until done or timeout_s; ncclInProgress is the driver's own "hung". */
 ncclResult_t wait_req(void *req, int *sizes, double timeout_s);

@@ -15,6 +15,11 @@
 #define NET_DRIVER_ENV "UCX_MEM_EVENTS=no LSAN_OPTIONS=exitcode=0" /* net_no_sanitizer_reports */
 #define NET_LOOPBACK   NET_DRIVER_ENV " RESHARD_NET_ALLOW_LO=1 RESHARD_NET_DEVICES=lo"
 #define NET_NVERSIONS  5
+/* GPUDirect on the stand-in driver (test/fake/fake_cuda.c), whose device memory is host memory:
+ * the plugin registers it as such, and offers host, CUDA and dma-buf memory (ptrSupport 7). */
+#define NET_GDR_ENV_FMT                                                                            \
+    "RESHARD_TEST_DEVICE_AS_HOST=1 FAKE_CUDA_MEMORY_TYPE=1 NET_EXPECT_PTR=7 "                      \
+    "RESHARD_CUDA_LIB=%s/test/fake/libcuda.so.1"
 
 /* The last run's stdout and stderr. */
 extern char net_out[NET_OUT_MAX];

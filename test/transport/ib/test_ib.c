@@ -176,6 +176,38 @@ Test(ib, device_memory_registration_says_what_it_lacks, .init = pair_up, .fini =
     cr_assert_null(mh);
 }
 
+/* A flush (GPUDirect receives, ib_flush.c) reads the receive's last bytes back through a
+ * queue pair connected to itself and completes from progress(); the flushed bytes are left
+ * alone; one outside its registration is refused and posts nothing. */
+Test(ib, a_flush_reads_back_through_the_loopback_queue_pair_and_completes, .init = pair_up,
+     .fini = tear_down)
+{
+    struct tp_ctx *c = ctx[0];
+    static unsigned char buf[65536];
+    fill(buf, sizeof(buf), 3);
+    void *mh = NULL;
+    cr_assert_eq(c->ops->mem_reg(c, buf, sizeof(buf), TP_MEM_HOST, &mh), RESHARD_OK, "%s",
+                 rs_error_message());
+    struct xfer f[3];
+    for (int i = 0; i < 3; i++) {
+        f[i] = (struct xfer){.req.done = on_done};
+        cr_assert_eq(c->ops->flush(c, mh, buf + 1000 * i, 1 + 500 * (size_t)i, &f[i].req),
+                     RESHARD_OK, "%s", rs_error_message());
+        cr_assert_eq(f[i].done, 0, "completed inside the call that posted it");
+    }
+    run_until((struct xfer *[]){&f[0], &f[1], &f[2]}, 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(f[i].st, RESHARD_OK, "flush %d: %s", i, rs_error_message());
+    unsigned char want[sizeof(buf)];
+    fill(want, sizeof(want), 3);
+    cr_assert(!memcmp(buf, want, sizeof(buf)), "a flush changed the memory it read");
+    struct xfer out = {.req.done = on_done};
+    cr_assert_eq(c->ops->flush(c, mh, buf + sizeof(buf) - 8, 16, &out.req),
+                 RESHARD_ERR_INVALID_ARG);
+    cr_assert(strstr(rs_error_message(), "outside its registration"), "%s", rs_error_message());
+    c->ops->mem_dereg(c, mh);
+}
+
 Test(ib, a_large_message_is_striped_and_arrives, .init = pair_up, .fini = tear_down)
 {
     exchange((8u << 20) + 3, 1);

@@ -365,6 +365,20 @@ RESHARD_API reshard_status_t reshard_comm_abort(reshard_comm_t *comm);
  * RESHARD_TIMEOUT. */
 RESHARD_API reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int *exclude,
                                                  int nexclude, reshard_comm_t **newcomm);
+/* Not collective: this rank leaves comm on purpose, and comm is gone here (as after
+ * reshard_comm_destroy, without its barrier). The others learn it at once, not by a timeout:
+ * the collective or execution each has in flight, or its next, fails with RESHARD_ERR_REMOTE
+ * saying "rank R left the communicator", and reshard_comm_left names R; they then shrink it
+ * away (reshard_comm_shrink), any rank may leave, the lowest included. This rank's sockets,
+ * listener and registrations are released as it returns, unless plans made on comm are still
+ * alive: then as the last of them is destroyed (Lifetimes, at the top). RESHARD_ERR_BUSY while
+ * this rank executes on comm. Ranks leave one at a time (each followed by the others' shrink):
+ * of ranks leaving at once, the others may each hear of another one. */
+RESHARD_API reshard_status_t reshard_comm_leave(reshard_comm_t *comm);
+/* Not collective, never waits: *rank is the rank this rank heard leave comm on purpose
+ * (reshard_comm_leave), or -1 while none did. Looks at what has arrived when no collective is
+ * in flight on comm, so an idle rank can poll it. */
+RESHARD_API reshard_status_t reshard_comm_left(reshard_comm_t *comm, int *rank);
 /* 1 when rank belongs to the communicator (0 after a shrink left it out, or out of range). */
 RESHARD_API int reshard_comm_has_rank(const reshard_comm_t *comm, int rank);
 

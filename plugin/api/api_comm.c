@@ -124,6 +124,49 @@ reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int *exclude, i
     return api_leave(__func__, api_comm_drop(comm, st));
 }
 
+reshard_status_t reshard_comm_leave(reshard_comm_t *comm)
+{
+    api_enter();
+    if (!comm)
+        return api_null_arg(__func__, "comm");
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    int idle = 0; /* not while this rank executes on it */
+    if (!atomic_compare_exchange_strong(&comm->busy, &idle, 1))
+        return api_leave(__func__,
+                         api_comm_drop(comm, rs_error(RESHARD_ERR_BUSY,
+                                                      "%s: the communicator is executing; "
+                                                      "abort it (reshard_comm_abort) and "
+                                                      "let the execution return",
+                                                      __func__)));
+    comm_depart(comm);
+    atomic_store(&comm->busy, 0);
+    rs_log(RS_LOG_INFO, "reshard_comm_leave: rank %d left; the others were told", comm->rank);
+    if (api_live_remove(&comm->live)) /* else another thread destroyed it meanwhile */
+        comm_close(comm);
+    return api_leave(__func__, api_comm_drop(comm, RESHARD_OK));
+}
+
+reshard_status_t reshard_comm_left(reshard_comm_t *comm, int *rank)
+{
+    api_enter();
+    if (!comm || !rank)
+        return api_null_arg(__func__, comm ? "rank" : "comm");
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    int idle = 0, left; /* a collective in flight reads the news itself: only look when idle */
+    if (atomic_compare_exchange_strong(&comm->busy, &idle, 1)) {
+        left = comm_left(comm);
+        atomic_store(&comm->busy, 0);
+    } else {
+        left = boot_left(comm->boot);
+    }
+    *rank = left;
+    return api_leave(__func__, api_comm_drop(comm, RESHARD_OK));
+}
+
 const reshard_topo_t *reshard_comm_topo(const reshard_comm_t *comm)
 {
     return comm ? &comm->topo : NULL;

@@ -321,6 +321,25 @@ void comm_abort_now(struct reshard_comm *c)
     boot_abort(c->boot, c->broken, c->broken_why);
 }
 
+void comm_depart(struct reshard_comm *c)
+{
+    if (c->broken == RESHARD_OK) { /* nor does its destroy wait for the others in a barrier */
+        c->broken = RESHARD_ERR_LEFT;
+        snprintf(c->broken_why, sizeof(c->broken_why),
+                 "rank %d left the communicator (reshard_comm_leave)", c->rank);
+    }
+    boot_leave(c->boot);
+}
+
+int comm_left(struct reshard_comm *c)
+{
+    struct rs_saved_error saved;
+    rs_error_save(&saved); /* what the look hears is the next call's to report */
+    (void)boot_check(c->boot);
+    rs_error_restore(&saved);
+    return boot_left(c->boot);
+}
+
 reshard_status_t comm_enter(struct reshard_comm *c)
 {
     int idle = 0;

@@ -108,6 +108,12 @@ void comm_close(struct reshard_comm *c);
 int comm_timeout_ms(void);
 /* Breaks the communicator for reshard_comm_abort (busy held) and tells the other ranks. */
 void comm_abort_now(struct reshard_comm *c);
+/* reshard_comm_leave (busy held): breaks c here, without waiting for anyone, and tells the
+ * others that this rank left on purpose. */
+void comm_depart(struct reshard_comm *c);
+/* The rank heard to leave c on purpose, or -1, having looked (without waiting) at what the
+ * bootstrap's connections hold (busy held). */
+int comm_left(struct reshard_comm *c);
 /* RESHARD_OK, or why the communicator can no longer be used (message recorded): it was
  * destroyed (RESHARD_ERR_INVALID_ARG), or failed earlier (the failure's status). */
 reshard_status_t comm_usable(const struct reshard_comm *c);

@@ -405,6 +405,32 @@ class Comm(_Held):
             _check(_native.lib().reshard_comm_shrink(h, arr, len(exclude), ctypes.byref(handle)))
         return Comm._wrap(handle)
 
+    def leave(self):
+        """Not collective: this rank leaves the communicator on purpose. The plans made on it
+        are closed first, then it is gone here (as after close(), without waiting for the
+        others), its sockets released. The others learn it at once: their call in flight, or
+        their next, raises ReshardError ERR_REMOTE saying "rank R left the communicator", and
+        their left() says R; they then shrink() it away. ERR_BUSY while another thread of
+        this rank uses the communicator."""
+        for plan in list(getattr(self, "_plans", ())):
+            plan._close("the plan's communicator was left (Comm.leave closes its plans)")
+        with self._lock:
+            if self._closed is not None:
+                _fail("ERR_INVALID_ARG", self._closed)
+            if self._calls:
+                _fail("ERR_BUSY", "Comm.leave: another thread is using the communicator")
+            handle, self._h = self._h, None
+            self._closed = "this rank left the communicator (Comm.leave)"
+        _check(_native.lib().reshard_comm_leave(handle))
+
+    def left(self):
+        """The rank this rank heard leave the communicator on purpose (Comm.leave), or None.
+        Never waits: an idle rank may poll it."""
+        rank = ctypes.c_int(-1)
+        with self._held() as h:
+            _check(_native.lib().reshard_comm_left(h, ctypes.byref(rank)))
+        return rank.value if rank.value >= 0 else None
+
     def counters(self):
         """Bytes and messages this rank's transports moved: a dict."""
         c = _native.Counters()

@@ -33,6 +33,7 @@ struct boot *boot_alloc(int rank, int size, const int *label, int timeout_ms)
     b->size = size;
     b->timeout_ms = timeout_ms;
     b->lfd = -1;
+    b->left = -1;
     return b;
 }
 

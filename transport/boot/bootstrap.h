@@ -113,6 +113,13 @@ reshard_status_t boot_barrier(struct boot *b);
  * that hears passes it on to its other neighbours. Leaves this thread's error message as it
  * was. */
 void boot_abort(struct boot *b, reshard_status_t st, const char *msg);
+/* This rank leaves on purpose: tells the others (as boot_abort does, with RESHARD_ERR_LEFT), so
+ * that their collectives, and boot_check, fail at once with RESHARD_ERR_REMOTE saying that it
+ * left and remembering who (boot_left), never as a timeout. The bootstrap is unusable after. */
+void boot_leave(struct boot *b);
+/* The number (label) of the rank this rank heard leave on purpose, or -1: the first such, in a
+ * report that ended a collective or that boot_check read. */
+int boot_left(const struct boot *b);
 /* Between collectives (while a plan executes): whether a rank reported a failure, or a tree
  * neighbour closed its connection (ranks leave through a barrier, or after a failure: it died).
  * Looks at what waits on this rank's few connections without taking anything but ERROR frames,

@@ -1,0 +1,220 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * An elastic fleet: a rank that leaves on purpose (reshard_comm_leave) is heard by the others
+ * at once, never through a timeout, its sockets are released, and the others shrink it away
+ * and refit.
+ */
+#include "ranks.h"
+#include "side.h"
+#include "plugin/reshard.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Replicated on all four ranks; wanted by ranks 1-2, which survive either leaver below. */
+#define REP_SRC "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=R"
+#define REP_DST "shape=48x40 dtype=i32 ranks=1-2 mesh=2 place=S(0)"
+/* Far below RESHARD_TIMEOUT: hearing of a leave must not wait for it. */
+#define HEARD_WITHIN_S 15.0
+
+static void elastic_env(void)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "2", 1);
+    setenv("RESHARD_TIMEOUT", "40", 1);
+    setenv("UCX_LOG_LEVEL", "error", 1);
+}
+
+TestSuite(elastic, .init = elastic_env, .timeout = 150);
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Sockets this process holds (links in /proc/self/fd to "socket:[...]"). */
+static int count_sockets(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    struct dirent *e;
+    char path[300], target[64];
+    while (d && (e = readdir(d))) {
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t k = readlink(path, target, sizeof(target) - 1);
+        if (k > 0) {
+            target[k] = 0;
+            n += !strncmp(target, "socket:", 7);
+        }
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static int sockets_before; /* in each forked rank, before its communicator was made */
+static int leaver = 3;
+
+static void note_sockets(int rank)
+{
+    (void)rank;
+    sockets_before = count_sockets();
+}
+
+static reshard_status_t fail(reshard_status_t st, const char *what, int rank)
+{
+    fprintf(stderr, "elastic: rank %d: %s: %s\n", rank, what, reshard_last_error());
+    return st != RESHARD_OK ? st : RESHARD_ERR_INTERNAL;
+}
+
+/* The leaver: leaves with a plan still alive (the plan can no longer run), and once the plan
+ * is destroyed it holds no more sockets than before its communicator was made. */
+static reshard_status_t leave_with_a_plan(int rank, reshard_comm_t *comm, struct side *x)
+{
+    reshard_status_t st = reshard_comm_leave(comm);
+    if (st != RESHARD_OK)
+        return fail(st, "leave", rank);
+    if (reshard_plan_execute(x->plan, &x->b) == RESHARD_OK)
+        return fail(RESHARD_OK, "a plan of a communicator it left still ran", rank);
+    side_close(x);
+    int now = count_sockets();
+    if (now > sockets_before) {
+        fprintf(stderr, "elastic: the leaver holds %d sockets, %d before\n", now, sockets_before);
+        return RESHARD_ERR_INTERNAL;
+    }
+    return RESHARD_OK;
+}
+
+/* The others: the barrier the leaver never joins fails at once saying who left; they shrink
+ * it away and refit from the replicas that stay. */
+static reshard_status_t hear_and_shrink(int rank, reshard_comm_t *comm, struct side *x)
+{
+    double t0 = now_s();
+    reshard_status_t st = reshard_comm_barrier(comm);
+    double took = now_s() - t0;
+    char want[64];
+    snprintf(want, sizeof(want), "rank %d left the communicator", leaver);
+    if (st != RESHARD_ERR_REMOTE || !strstr(reshard_last_error(), want))
+        return fail(RESHARD_ERR_INTERNAL, "the barrier did not say who left", rank);
+    if (took > HEARD_WITHIN_S) {
+        fprintf(stderr, "elastic: rank %d heard of the leave after %.1f s\n", rank, took);
+        return RESHARD_ERR_TIMEOUT;
+    }
+    int left = -2;
+    if ((st = reshard_comm_left(comm, &left)) != RESHARD_OK || left != leaver) {
+        fprintf(stderr, "elastic: rank %d: reshard_comm_left says %d\n", rank, left);
+        return RESHARD_ERR_INTERNAL;
+    }
+    side_close(x);
+    reshard_comm_t *nc = NULL;
+    if ((st = reshard_comm_shrink(comm, &leaver, 1, &nc)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    st = side_open(x, nc, rank, REP_SRC, REP_DST);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x->plan, &x->b);
+    if (st == RESHARD_OK && count_wrong(x->dst, rank, x->d))
+        st = RESHARD_ERR_INTERNAL;
+    if (st != RESHARD_OK)
+        fail(st, "refit after the shrink", rank);
+    side_close(x);
+    if (st == RESHARD_OK && reshard_comm_has_rank(nc, leaver))
+        st = RESHARD_ERR_INTERNAL;
+    if (st == RESHARD_OK)
+        reshard_comm_destroy(nc);
+    return st;
+}
+
+static reshard_status_t leave_and_shrink(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side x;
+    reshard_status_t st = side_open(&x, comm, rank, REP_SRC, REP_DST);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x.plan, &x.b); /* the connections are up */
+    if (st != RESHARD_OK) {
+        side_close(&x);
+        return fail(st, "first refit", rank);
+    }
+    return rank == leaver ? leave_with_a_plan(rank, comm, &x) : hear_and_shrink(rank, comm, &x);
+}
+
+Test(elastic, a_rank_that_leaves_is_heard_at_once_and_the_others_shrink_and_refit)
+{
+    leaver = 3;
+    rank_setup = note_sockets;
+    struct outcome *o = run_ranks(4, leave_and_shrink);
+    rank_setup = NULL;
+    all_ok(o, 4);
+}
+
+/* Rank 0 is the bootstrap's root and the lowest member: the others still hear, and meet for
+ * the shrink at rank 1's listener. */
+Test(elastic, the_lowest_rank_can_leave_and_the_others_meet_at_the_next)
+{
+    leaver = 0;
+    rank_setup = note_sockets;
+    struct outcome *o = run_ranks(4, leave_and_shrink);
+    rank_setup = NULL;
+    all_ok(o, 4);
+}
+
+/* Ranks that are not in a collective learn of the leave by polling reshard_comm_left (each
+ * poll passes the news on to the rank's tree neighbours), then shrink. */
+static reshard_status_t poll_for_the_leaver(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_status_t st = reshard_comm_barrier(comm);
+    if (st != RESHARD_OK)
+        return fail(st, "barrier", rank);
+    if (rank == 1)
+        return reshard_comm_leave(comm);
+    int left = -1;
+    double t0 = now_s();
+    while ((st = reshard_comm_left(comm, &left)) == RESHARD_OK && left < 0 &&
+           now_s() - t0 < HEARD_WITHIN_S)
+        usleep(10 * 1000);
+    if (st != RESHARD_OK || left != 1) {
+        fprintf(stderr, "elastic: rank %d: heard %d leave after %.1f s\n", rank, left,
+                now_s() - t0);
+        return st != RESHARD_OK ? st : RESHARD_ERR_TIMEOUT;
+    }
+    reshard_comm_t *nc = NULL;
+    int one = 1;
+    if ((st = reshard_comm_shrink(comm, &one, 1, &nc)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    st = reshard_comm_barrier(nc);
+    reshard_comm_destroy(nc);
+    return st;
+}
+
+Test(elastic, idle_ranks_learn_of_a_leave_by_polling_and_shrink)
+{
+    all_ok(run_ranks(4, poll_for_the_leaver), 4);
+}
+
+/* Nothing to leave, nowhere to write: refused at once; a healthy communicator names nobody
+ * and stays usable. */
+static reshard_status_t leave_bad_args(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    int left = 7;
+    if (reshard_comm_leave(NULL) != RESHARD_ERR_INVALID_ARG ||
+        reshard_comm_left(NULL, &left) != RESHARD_ERR_INVALID_ARG ||
+        reshard_comm_left(comm, NULL) != RESHARD_ERR_INVALID_ARG)
+        return fail(RESHARD_ERR_INTERNAL, "bad arguments were taken", rank);
+    reshard_status_t st = reshard_comm_left(comm, &left);
+    if (st != RESHARD_OK || left != -1)
+        return fail(RESHARD_ERR_INTERNAL, "a healthy communicator named a leaver", rank);
+    return reshard_comm_barrier(comm);
+}
+
+Test(elastic, leave_refuses_bad_arguments_and_nobody_has_left_a_healthy_comm)
+{
+    all_ok(run_ranks(2, leave_bad_args), 2);
+}

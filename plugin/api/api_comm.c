@@ -124,6 +124,45 @@ reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int *exclude, i
     return api_leave(__func__, api_comm_drop(comm, st));
 }
 
+reshard_status_t reshard_comm_grow_id(reshard_comm_t *comm, const int *joiners, int n,
+                                      reshard_unique_id_t *id)
+{
+    api_enter();
+    if (!comm || !joiners || !id)
+        return api_null_arg(__func__, !comm ? "comm" : !joiners ? "joiners" : "id");
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    struct boot_id b;
+    if ((st = comm_grow_id(comm, joiners, n, &b)) == RESHARD_OK)
+        memcpy(id, &b, sizeof(b));
+    return api_leave(__func__, api_comm_drop(comm, st));
+}
+
+reshard_status_t reshard_comm_grow(reshard_comm_t *comm, const int *joiners, int n,
+                                   reshard_comm_t **newcomm)
+{
+    api_enter();
+    if (!comm || !joiners || !newcomm)
+        return api_null_arg(__func__, !comm ? "comm" : !joiners ? "joiners" : "newcomm");
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    st = given(newcomm, comm_grow(comm, joiners, n, newcomm));
+    return api_leave(__func__, api_comm_drop(comm, st));
+}
+
+reshard_status_t reshard_comm_join(const reshard_unique_id_t *id, int rank, const int *joiners,
+                                   int n, reshard_comm_t **comm)
+{
+    api_enter();
+    if (!id || !joiners || !comm)
+        return api_null_arg(__func__, !id ? "id" : !joiners ? "joiners" : "comm");
+    struct boot_id b;
+    memcpy(&b, id, sizeof(b));
+    return api_leave(__func__, given(comm, comm_join_grown(&b, rank, joiners, n, comm)));
+}
+
 reshard_status_t reshard_comm_leave(reshard_comm_t *comm)
 {
     api_enter();

@@ -2,7 +2,8 @@
 /*
  * An elastic fleet: a rank that leaves on purpose (reshard_comm_leave) is heard by the others
  * at once, never through a timeout, its sockets are released, and the others shrink it away
- * and refit.
+ * and refit; ranks join a live communicator (reshard_comm_grow / reshard_comm_join) as a
+ * replacement or past the size, and bad joiner lists and outsiders are refused.
  */
 #include "ranks.h"
 #include "side.h"
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -217,4 +219,178 @@ static reshard_status_t leave_bad_args(int rank, int size, reshard_comm_t *comm)
 Test(elastic, leave_refuses_bad_arguments_and_nobody_has_left_a_healthy_comm)
 {
     all_ok(run_ranks(2, leave_bad_args), 2);
+}
+
+/* ---- joining ---- */
+
+/* Where rank 0 leaves the join id for the joiner (shared by the forked ranks). */
+struct mailbox {
+    volatile int ready;
+    reshard_unique_id_t id;
+};
+static struct mailbox *box;
+
+static void open_mailbox(void)
+{
+    box = mmap(NULL, sizeof(*box), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(box, MAP_FAILED);
+    memset(box, 0, sizeof(*box));
+}
+
+static int joiner_rank = 3; /* the number the fourth process joins as */
+/* Replicated on ranks 0-2, wanted by all the ranks of the grown communicator. */
+#define GROWN_SRC "shape=48x40 dtype=i32 ranks=0-2 mesh=3 place=R"
+
+static reshard_status_t refit_grown(reshard_comm_t *c, int rank)
+{
+    char dst[128];
+    snprintf(dst, sizeof(dst), "shape=48x40 dtype=i32 ranks=%s mesh=%d place=S(0)",
+             joiner_rank == 3 ? "0-3" : "0-2,4", 4);
+    struct side x;
+    reshard_status_t st = side_open(&x, c, rank, GROWN_SRC, dst);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x.plan, &x.b);
+    if (st == RESHARD_OK && count_wrong(x.dst, rank, x.d))
+        st = RESHARD_ERR_INTERNAL;
+    side_close(&x);
+    return st;
+}
+
+/* Rank 3 leaves; 0-2 shrink it away, then grow by `joiner_rank`, which the fourth process
+ * joins as (a replacement when it is 3, growth past the size when it is 4); everyone refits
+ * on the grown communicator, the joiner receiving its shard. */
+static reshard_status_t leave_then_rejoin(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_status_t st;
+    int three = 3, joiners[1] = {joiner_rank};
+    reshard_comm_t *c1 = NULL, *c2 = NULL;
+    if (rank == 3) {
+        if ((st = reshard_comm_leave(comm)) != RESHARD_OK)
+            return fail(st, "leave", rank);
+        while (!box->ready)
+            usleep(10 * 1000);
+        if ((st = reshard_comm_join(&box->id, joiner_rank, joiners, 1, &c2)) != RESHARD_OK)
+            return fail(st, "join", rank);
+        if (reshard_comm_rank(c2) != joiner_rank || reshard_comm_size(c2) != joiner_rank + 1)
+            return fail(RESHARD_ERR_INTERNAL, "joined with the wrong number or size", rank);
+        st = refit_grown(c2, joiner_rank);
+        if (st == RESHARD_OK)
+            reshard_comm_destroy(c2);
+        return st != RESHARD_OK ? fail(st, "refit on the grown comm", rank) : st;
+    }
+    (void)reshard_comm_barrier(comm); /* fails: rank 3 left */
+    if ((st = reshard_comm_shrink(comm, &three, 1, &c1)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    if (rank == 0) {
+        if ((st = reshard_comm_grow_id(c1, joiners, 1, &box->id)) != RESHARD_OK)
+            return fail(st, "grow id", rank);
+        __sync_synchronize();
+        box->ready = 1;
+    }
+    if ((st = reshard_comm_grow(c1, joiners, 1, &c2)) != RESHARD_OK)
+        return fail(st, "grow", rank);
+    if (reshard_comm_size(c2) != joiner_rank + 1 || !reshard_comm_has_rank(c2, joiner_rank) ||
+        (joiner_rank == 4 && reshard_comm_has_rank(c2, 3)))
+        return fail(RESHARD_ERR_INTERNAL, "the grown comm has the wrong membership", rank);
+    st = refit_grown(c2, rank);
+    if (st != RESHARD_OK)
+        return fail(st, "refit on the grown comm", rank);
+    reshard_comm_destroy(c2);
+    reshard_comm_destroy(c1);
+    return RESHARD_OK;
+}
+
+Test(elastic, a_replacement_joins_with_the_number_of_the_rank_that_left_and_refits)
+{
+    open_mailbox();
+    joiner_rank = 3;
+    all_ok(run_ranks(4, leave_then_rejoin), 4);
+}
+
+Test(elastic, a_new_rank_joins_past_the_size_and_refits)
+{
+    open_mailbox();
+    joiner_rank = 4;
+    all_ok(run_ranks(4, leave_then_rejoin), 4);
+}
+
+/* A member's number, a number twice, or a list other than the others': refused on every
+ * member at once, naming it, and the communicator stays usable. */
+static reshard_status_t grow_bad_lists(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_comm_t *nc = NULL;
+    int live[1] = {1}, twice[2] = {5, 5}, mine[1] = {rank == 2 ? 6 : 5};
+    if (reshard_comm_grow(comm, live, 1, &nc) != RESHARD_ERR_INVALID_ARG ||
+        !strstr(reshard_last_error(), "joiner rank 1 is a live member"))
+        return fail(RESHARD_ERR_INTERNAL, "a live member's number was taken", rank);
+    if (reshard_comm_grow(comm, twice, 2, &nc) != RESHARD_ERR_INVALID_ARG ||
+        !strstr(reshard_last_error(), "two joiners claim rank 5"))
+        return fail(RESHARD_ERR_INTERNAL, "a number claimed twice was taken", rank);
+    if (reshard_comm_grow(comm, mine, 1, &nc) != RESHARD_ERR_INVALID_ARG ||
+        !strstr(reshard_last_error(), "members passed different joiner lists") || nc)
+        return fail(RESHARD_ERR_INTERNAL, "a member's other list was not refused", rank);
+    if (reshard_comm_grow(comm, mine, 0, &nc) != RESHARD_ERR_INVALID_ARG ||
+        reshard_comm_grow(NULL, mine, 1, &nc) != RESHARD_ERR_INVALID_ARG ||
+        reshard_comm_grow(comm, NULL, 1, &nc) != RESHARD_ERR_INVALID_ARG || nc)
+        return fail(RESHARD_ERR_INTERNAL, "bad arguments were taken", rank);
+    return reshard_comm_barrier(comm); /* still usable */
+}
+
+Test(elastic, grow_refuses_bad_lists_on_every_member_and_the_comm_stays_usable)
+{
+    all_ok(run_ranks(3, grow_bad_lists), 3);
+}
+
+/* Before joining for real, the joiner tries: an id whose secret it does not hold (an outsider:
+ * refused by the lowest member), a number not in the list (a live member's), and another list
+ * (both refused at once). The members' growth still completes with it. */
+static reshard_status_t join_after_refusals(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_status_t st;
+    int three = 3, joiners[1] = {3}, other[2] = {3, 4};
+    reshard_comm_t *c1 = NULL, *c2 = NULL;
+    if (rank == 3) {
+        if ((st = reshard_comm_leave(comm)) != RESHARD_OK)
+            return fail(st, "leave", rank);
+        while (!box->ready)
+            usleep(10 * 1000);
+        reshard_unique_id_t forged = box->id;
+        forged.internal[40] ^= 0x5a; /* in the secret */
+        if ((st = reshard_comm_join(&forged, 3, joiners, 1, &c2)) != RESHARD_ERR_REFUSED)
+            return fail(RESHARD_ERR_INTERNAL, "an outsider was not refused", rank);
+        if (reshard_comm_join(&box->id, 1, joiners, 1, &c2) != RESHARD_ERR_INVALID_ARG ||
+            !strstr(reshard_last_error(), "rank 1 is not among the joiners"))
+            return fail(RESHARD_ERR_INTERNAL, "a live rank's number was claimed", rank);
+        if (reshard_comm_join(&box->id, 3, other, 2, &c2) != RESHARD_ERR_INVALID_ARG || c2)
+            return fail(RESHARD_ERR_INTERNAL, "another list was taken", rank);
+        if ((st = reshard_comm_join(&box->id, 3, joiners, 1, &c2)) != RESHARD_OK)
+            return fail(st, "join", rank);
+        st = reshard_comm_barrier(c2);
+        reshard_comm_destroy(c2);
+        return st;
+    }
+    (void)reshard_comm_barrier(comm); /* fails: rank 3 left */
+    if ((st = reshard_comm_shrink(comm, &three, 1, &c1)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    if (rank == 0) {
+        if ((st = reshard_comm_grow_id(c1, joiners, 1, &box->id)) != RESHARD_OK)
+            return fail(st, "grow id", rank);
+        __sync_synchronize();
+        box->ready = 1;
+    }
+    if ((st = reshard_comm_grow(c1, joiners, 1, &c2)) != RESHARD_OK)
+        return fail(st, "grow", rank);
+    st = reshard_comm_barrier(c2);
+    reshard_comm_destroy(c2);
+    reshard_comm_destroy(c1);
+    return st;
+}
+
+Test(elastic, outsiders_and_wrong_claims_are_refused_and_the_growth_still_completes)
+{
+    open_mailbox();
+    all_ok(run_ranks(4, join_after_refusals), 4);
 }

@@ -58,6 +58,12 @@ reshard_status_t boot_alloc_tree(struct boot *b)
     return RESHARD_OK;
 }
 
+void boot_set_labels(struct boot *b, const int *label)
+{
+    for (int r = 0; r < b->size; r++)
+        b->label[r] = label[r];
+}
+
 void boot_set_cancel(struct boot *b, const atomic_int *flag)
 {
     b->cancel = flag;

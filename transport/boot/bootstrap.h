@@ -83,6 +83,9 @@ reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int tim
  * reports (NULL: r): for a bootstrap over a subset of another job's ranks. */
 reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size, const int *label,
                                    int timeout_ms, struct boot **out);
+/* The numbers ranks go by from now on (label[size], copied): for a rank that learnt them only
+ * once the bootstrap formed (a joiner). */
+void boot_set_labels(struct boot *b, const int *label);
 /* An id for a later bootstrap of some of b's ranks (a shrink) whose rank 0 is b's rank `root`,
  * at the listener root has held since it joined b. The secret is b's mixed with salt through
  * HMAC-SHA256, so that ranks with another view of the group (another salt) meet under another

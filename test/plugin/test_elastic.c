@@ -7,10 +7,12 @@
  */
 #include "ranks.h"
 #include "side.h"
+#include "base/param.h"
 #include "plugin/reshard.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -393,4 +395,100 @@ Test(elastic, outsiders_and_wrong_claims_are_refused_and_the_growth_still_comple
 {
     open_mailbox();
     all_ok(run_ranks(4, join_after_refusals), 4);
+}
+
+/* ---- a growth racing a failure ---- */
+
+#define RACE_TIMEOUT_S 4
+
+static void reload_params(int rank)
+{
+    (void)rank;
+    rs_param_reload(); /* the parent read the table already (reshard_get_unique_id) */
+}
+
+static void *grow_then_hang(void *arg)
+{
+    reshard_comm_t *c1 = arg, *c2 = NULL;
+    int joiners[1] = {3};
+    (void)reshard_comm_grow(c1, joiners, 1, &c2);
+    return NULL;
+}
+
+/* Rank 3 leaves and 0-2 shrink it away; they grow it back, but rank 2 dies during the growth
+ * (while the new bootstrap forms): 0 and 1 fail within RESHARD_TIMEOUT + 2 s naming it (the
+ * joiner fails too), then shrink rank 2 away and grow rank 3 back for real. */
+static reshard_status_t grow_races_a_death(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_status_t st;
+    int three = 3, two = 2, joiners[1] = {3};
+    reshard_comm_t *c1 = NULL, *c1b = NULL, *c2 = NULL;
+    if (rank == 3) {
+        if ((st = reshard_comm_leave(comm)) != RESHARD_OK)
+            return fail(st, "leave", rank);
+        while (box->ready < 1)
+            usleep(10 * 1000);
+        usleep(1000 * 1000); /* rank 2 dies meanwhile */
+        if (reshard_comm_join(&box->id, 3, joiners, 1, &c2) == RESHARD_OK)
+            return fail(RESHARD_ERR_INTERNAL, "joined a growth whose member died", rank);
+        while (box->ready < 2)
+            usleep(10 * 1000);
+        if ((st = reshard_comm_join(&box->id, 3, joiners, 1, &c2)) != RESHARD_OK)
+            return fail(st, "second join", rank);
+        st = reshard_comm_barrier(c2);
+        reshard_comm_destroy(c2);
+        return st;
+    }
+    (void)reshard_comm_barrier(comm); /* fails: rank 3 left */
+    if ((st = reshard_comm_shrink(comm, &three, 1, &c1)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    if (rank == 2) { /* dies during the growth */
+        pthread_t th;
+        pthread_create(&th, NULL, grow_then_hang, c1);
+        usleep(300 * 1000);
+        _exit(0);
+    }
+    if (rank == 0) {
+        if ((st = reshard_comm_grow_id(c1, joiners, 1, &box->id)) != RESHARD_OK)
+            return fail(st, "grow id", rank);
+        __sync_synchronize();
+        box->ready = 1;
+    }
+    double t0 = now_s();
+    st = reshard_comm_grow(c1, joiners, 1, &c2);
+    double took = now_s() - t0;
+    fprintf(stderr, "elastic: rank %d: the growth racing a death failed after %.2f s: %s\n", rank,
+            took, reshard_last_error());
+    if (st == RESHARD_OK || !strstr(reshard_last_error(), "rank 2"))
+        return fail(RESHARD_ERR_INTERNAL, "the growth did not fail naming rank 2", rank);
+    if (took > RACE_TIMEOUT_S + 2 + 4) /* 4 s of slack for a loaded host */
+        return fail(RESHARD_ERR_TIMEOUT, "the growth failed too late", rank);
+    if ((st = reshard_comm_shrink(c1, &two, 1, &c1b)) != RESHARD_OK)
+        return fail(st, "second shrink", rank);
+    if (rank == 0) {
+        if ((st = reshard_comm_grow_id(c1b, joiners, 1, &box->id)) != RESHARD_OK)
+            return fail(st, "second grow id", rank);
+        __sync_synchronize();
+        box->ready = 2;
+    }
+    if ((st = reshard_comm_grow(c1b, joiners, 1, &c2)) != RESHARD_OK)
+        return fail(st, "second grow", rank);
+    if (!reshard_comm_has_rank(c2, 3) || reshard_comm_has_rank(c2, 2))
+        return fail(RESHARD_ERR_INTERNAL, "the second growth has the wrong membership", rank);
+    st = reshard_comm_barrier(c2);
+    reshard_comm_destroy(c2);
+    reshard_comm_destroy(c1b);
+    reshard_comm_destroy(c1);
+    return st;
+}
+
+Test(elastic, a_member_dying_during_a_growth_fails_the_others_naming_it_and_they_grow_again)
+{
+    open_mailbox();
+    setenv("RESHARD_TIMEOUT", "4", 1);
+    rank_setup = reload_params;
+    struct outcome *o = run_ranks(4, grow_races_a_death);
+    rank_setup = NULL;
+    all_ok(o, 4);
 }

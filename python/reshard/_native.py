@@ -161,6 +161,12 @@ _SIGNATURES = {
     "reshard_comm_abort": (_S, [_P]),
     "reshard_comm_shrink": (_S, [_P, ctypes.POINTER(_I), _I, ctypes.POINTER(_P)]),
     "reshard_comm_leave": (_S, [_P]),
+    "reshard_comm_grow_id": (_S, [_P, ctypes.POINTER(_I), _I, ctypes.POINTER(UniqueId)]),
+    "reshard_comm_grow": (_S, [_P, ctypes.POINTER(_I), _I, ctypes.POINTER(_P)]),
+    "reshard_comm_join": (
+        _S,
+        [ctypes.POINTER(UniqueId), _I, ctypes.POINTER(_I), _I, ctypes.POINTER(_P)],
+    ),
     "reshard_comm_left": (_S, [_P, ctypes.POINTER(_I)]),
     "reshard_comm_barrier": (_S, [_P]),
     "reshard_comm_counters": (_S, [_P, ctypes.POINTER(Counters)]),

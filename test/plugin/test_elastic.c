@@ -290,8 +290,12 @@ static reshard_status_t leave_then_rejoin(int rank, int size, reshard_comm_t *co
         __sync_synchronize();
         box->ready = 1;
     }
+    double t0 = now_s();
     if ((st = reshard_comm_grow(c1, joiners, 1, &c2)) != RESHARD_OK)
         return fail(st, "grow", rank);
+    if (rank == 0)
+        fprintf(stderr, "elastic: rank 0: growth by rank %d took %.1f ms (the joiner was ready)\n",
+                joiner_rank, (now_s() - t0) * 1e3);
     if (reshard_comm_size(c2) != joiner_rank + 1 || !reshard_comm_has_rank(c2, joiner_rank) ||
         (joiner_rank == 4 && reshard_comm_has_rank(c2, 3)))
         return fail(RESHARD_ERR_INTERNAL, "the grown comm has the wrong membership", rank);

@@ -4,8 +4,9 @@
  * epoch. A joiner takes the number of a rank that is absent (a replacement) or one past the
  * size (growth). The members first check, over their own bootstrap, that they all name the same
  * joiners (the communicator is left usable when they do not); then everyone meets at the
- * listener the lowest member has held since the communicator formed, under the communicator's
- * secret salted with the growth (boot_group_id), as a shrink does. A joiner learns where and
+ * listener the first member (member[0]: the lowest, unless a replacement took a lower number in
+ * an earlier growth) has held since the communicator formed, under the communicator's secret
+ * salted with the growth (boot_group_id), as a shrink does. A joiner learns where and
  * under which secret from a join id that any member computes (comm_grow_id) and the
  * application hands to it, as it hands the first unique id to the first ranks.
  */

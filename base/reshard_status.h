@@ -35,7 +35,8 @@ extern "C" {
     X(ERR_REMOTE, 20, "another rank failed")                                                       \
     X(ERR_ABORTED, 21, "aborted by reshard_comm_abort")                                            \
     X(ERR_DATA_LOST, 22, "data was held only by ranks that left (no replica remains)")             \
-    X(ERR_VERIFY, 23, "destination and source fingerprints differ")
+    X(ERR_VERIFY, 23, "destination and source fingerprints differ")                                \
+    X(ERR_LEFT, 24, "a rank left the communicator (reshard_comm_leave)")
 
 typedef enum reshard_status {
 #define RESHARD_STATUS_ENUM_(name, value, msg) RESHARD_##name = value,

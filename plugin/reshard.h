@@ -365,6 +365,42 @@ RESHARD_API reshard_status_t reshard_comm_abort(reshard_comm_t *comm);
  * RESHARD_TIMEOUT. */
 RESHARD_API reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int *exclude,
                                                  int nexclude, reshard_comm_t **newcomm);
+/* Growing a communicator (an elastic fleet): ranks that are not in comm join it. A joiner
+ * takes the number of a rank that is absent (shrunk away or left: a replacement, so layouts,
+ * manifests and buffers that named it stay valid) or a number past the size (growth: the size
+ * becomes the largest joiner plus one; numbers skipped are absent). Any member makes the join
+ * id (reshard_comm_grow_id; not collective, every member makes the same) and the application
+ * hands it to the joiners, as it handed the unique id to the first ranks; it holds where the
+ * lowest member listens and a secret derived from comm's for this growth, so a joiner is
+ * admitted exactly as at creation (anyone without it is refused). The members call
+ * reshard_comm_grow, the joiners reshard_comm_join, all with the same joiners[n]: they get a
+ * new communicator of the next membership epoch (comm stays as it was: destroy it after, on
+ * the members). Refused at once on every member, with comm unchanged and usable: a joiner
+ * list naming a live member, a number twice, or one member passing another list than the
+ * others (RESHARD_ERR_INVALID_ARG naming the ranks). Refused at the joiner: a rank not in the
+ * list, or a list other than the members'. A joiner that never arrives (or a member that dies
+ * during the growth) fails the others within RESHARD_TIMEOUT naming it. comm must be healthy
+ * (after a failure, shrink first). Network connections are made anew in the new communicator. */
+RESHARD_API reshard_status_t reshard_comm_grow_id(reshard_comm_t *comm, const int *joiners, int n,
+                                                  reshard_unique_id_t *id);
+RESHARD_API reshard_status_t reshard_comm_grow(reshard_comm_t *comm, const int *joiners, int n,
+                                               reshard_comm_t **newcomm);
+RESHARD_API reshard_status_t reshard_comm_join(const reshard_unique_id_t *id, int rank,
+                                               const int *joiners, int n, reshard_comm_t **comm);
+/* Not collective: this rank leaves comm on purpose, and comm is gone here (as after
+ * reshard_comm_destroy, without its barrier). The others learn it at once, not by a timeout:
+ * the collective or execution each has in flight, or its next, fails with RESHARD_ERR_REMOTE
+ * saying "rank R left the communicator", and reshard_comm_left names R; they then shrink it
+ * away (reshard_comm_shrink), any rank may leave, the lowest included. This rank's sockets,
+ * listener and registrations are released as it returns, unless plans made on comm are still
+ * alive: then as the last of them is destroyed (Lifetimes, at the top). RESHARD_ERR_BUSY while
+ * this rank executes on comm. Ranks leave one at a time (each followed by the others' shrink):
+ * of ranks leaving at once, the others may each hear of another one. */
+RESHARD_API reshard_status_t reshard_comm_leave(reshard_comm_t *comm);
+/* Not collective, never waits: *rank is the rank this rank heard leave comm on purpose
+ * (reshard_comm_leave), or -1 while none did. Looks at what has arrived when no collective is
+ * in flight on comm, so an idle rank can poll it. */
+RESHARD_API reshard_status_t reshard_comm_left(reshard_comm_t *comm, int *rank);
 /* 1 when rank belongs to the communicator (0 after a shrink left it out, or out of range). */
 RESHARD_API int reshard_comm_has_rank(const reshard_comm_t *comm, int rank);
 

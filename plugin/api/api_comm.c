@@ -124,6 +124,88 @@ reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int *exclude, i
     return api_leave(__func__, api_comm_drop(comm, st));
 }
 
+reshard_status_t reshard_comm_grow_id(reshard_comm_t *comm, const int *joiners, int n,
+                                      reshard_unique_id_t *id)
+{
+    api_enter();
+    if (!comm || !joiners || !id)
+        return api_null_arg(__func__, !comm ? "comm" : !joiners ? "joiners" : "id");
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    struct boot_id b;
+    if ((st = comm_grow_id(comm, joiners, n, &b)) == RESHARD_OK)
+        memcpy(id, &b, sizeof(b));
+    return api_leave(__func__, api_comm_drop(comm, st));
+}
+
+reshard_status_t reshard_comm_grow(reshard_comm_t *comm, const int *joiners, int n,
+                                   reshard_comm_t **newcomm)
+{
+    api_enter();
+    if (!comm || !joiners || !newcomm)
+        return api_null_arg(__func__, !comm ? "comm" : !joiners ? "joiners" : "newcomm");
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    st = given(newcomm, comm_grow(comm, joiners, n, newcomm));
+    return api_leave(__func__, api_comm_drop(comm, st));
+}
+
+reshard_status_t reshard_comm_join(const reshard_unique_id_t *id, int rank, const int *joiners,
+                                   int n, reshard_comm_t **comm)
+{
+    api_enter();
+    if (!id || !joiners || !comm)
+        return api_null_arg(__func__, !id ? "id" : !joiners ? "joiners" : "comm");
+    struct boot_id b;
+    memcpy(&b, id, sizeof(b));
+    return api_leave(__func__, given(comm, comm_join_grown(&b, rank, joiners, n, comm)));
+}
+
+reshard_status_t reshard_comm_leave(reshard_comm_t *comm)
+{
+    api_enter();
+    if (!comm)
+        return api_null_arg(__func__, "comm");
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    int idle = 0; /* not while this rank executes on it */
+    if (!atomic_compare_exchange_strong(&comm->busy, &idle, 1))
+        return api_leave(__func__,
+                         api_comm_drop(comm, rs_error(RESHARD_ERR_BUSY,
+                                                      "%s: the communicator is executing; "
+                                                      "abort it (reshard_comm_abort) and "
+                                                      "let the execution return",
+                                                      __func__)));
+    comm_depart(comm);
+    atomic_store(&comm->busy, 0);
+    rs_log(RS_LOG_INFO, "reshard_comm_leave: rank %d left; the others were told", comm->rank);
+    if (api_live_remove(&comm->live)) /* else another thread destroyed it meanwhile */
+        comm_close(comm);
+    return api_leave(__func__, api_comm_drop(comm, RESHARD_OK));
+}
+
+reshard_status_t reshard_comm_left(reshard_comm_t *comm, int *rank)
+{
+    api_enter();
+    if (!comm || !rank)
+        return api_null_arg(__func__, comm ? "rank" : "comm");
+    reshard_status_t st = api_comm_hold(__func__, comm);
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    int idle = 0, left; /* a collective in flight reads the news itself: only look when idle */
+    if (atomic_compare_exchange_strong(&comm->busy, &idle, 1)) {
+        left = comm_left(comm);
+        atomic_store(&comm->busy, 0);
+    } else {
+        left = boot_left(comm->boot);
+    }
+    *rank = left;
+    return api_leave(__func__, api_comm_drop(comm, RESHARD_OK));
+}
+
 const reshard_topo_t *reshard_comm_topo(const reshard_comm_t *comm)
 {
     return comm ? &comm->topo : NULL;

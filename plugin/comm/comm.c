@@ -62,36 +62,44 @@ reshard_status_t comm_allgather(struct reshard_comm *c, void *buf, size_t bytes)
     return st;
 }
 
+/* Absent ranks (numbers a grown communicator skipped) are marked so in the topology. */
+static reshard_status_t mark_absent(struct reshard_comm *c)
+{
+    for (int r = 0; r < c->size; r++)
+        if (!comm_has(c, r))
+            RS_CHECK(topo_set_absent(&c->topo.t, &r, 1));
+    return RESHARD_OK;
+}
+
 static reshard_status_t make_topo(struct reshard_comm *c, const struct comm_hello *h)
 {
     int64_t block = rs_param_int(RS_PARAM_DOMAIN_SIZE);
-    if (block > 0)
-        return topo_create(c->size, (int)(block > c->size ? c->size : block), NULL, &c->topo.t);
+    if (block > 0) {
+        RS_CHECK(topo_create(c->size, (int)(block > c->size ? c->size : block), NULL, &c->topo.t));
+        return mark_absent(c);
+    }
     int set = 0;
     for (int r = 0; r < c->size; r++)
-        set += h[r].domain >= 0;
-    if (set && set != c->size)
+        set += comm_has(c, r) && h[r].domain >= 0;
+    if (set && set != c->nmembers)
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "RESHARD_DOMAIN is set on %d of %d ranks: set it on all or none", set,
-                        c->size);
+                        c->nmembers);
     int *dom = rs_calloc((size_t)c->size, sizeof(int), "domains");
     if (!dom)
         return RESHARD_ERR_NO_MEMORY;
     for (int r = 0; r < c->size; r++)
-        dom[r] = set ? h[r].domain : c->node[r];
+        dom[r] = !comm_has(c, r) ? 0 : set ? h[r].domain : c->node[r];
     reshard_status_t st = topo_create(c->size, 0, dom, &c->topo.t);
     free(dom);
-    return st;
+    return st == RESHARD_OK ? mark_absent(c) : st;
 }
 
 /* A shrunk communicator keeps its parent's domains, with the ranks it left out absent. */
 static reshard_status_t inherit_topo(struct reshard_comm *c, const struct rs_topo *parent)
 {
     RS_CHECK(topo_copy(parent, &c->topo.t));
-    for (int r = 0; r < c->size; r++)
-        if (!comm_has(c, r))
-            RS_CHECK(topo_set_absent(&c->topo.t, &r, 1));
-    return RESHARD_OK;
+    return mark_absent(c);
 }
 
 static void max_u32(void *acc, const void *in, void *arg)
@@ -319,6 +327,25 @@ void comm_abort_now(struct reshard_comm *c)
     snprintf(c->broken_why, sizeof(c->broken_why),
              "rank %d aborted the communicator (reshard_comm_abort)", c->rank);
     boot_abort(c->boot, c->broken, c->broken_why);
+}
+
+void comm_depart(struct reshard_comm *c)
+{
+    if (c->broken == RESHARD_OK) { /* nor does its destroy wait for the others in a barrier */
+        c->broken = RESHARD_ERR_LEFT;
+        snprintf(c->broken_why, sizeof(c->broken_why),
+                 "rank %d left the communicator (reshard_comm_leave)", c->rank);
+    }
+    boot_leave(c->boot);
+}
+
+int comm_left(struct reshard_comm *c)
+{
+    struct rs_saved_error saved;
+    rs_error_save(&saved); /* what the look hears is the next call's to report */
+    (void)boot_check(c->boot);
+    rs_error_restore(&saved);
+    return boot_left(c->boot);
 }
 
 reshard_status_t comm_enter(struct reshard_comm *c)

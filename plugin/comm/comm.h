@@ -84,6 +84,23 @@ reshard_status_t comm_create_nccl(void *nccl_comm, struct reshard_comm **out);
  * as it is. */
 reshard_status_t comm_shrink(struct reshard_comm *c, const int *exclude, int n,
                              struct reshard_comm **out);
+/* Growth: joiners take numbers of absent ranks, or numbers at most this far past the size. */
+#define COMM_GROW_MAX 65536
+/* Collective over c's members (c healthy): a communicator of c's members and the joiners
+ * (joiners[n], each the number of an absent rank or one past c's size; the size grows to the
+ * largest plus one), of the next membership epoch, with a new bootstrap and network context.
+ * The members first agree on the list over c's bootstrap (RESHARD_ERR_INVALID_ARG on every
+ * member naming two that differ, c unchanged); the joiners then meet them at the listener c's
+ * lowest member holds, under c's secret salted with the growth. */
+reshard_status_t comm_grow(struct reshard_comm *c, const int *joiners, int n,
+                           struct reshard_comm **out);
+/* Not collective, on any member: the id the joiners pass to comm_join_grown (where to meet,
+ * the secret, the new size and epoch and a hash of the list). */
+reshard_status_t comm_grow_id(struct reshard_comm *c, const int *joiners, int n,
+                              struct boot_id *out);
+/* A joiner (rank, one of joiners[n]): joins the communicator the members' comm_grow makes. */
+reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const int *joiners, int n,
+                                 struct reshard_comm **out);
 /* Whether this rank may write host memory of local peer `rank` (cross-memory attach): the
  * kernel named that process over a Unix socket, and it lets this rank write it
  * (comm_local.h). Where it may not, local transfers to it go over the network transport. */
@@ -111,6 +128,12 @@ void comm_close(struct reshard_comm *c);
 int comm_timeout_ms(void);
 /* Breaks the communicator for reshard_comm_abort (busy held) and tells the other ranks. */
 void comm_abort_now(struct reshard_comm *c);
+/* reshard_comm_leave (busy held): breaks c here, without waiting for anyone, and tells the
+ * others that this rank left on purpose. */
+void comm_depart(struct reshard_comm *c);
+/* The rank heard to leave c on purpose, or -1, having looked (without waiting) at what the
+ * bootstrap's connections hold (busy held). */
+int comm_left(struct reshard_comm *c);
 /* RESHARD_OK, or why the communicator can no longer be used (message recorded): it was
  * destroyed (RESHARD_ERR_INVALID_ARG), or failed earlier (the failure's status). */
 reshard_status_t comm_usable(const struct reshard_comm *c);

@@ -288,6 +288,11 @@ class _Held:
         return getattr(self, "_closed", "never made") is not None
 
 
+def _int_array(values):
+    values = [int(v) for v in values]
+    return (ctypes.c_int * max(len(values), 1))(*values), len(values)
+
+
 def unique_id():
     """A new rendezvous id (128 bytes) for Comm(); this process must create rank 0 (itself, or
     a child forked after this call)."""
@@ -322,6 +327,21 @@ class Comm(_Held):
         c = cls.__new__(cls)
         c._wrapped(handle)
         return c
+
+    @classmethod
+    def join(cls, join_id, rank, joiners):
+        """A rank that was not in a communicator joins it: join_id from a member's
+        grow_id(joiners), rank one of `joiners` (the number of a rank that left, or one past
+        the size), the same list the members pass to grow(). Collective with their grow()."""
+        if not isinstance(join_id, (bytes, bytearray)) or len(join_id) != 128:
+            _fail("ERR_INVALID_ARG", "the join id is the 128 bytes a member's grow_id() made")
+        raw = _native.UniqueId()
+        ctypes.memmove(ctypes.addressof(raw), bytes(join_id), 128)
+        arr, n = _int_array(joiners)
+        handle = ctypes.c_void_p()
+        _check(_native.lib().reshard_comm_join(ctypes.byref(raw), int(rank), arr, n,
+                                               ctypes.byref(handle)))
+        return cls._wrap(handle)
 
     @classmethod
     def from_env(cls):
@@ -404,6 +424,54 @@ class Comm(_Held):
         with self._held() as h:
             _check(_native.lib().reshard_comm_shrink(h, arr, len(exclude), ctypes.byref(handle)))
         return Comm._wrap(handle)
+
+    def grow_id(self, joiners):
+        """The join id (128 bytes) to hand to the joiners for Comm.join: where the lowest
+        member listens and a secret for this growth. Not collective: every member makes the
+        same."""
+        arr, n = _int_array(joiners)
+        raw = _native.UniqueId()
+        with self._held() as h:
+            _check(_native.lib().reshard_comm_grow_id(h, arr, n, ctypes.byref(raw)))
+        return ctypes.string_at(ctypes.addressof(raw), 128)
+
+    def grow(self, joiners):
+        """Collective over the members, with the joiners' Comm.join: a communicator of the
+        members and the joiners (each the number of a rank that left, or one past the size),
+        of a new membership epoch. This one is left as it is: close it after. A list naming a
+        member, a number twice, or another list than the other members' raises
+        ReshardError ERR_INVALID_ARG on every member, this communicator unchanged."""
+        arr, n = _int_array(joiners)
+        handle = ctypes.c_void_p()
+        with self._held() as h:
+            _check(_native.lib().reshard_comm_grow(h, arr, n, ctypes.byref(handle)))
+        return Comm._wrap(handle)
+
+    def leave(self):
+        """Not collective: this rank leaves the communicator on purpose. The plans made on it
+        are closed first, then it is gone here (as after close(), without waiting for the
+        others), its sockets released. The others learn it at once: their call in flight, or
+        their next, raises ReshardError ERR_REMOTE saying "rank R left the communicator", and
+        their left() says R; they then shrink() it away. ERR_BUSY while another thread of
+        this rank uses the communicator."""
+        for plan in list(getattr(self, "_plans", ())):
+            plan._close("the plan's communicator was left (Comm.leave closes its plans)")
+        with self._lock:
+            if self._closed is not None:
+                _fail("ERR_INVALID_ARG", self._closed)
+            if self._calls:
+                _fail("ERR_BUSY", "Comm.leave: another thread is using the communicator")
+            handle, self._h = self._h, None
+            self._closed = "this rank left the communicator (Comm.leave)"
+        _check(_native.lib().reshard_comm_leave(handle))
+
+    def left(self):
+        """The rank this rank heard leave the communicator on purpose (Comm.leave), or None.
+        Never waits: an idle rank may poll it."""
+        rank = ctypes.c_int(-1)
+        with self._held() as h:
+            _check(_native.lib().reshard_comm_left(h, ctypes.byref(rank)))
+        return rank.value if rank.value >= 0 else None
 
     def counters(self):
         """Bytes and messages this rank's transports moved: a dict."""

@@ -38,6 +38,7 @@ STATUS_NAMES = {
     21: "ERR_ABORTED",
     22: "ERR_DATA_LOST",
     23: "ERR_VERIFY",
+    24: "ERR_LEFT",
 }
 STATUS = {name: value for value, name in STATUS_NAMES.items()}
 
@@ -159,6 +160,14 @@ _SIGNATURES = {
     "reshard_comm_destroy": (None, [_P]),
     "reshard_comm_abort": (_S, [_P]),
     "reshard_comm_shrink": (_S, [_P, ctypes.POINTER(_I), _I, ctypes.POINTER(_P)]),
+    "reshard_comm_leave": (_S, [_P]),
+    "reshard_comm_grow_id": (_S, [_P, ctypes.POINTER(_I), _I, ctypes.POINTER(UniqueId)]),
+    "reshard_comm_grow": (_S, [_P, ctypes.POINTER(_I), _I, ctypes.POINTER(_P)]),
+    "reshard_comm_join": (
+        _S,
+        [ctypes.POINTER(UniqueId), _I, ctypes.POINTER(_I), _I, ctypes.POINTER(_P)],
+    ),
+    "reshard_comm_left": (_S, [_P, ctypes.POINTER(_I)]),
     "reshard_comm_barrier": (_S, [_P]),
     "reshard_comm_counters": (_S, [_P, ctypes.POINTER(Counters)]),
     "reshard_comm_plan_create": (

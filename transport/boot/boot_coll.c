@@ -33,6 +33,7 @@ struct boot *boot_alloc(int rank, int size, const int *label, int timeout_ms)
     b->size = size;
     b->timeout_ms = timeout_ms;
     b->lfd = -1;
+    b->left = -1;
     return b;
 }
 
@@ -55,6 +56,12 @@ reshard_status_t boot_alloc_tree(struct boot *b)
     }
     b->sub[0] = b->rank;
     return RESHARD_OK;
+}
+
+void boot_set_labels(struct boot *b, const int *label)
+{
+    for (int r = 0; r < b->size; r++)
+        b->label[r] = label[r];
 }
 
 void boot_set_cancel(struct boot *b, const atomic_int *flag)

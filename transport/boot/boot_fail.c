@@ -61,11 +61,19 @@ static void boot_tell(struct boot *b, int skip, int origin, reshard_status_t st,
     rs_error_restore(&saved);
 }
 
+void boot_heard(struct boot *b, const struct sock_frame_error *err)
+{
+    if (err && err->origin >= 0 && err->status == RESHARD_ERR_LEFT && b->left < 0)
+        b->left = err->origin;
+}
+
 reshard_status_t boot_fail(struct boot *b, reshard_status_t st, const struct sock_frame_error *err,
                            int from)
 {
     struct rs_saved_error msg;
     rs_error_save(&msg);
+    if (st == RESHARD_ERR_REMOTE)
+        boot_heard(b, err);
     if (st == RESHARD_ERR_REMOTE && err && err->origin >= 0)
         boot_tell(b, from, err->origin, err->status, err->text);
     else
@@ -84,6 +92,23 @@ void boot_abort(struct boot *b, reshard_status_t st, const char *msg)
     boot_tell(b, -1, b->label[b->rank], st, msg);
     b->failed = st != RESHARD_OK ? st : RESHARD_ERR_INTERNAL;
     snprintf(b->fail_msg, sizeof(b->fail_msg), "aborted here: %s", msg);
+}
+
+void boot_leave(struct boot *b)
+{
+    char msg[RS_ERROR_MAX];
+    if (!b || b->failed)
+        return;
+    snprintf(msg, sizeof(msg), "rank %d left the communicator (reshard_comm_leave)",
+             b->label[b->rank]);
+    boot_tell(b, -1, b->label[b->rank], RESHARD_ERR_LEFT, msg);
+    b->failed = RESHARD_ERR_LEFT;
+    snprintf(b->fail_msg, sizeof(b->fail_msg), "%s", msg);
+}
+
+int boot_left(const struct boot *b)
+{
+    return b ? b->left : -1;
 }
 
 /* What boot_check heard (the thread's message) ends this bootstrap. */
@@ -122,6 +147,7 @@ static reshard_status_t boot_check_one(struct boot *b, int i)
     if (st == RESHARD_OK) /* (cannot be: an ERROR frame ends as a failure) */
         return RESHARD_OK;
     rs_error_save(&why);
+    boot_heard(b, &err);
     if (err.origin >= 0)
         boot_tell(b, i, err.origin, err.status, err.text);
     return boot_check_failed(b, st, &why);

@@ -69,6 +69,7 @@ struct boot {
     int *label;               /* [size]: the number each rank goes by in messages and reports */
     const atomic_int *cancel; /* collectives end when it turns non-zero (NULL: never) */
     reshard_status_t failed;  /* RESHARD_OK while usable */
+    int left; /* the label of a rank heard to leave on purpose (boot_leave), or -1 */
     char fail_msg[RS_ERROR_MAX];
     char refusal[RS_ERROR_MAX];
     uint64_t sent, received;           /* bytes of collectives, headers included */
@@ -150,6 +151,9 @@ reshard_status_t boot_coll_legs(struct boot_coll *c, const struct boot_leg *legs
  * to every neighbour but `from`, where it came from; else this rank's own failure, told to all. */
 reshard_status_t boot_fail(struct boot *b, reshard_status_t st, const struct sock_frame_error *err,
                            int from);
+
+/* What a failure report says: a rank that left on purpose (RESHARD_ERR_LEFT) is remembered. */
+void boot_heard(struct boot *b, const struct sock_frame_error *err);
 
 /* ---- admission at a listener (boot_admit.c) ---- */
 

@@ -83,6 +83,9 @@ reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int tim
  * reports (NULL: r): for a bootstrap over a subset of another job's ranks. */
 reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size, const int *label,
                                    int timeout_ms, struct boot **out);
+/* The numbers ranks go by from now on (label[size], copied): for a rank that learnt them only
+ * once the bootstrap formed (a joiner). */
+void boot_set_labels(struct boot *b, const int *label);
 /* An id for a later bootstrap of some of b's ranks (a shrink) whose rank 0 is b's rank `root`,
  * at the listener root has held since it joined b. The secret is b's mixed with salt through
  * HMAC-SHA256, so that ranks with another view of the group (another salt) meet under another
@@ -113,6 +116,13 @@ reshard_status_t boot_barrier(struct boot *b);
  * that hears passes it on to its other neighbours. Leaves this thread's error message as it
  * was. */
 void boot_abort(struct boot *b, reshard_status_t st, const char *msg);
+/* This rank leaves on purpose: tells the others (as boot_abort does, with RESHARD_ERR_LEFT), so
+ * that their collectives, and boot_check, fail at once with RESHARD_ERR_REMOTE saying that it
+ * left and remembering who (boot_left), never as a timeout. The bootstrap is unusable after. */
+void boot_leave(struct boot *b);
+/* The number (label) of the rank this rank heard leave on purpose, or -1: the first such, in a
+ * report that ended a collective or that boot_check read. */
+int boot_left(const struct boot *b);
 /* Between collectives (while a plan executes): whether a rank reported a failure, or a tree
  * neighbour closed its connection (ranks leave through a barrier, or after a failure: it died).
  * Looks at what waits on this rank's few connections without taking anything but ERROR frames,

@@ -204,6 +204,8 @@ static reshard_status_t sock_xfer_remote_failure(struct sock_xfer *x, struct soc
     e.text[n] = '\0';
     if (err)
         *err = e;
+    if (e.status == RESHARD_ERR_LEFT)
+        return rs_error(RESHARD_ERR_REMOTE, "bootstrap: %s", sock_msg_body(e.text));
     return rs_error(RESHARD_ERR_REMOTE, "bootstrap: rank %d failed (%s): %s", e.origin,
                     rs_status_name(e.status), sock_msg_body(e.text));
 }

@@ -1,0 +1,287 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Growing a communicator: its members and some joiners form a new one of a new membership
+ * epoch. A joiner takes the number of a rank that is absent (a replacement) or one past the
+ * size (growth). The members first check, over their own bootstrap, that they all name the same
+ * joiners (the communicator is left usable when they do not); then everyone meets at the
+ * listener the first member (member[0]: the lowest, unless a replacement took a lower number in
+ * an earlier growth) has held since the communicator formed, under the communicator's secret
+ * salted with the growth (boot_group_id), as a shrink does. A joiner learns where and
+ * under which secret from a join id that any member computes (comm_grow_id) and the
+ * application hands to it, as it hands the first unique id to the first ranks.
+ */
+#include "comm.h"
+#include "comm_int.h"
+
+#include "base/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The join id: the bootstrap id (its bytes up to JOIN_TAIL are the bootstrap's, zeros after),
+ * then magic, epoch, new size, members before the growth, joiners, and a hash of the joiners
+ * (BE 4-byte fields, the hash 8). */
+#define JOIN_TAIL  64
+#define JOIN_MAGIC 0x52534752u /* "RSGR" */
+
+static uint32_t get_be32(const unsigned char *w)
+{
+    return (uint32_t)w[0] << 24 | (uint32_t)w[1] << 16 | (uint32_t)w[2] << 8 | w[3];
+}
+
+static void put_be32(unsigned char *w, uint32_t v)
+{
+    w[0] = (unsigned char)(v >> 24);
+    w[1] = (unsigned char)(v >> 16);
+    w[2] = (unsigned char)(v >> 8);
+    w[3] = (unsigned char)v;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* FNV-1a over the sorted joiners: what every member and joiner must agree on. */
+static uint64_t list_hash(const int *sorted, int n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) {
+        unsigned char w[4];
+        put_be32(w, (uint32_t)sorted[i]);
+        for (int k = 0; k < 4; k++)
+            h = (h ^ w[k]) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* The joiners, sorted into *out, each once and at most COMM_GROW_MAX past the size; a member's
+ * number is refused naming it. *size_out: the size after the growth. */
+static reshard_status_t check_joiners(const struct reshard_comm *c, const int *joiners, int n,
+                                      int **out, int *size_out)
+{
+    if (n < 1)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "grow: no joiners (n is %d)", n);
+    int *s = rs_calloc((size_t)n, sizeof(int), "joiners");
+    if (!s)
+        return RESHARD_ERR_NO_MEMORY;
+    memcpy(s, joiners, (size_t)n * sizeof(int));
+    qsort(s, (size_t)n, sizeof(int), cmp_int);
+    reshard_status_t st = RESHARD_OK;
+    for (int i = 0; i < n && st == RESHARD_OK; i++) {
+        if (s[i] < 0 || s[i] >= c->size + COMM_GROW_MAX)
+            st = rs_error(RESHARD_ERR_INVALID_ARG,
+                          "grow: joiner rank %d is outside 0..%d (at most %d past the size)", s[i],
+                          c->size + COMM_GROW_MAX - 1, COMM_GROW_MAX);
+        else if (s[i] < c->size && comm_has(c, s[i]))
+            st = rs_error(RESHARD_ERR_INVALID_ARG,
+                          "grow: joiner rank %d is a live member of the communicator: a joiner "
+                          "takes the number of a rank that left, or one past the size (%d)",
+                          s[i], c->size);
+        else if (i > 0 && s[i] == s[i - 1])
+            st = rs_error(RESHARD_ERR_INVALID_ARG,
+                          "grow: two joiners claim rank %d: each number is taken once", s[i]);
+    }
+    if (st != RESHARD_OK) {
+        free(s);
+        return st;
+    }
+    *size_out = s[n - 1] + 1 > c->size ? s[n - 1] + 1 : c->size;
+    *out = s;
+    return RESHARD_OK;
+}
+
+/* The salt of the growth's secret: epoch, new size, and the joiners. */
+static reshard_status_t grow_group_id(struct reshard_comm *c, uint32_t epoch, int size,
+                                      const int *sorted, int n, struct boot_id *id)
+{
+    unsigned char salt[4 + 4 + 4 + 8] = {'g', 'r', 'o', 'w'};
+    put_be32(salt + 4, epoch);
+    put_be32(salt + 8, (uint32_t)size);
+    uint64_t h = list_hash(sorted, n);
+    put_be32(salt + 12, (uint32_t)(h >> 32));
+    put_be32(salt + 16, (uint32_t)h);
+    return boot_group_id(c->boot, c->boot_of[c->member[0]], salt, sizeof(salt), id);
+}
+
+reshard_status_t comm_grow_id(struct reshard_comm *c, const int *joiners, int n,
+                              struct boot_id *out)
+{
+    int *s = NULL, size = 0;
+    RS_CHECK(check_joiners(c, joiners, n, &s, &size));
+    struct boot_id id;
+    reshard_status_t st = grow_group_id(c, c->shrinks + 1, size, s, n, &id);
+    if (st == RESHARD_OK) {
+        boot_id_release(&id); /* the members' comm_grow registers the listener itself */
+        uint64_t h = list_hash(s, n);
+        unsigned char *w = id.bytes + JOIN_TAIL;
+        memset(w, 0, BOOT_ID_BYTES - JOIN_TAIL);
+        put_be32(w, JOIN_MAGIC);
+        put_be32(w + 4, c->shrinks + 1);
+        put_be32(w + 8, (uint32_t)size);
+        put_be32(w + 12, (uint32_t)c->nmembers);
+        put_be32(w + 16, (uint32_t)n);
+        put_be32(w + 20, (uint32_t)(h >> 32));
+        put_be32(w + 24, (uint32_t)h);
+        *out = id;
+    }
+    free(s);
+    return st;
+}
+
+/* The members agree on the joiners (lowest and highest hash, with a rank holding each) before
+ * anything new is made: a member with another list fails them all, naming it. */
+struct list_vote {
+    uint64_t lo, hi;
+    int32_t lo_rank, hi_rank;
+};
+
+static void vote_combine(void *acc, const void *in, void *arg)
+{
+    (void)arg;
+    struct list_vote a, b;
+    memcpy(&a, acc, sizeof(a));
+    memcpy(&b, in, sizeof(b));
+    if (b.lo < a.lo || (b.lo == a.lo && b.lo_rank < a.lo_rank)) {
+        a.lo = b.lo;
+        a.lo_rank = b.lo_rank;
+    }
+    if (b.hi > a.hi || (b.hi == a.hi && b.hi_rank < a.hi_rank)) {
+        a.hi = b.hi;
+        a.hi_rank = b.hi_rank;
+    }
+    memcpy(acc, &a, sizeof(a));
+}
+
+static reshard_status_t agree_on_joiners(struct reshard_comm *c, uint64_t h)
+{
+    struct list_vote v = {h, h, c->rank, c->rank};
+    RS_CHECK(comm_enter(c));
+    RS_CHECK(comm_leave(c, boot_allreduce(c->boot, &v, sizeof(v), vote_combine, NULL)));
+    if (v.lo != v.hi)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "grow: members passed different joiner lists (rank %d's differs from "
+                        "rank %d's); the communicator is unchanged",
+                        v.lo_rank, v.hi_rank);
+    return RESHARD_OK;
+}
+
+/* Everyone's number in the new bootstrap's order: the members check it is what they expect, a
+ * joiner learns the membership from it. */
+static reshard_status_t gather_members(struct reshard_comm *c, int dense, int n, int joiner)
+{
+    int *got = rs_calloc((size_t)n, sizeof(int), "members");
+    if (!got)
+        return RESHARD_ERR_NO_MEMORY;
+    got[dense] = c->rank;
+    reshard_status_t st = boot_allgather(c->boot, got, sizeof(int));
+    for (int k = 0; st == RESHARD_OK && k < n; k++)
+        if (got[k] < 0 || got[k] >= c->size || (!joiner && got[k] != c->member[k]) ||
+            (joiner && k > 0 && comm_has(c, got[k]) && c->boot_of[got[k]] != k))
+            st = rs_error(RESHARD_ERR_INTERNAL,
+                          "grow: the new bootstrap's rank %d goes by %d, not the number expected",
+                          k, got[k]);
+        else if (joiner)
+            c->boot_of[got[k]] = k, c->member[k] = got[k];
+    if (st == RESHARD_OK && joiner) {
+        c->nmembers = n;
+        boot_set_labels(c->boot, c->member);
+    }
+    free(got);
+    return st;
+}
+
+reshard_status_t comm_grow(struct reshard_comm *old, const int *joiners, int n,
+                           struct reshard_comm **out)
+{
+    int *s = NULL, size = 0;
+    RS_CHECK(check_joiners(old, joiners, n, &s, &size));
+    reshard_status_t st;
+    RS_CHECK_GOTO(agree_on_joiners(old, list_hash(s, n)), st, err_free_list);
+    struct reshard_comm *c = comm_alloc(old->rank, size, old->local_rank);
+    st = RESHARD_ERR_NO_MEMORY;
+    if (!c)
+        goto err_free_list;
+    c->shrinks = old->shrinks + 1;
+    for (int r = 0; r < size; r++)
+        c->boot_of[r] = -1;
+    c->nmembers = 0;
+    for (int k = 0; k < old->nmembers; k++)
+        c->boot_of[old->member[k]] = k, c->member[c->nmembers++] = old->member[k];
+    for (int i = 0; i < n; i++)
+        c->boot_of[s[i]] = c->nmembers, c->member[c->nmembers++] = s[i];
+    struct boot_id id;
+    RS_CHECK_GOTO(grow_group_id(old, c->shrinks, size, s, n, &id), st, err_destroy_comm);
+    st = boot_init_labeled(&id, c->boot_of[c->rank], c->nmembers, c->member, comm_timeout_ms(),
+                           &c->boot);
+    boot_id_release(&id);
+    RS_CHECK_GOTO(st, st, err_destroy_comm);
+    RS_CHECK_GOTO(gather_members(c, c->boot_of[c->rank], c->nmembers, 0), st, err_destroy_comm);
+    RS_CHECK_GOTO(comm_join(c, NULL), st, err_destroy_comm);
+    free(s);
+    *out = c;
+    return RESHARD_OK;
+err_destroy_comm:
+    comm_destroy(c);
+err_free_list:
+    free(s);
+    return st;
+}
+
+reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const int *joiners, int n,
+                                 struct reshard_comm **out)
+{
+    const unsigned char *w = join_id->bytes + JOIN_TAIL;
+    if (get_be32(w) != JOIN_MAGIC)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "join: not a join id (reshard_comm_grow_id makes one on a member)");
+    uint32_t epoch = get_be32(w + 4), size = get_be32(w + 8), m = get_be32(w + 12),
+             nj = get_be32(w + 16);
+    uint64_t h = (uint64_t)get_be32(w + 20) << 32 | get_be32(w + 24);
+    if (size < 1 || size > INT32_MAX / 2 || m < 1 || m >= size + 1u || nj < 1 || m + nj > size)
+        return rs_error(RESHARD_ERR_INVALID_ARG, "join: a malformed join id");
+    if (n < 1 || (uint32_t)n != nj)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "join: %d joiners passed, the members admit %u: pass the same list", n, nj);
+    int *s = rs_calloc((size_t)n, sizeof(int), "joiners");
+    if (!s)
+        return RESHARD_ERR_NO_MEMORY;
+    memcpy(s, joiners, (size_t)n * sizeof(int));
+    qsort(s, (size_t)n, sizeof(int), cmp_int);
+    reshard_status_t st = RESHARD_OK;
+    int k = -1;
+    for (int i = 0; i < n; i++)
+        if (s[i] == rank)
+            k = i;
+    if (list_hash(s, n) != h)
+        st = rs_error(RESHARD_ERR_INVALID_ARG,
+                      "join: the joiner list differs from the one the members grow by");
+    else if (k < 0)
+        st = rs_error(RESHARD_ERR_INVALID_ARG,
+                      "join: rank %d is not among the joiners the members admit", rank);
+    else if (rank < 0 || rank >= (int)size)
+        st = rs_error(RESHARD_ERR_INVALID_ARG, "join: rank %d is outside 0..%u", rank, size - 1);
+    free(s);
+    if (st != RESHARD_OK)
+        return st;
+    struct reshard_comm *c = comm_alloc(rank, (int)size, -1);
+    if (!c)
+        return RESHARD_ERR_NO_MEMORY;
+    c->shrinks = epoch;
+    for (int r = 0; r < c->size; r++)
+        c->boot_of[r] = -1;
+    int dense = (int)m + k, total = (int)(m + nj);
+    c->boot_of[rank] = dense;
+    struct boot_id id = *join_id;
+    memset(id.bytes + JOIN_TAIL, 0, BOOT_ID_BYTES - JOIN_TAIL);
+    RS_CHECK_GOTO(boot_init_labeled(&id, dense, total, NULL, comm_timeout_ms(), &c->boot), st,
+                  err_destroy_comm);
+    RS_CHECK_GOTO(gather_members(c, dense, total, 1), st, err_destroy_comm);
+    RS_CHECK_GOTO(comm_join(c, NULL), st, err_destroy_comm);
+    *out = c;
+    return RESHARD_OK;
+err_destroy_comm:
+    comm_destroy(c);
+    return st;
+}

@@ -1,0 +1,498 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * An elastic fleet: a rank that leaves on purpose (reshard_comm_leave) is heard by the others
+ * at once, never through a timeout, its sockets are released, and the others shrink it away
+ * and refit; ranks join a live communicator (reshard_comm_grow / reshard_comm_join) as a
+ * replacement or past the size, and bad joiner lists and outsiders are refused.
+ */
+#include "ranks.h"
+#include "side.h"
+#include "base/param.h"
+#include "plugin/reshard.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Replicated on all four ranks; wanted by ranks 1-2, which survive either leaver below. */
+#define REP_SRC "shape=48x40 dtype=i32 ranks=0-3 mesh=4 place=R"
+#define REP_DST "shape=48x40 dtype=i32 ranks=1-2 mesh=2 place=S(0)"
+/* Far below RESHARD_TIMEOUT: hearing of a leave must not wait for it. */
+#define HEARD_WITHIN_S 15.0
+
+static void elastic_env(void)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "2", 1);
+    setenv("RESHARD_TIMEOUT", "40", 1);
+    setenv("UCX_LOG_LEVEL", "error", 1);
+}
+
+TestSuite(elastic, .init = elastic_env, .timeout = 150);
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Sockets this process holds (links in /proc/self/fd to "socket:[...]"). */
+static int count_sockets(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    struct dirent *e;
+    char path[300], target[64];
+    while (d && (e = readdir(d))) {
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t k = readlink(path, target, sizeof(target) - 1);
+        if (k > 0) {
+            target[k] = 0;
+            n += !strncmp(target, "socket:", 7);
+        }
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static int sockets_before; /* in each forked rank, before its communicator was made */
+static int leaver = 3;
+
+static void note_sockets(int rank)
+{
+    (void)rank;
+    sockets_before = count_sockets();
+}
+
+static reshard_status_t fail(reshard_status_t st, const char *what, int rank)
+{
+    fprintf(stderr, "elastic: rank %d: %s: %s\n", rank, what, reshard_last_error());
+    return st != RESHARD_OK ? st : RESHARD_ERR_INTERNAL;
+}
+
+/* The leaver: leaves with a plan still alive (the plan can no longer run), and once the plan
+ * is destroyed it holds no more sockets than before its communicator was made. */
+static reshard_status_t leave_with_a_plan(int rank, reshard_comm_t *comm, struct side *x)
+{
+    reshard_status_t st = reshard_comm_leave(comm);
+    if (st != RESHARD_OK)
+        return fail(st, "leave", rank);
+    if (reshard_plan_execute(x->plan, &x->b) == RESHARD_OK)
+        return fail(RESHARD_OK, "a plan of a communicator it left still ran", rank);
+    side_close(x);
+    int now = count_sockets();
+    if (now > sockets_before) {
+        fprintf(stderr, "elastic: the leaver holds %d sockets, %d before\n", now, sockets_before);
+        return RESHARD_ERR_INTERNAL;
+    }
+    return RESHARD_OK;
+}
+
+/* The others: the barrier the leaver never joins fails at once saying who left; they shrink
+ * it away and refit from the replicas that stay. */
+static reshard_status_t hear_and_shrink(int rank, reshard_comm_t *comm, struct side *x)
+{
+    double t0 = now_s();
+    reshard_status_t st = reshard_comm_barrier(comm);
+    double took = now_s() - t0;
+    char want[64];
+    snprintf(want, sizeof(want), "rank %d left the communicator", leaver);
+    if (st != RESHARD_ERR_REMOTE || !strstr(reshard_last_error(), want))
+        return fail(RESHARD_ERR_INTERNAL, "the barrier did not say who left", rank);
+    if (took > HEARD_WITHIN_S) {
+        fprintf(stderr, "elastic: rank %d heard of the leave after %.1f s\n", rank, took);
+        return RESHARD_ERR_TIMEOUT;
+    }
+    int left = -2;
+    if ((st = reshard_comm_left(comm, &left)) != RESHARD_OK || left != leaver) {
+        fprintf(stderr, "elastic: rank %d: reshard_comm_left says %d\n", rank, left);
+        return RESHARD_ERR_INTERNAL;
+    }
+    side_close(x);
+    reshard_comm_t *nc = NULL;
+    if ((st = reshard_comm_shrink(comm, &leaver, 1, &nc)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    st = side_open(x, nc, rank, REP_SRC, REP_DST);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x->plan, &x->b);
+    if (st == RESHARD_OK && count_wrong(x->dst, rank, x->d))
+        st = RESHARD_ERR_INTERNAL;
+    if (st != RESHARD_OK)
+        fail(st, "refit after the shrink", rank);
+    side_close(x);
+    if (st == RESHARD_OK && reshard_comm_has_rank(nc, leaver))
+        st = RESHARD_ERR_INTERNAL;
+    if (st == RESHARD_OK)
+        reshard_comm_destroy(nc);
+    return st;
+}
+
+static reshard_status_t leave_and_shrink(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct side x;
+    reshard_status_t st = side_open(&x, comm, rank, REP_SRC, REP_DST);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x.plan, &x.b); /* the connections are up */
+    if (st != RESHARD_OK) {
+        side_close(&x);
+        return fail(st, "first refit", rank);
+    }
+    return rank == leaver ? leave_with_a_plan(rank, comm, &x) : hear_and_shrink(rank, comm, &x);
+}
+
+Test(elastic, a_rank_that_leaves_is_heard_at_once_and_the_others_shrink_and_refit)
+{
+    leaver = 3;
+    rank_setup = note_sockets;
+    struct outcome *o = run_ranks(4, leave_and_shrink);
+    rank_setup = NULL;
+    all_ok(o, 4);
+}
+
+/* Rank 0 is the bootstrap's root and the lowest member: the others still hear, and meet for
+ * the shrink at rank 1's listener. */
+Test(elastic, the_lowest_rank_can_leave_and_the_others_meet_at_the_next)
+{
+    leaver = 0;
+    rank_setup = note_sockets;
+    struct outcome *o = run_ranks(4, leave_and_shrink);
+    rank_setup = NULL;
+    all_ok(o, 4);
+}
+
+/* Ranks that are not in a collective learn of the leave by polling reshard_comm_left (each
+ * poll passes the news on to the rank's tree neighbours), then shrink. */
+static reshard_status_t poll_for_the_leaver(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_status_t st = reshard_comm_barrier(comm);
+    if (st != RESHARD_OK)
+        return fail(st, "barrier", rank);
+    if (rank == 1)
+        return reshard_comm_leave(comm);
+    int left = -1;
+    double t0 = now_s();
+    while ((st = reshard_comm_left(comm, &left)) == RESHARD_OK && left < 0 &&
+           now_s() - t0 < HEARD_WITHIN_S)
+        usleep(10 * 1000);
+    if (st != RESHARD_OK || left != 1) {
+        fprintf(stderr, "elastic: rank %d: heard %d leave after %.1f s\n", rank, left,
+                now_s() - t0);
+        return st != RESHARD_OK ? st : RESHARD_ERR_TIMEOUT;
+    }
+    reshard_comm_t *nc = NULL;
+    int one = 1;
+    if ((st = reshard_comm_shrink(comm, &one, 1, &nc)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    st = reshard_comm_barrier(nc);
+    reshard_comm_destroy(nc);
+    return st;
+}
+
+Test(elastic, idle_ranks_learn_of_a_leave_by_polling_and_shrink)
+{
+    all_ok(run_ranks(4, poll_for_the_leaver), 4);
+}
+
+/* Nothing to leave, nowhere to write: refused at once; a healthy communicator names nobody
+ * and stays usable. */
+static reshard_status_t leave_bad_args(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    int left = 7;
+    if (reshard_comm_leave(NULL) != RESHARD_ERR_INVALID_ARG ||
+        reshard_comm_left(NULL, &left) != RESHARD_ERR_INVALID_ARG ||
+        reshard_comm_left(comm, NULL) != RESHARD_ERR_INVALID_ARG)
+        return fail(RESHARD_ERR_INTERNAL, "bad arguments were taken", rank);
+    reshard_status_t st = reshard_comm_left(comm, &left);
+    if (st != RESHARD_OK || left != -1)
+        return fail(RESHARD_ERR_INTERNAL, "a healthy communicator named a leaver", rank);
+    return reshard_comm_barrier(comm);
+}
+
+Test(elastic, leave_refuses_bad_arguments_and_nobody_has_left_a_healthy_comm)
+{
+    all_ok(run_ranks(2, leave_bad_args), 2);
+}
+
+/* ---- joining ---- */
+
+/* Where rank 0 leaves the join id for the joiner (shared by the forked ranks). */
+struct mailbox {
+    volatile int ready;
+    reshard_unique_id_t id;
+};
+static struct mailbox *box;
+
+static void open_mailbox(void)
+{
+    box = mmap(NULL, sizeof(*box), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(box, MAP_FAILED);
+    memset(box, 0, sizeof(*box));
+}
+
+static int joiner_rank = 3; /* the number the fourth process joins as */
+/* Replicated on ranks 0-2, wanted by all the ranks of the grown communicator. */
+#define GROWN_SRC "shape=48x40 dtype=i32 ranks=0-2 mesh=3 place=R"
+
+static reshard_status_t refit_grown(reshard_comm_t *c, int rank)
+{
+    char dst[128];
+    snprintf(dst, sizeof(dst), "shape=48x40 dtype=i32 ranks=%s mesh=%d place=S(0)",
+             joiner_rank == 3 ? "0-3" : "0-2,4", 4);
+    struct side x;
+    reshard_status_t st = side_open(&x, c, rank, GROWN_SRC, dst);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x.plan, &x.b);
+    if (st == RESHARD_OK && count_wrong(x.dst, rank, x.d))
+        st = RESHARD_ERR_INTERNAL;
+    side_close(&x);
+    return st;
+}
+
+/* Rank 3 leaves; 0-2 shrink it away, then grow by `joiner_rank`, which the fourth process
+ * joins as (a replacement when it is 3, growth past the size when it is 4); everyone refits
+ * on the grown communicator, the joiner receiving its shard. */
+static reshard_status_t leave_then_rejoin(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_status_t st;
+    int three = 3, joiners[1] = {joiner_rank};
+    reshard_comm_t *c1 = NULL, *c2 = NULL;
+    if (rank == 3) {
+        if ((st = reshard_comm_leave(comm)) != RESHARD_OK)
+            return fail(st, "leave", rank);
+        while (!box->ready)
+            usleep(10 * 1000);
+        if ((st = reshard_comm_join(&box->id, joiner_rank, joiners, 1, &c2)) != RESHARD_OK)
+            return fail(st, "join", rank);
+        if (reshard_comm_rank(c2) != joiner_rank || reshard_comm_size(c2) != joiner_rank + 1)
+            return fail(RESHARD_ERR_INTERNAL, "joined with the wrong number or size", rank);
+        st = refit_grown(c2, joiner_rank);
+        if (st == RESHARD_OK)
+            reshard_comm_destroy(c2);
+        return st != RESHARD_OK ? fail(st, "refit on the grown comm", rank) : st;
+    }
+    (void)reshard_comm_barrier(comm); /* fails: rank 3 left */
+    if ((st = reshard_comm_shrink(comm, &three, 1, &c1)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    if (rank == 0) {
+        if ((st = reshard_comm_grow_id(c1, joiners, 1, &box->id)) != RESHARD_OK)
+            return fail(st, "grow id", rank);
+        __sync_synchronize();
+        box->ready = 1;
+    }
+    double t0 = now_s();
+    if ((st = reshard_comm_grow(c1, joiners, 1, &c2)) != RESHARD_OK)
+        return fail(st, "grow", rank);
+    if (rank == 0)
+        fprintf(stderr, "elastic: rank 0: growth by rank %d took %.1f ms (the joiner was ready)\n",
+                joiner_rank, (now_s() - t0) * 1e3);
+    if (reshard_comm_size(c2) != joiner_rank + 1 || !reshard_comm_has_rank(c2, joiner_rank) ||
+        (joiner_rank == 4 && reshard_comm_has_rank(c2, 3)))
+        return fail(RESHARD_ERR_INTERNAL, "the grown comm has the wrong membership", rank);
+    st = refit_grown(c2, rank);
+    if (st != RESHARD_OK)
+        return fail(st, "refit on the grown comm", rank);
+    reshard_comm_destroy(c2);
+    reshard_comm_destroy(c1);
+    return RESHARD_OK;
+}
+
+Test(elastic, a_replacement_joins_with_the_number_of_the_rank_that_left_and_refits)
+{
+    open_mailbox();
+    joiner_rank = 3;
+    all_ok(run_ranks(4, leave_then_rejoin), 4);
+}
+
+Test(elastic, a_new_rank_joins_past_the_size_and_refits)
+{
+    open_mailbox();
+    joiner_rank = 4;
+    all_ok(run_ranks(4, leave_then_rejoin), 4);
+}
+
+/* A member's number, a number twice, or a list other than the others': refused on every
+ * member at once, naming it, and the communicator stays usable. */
+static reshard_status_t grow_bad_lists(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_comm_t *nc = NULL;
+    int live[1] = {1}, twice[2] = {5, 5}, mine[1] = {rank == 2 ? 6 : 5};
+    if (reshard_comm_grow(comm, live, 1, &nc) != RESHARD_ERR_INVALID_ARG ||
+        !strstr(reshard_last_error(), "joiner rank 1 is a live member"))
+        return fail(RESHARD_ERR_INTERNAL, "a live member's number was taken", rank);
+    if (reshard_comm_grow(comm, twice, 2, &nc) != RESHARD_ERR_INVALID_ARG ||
+        !strstr(reshard_last_error(), "two joiners claim rank 5"))
+        return fail(RESHARD_ERR_INTERNAL, "a number claimed twice was taken", rank);
+    if (reshard_comm_grow(comm, mine, 1, &nc) != RESHARD_ERR_INVALID_ARG ||
+        !strstr(reshard_last_error(), "members passed different joiner lists") || nc)
+        return fail(RESHARD_ERR_INTERNAL, "a member's other list was not refused", rank);
+    if (reshard_comm_grow(comm, mine, 0, &nc) != RESHARD_ERR_INVALID_ARG ||
+        reshard_comm_grow(NULL, mine, 1, &nc) != RESHARD_ERR_INVALID_ARG ||
+        reshard_comm_grow(comm, NULL, 1, &nc) != RESHARD_ERR_INVALID_ARG || nc)
+        return fail(RESHARD_ERR_INTERNAL, "bad arguments were taken", rank);
+    return reshard_comm_barrier(comm); /* still usable */
+}
+
+Test(elastic, grow_refuses_bad_lists_on_every_member_and_the_comm_stays_usable)
+{
+    all_ok(run_ranks(3, grow_bad_lists), 3);
+}
+
+/* Before joining for real, the joiner tries: an id whose secret it does not hold (an outsider:
+ * refused by the lowest member), a number not in the list (a live member's), and another list
+ * (both refused at once). The members' growth still completes with it. */
+static reshard_status_t join_after_refusals(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_status_t st;
+    int three = 3, joiners[1] = {3}, other[2] = {3, 4};
+    reshard_comm_t *c1 = NULL, *c2 = NULL;
+    if (rank == 3) {
+        if ((st = reshard_comm_leave(comm)) != RESHARD_OK)
+            return fail(st, "leave", rank);
+        while (!box->ready)
+            usleep(10 * 1000);
+        reshard_unique_id_t forged = box->id;
+        forged.internal[40] ^= 0x5a; /* in the secret */
+        if ((st = reshard_comm_join(&forged, 3, joiners, 1, &c2)) != RESHARD_ERR_REFUSED)
+            return fail(RESHARD_ERR_INTERNAL, "an outsider was not refused", rank);
+        if (reshard_comm_join(&box->id, 1, joiners, 1, &c2) != RESHARD_ERR_INVALID_ARG ||
+            !strstr(reshard_last_error(), "rank 1 is not among the joiners"))
+            return fail(RESHARD_ERR_INTERNAL, "a live rank's number was claimed", rank);
+        if (reshard_comm_join(&box->id, 3, other, 2, &c2) != RESHARD_ERR_INVALID_ARG || c2)
+            return fail(RESHARD_ERR_INTERNAL, "another list was taken", rank);
+        if ((st = reshard_comm_join(&box->id, 3, joiners, 1, &c2)) != RESHARD_OK)
+            return fail(st, "join", rank);
+        st = reshard_comm_barrier(c2);
+        reshard_comm_destroy(c2);
+        return st;
+    }
+    (void)reshard_comm_barrier(comm); /* fails: rank 3 left */
+    if ((st = reshard_comm_shrink(comm, &three, 1, &c1)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    if (rank == 0) {
+        if ((st = reshard_comm_grow_id(c1, joiners, 1, &box->id)) != RESHARD_OK)
+            return fail(st, "grow id", rank);
+        __sync_synchronize();
+        box->ready = 1;
+    }
+    if ((st = reshard_comm_grow(c1, joiners, 1, &c2)) != RESHARD_OK)
+        return fail(st, "grow", rank);
+    st = reshard_comm_barrier(c2);
+    reshard_comm_destroy(c2);
+    reshard_comm_destroy(c1);
+    return st;
+}
+
+Test(elastic, outsiders_and_wrong_claims_are_refused_and_the_growth_still_completes)
+{
+    open_mailbox();
+    all_ok(run_ranks(4, join_after_refusals), 4);
+}
+
+/* ---- a growth racing a failure ---- */
+
+#define RACE_TIMEOUT_S 4
+
+static void reload_params(int rank)
+{
+    (void)rank;
+    rs_param_reload(); /* the parent read the table already (reshard_get_unique_id) */
+}
+
+static void *grow_then_hang(void *arg)
+{
+    reshard_comm_t *c1 = arg, *c2 = NULL;
+    int joiners[1] = {3};
+    (void)reshard_comm_grow(c1, joiners, 1, &c2);
+    return NULL;
+}
+
+/* Rank 3 leaves and 0-2 shrink it away; they grow it back, but rank 2 dies during the growth
+ * (while the new bootstrap forms): 0 and 1 fail within RESHARD_TIMEOUT + 2 s naming it (the
+ * joiner fails too), then shrink rank 2 away and grow rank 3 back for real. */
+static reshard_status_t grow_races_a_death(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_status_t st;
+    int three = 3, two = 2, joiners[1] = {3};
+    reshard_comm_t *c1 = NULL, *c1b = NULL, *c2 = NULL;
+    if (rank == 3) {
+        if ((st = reshard_comm_leave(comm)) != RESHARD_OK)
+            return fail(st, "leave", rank);
+        while (box->ready < 1)
+            usleep(10 * 1000);
+        usleep(1000 * 1000); /* rank 2 dies meanwhile */
+        if (reshard_comm_join(&box->id, 3, joiners, 1, &c2) == RESHARD_OK)
+            return fail(RESHARD_ERR_INTERNAL, "joined a growth whose member died", rank);
+        while (box->ready < 2)
+            usleep(10 * 1000);
+        if ((st = reshard_comm_join(&box->id, 3, joiners, 1, &c2)) != RESHARD_OK)
+            return fail(st, "second join", rank);
+        st = reshard_comm_barrier(c2);
+        reshard_comm_destroy(c2);
+        return st;
+    }
+    (void)reshard_comm_barrier(comm); /* fails: rank 3 left */
+    if ((st = reshard_comm_shrink(comm, &three, 1, &c1)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    if (rank == 2) { /* dies during the growth */
+        pthread_t th;
+        pthread_create(&th, NULL, grow_then_hang, c1);
+        usleep(300 * 1000);
+        _exit(0);
+    }
+    if (rank == 0) {
+        if ((st = reshard_comm_grow_id(c1, joiners, 1, &box->id)) != RESHARD_OK)
+            return fail(st, "grow id", rank);
+        __sync_synchronize();
+        box->ready = 1;
+    }
+    double t0 = now_s();
+    st = reshard_comm_grow(c1, joiners, 1, &c2);
+    double took = now_s() - t0;
+    fprintf(stderr, "elastic: rank %d: the growth racing a death failed after %.2f s: %s\n", rank,
+            took, reshard_last_error());
+    if (st == RESHARD_OK || !strstr(reshard_last_error(), "rank 2"))
+        return fail(RESHARD_ERR_INTERNAL, "the growth did not fail naming rank 2", rank);
+    if (took > RACE_TIMEOUT_S + 2 + 4) /* 4 s of slack for a loaded host */
+        return fail(RESHARD_ERR_TIMEOUT, "the growth failed too late", rank);
+    if ((st = reshard_comm_shrink(c1, &two, 1, &c1b)) != RESHARD_OK)
+        return fail(st, "second shrink", rank);
+    if (rank == 0) {
+        if ((st = reshard_comm_grow_id(c1b, joiners, 1, &box->id)) != RESHARD_OK)
+            return fail(st, "second grow id", rank);
+        __sync_synchronize();
+        box->ready = 2;
+    }
+    if ((st = reshard_comm_grow(c1b, joiners, 1, &c2)) != RESHARD_OK)
+        return fail(st, "second grow", rank);
+    if (!reshard_comm_has_rank(c2, 3) || reshard_comm_has_rank(c2, 2))
+        return fail(RESHARD_ERR_INTERNAL, "the second growth has the wrong membership", rank);
+    st = reshard_comm_barrier(c2);
+    reshard_comm_destroy(c2);
+    reshard_comm_destroy(c1b);
+    reshard_comm_destroy(c1);
+    return st;
+}
+
+Test(elastic, a_member_dying_during_a_growth_fails_the_others_naming_it_and_they_grow_again)
+{
+    open_mailbox();
+    setenv("RESHARD_TIMEOUT", "4", 1);
+    rank_setup = reload_params;
+    struct outcome *o = run_ranks(4, grow_races_a_death);
+    rank_setup = NULL;
+    all_ok(o, 4);
+}

@@ -76,6 +76,12 @@ static void stage_free(struct net_handle *h, struct net_connecting *s)
     h->stage_magic = 0;
 }
 
+void net_stage_forget(void *stage)
+{
+    struct net_connecting *s = stage;
+    sock_close(&s->fd);
+}
+
 /* The handle's progress: *s NULL when it has none yet; an error when it names progress that is
  * not a live connection of this process. */
 static reshard_status_t stage_find(const struct net_handle *h, struct net_connecting **s)

@@ -75,6 +75,13 @@ void net_listen_drop_all(struct net_listen *l)
     }
 }
 
+void net_listen_forget(struct net_listen *l)
+{
+    sock_close(&l->fd);
+    for (int i = 0; i < NET_PENDING_MAX; i++)
+        sock_close(&l->pend[i].fd);
+}
+
 reshard_status_t net_close_listen(void *listen_comm)
 {
     int stale;

@@ -86,6 +86,12 @@ void net_pending_clear(struct net_pending *p);
 
 /* Drops every connection being accepted (closeListen). */
 void net_listen_drop_all(struct net_listen *l);
+/* In a forked child: closes this process's copies of the parent's listening and handshake
+ * sockets (close, never shutdown: the parent's stay as they are), touching nothing else, so
+ * that the parent's port closes when the parent closes it. */
+void net_listen_forget(struct net_listen *l);
+/* The same for a connection in progress (a registry object of kind NET_KIND_STAGE). */
+void net_stage_forget(void *stage);
 /* Says how many unauthenticated connections were dropped since it last said (force: now). */
 void net_listen_report_drops(struct net_listen *l, int force);
 

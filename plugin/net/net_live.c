@@ -167,6 +167,27 @@ unsigned net_live_count(void)
     return n;
 }
 
+/* The tables of the processes this one was forked from, kept (reachable, so that a leak
+ * checker does not report what was left to the parent on purpose). */
+static struct live_slot *inherited[8];
+
+void net_live_fork_child(void (*forget)(void *obj, enum net_kind kind))
+{
+    pthread_mutex_init(&lock, NULL); /* another thread of the parent may have held it */
+    for (size_t i = 0; i < used; i++)
+        if (slots[i].obj)
+            forget(slots[i].obj, slots[i].kind);
+    for (size_t i = 0; slots && i < sizeof(inherited) / sizeof(inherited[0]); i++)
+        if (!inherited[i]) {
+            inherited[i] = slots;
+            break;
+        }
+    slots = NULL;
+    cap = used = 0;
+    live = 0;
+    free_head = NO_SLOT;
+}
+
 void net_live_release(void)
 {
     pthread_mutex_lock(&lock);

@@ -44,6 +44,10 @@ void net_live_drop(const void *h);
 unsigned net_live_count(void);
 /* Frees the table when nothing is live (the last finalize, or the library's unload). */
 void net_live_release(void);
+/* In a child just forked (pthread_atfork): calls forget for every live object, which are the
+ * parent's, then starts an empty table, so that every handle the parent issued is refused.
+ * The parent's table is left allocated, never freed or used. */
+void net_live_fork_child(void (*forget)(void *obj, enum net_kind kind));
 /* "context", "listen comm", ... for messages. */
 const char *net_kind_name(enum net_kind kind);
 

@@ -44,7 +44,8 @@ struct ucx_fns {
 };
 
 /* The loaded table, or NULL with RESHARD_ERR_UNAVAILABLE recorded (the message says which
- * library or symbol was missing). Thread-safe; loads once. */
+ * library or symbol was missing). Thread-safe; loads once, and once more in a process forked
+ * after UCX started (a private copy: ucx_lib.c). */
 const struct ucx_fns *ucx_lib(void);
 
 /* UCX status to ours: a failed peer or connection is a network failure; the rest internal. */

@@ -1077,6 +1077,9 @@ static const struct {
     {"flood", case_flood},
     {"devices", case_devices},
     {"reload", case_reload},
+    {"fork-live", case_fork_live},
+    {"fork-listener", case_fork_listener},
+    {"finalize-in-flight", case_finalize_in_flight},
 };
 
 int main(int argc, char **argv)

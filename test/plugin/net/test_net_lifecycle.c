@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The plugin across a process's life (issue 27, findings 2 and 4; issue 26, item 5), through
+ * the NCCL tables of every version, run by the conformance driver's cases in net_lifecycle.c.
+ * Each failed on the plugin before the fix its comment names; under ASAN=1 each must also
+ * leave no sanitizer report.
+ */
+#include "net_run.h"
+
+#include <criterion/criterion.h>
+#include <string.h>
+
+/* Before: both processes aborted in UCX (tcp_iface.c:307) or hung, and the child could close
+ * the parent's comms. Now the child forgets the parent's state at the fork (net_dev.c) and
+ * runs a private copy of UCX (ucx_lib.c). */
+Test(net_lifecycle, a_child_forked_after_live_connections_connects_and_the_parent_goes_on,
+     .timeout = 600)
+{
+    const char *expect[] = {
+        "ok the forked child connected to the parent's listener and its message arrived intact",
+        "ok the child exited cleanly", "ok the parent's connection made before the fork still works",
+        NULL};
+    net_each_version("RESHARD_TIMEOUT=60", "fork-live", expect);
+}
+
+/* Before: the child aborted (epoll_ctl ... File exists, ucp_worker.c:394) and the parent's
+ * accept waited out RESHARD_TIMEOUT. */
+Test(net_lifecycle, a_child_forked_from_a_listener_connects_to_it, .timeout = 600)
+{
+    const char *expect[] = {
+        "ok the forked child connected to the parent's listener and its message arrived intact",
+        "ok the child exited cleanly", NULL};
+    net_each_version("RESHARD_TIMEOUT=60", "fork-listener", expect);
+}

@@ -338,6 +338,7 @@ reshard_status_t net_accept(void *listen_comm, void **recv_comm)
         drop(l, ready, "no room for its handle");
         return RESHARD_ERR_NO_MEMORY;
     }
+    c->ctx = l->ctx;
     c->fd = ready->fd;
     ready->fd = -1;
     ready->comm = NULL;

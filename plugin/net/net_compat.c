@@ -30,7 +30,7 @@ static int unload_hooked;
 static void legacy_unload(void)
 {
     pthread_mutex_lock(&legacy_lock);
-    if (legacy_ctx && net_finalize(legacy_ctx) == RESHARD_OK)
+    if (legacy_ctx && net_finalize_idle(legacy_ctx) == RESHARD_OK)
         legacy_ctx = NULL;
     pthread_mutex_unlock(&legacy_lock);
 }

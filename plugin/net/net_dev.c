@@ -427,7 +427,45 @@ static void release_devices(void)
     net_live_release();
 }
 
-reshard_status_t net_finalize(void *ctx)
+/* What a finalize closes: what was made through its context and NCCL left open (connects
+ * still under way, listen, send and receive comms), and at the last one the registrations left
+ * on comms closed since. */
+struct sweep {
+    const void *ctx;
+    int comms, stages, mrs;
+};
+
+static void close_owned(void *h, void *obj, enum net_kind kind, void *arg)
+{
+    struct sweep *sw = arg;
+    switch (kind) {
+    case NET_KIND_STAGE:
+        sw->stages++;
+        net_stage_finalize(obj, sw->ctx);
+        break;
+    case NET_KIND_LISTEN:
+        if (((struct net_listen *)obj)->ctx == sw->ctx && net_close_listen(h) == RESHARD_OK)
+            sw->comms++;
+        break;
+    case NET_KIND_SEND:
+    case NET_KIND_RECV:
+        if (((struct net_comm *)obj)->ctx == sw->ctx &&
+            (kind == NET_KIND_SEND ? net_close_send(h) : net_close_recv(h)) == RESHARD_OK)
+            sw->comms++;
+        break;
+    default:
+        break;
+    }
+}
+
+static void free_mr(void *h, void *obj, enum net_kind kind, void *arg)
+{
+    (void)h, (void)kind;
+    ((struct sweep *)arg)->mrs++;
+    net_mr_free(obj);
+}
+
+static reshard_status_t finalize(void *ctx, int sweep)
 {
     if (!ctx)
         return RESHARD_OK;
@@ -436,11 +474,33 @@ reshard_status_t net_finalize(void *ctx)
         return net_ctx_check(ctx);
     net_live_drop(c->handle);
     free(c);
+    struct sweep sw = {.ctx = ctx};
+    if (sweep)
+        net_live_each(NET_KINDS(NET_KIND_STAGE) | NET_KINDS(NET_KIND_LISTEN) |
+                          NET_KINDS(NET_KIND_SEND) | NET_KINDS(NET_KIND_RECV),
+                      close_owned, &sw);
     pthread_mutex_lock(&global_lock);
-    if (--contexts == 0)
+    if (--contexts == 0) {
+        if (sweep)
+            net_live_each(NET_KINDS(NET_KIND_MR), free_mr, &sw);
         release_devices();
+    }
     pthread_mutex_unlock(&global_lock);
+    if (sw.comms || sw.mrs)
+        rs_log(RS_LOG_INFO,
+               "NET/Reshard: finalize closed %d comm(s) and %d registration(s) left open", sw.comms,
+               sw.mrs);
     return RESHARD_OK;
+}
+
+reshard_status_t net_finalize(void *ctx)
+{
+    return finalize(ctx, 1);
+}
+
+reshard_status_t net_finalize_idle(void *ctx)
+{
+    return finalize(ctx, 0);
 }
 
 static reshard_status_t check_init(void)

@@ -52,6 +52,7 @@ struct net_req {
 struct net_comm {
     enum net_kind kind; /* NET_KIND_SEND or NET_KIND_RECV */
     void *handle;       /* NCCL's, once handed out (net_live.h) */
+    const void *ctx;    /* the context it was made through: its finalize closes it */
     struct net_dev *dev;
     int fd;   /* the handshake socket, kept to learn of the peer's death */
     int peer; /* send: the transport peer index */
@@ -109,6 +110,8 @@ void net_comm_retire(struct net_comm *c);
 void net_comm_free(struct net_comm *c);
 
 /* net_io.c */
+/* Releases a registration whatever became of its comm (finalize; deregMr). */
+void net_mr_free(struct net_mr *m);
 /* Fails every transfer of c (the peer is gone): receives are cancelled, requests report why. */
 void net_comm_fail(struct net_comm *c, reshard_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -183,6 +183,12 @@ reshard_status_t net_dereg_mr(void *comm, void *mh)
     struct net_mr *m;
     RS_CHECK(comm_get(comm, ANY_COMM, "deregMr", &c));
     RS_CHECK(mr_get(mh, "deregMr", &m));
+    net_mr_free(m);
+    return RESHARD_OK;
+}
+
+void net_mr_free(struct net_mr *m)
+{
     net_live_drop(m->handle);
     pthread_mutex_lock(&m->dev->lock);
     if (m->tp_mh)
@@ -190,7 +196,6 @@ reshard_status_t net_dereg_mr(void *comm, void *mh)
     m->dev->users--;
     pthread_mutex_unlock(&m->dev->lock);
     free(m);
-    return RESHARD_OK;
 }
 
 /* The transport handle for [data, data + size), which must lie inside the registration. */

@@ -159,6 +159,31 @@ void net_live_drop(const void *h)
     pthread_mutex_unlock(&lock);
 }
 
+reshard_status_t net_live_each(unsigned kinds,
+                               void (*fn)(void *h, void *obj, enum net_kind kind, void *arg),
+                               void *arg)
+{
+    pthread_mutex_lock(&lock);
+    size_t n = 0;
+    uint64_t *hs = live ? rs_calloc(live, sizeof(*hs), "NET/Reshard handles") : NULL;
+    if (live && !hs) {
+        pthread_mutex_unlock(&lock);
+        return RESHARD_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; hs && i < used; i++)
+        if (slots[i].obj && (kinds & NET_KINDS(slots[i].kind)))
+            hs[n++] = handle_of((uint32_t)i, &slots[i]);
+    pthread_mutex_unlock(&lock);
+    for (size_t i = 0; i < n; i++) {
+        void *h = (void *)(uintptr_t)hs[i];
+        void *obj = net_live_get(h, kinds, NULL);
+        if (obj)
+            fn(h, obj, (enum net_kind)(hs[i] >> 56 & 0xf), arg);
+    }
+    free(hs);
+    return RESHARD_OK;
+}
+
 unsigned net_live_count(void)
 {
     pthread_mutex_lock(&lock);

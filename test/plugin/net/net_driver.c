@@ -1080,6 +1080,7 @@ static const struct {
     {"fork-live", case_fork_live},
     {"fork-listener", case_fork_listener},
     {"finalize-in-flight", case_finalize_in_flight},
+    {"garbage-address", case_garbage_address},
 };
 
 int main(int argc, char **argv)

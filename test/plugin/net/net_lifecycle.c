@@ -231,3 +231,98 @@ int case_finalize_in_flight(void *ctx)
     ok("no descriptor leaked by finalize with a connect under way");
     return 0;
 }
+
+/* ---- a connector that knows the nonce and sends a garbage address ---- */
+
+/* The listener's address, at offset 16 of the handle, and its nonce at 8 (protocols.md 2). */
+static socklen_t handle_addr(const unsigned char *h, struct sockaddr_storage *a)
+{
+    memcpy(a, h + 16, sizeof(struct sockaddr_in6));
+    return a->ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+}
+
+static void put_be(unsigned char *w, uint64_t v, int n)
+{
+    for (int i = n - 1; i >= 0; i--, v >>= 8)
+        w[i] = (unsigned char)v;
+}
+
+/* Sends hello {magic, version, the handle's nonce, n} and n bytes of addr; returns the
+ * listener's reply status (-1: none came). Accept runs on lc meanwhile and must not fail. */
+static int stranger_hello(void *lc, const unsigned char *h, const unsigned char *addr, size_t n)
+{
+    struct sockaddr_storage a;
+    socklen_t len = handle_addr(h, &a);
+    int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK("stranger", fd >= 0 && connect(fd, (struct sockaddr *)&a, len) == 0, "connect: %s",
+          strerror(errno));
+    unsigned char hello[20];
+    uint64_t nonce;
+    memcpy(&nonce, h + 8, sizeof(nonce));
+    put_be(hello, 0x52534c4fu, 4);
+    put_be(hello + 4, 3, 4);
+    put_be(hello + 8, nonce, 8);
+    put_be(hello + 16, n, 4);
+    CHECK("stranger", send(fd, hello, sizeof(hello), MSG_NOSIGNAL) == (ssize_t)sizeof(hello),
+          "send: %s", strerror(errno));
+    CHECK("stranger", send(fd, addr, n, MSG_NOSIGNAL) == (ssize_t)n, "send: %s", strerror(errno));
+    unsigned char reply[16];
+    size_t got = 0;
+    double end = now_s() + 30;
+    while (got < sizeof(reply) && now_s() < end) {
+        void *rc = NULL;
+        NCCL_OK("accept while a stranger sends a garbage address", d_accept(lc, &rc));
+        CHECK("accept", !rc, "accept handed out a receive comm for the stranger");
+        ssize_t r = recv(fd, reply + got, sizeof(reply) - got, MSG_DONTWAIT);
+        if (r > 0)
+            got += (size_t)r;
+        else if (r == 0)
+            break;
+    }
+    close(fd);
+    if (got < sizeof(reply))
+        return -1;
+    return (int)((uint32_t)reply[4] << 24 | (uint32_t)reply[5] << 16 | (uint32_t)reply[6] << 8 |
+                 reply[7]);
+}
+
+/* Before: accept returned "UCX: rank 0's address is not a reshard UCX address of this
+ * version", which NCCL takes as fatal. Now the connection is refused and dropped, and the
+ * listener goes on: the real connector gets through. */
+int case_garbage_address(void *ctx)
+{
+    unsigned char h[NCCL_NET_HANDLE_MAXSIZE] = {0}, addr[4096];
+    void *lc = NULL, *sc = NULL, *rc = NULL;
+    NCCL_OK("listen", d_listen(ctx, 0, h, &lc));
+    CHECK("random", getrandom(addr, sizeof(addr), 0) == (ssize_t)sizeof(addr), "getrandom");
+    int st = stranger_hello(lc, h, addr, sizeof(addr));
+    if (failures)
+        return -1;
+    CHECK("garbage address", st > 0, "the listener answered status %d (0: accepted, -1: none)", st);
+    printf("ok a hello with the nonce and a 4096-byte random address is refused (status %d)\n", st);
+    /* The same garbage behind this version's trailer (magic, peer number 0), its first byte
+     * naming an address version UCX does not know: UCX aborted the process on it. */
+    const uint32_t trailer[2] = {0x55435849u, 0};
+    memcpy(addr + sizeof(addr) - sizeof(trailer), trailer, sizeof(trailer));
+    addr[0] = 0x0e;
+    st = stranger_hello(lc, h, addr, sizeof(addr));
+    if (failures)
+        return -1;
+    CHECK("forged trailer", st > 0, "the listener answered status %d", st);
+    printf("ok a random address behind a valid trailer is refused (status %d)\n", st);
+    double end = now_s() + 60;
+    while (!sc || !rc) {
+        if (!sc)
+            NCCL_OK("connect", d_connect(ctx, 0, h, &sc));
+        if (!rc)
+            NCCL_OK("accept", d_accept(lc, &rc));
+        CHECK("connect", now_s() < end, "no connection within 60 s");
+    }
+    if (message("message after the stranger", sc, rc, 65536, 5, 5))
+        return -1;
+    ok("the listener goes on: the real connector gets through after the garbage address");
+    NCCL_OK("closeSend", d_close_send(sc));
+    NCCL_OK("closeRecv", d_close_recv(rc));
+    NCCL_OK("closeListen", d_close_listen(lc));
+    return 0;
+}

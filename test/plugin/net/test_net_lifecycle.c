@@ -49,3 +49,17 @@ Test(net_lifecycle, finalize_with_a_connect_under_way_leaks_no_descriptor, .time
         net_no_sanitizer_reports();
     }
 }
+
+/* Issue 27, finding 5. Before: accept returned "UCX: rank 0's address is not a reshard UCX
+ * address of this version", fatal to NCCL; and an address behind a valid trailer whose UCX
+ * version byte was garbage aborted the process inside ucp_ep_create. Now each is refused as a
+ * wrong nonce is, that connection alone is dropped, and the real connector gets through. */
+Test(net_lifecycle, a_hello_with_the_nonce_and_a_garbage_address_costs_only_that_connection,
+     .timeout = 300)
+{
+    const char *expect[] = {
+        "ok a hello with the nonce and a 4096-byte random address is refused (status 2)",
+        "ok a random address behind a valid trailer is refused (status 2)",
+        "ok the listener goes on: the real connector gets through after the garbage address", NULL};
+    net_each_version("", "garbage-address", expect);
+}

@@ -46,6 +46,8 @@ struct net_req {
     int pending; /* transfers the transport has not completed */
     reshard_status_t st;
     size_t sizes[NET_MAX_RECVS];
+    int failed_sub;     /* the first transfer that failed (-1: none) */
+    const char *tp_why; /* its transport's status (a static string, or NULL) */
     struct net_sub *sub;
 };
 

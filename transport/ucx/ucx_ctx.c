@@ -327,6 +327,7 @@ static void send_done(void *request, ucs_status_t status, void *user_data)
     struct tp_req *req = user_data;
     struct tp_ctx *c = req->ctx;
     to_ucx(c)->f->ucp_request_free(request);
+    req->why = status == UCS_OK ? NULL : to_ucx(c)->f->ucs_status_string(status);
     if (status == UCS_OK) {
         if (req->ctrl)
             c->counters.ctrl_out++;
@@ -343,6 +344,10 @@ static void recv_done(void *request, ucs_status_t status, const ucp_tag_recv_inf
     struct tp_ctx *c = req->ctx;
     to_ucx(c)->f->ucp_request_free(request);
     size_t got = status == UCS_OK ? info->length : 0;
+    /* UCX tells a truncated receive the message's length (the sender's size). */
+    if (status == UCS_ERR_MESSAGE_TRUNCATED && info)
+        got = info->length;
+    req->why = status == UCS_OK ? NULL : to_ucx(c)->f->ucs_status_string(status);
     if (status == UCS_OK && !req->ctrl)
         c->counters.bytes_in += got;
     complete(to_ucx(c), req, ucx_status(status), got);

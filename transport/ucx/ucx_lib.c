@@ -95,6 +95,8 @@ reshard_status_t ucx_status(ucs_status_t st)
         return RESHARD_OK;
     case UCS_ERR_NO_MEMORY:
         return RESHARD_ERR_NO_MEMORY;
+    case UCS_ERR_MESSAGE_TRUNCATED: /* a receive smaller than its message */
+        return RESHARD_ERR_TOO_LARGE;
     case UCS_ERR_CONNECTION_RESET:
     case UCS_ERR_ENDPOINT_TIMEOUT:
     case UCS_ERR_UNREACHABLE:

@@ -1081,6 +1081,7 @@ static const struct {
     {"fork-listener", case_fork_listener},
     {"finalize-in-flight", case_finalize_in_flight},
     {"garbage-address", case_garbage_address},
+    {"truncated", case_truncated},
 };
 
 int main(int argc, char **argv)

@@ -104,5 +104,6 @@ int case_fork_live(void *ctx);
 int case_fork_listener(void *ctx);
 int case_finalize_in_flight(void *ctx);
 int case_garbage_address(void *ctx);
+int case_truncated(void *ctx);
 
 #endif

@@ -326,3 +326,47 @@ int case_garbage_address(void *ctx)
     NCCL_OK("closeListen", d_close_listen(lc));
     return 0;
 }
+
+/* ---- a message larger than its receive ---- */
+
+/* Before: the receiver's test failed with "internal error", without UCX's truncation status
+ * or the sizes. Now it names both sizes and the transport's status; nothing is overwritten
+ * past the receive. */
+int case_truncated(void *ctx)
+{
+    const size_t big = 1 << 20, small = 1000;
+    unsigned char h[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc, *sc, *rc, *sreq = NULL, *rreq = NULL;
+    if (pair(ctx, &lc, &sc, &rc, h))
+        return -1;
+    unsigned char *s = malloc(big), *r = calloc(1, small + 64);
+    CHECK("truncated", s && r, "no memory");
+    fill(s, big, 6);
+    memset(r + small, 0xab, 64);
+    void *data = r;
+    size_t size = small;
+    int tag = 6, got[MAX_RECVS_WANTED] = {-1};
+    NCCL_OK("irecv of 1000 bytes", d_irecv(rc, 1, &data, &size, &tag, NULL, &rreq));
+    NCCL_OK("isend of 1 MiB", d_isend(sc, s, big, tag, NULL, &sreq));
+    ncclResult_t rr = wait_req(rreq, got, 60);
+    char recv_warn[sizeof(last_warn)];
+    snprintf(recv_warn, sizeof(recv_warn), "%s", last_warn);
+    ncclResult_t sr = wait_req(sreq, NULL, 60);
+    printf("ok a 1 MiB message into a 1000-byte receive: receiver %d (%s), sender %d\n", (int)rr,
+           recv_warn, (int)sr);
+    CHECK("truncated", rr != ncclSuccess && rr != ncclInProgress, "the receive returned %d",
+          (int)rr);
+    CHECK("truncated", strstr(recv_warn, "1048576 bytes") && strstr(recv_warn, "1000 bytes"),
+          "the receiver's error does not name both sizes: %s", recv_warn);
+    CHECK("truncated", strstr(recv_warn, "truncated"),
+          "the receiver's error does not name the truncation: %s", recv_warn);
+    for (size_t i = small; i < small + 64; i++)
+        CHECK("truncated", r[i] == 0xab, "byte %zu past the receive was written", i);
+    ok("the truncated receive names both sizes and the transport's status");
+    free(s);
+    free(r);
+    NCCL_OK("closeSend", d_close_send(sc));
+    NCCL_OK("closeRecv", d_close_recv(rc));
+    NCCL_OK("closeListen", d_close_listen(lc));
+    return 0;
+}

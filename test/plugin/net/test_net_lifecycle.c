@@ -63,3 +63,15 @@ Test(net_lifecycle, a_hello_with_the_nonce_and_a_garbage_address_costs_only_that
         "ok the listener goes on: the real connector gets through after the garbage address", NULL};
     net_each_version("", "garbage-address", expect);
 }
+
+/* Issue 27, the lesser finding. Before: "irecv ... failed in the transport: internal error".
+ * Now: "a message of 1048576 bytes arrived for a receive of 1000 bytes (buffer 0 of 1; ucx:
+ * Message truncated)", and nothing past the receive is written. */
+Test(net_lifecycle, a_message_larger_than_its_receive_names_both_sizes, .timeout = 300)
+{
+    const char *expect[] = {"ok the truncated receive names both sizes and the transport's status",
+                            NULL};
+    net_each_version("", "truncated", expect);
+    cr_assert(strstr(net_out, "a receive of 1000 bytes (buffer 0 of 1; ucx: Message truncated)"),
+              "%s", net_out);
+}

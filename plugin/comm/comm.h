@@ -32,6 +32,10 @@ struct reshard_comm {
     void *nccl; /* the NCCL communicator it was made from (reshard_comm_init_nccl), or NULL */
     struct reshard_topo topo;
     struct tp_ctx *net;
+    /* The process that made it: a child forked from that one may not use it (its transport
+     * context, connections and bootstrap are the parent's), only destroy it, which leaves
+     * them to the parent. */
+    pid_t owner;
     pid_t *pid;           /* [size]: verified pids of the peers this rank may write, else 0 */
     int *pidfd;           /* [size]: a pidfd on each of those processes (cma_hold), else -1 */
     int *node;            /* [size]: hostname ids, dense in order of first appearance */
@@ -94,6 +98,9 @@ int comm_timeout_ms(void);
 /* Breaks the communicator for reshard_comm_abort (busy held) and tells the other ranks. */
 void comm_abort_now(struct reshard_comm *c);
 reshard_status_t comm_usable(const struct reshard_comm *c);
+/* RESHARD_OK in the process that made c; in a child forked from it, an error saying so (what
+ * comm_usable says first, and what shrink, which serves broken communicators, checks). */
+reshard_status_t comm_owned(const struct reshard_comm *c);
 /* Around every collective on the bootstrap: one at a time (RESHARD_ERR_BUSY otherwise), so that
  * an abort from another thread only raises the flag the collective watches; comm_leave then
  * marks the communicator aborted when that ended it. comm_enter fails when it is unusable. */

@@ -3,11 +3,8 @@
 
 #include "base/dl.h"
 #include "base/error.h"
-#include "base/log.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
-#include <string.h>
 #include <unistd.h>
 
 static struct ucx_fns fns;
@@ -30,62 +27,37 @@ static struct rs_dl ucx_dl = {
     .table_size = sizeof(fns),
 };
 
-/* UCX cannot run again in a child forked after it started in the parent (UCX issues 4325 and
- * 10748: the child hangs or aborts): its async thread, which accepts the transport's
- * connections, stays with the parent, and the epoll set it waits on is shared with the child,
- * so the child's new worker never hears of its own connections, or the parent's thread hears
- * of them instead. A child that needs UCX therefore loads a private copy into a namespace of
- * its own (dlmopen), whose state starts fresh; the copy the parent used is never called again
- * from the child (its objects are the parent's, net_dev.c). */
-static pthread_mutex_t private_lock = PTHREAD_MUTEX_INITIALIZER;
-static pid_t shared_user; /* the process that started the shared copy */
-static pid_t private_for; /* the process private_fns was loaded for */
-static struct ucx_fns private_fns;
-
-/* The private copy for a forked child; NULL with the reason recorded. private_lock held. */
-static const struct ucx_fns *load_private(void)
-{
-    const char *file = rs_param_str(RS_PARAM_UCX_LIB);
-    void *h = dlmopen(LM_ID_NEWLM, *file ? file : "libucp.so.0", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        rs_error(RESHARD_ERR_UNAVAILABLE,
-                 "UCX: process %d was forked from one that had started UCX, and a private copy "
-                 "for it would not load: %s",
-                 (int)getpid(), dlerror());
-        return NULL;
-    }
-    struct ucx_fns t;
-    for (size_t i = 0; i < sizeof(ucx_syms) / sizeof(ucx_syms[0]); i++) {
-        void *p = dlsym(h, ucx_syms[i].name);
-        if (!p) {
-            rs_error(RESHARD_ERR_UNAVAILABLE, "UCX: the private copy for a forked child lacks %s",
-                     ucx_syms[i].name);
-            return NULL; /* left loaded: unloading a namespace is not worth the risk */
-        }
-        memcpy((char *)&t + ucx_syms[i].offset, &p, sizeof(p));
-    }
-    private_fns = t;
-    private_for = getpid();
-    rs_log(RS_LOG_INFO,
-           "UCX: process %d was forked from one that had started UCX, which cannot run twice "
-           "in one copy across a fork: it uses a private copy of the library (dlmopen)",
-           (int)getpid());
-    return &private_fns;
-}
+/* UCX cannot start again in a child forked after it started in the parent (UCX issues 4325 and
+ * 10748: the child hangs or aborts, and so may the parent): its async thread, which accepts the
+ * transport's connections, stays with the parent while the child's copy believes it runs, and
+ * the epoll set it waits on is shared with the child. A private copy of the library for the
+ * child (dlmopen) was tried and is no way out: the copies' C libraries share ld.so's cache of
+ * thread stacks, so the child's first thread frees the parent's thread-local blocks into the
+ * wrong heap (ASan: munmap_chunk(): invalid pointer in pthread_create). So in such a child UCX
+ * is unavailable, saying why; its callers offer no device or fail to form (their messages
+ * carry this one), and never touch what the parent made. */
+static pthread_mutex_t started_lock = PTHREAD_MUTEX_INITIALIZER;
+static pid_t started_in; /* the process that went on to start UCX (0: none yet) */
 
 const struct ucx_fns *ucx_lib(void)
 {
     const struct ucx_fns *f = rs_dl_load(&ucx_dl);
     if (!f)
         return NULL;
-    pid_t me = getpid();
-    pthread_mutex_lock(&private_lock);
-    if (!shared_user)
-        shared_user = me; /* every caller goes on to start UCX */
-    if (shared_user != me)
-        f = private_for == me ? &private_fns : load_private();
-    pthread_mutex_unlock(&private_lock);
-    return f;
+    pid_t me = getpid(), first;
+    pthread_mutex_lock(&started_lock);
+    if (!started_in)
+        started_in = me; /* every caller goes on to start UCX */
+    first = started_in;
+    pthread_mutex_unlock(&started_lock);
+    if (first == me)
+        return f;
+    rs_error(RESHARD_ERR_UNAVAILABLE,
+             "UCX: process %d was forked from process %d after UCX started there, and UCX cannot "
+             "start again in a forked child (its async thread stays with the parent); start this "
+             "process with exec, or fork before the first communicator or NCCL init",
+             (int)me, (int)first);
+    return NULL;
 }
 
 reshard_status_t ucx_status(ucs_status_t st)

@@ -44,14 +44,18 @@ static int message(const char *step, void *sc, void *rc, size_t n, int tag, uint
 
 /* ---- fork ---- */
 
-/* The child of a fork: its own init, a connection to the parent's listener (handle h), a
- * message of FORK_MSG bytes to it; exits 0 when all of that worked. Inherited comms (ics) are
- * refused, never used. */
+/* What the child found, as its exit status. */
+enum { CHILD_CONNECTED = 0, CHILD_NO_DEVICE = 10, CHILD_FAILED = 1 };
+
+/* The child of a fork: the parent's comms (ics) are refused, never used; its own init either
+ * offers no device, saying why (UCX cannot start again in a child forked after it started, so
+ * NCCL would use another network), or (a transport that can) connects to the parent's
+ * listener (handle h) and sends FORK_MSG bytes. */
 static void fork_child(unsigned char *h, void *const *ics, int nics)
 {
     void *ctx = NULL, *sc = NULL, *mh = NULL, *req = NULL;
     unsigned char *buf = malloc(FORK_MSG);
-    int rc = 1;
+    int rc = CHILD_FAILED, ndev = -1;
     if (!buf)
         goto out;
     fill(buf, FORK_MSG, 77);
@@ -59,8 +63,19 @@ static void fork_child(unsigned char *h, void *const *ics, int nics)
         fail("fork child", "closing the parent's comms succeeded in the child");
         goto out;
     }
-    if (d_init(&ctx) != ncclSuccess) {
+    if (nics)
+        ok("the child's closeSend and closeRecv of the parent's comms are refused");
+    if (d_init(&ctx) != ncclSuccess || d_devices(&ndev) != ncclSuccess) {
         fail("fork child", "init failed (last WARN: %s)", last_warn);
+        goto out;
+    }
+    if (ndev == 0) {
+        if (!strstr(last_warn, "cannot start again in a forked child")) {
+            fail("fork child", "no device, and the WARN does not say why: %s", last_warn);
+            goto out;
+        }
+        printf("ok the forked child offers no device and says why: %s\n", last_warn);
+        rc = d_finalize(ctx) == ncclSuccess ? CHILD_NO_DEVICE : CHILD_FAILED;
         goto out;
     }
     double end = now_s() + 60;
@@ -84,40 +99,55 @@ static void fork_child(unsigned char *h, void *const *ics, int nics)
         fail("fork child", "close failed (last WARN: %s)", last_warn);
         goto out;
     }
-    rc = 0;
+    rc = CHILD_CONNECTED;
 out:
     free(buf);
     fflush(stdout);
-    exit(rc || failures); /* exit, not _exit: the plugin's atexit hooks run in the child too */
+    exit(failures ? CHILD_FAILED : rc); /* exit: the plugin's atexit hooks run in the child */
 }
 
-/* The parent's side: accept the child's connection on lc2, receive its message, and check that
- * the connection made before the fork (sc, rc) still carries messages; then reap the child. */
-static int fork_parent(pid_t child, void *lc2, void *sc, void *rc)
+/* The child's message on crc, once it connected. */
+static int child_message(void *crc)
 {
-    void *crc = NULL, *req = NULL;
     unsigned char *buf = calloc(1, FORK_MSG);
     CHECK("fork", buf, "no memory");
-    if (sc && message("message before the child connects", sc, rc, 4096, 3, 3))
-        return -1;
-    double end = now_s() + 60;
-    while (!crc) {
-        NCCL_OK("accept the child", d_accept(lc2, &crc));
-        CHECK("accept the child", now_s() < end, "the child did not connect within 60 s");
-    }
-    void *data = buf;
+    void *data = buf, *req = NULL;
     size_t size = FORK_MSG;
     int tag = 9, got[MAX_RECVS_WANTED] = {-1};
     NCCL_OK("irecv from the child", d_irecv(crc, 1, &data, &size, &tag, NULL, &req));
     NCCL_OK("the child's message", wait_req(req, got, 60));
     CHECK("the child's message", got[0] == FORK_MSG && !mismatch(buf, FORK_MSG, 77),
           "%d bytes, byte %zu differs", got[0], mismatch(buf, FORK_MSG, 77));
-    ok("the forked child connected to the parent's listener and its message arrived intact");
     free(buf);
+    ok("the forked child connected to the parent's listener and its message arrived intact");
     NCCL_OK("closeRecv", d_close_recv(crc)); /* while the child lives: the close flushes */
-    int status = 0;
-    CHECK("fork", waitpid(child, &status, 0) == child, "waitpid: %s", strerror(errno));
-    CHECK("fork", WIFEXITED(status) && WEXITSTATUS(status) == 0,
+    return 0;
+}
+
+/* The parent's side while the child runs: its connection made before the fork (sc, rc) carries
+ * a message, and its listener lc2 takes the child's connection if the child makes one; then,
+ * the child reaped, both still work (lc2 for a connector of the parent's own). */
+static int fork_parent(void *ctx, pid_t child, void *lc2, unsigned char *h2, void *sc, void *rc)
+{
+    if (sc && message("message while the child runs", sc, rc, 4096, 3, 3))
+        return -1;
+    int status = 0, done = 0;
+    double end = now_s() + 120;
+    while (!done) {
+        void *crc = NULL;
+        NCCL_OK("accept while the child runs", d_accept(lc2, &crc));
+        if (crc && child_message(crc))
+            return -1;
+        pid_t w = waitpid(child, &status, WNOHANG);
+        CHECK("fork", w >= 0, "waitpid: %s", strerror(errno));
+        done = w == child;
+        CHECK("fork", done || now_s() < end, "the child did not end within 120 s");
+        if (!done)
+            usleep(1000);
+    }
+    CHECK("fork",
+          WIFEXITED(status) &&
+              (WEXITSTATUS(status) == CHILD_CONNECTED || WEXITSTATUS(status) == CHILD_NO_DEVICE),
           "the child ended with status %#x (signal %d)", status,
           WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     ok("the child exited cleanly");
@@ -128,12 +158,26 @@ static int fork_parent(pid_t child, void *lc2, void *sc, void *rc)
         NCCL_OK("closeSend", d_close_send(sc));
         NCCL_OK("closeRecv", d_close_recv(rc));
     }
+    void *psc = NULL, *prc = NULL;
+    end = now_s() + 60;
+    while (!psc || !prc) {
+        if (!psc)
+            NCCL_OK("connect to the listener after the fork", d_connect(ctx, 0, h2, &psc));
+        if (!prc)
+            NCCL_OK("accept after the fork", d_accept(lc2, &prc));
+        CHECK("connect", now_s() < end, "no connection within 60 s");
+    }
+    if (message("message on a connection made after the fork", psc, prc, FORK_MSG, 5, 5))
+        return -1;
+    ok("the parent's listener from before the fork still takes connections");
+    NCCL_OK("closeSend", d_close_send(psc));
+    NCCL_OK("closeRecv", d_close_recv(prc));
     return 0;
 }
 
 /* Parent: a listener and, when live, a connection with a message on it; fork; the child inits
- * and connects to the parent's listener. Before the fix both processes aborted in UCX
- * (tcp_iface.c, ucp_worker.c) or hung. */
+ * and tries to connect to the parent's listener. Before the fix both processes aborted in UCX
+ * (tcp_iface.c:307, ucp_worker.c:394) or hung. */
 static int fork_case(void *ctx, int live)
 {
     unsigned char h1[NCCL_NET_HANDLE_MAXSIZE], h2[NCCL_NET_HANDLE_MAXSIZE];
@@ -146,13 +190,15 @@ static int fork_case(void *ctx, int live)
     }
     memset(h2, 0, sizeof(h2));
     NCCL_OK("listen", d_listen(ctx, 0, h2, &lc2));
+    unsigned char child_h[NCCL_NET_HANDLE_MAXSIZE];
+    memcpy(child_h, h2, sizeof(child_h)); /* the child's copy; the parent connects with h2 */
     fflush(stdout);
     void *ics[2] = {sc, rc};
     pid_t child = fork();
     CHECK("fork", child >= 0, "fork: %s", strerror(errno));
     if (child == 0)
-        fork_child(h2, ics, live ? 2 : 0);
-    if (fork_parent(child, lc2, sc, rc))
+        fork_child(child_h, ics, live ? 2 : 0);
+    if (fork_parent(ctx, child, lc2, h2, sc, rc))
         return -1;
     NCCL_OK("closeListen", d_close_listen(lc2));
     if (lc1)

@@ -9,7 +9,6 @@
  * may unload the plugin and load it again.
  */
 #include "net_int.h"
-#include "net_listen.h"
 
 #include "transport/ib/ib_dev.h"
 
@@ -306,31 +305,11 @@ static pid_t forked_from;            /* the parent, when the fork left it the pl
 static struct net_dev *inherited[8]; /* the parents' device tables: kept, never used */
 static pthread_once_t fork_hook_once = PTHREAD_ONCE_INIT;
 
-/* Closes this process's copies of the parent's plain sockets (close, never shutdown, and no
- * goodbye), so that the parent's listeners and connections end when the parent ends them. */
-static void forget_object(void *obj, enum net_kind kind)
-{
-    switch (kind) {
-    case NET_KIND_LISTEN:
-        net_listen_forget(obj);
-        break;
-    case NET_KIND_SEND:
-    case NET_KIND_RECV:
-        sock_close(&((struct net_comm *)obj)->fd);
-        break;
-    case NET_KIND_STAGE:
-        net_stage_forget(obj);
-        break;
-    default: /* contexts, requests, registrations: memory only */
-        break;
-    }
-}
-
 /* The child of a fork; nothing here allocates, locks or logs. */
 static void fork_child(void)
 {
     pthread_mutex_init(&global_lock, NULL); /* another thread of the parent may have held it */
-    net_live_fork_child(forget_object);
+    net_live_fork_child(net_forget_object);
     if (ndevs < 0)
         return;
     for (size_t i = 0; devs && i < sizeof(inherited) / sizeof(inherited[0]); i++)
@@ -427,43 +406,6 @@ static void release_devices(void)
     net_live_release();
 }
 
-/* What a finalize closes: what was made through its context and NCCL left open (connects
- * still under way, listen, send and receive comms), and at the last one the registrations left
- * on comms closed since. */
-struct sweep {
-    const void *ctx;
-    int comms, mrs;
-};
-
-static void close_owned(void *h, void *obj, enum net_kind kind, void *arg)
-{
-    struct sweep *sw = arg;
-    switch (kind) {
-    case NET_KIND_STAGE: /* logs it when it is the context's */
-        net_stage_finalize(obj, sw->ctx);
-        break;
-    case NET_KIND_LISTEN:
-        if (((struct net_listen *)obj)->ctx == sw->ctx && net_close_listen(h) == RESHARD_OK)
-            sw->comms++;
-        break;
-    case NET_KIND_SEND:
-    case NET_KIND_RECV:
-        if (((struct net_comm *)obj)->ctx == sw->ctx &&
-            (kind == NET_KIND_SEND ? net_close_send(h) : net_close_recv(h)) == RESHARD_OK)
-            sw->comms++;
-        break;
-    default:
-        break;
-    }
-}
-
-static void free_mr(void *h, void *obj, enum net_kind kind, void *arg)
-{
-    (void)h, (void)kind;
-    ((struct sweep *)arg)->mrs++;
-    net_mr_free(obj);
-}
-
 static reshard_status_t finalize(void *ctx, int sweep)
 {
     if (!ctx)
@@ -473,22 +415,18 @@ static reshard_status_t finalize(void *ctx, int sweep)
         return net_ctx_check(ctx);
     net_live_drop(c->handle);
     free(c);
-    struct sweep sw = {.ctx = ctx};
-    if (sweep)
-        net_live_each(NET_KINDS(NET_KIND_STAGE) | NET_KINDS(NET_KIND_LISTEN) |
-                          NET_KINDS(NET_KIND_SEND) | NET_KINDS(NET_KIND_RECV),
-                      close_owned, &sw);
+    int comms = sweep ? net_close_owned(ctx) : 0, mrs = 0;
     pthread_mutex_lock(&global_lock);
     if (--contexts == 0) {
         if (sweep)
-            net_live_each(NET_KINDS(NET_KIND_MR), free_mr, &sw);
+            mrs = net_free_mrs();
         release_devices();
     }
     pthread_mutex_unlock(&global_lock);
-    if (sw.comms || sw.mrs)
+    if (comms || mrs)
         rs_log(RS_LOG_INFO,
-               "NET/Reshard: finalize closed %d comm(s) and %d registration(s) left open", sw.comms,
-               sw.mrs);
+               "NET/Reshard: finalize closed %d comm(s) and %d registration(s) left open", comms,
+               mrs);
     return RESHARD_OK;
 }
 

@@ -111,6 +111,17 @@ struct net_comm *net_comm_new(struct net_dev *d, enum net_kind kind, int fd, con
 void net_comm_retire(struct net_comm *c);
 void net_comm_free(struct net_comm *c);
 
+/* net_ctx.c */
+/* Finalize of ctx: gives up its connects in progress and closes its listen, send and receive
+ * comms that are still open; returns how many comms. */
+int net_close_owned(const void *ctx);
+/* The last finalize: releases every registration left (on comms closed since); how many. */
+int net_free_mrs(void);
+/* In a forked child (net_live_fork_child): closes this process's copies of the parent's plain
+ * sockets (close, never shutdown, no goodbye), so that the parent's listeners and connections
+ * end when the parent ends them; touches nothing else. */
+void net_forget_object(void *obj, enum net_kind kind);
+
 /* net_io.c */
 /* Releases a registration whatever became of its comm (finalize; deregMr). */
 void net_mr_free(struct net_mr *m);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "error.h"
+#include "text.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -19,6 +20,7 @@ reshard_status_t rs_error_at(const char *file, int line, reshard_status_t st, co
     va_start(ap, fmt);
     vsnprintf(last_message, sizeof(last_message), fmt, ap);
     va_end(ap);
+    rs_text_clean(last_message); /* names from manifests and peers are in it */
     last_file = file;
     last_line = line;
     return st;

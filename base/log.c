@@ -3,6 +3,7 @@
 
 #include "error.h"
 #include "param.h"
+#include "text.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -83,7 +84,7 @@ static void vemit(enum rs_log_level l, unsigned long flags, const char *fmt, va_
     if (to) {
         char msg[1024];
         vsnprintf(msg, sizeof(msg), fmt, ap);
-        to(l, flags, msg);
+        to(l, flags, rs_text_clean(msg));
         return;
     }
     static const char *const names[] = {
@@ -92,6 +93,7 @@ static void vemit(enum rs_log_level l, unsigned long flags, const char *fmt, va_
     gethostname(host, sizeof(host));
     host[sizeof(host) - 1] = '\0';
     vsnprintf(msg, sizeof(msg), fmt, ap);
+    rs_text_clean(msg); /* names from manifests and peers are in it */
     fprintf(stderr, "%s:%d RESHARD %s %s\n", host, (int)getpid(), names[l] ? names[l] : "?", msg);
 }
 

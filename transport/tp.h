@@ -22,7 +22,9 @@
 enum tp_mem { TP_MEM_HOST, TP_MEM_CUDA };
 
 struct tp_req;
-/* st: RESHARD_OK or why it failed; bytes: what a receive got. */
+/* st: RESHARD_OK or why it failed; bytes: what a receive got. A receive smaller than its
+ * message fails with RESHARD_ERR_TOO_LARGE, bytes then the message's length where the
+ * transport tells it (else 0); a failed request's why names the transport's status. */
 typedef void (*tp_done_fn)(struct tp_req *req, reshard_status_t st, size_t bytes);
 
 /* Embedded by the caller in its own per-transfer state; recovered with container_of. Every
@@ -40,6 +42,7 @@ struct tp_req {
     int state; /* transport's: posting, posted, or completed inside the posting call */
     reshard_status_t st;
     size_t got;
+    const char *why;     /* a static string: the transport's status when the request failed */
     struct tp_req *next; /* completions waiting for the next progress() */
 };
 

@@ -181,6 +181,7 @@ struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
     if (!c)
         return NULL;
     atomic_init(&c->refs, 1); /* the caller's */
+    c->owner = getpid();
     c->rank = rank;
     c->size = c->nmembers = size;
     c->local_rank = local_rank;
@@ -319,9 +320,14 @@ reshard_status_t comm_create_nccl(void *nc, struct reshard_comm **out)
     return st;
 }
 
+static int comm_inherited(const struct reshard_comm *c)
+{
+    return c->owner != getpid();
+}
+
 void comm_abort_now(struct reshard_comm *c)
 {
-    if (c->broken != RESHARD_OK)
+    if (c->broken != RESHARD_OK || comm_inherited(c)) /* the parent's peers are not ours */
         return;
     c->broken = RESHARD_ERR_ABORTED;
     snprintf(c->broken_why, sizeof(c->broken_why),
@@ -373,12 +379,24 @@ reshard_status_t comm_leave(struct reshard_comm *c, reshard_status_t st)
     return st;
 }
 
+reshard_status_t comm_owned(const struct reshard_comm *c)
+{
+    if (!comm_inherited(c))
+        return RESHARD_OK;
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "the communicator was made by process %d and this process (%d) was forked "
+                    "from it: its connections and transport state are the parent's, so it cannot "
+                    "be used here (make a new communicator in this process)",
+                    (int)c->owner, (int)getpid());
+}
+
 reshard_status_t comm_usable(const struct reshard_comm *c)
 {
     if (atomic_load(&c->destroyed))
         return rs_error(RESHARD_ERR_INVALID_ARG,
                         "the communicator was destroyed (reshard_comm_destroy): its plans can "
                         "only be destroyed, which closes its connections once the last is gone");
+    RS_CHECK(comm_owned(c));
     if (c->broken == RESHARD_OK)
         return RESHARD_OK;
     return rs_error(c->broken, "the communicator failed earlier and must be destroyed: %s",
@@ -462,11 +480,26 @@ void comm_close(struct reshard_comm *c)
                c->rank, held);
     comm_release(c);
 }
+/* Communicators a forked child destroyed: kept, never touched (their transport context and
+ * bootstrap are the parent's: closing them would close the parent's connections). */
+static struct reshard_comm *left_to_parent[16];
 
 void comm_destroy(struct reshard_comm *c)
 {
     if (!c)
         return;
+    if (comm_inherited(c)) {
+        rs_log(RS_LOG_INFO,
+               "reshard_comm_destroy in process %d of a communicator made by process %d, which "
+               "it was forked from: its connections are left to that process",
+               (int)getpid(), (int)c->owner);
+        for (size_t i = 0; i < sizeof(left_to_parent) / sizeof(left_to_parent[0]); i++)
+            if (!left_to_parent[i]) {
+                left_to_parent[i] = c;
+                break;
+            }
+        return;
+    }
     /* Nobody closes connections a peer may still be using (a broken communicator does not
      * wait: its peers may be gone). */
     if (c->boot && c->net && c->broken == RESHARD_OK)

@@ -35,6 +35,10 @@ struct reshard_comm {
     int nccl_executor;
     struct reshard_topo topo;
     struct tp_ctx *net;
+    /* The process that made it: a child forked from that one may not use it (its transport
+     * context, connections and bootstrap are the parent's), only destroy it, which leaves
+     * them to the parent. */
+    pid_t owner;
     pid_t *pid;           /* [size]: verified pids of the peers this rank may write, else 0 */
     int *pidfd;           /* [size]: a pidfd on each of those processes (cma_hold), else -1 */
     int *node;            /* [size]: hostname ids, dense in order of first appearance */
@@ -137,6 +141,9 @@ int comm_left(struct reshard_comm *c);
 /* RESHARD_OK, or why the communicator can no longer be used (message recorded): it was
  * destroyed (RESHARD_ERR_INVALID_ARG), or failed earlier (the failure's status). */
 reshard_status_t comm_usable(const struct reshard_comm *c);
+/* RESHARD_OK in the process that made c; in a child forked from it, an error saying so (what
+ * comm_usable says first, and what shrink, which serves broken communicators, checks). */
+reshard_status_t comm_owned(const struct reshard_comm *c);
 /* Around every collective on the bootstrap: one at a time (RESHARD_ERR_BUSY otherwise), so that
  * an abort from another thread only raises the flag the collective watches; comm_leave then
  * marks the communicator aborted when that ended it. comm_enter fails when it is unusable. */

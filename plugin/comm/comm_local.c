@@ -20,6 +20,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/text.h"
 #include "transport/boot/bootstrap.h"
 #include "transport/cma.h"
 #include "transport/sock/sock.h"
@@ -64,7 +65,7 @@ static void local_encode(const struct local_msg *m, unsigned char *w)
 }
 
 /* 1 when w (n bytes as received) is a message of `kind` from rank `from` to rank `to`. The
- * reason a peer gives is its own text: it reaches the log only as printable ASCII. */
+ * reason a peer gives is its own text: it reaches the log cleaned (base/text.h). */
 static int local_decode(const unsigned char *w, long n, int kind, int from, int to,
                         struct local_msg *m)
 {
@@ -78,9 +79,7 @@ static int local_decode(const unsigned char *w, long n, int kind, int from, int 
     memcpy(m->token, w + 16, COMM_LOCAL_TOKEN);
     memcpy(m->why, w + 32, LOCAL_WHY);
     m->why[LOCAL_WHY - 1] = 0;
-    for (char *p = m->why; *p; p++)
-        if (*p < 0x20 || *p > 0x7e)
-            *p = '?';
+    rs_text_clean(m->why);
     return 1;
 }
 

@@ -17,6 +17,7 @@
 reshard_status_t comm_shrink(struct reshard_comm *old, const int *exclude, int n,
                              struct reshard_comm **out)
 {
+    RS_CHECK(comm_owned(old));
     for (int i = 0; i < n; i++) {
         if (exclude[i] < 0 || exclude[i] >= old->size)
             return rs_error(RESHARD_ERR_INVALID_ARG,

@@ -56,7 +56,12 @@ struct net_props {
 /* A plugin context (v11+: one per NCCL communicator; older versions: one for the process).
  * The first finds the devices; the last finalize releases them. */
 reshard_status_t net_init(uint64_t comm_id, void **ctx);
-reshard_status_t net_finalize(void *ctx); /* NULL is fine */
+/* Closes what was made through ctx and is still open (connects under way, comms), and at the
+ * last context what registrations are left; NULL is fine. */
+reshard_status_t net_finalize(void *ctx);
+/* v8-v10's unload hook (at dlclose or exit, while NCCL's threads may still run): the same, but
+ * what is still open stays untouched. */
+reshard_status_t net_finalize_idle(void *ctx);
 /* RESHARD_OK when ctx is a live context, else an error saying what it is instead. */
 reshard_status_t net_ctx_check(const void *ctx);
 

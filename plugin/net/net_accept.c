@@ -247,8 +247,11 @@ static reshard_status_t take_new(struct net_listen *l, struct net_pending **read
 }
 
 /* The connector's address is in: a receive comm, a transport peer for the connector, and the
- * reply that names them. On failure the connector is refused (so it does not try again). */
-static reshard_status_t answer(struct net_listen *l, struct net_pending *p)
+ * reply that names them. On failure the connector is refused (so it does not try again); *theirs
+ * says whether the failure was its address's (the transport would not take it as a peer:
+ * anyone who read the handle's nonce can send garbage), which costs only that connection, or
+ * this side's (no transport, no memory), which accept reports. */
+static reshard_status_t answer(struct net_listen *l, struct net_pending *p, int *theirs)
 {
     struct net_dev *d = l->dev;
     unsigned char w[NET_REPLY_BYTES + NET_MAX_ADDR];
@@ -264,7 +267,9 @@ static reshard_status_t answer(struct net_listen *l, struct net_pending *p)
     p->comm->id = ++d->next_id;
     d->users++;
     p->comm->peer = net_dev_peer_take(d);
+    *theirs = 1; /* a set_peer or connect refused is the connector's address's fault */
     RS_CHECK_GOTO(net_dev_set_peer(d, p->comm->peer, p->caddr, p->caddr_len), st, err_retire_comm);
+    *theirs = 0;
     RS_CHECK_GOTO(net_dev_address(d, p->comm->peer, w + NET_REPLY_BYTES, &len), st,
                   err_retire_comm);
     pthread_mutex_unlock(&d->lock);
@@ -277,7 +282,10 @@ err_retire_comm:
     rs_error_restore(&why);
 err_unlock_dev:
     pthread_mutex_unlock(&d->lock);
-    refuse(p, NET_REPLY_FAILED);
+    if (st == RESHARD_ERR_NO_MEMORY)
+        *theirs = 0;
+    /* A refusal as for a wrong nonce or version: the connector gives up (RESHARD_ERR_REFUSED). */
+    refuse(p, *theirs ? NET_REPLY_VERSION : NET_REPLY_FAILED);
     return st;
 }
 
@@ -287,10 +295,15 @@ static int advance(struct net_listen *l, struct net_pending *p, reshard_status_t
     const char *why = NULL;
     enum net_pend_step step = net_pending_step(p, l->nonce, &why);
     if (step == NET_PEND_ANSWER) {
-        reshard_status_t st = answer(l, p);
+        int theirs = 0;
+        reshard_status_t st = answer(l, p, &theirs);
         if (st != RESHARD_OK) {
-            *failed = st;
-            drop(l, p, rs_error_message());
+            char msg[RS_ERROR_MAX + 64];
+            snprintf(msg, sizeof(msg), "%s%s", theirs ? "its transport address was refused: " : "",
+                     rs_error_message());
+            if (!theirs)
+                *failed = st;
+            drop(l, p, msg);
             return 0;
         }
         step = net_pending_step(p, l->nonce, &why);
@@ -336,6 +349,7 @@ reshard_status_t net_accept(void *listen_comm, void **recv_comm)
         drop(l, ready, "no room for its handle");
         return RESHARD_ERR_NO_MEMORY;
     }
+    c->ctx = l->ctx;
     c->fd = ready->fd;
     ready->fd = -1;
     ready->comm = NULL;

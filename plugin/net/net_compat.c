@@ -7,6 +7,7 @@
  * unload hook (legacy_unload) finalizes that context: with no comm left, everything is released,
  * and the next load starts afresh.
  */
+#include "net_live.h"
 #include "net_nccl.h"
 
 #include "base/error.h"
@@ -29,7 +30,7 @@ static int unload_hooked;
 static void legacy_unload(void)
 {
     pthread_mutex_lock(&legacy_lock);
-    if (legacy_ctx && net_finalize(legacy_ctx) == RESHARD_OK)
+    if (legacy_ctx && net_finalize_idle(legacy_ctx) == RESHARD_OK)
         legacy_ctx = NULL;
     pthread_mutex_unlock(&legacy_lock);
 }
@@ -39,7 +40,8 @@ static ncclResult_t legacy_init(ncclDebugLogger_t logger)
     net_use_logger(logger);
     reshard_status_t st = RESHARD_OK;
     pthread_mutex_lock(&legacy_lock);
-    if (!legacy_ctx)
+    /* A forked child finds its parent's context here, which it may not use (net_dev.c). */
+    if (!legacy_ctx || !net_live_get(legacy_ctx, NET_KINDS(NET_KIND_CTX), NULL))
         st = net_init(0, &legacy_ctx);
     if (st == RESHARD_OK && !unload_hooked) {
         if (atexit(legacy_unload) == 0)

@@ -39,7 +39,8 @@ enum connect_phase {
 };
 
 struct net_connecting {
-    void *handle; /* its registry handle, which the NCCL handle carries */
+    void *handle;    /* its registry handle, which the NCCL handle carries */
+    const void *ctx; /* the context it was made through: its finalize gives it up */
     struct net_dev *dev;
     union sock_addr to;
     int fd;
@@ -58,7 +59,8 @@ struct net_connecting {
     char peer[SOCK_ADDR_STR];
 };
 
-static void stage_free(struct net_handle *h, struct net_connecting *s)
+/* Releases s: its socket, its transport peer or comm, its hold on the device. */
+static void stage_release(struct net_connecting *s)
 {
     net_live_drop(s->handle);
     sock_close(&s->fd);
@@ -72,8 +74,29 @@ static void stage_free(struct net_handle *h, struct net_connecting *s)
     free(s->addr);
     free(s->hello);
     free(s);
+}
+
+static void stage_free(struct net_handle *h, struct net_connecting *s)
+{
+    stage_release(s);
     h->stage = 0;
     h->stage_magic = 0;
+}
+
+void net_stage_finalize(void *stage, const void *ctx)
+{
+    struct net_connecting *s = stage;
+    if (s->ctx != ctx)
+        return;
+    rs_log(RS_LOG_INFO, "NET/Reshard: finalize gives up the connection to %s still in progress",
+           s->peer);
+    stage_release(s); /* NCCL's handle, which may be gone, names a stale one from now on */
+}
+
+void net_stage_forget(void *stage)
+{
+    struct net_connecting *s = stage;
+    sock_close(&s->fd);
 }
 
 /* The handle's progress: *s NULL when it has none yet; an error when it names progress that is
@@ -90,12 +113,13 @@ static reshard_status_t stage_find(const struct net_handle *h, struct net_connec
     return RESHARD_OK;
 }
 
-static reshard_status_t stage_new(struct net_dev *d, struct net_handle *h,
+static reshard_status_t stage_new(const void *ctx, struct net_dev *d, struct net_handle *h,
                                   struct net_connecting **out)
 {
     struct net_connecting *s = rs_calloc(1, sizeof(*s), "NET/Reshard connection");
     if (!s)
         return RESHARD_ERR_NO_MEMORY;
+    s->ctx = ctx;
     s->dev = d;
     s->to = h->addr;
     s->fd = -1;
@@ -285,7 +309,7 @@ reshard_status_t net_connect(void *ctx, int dev, void *handle, void **send_comm)
     struct net_connecting *s;
     RS_CHECK(stage_find(h, &s));
     if (!s)
-        RS_CHECK(stage_new(d, h, &s));
+        RS_CHECK(stage_new(ctx, d, h, &s));
     int more = 0;
     reshard_status_t st = connect_step(s, &more);
     if (st == RESHARD_OK && more && rs_now_ms() > s->deadline_ms)
@@ -297,6 +321,7 @@ reshard_status_t net_connect(void *ctx, int dev, void *handle, void **send_comm)
         st = RESHARD_ERR_NO_MEMORY;
     if (st == RESHARD_OK && !more) {
         c = s->comm;
+        c->ctx = s->ctx;
         c->fd = s->fd;
         s->fd = -1;
         s->comm = NULL;

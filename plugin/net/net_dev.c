@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define NET_MAX_DEVS           64
 #define NET_MAX_VDEVS          64 /* virtual NICs, after the physical devices */
@@ -386,8 +387,48 @@ static reshard_status_t discover(void)
     return RESHARD_OK;
 }
 
+/* ---- fork ---- */
+
+/* A child forked while the plugin is in use shares the parent's UCX worker and verbs objects
+ * (their sockets, epoll set and queue pairs): using or destroying them from the child breaks
+ * the parent's connections, and UCX aborts in both. So the child forgets all of it at the fork
+ * (pthread_atfork): the parent's devices and transport contexts are left allocated and never
+ * touched again (in particular never closed: ucp_worker_destroy would take the parent's
+ * sockets out of the epoll set they share), every handle the parent issued is refused, and
+ * the child's next init finds the devices and makes its own transport state. */
+static pid_t forked_from;            /* the parent, when the fork left it the plugin's state */
+static struct net_dev *inherited[8]; /* the parents' device tables: kept, never used */
+static pthread_once_t fork_hook_once = PTHREAD_ONCE_INIT;
+
+/* The child of a fork; nothing here allocates, locks or logs. */
+static void fork_child(void)
+{
+    pthread_mutex_init(&global_lock, NULL); /* another thread of the parent may have held it */
+    net_live_fork_child(net_forget_object);
+    if (ndevs < 0)
+        return;
+    for (size_t i = 0; devs && i < sizeof(inherited) / sizeof(inherited[0]); i++)
+        if (!inherited[i]) {
+            inherited[i] = devs;
+            break;
+        }
+    forked_from = getppid();
+    devs = NULL;
+    ndevs = -1;
+    contexts = 0;
+    transport = NULL;
+}
+
+static void hook_fork(void)
+{
+    if (pthread_atfork(NULL, NULL, fork_child) != 0)
+        rs_log(RS_LOG_WARN, "NET/Reshard: pthread_atfork failed: a child forked while the plugin "
+                            "is in use would share the parent's transport state");
+}
+
 reshard_status_t net_init(uint64_t comm_id, void **out)
 {
+    pthread_once(&fork_hook_once, hook_fork);
     struct net_ctx *c = rs_calloc(1, sizeof(*c), "NET/Reshard context");
     if (!c)
         return RESHARD_ERR_NO_MEMORY;
@@ -397,6 +438,14 @@ reshard_status_t net_init(uint64_t comm_id, void **out)
         return RESHARD_ERR_NO_MEMORY;
     }
     pthread_mutex_lock(&global_lock);
+    if (forked_from) {
+        rs_log_sub(RS_LOG_INFO, RS_LOGF_INIT | RS_LOGF_NET,
+                   "NET/Reshard: process %d was forked from %d while the plugin was in use: the "
+                   "parent's contexts, comms and transport state are left to it (never used "
+                   "here), and this process makes its own",
+                   (int)getpid(), (int)forked_from);
+        forked_from = 0;
+    }
     reshard_status_t st = ndevs < 0 ? discover() : RESHARD_OK;
     if (st == RESHARD_OK)
         contexts++;
@@ -455,7 +504,7 @@ static void release_devices(void)
     net_live_release();
 }
 
-reshard_status_t net_finalize(void *ctx)
+static reshard_status_t finalize(void *ctx, int sweep)
 {
     if (!ctx)
         return RESHARD_OK;
@@ -464,11 +513,29 @@ reshard_status_t net_finalize(void *ctx)
         return net_ctx_check(ctx);
     net_live_drop(c->handle);
     free(c);
+    int comms = sweep ? net_close_owned(ctx) : 0, mrs = 0;
     pthread_mutex_lock(&global_lock);
-    if (--contexts == 0)
+    if (--contexts == 0) {
+        if (sweep)
+            mrs = net_free_mrs();
         release_devices();
+    }
     pthread_mutex_unlock(&global_lock);
+    if (comms || mrs)
+        rs_log(RS_LOG_INFO,
+               "NET/Reshard: finalize closed %d comm(s) and %d registration(s) left open", comms,
+               mrs);
     return RESHARD_OK;
+}
+
+reshard_status_t net_finalize(void *ctx)
+{
+    return finalize(ctx, 1);
+}
+
+reshard_status_t net_finalize_idle(void *ctx)
+{
+    return finalize(ctx, 0);
 }
 
 static reshard_status_t check_init(void)

@@ -59,12 +59,15 @@ struct net_req {
     int pending; /* transport requests not completed */
     reshard_status_t st;
     size_t sizes[NET_MAX_RECVS];
+    int failed_sub;     /* the first transfer that failed (-1: none) */
+    const char *tp_why; /* its transport's status (a static string, or NULL) */
     struct net_sub *sub;
 };
 
 struct net_comm {
     enum net_kind kind; /* NET_KIND_SEND or NET_KIND_RECV */
     void *handle;       /* NCCL's, once handed out (net_live.h) */
+    const void *ctx;    /* the context it was made through: its finalize closes it */
     struct net_dev *dev;
     int fd;   /* the handshake socket, kept to learn of the peer's death */
     int peer; /* send: the transport peer index */
@@ -136,9 +139,22 @@ struct net_comm *net_comm_new(struct net_dev *d, enum net_kind kind, int fd, con
 void net_comm_retire(struct net_comm *c);
 void net_comm_free(struct net_comm *c);
 
+/* net_ctx.c */
+/* Finalize of ctx: gives up its connects in progress and closes its listen, send and receive
+ * comms that are still open; returns how many comms. */
+int net_close_owned(const void *ctx);
+/* The last finalize: releases every registration left (on comms closed since); how many. */
+int net_free_mrs(void);
+/* In a forked child (net_live_fork_child): closes this process's copies of the parent's plain
+ * sockets (close, never shutdown, no goodbye), so that the parent's listeners and connections
+ * end when the parent ends them; touches nothing else. */
+void net_forget_object(void *obj, enum net_kind kind);
+
 /* net_io.c */
 /* Asks the transport to end every transfer of r early (its rail's context for each). */
 void net_req_cancel(struct net_req *r);
+/* Releases a registration whatever became of its comm (finalize; deregMr). */
+void net_mr_free(struct net_mr *m);
 /* Fails every transfer of c (the peer is gone): receives are cancelled, requests report why. */
 void net_comm_fail(struct net_comm *c, reshard_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

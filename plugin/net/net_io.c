@@ -295,6 +295,12 @@ reshard_status_t net_dereg_mr(void *comm, void *mh)
     struct net_mr *m;
     RS_CHECK(comm_get(comm, ANY_COMM, "deregMr", &c));
     RS_CHECK(mr_get(mh, "deregMr", &m));
+    net_mr_free(m);
+    return RESHARD_OK;
+}
+
+void net_mr_free(struct net_mr *m)
+{
     net_live_drop(m->handle);
     pthread_mutex_lock(&m->dev->lock);
     for (int r = 0; r < m->dev->nrails; r++)
@@ -303,7 +309,6 @@ reshard_status_t net_dereg_mr(void *comm, void *mh)
     m->dev->users--;
     pthread_mutex_unlock(&m->dev->lock);
     free(m);
-    return RESHARD_OK;
 }
 
 /* The transport handle for [data, data + size), which must lie inside the registration. */
@@ -349,8 +354,11 @@ static void sub_done(struct tp_req *t, reshard_status_t st, size_t got)
     r->pending--;
     if (c->kind == NET_KIND_RECV) /* a striped message's parts add up; a send's size is known */
         r->sizes[(s - r->sub) / c->dev->nrails] += got;
-    if (st != RESHARD_OK && r->st == RESHARD_OK)
+    if (st != RESHARD_OK && r->st == RESHARD_OK) {
         r->st = st;
+        r->failed_sub = (int)(s - r->sub) / c->dev->nrails; /* the buffer, whatever the rail */
+        r->tp_why = t->why;
+    }
     if (r->state == REQ_ABANDONED && !r->pending) { /* its handle went when it was abandoned */
         r->state = REQ_FREE;
         c->active--;
@@ -374,6 +382,8 @@ static reshard_status_t req_get(struct net_comm *c, int n, int nsub, struct net_
         r->nsub = nsub;
         r->pending = 0;
         r->st = RESHARD_OK;
+        r->failed_sub = -1;
+        r->tp_why = NULL;
         memset(r->sizes, 0, sizeof(r->sizes));
         for (int j = 0; j < nsub; j++) {
             r->sub[j].req = r;
@@ -402,6 +412,28 @@ static reshard_status_t req_error(struct net_comm *c, reshard_status_t st,
     return rs_error(st, "NET/Reshard: %s %s %s failed in the transport: %s",
                     send ? "isend" : "irecv", send ? "to" : "from", c->peer_name,
                     transport_why ? transport_why : rs_status_string(st));
+}
+
+/* A request of r->comm that failed with st in the transport: a receive smaller than its
+ * message names both sizes (the transport tells the receiver the message's), and every failure
+ * the transport's own status. (A sender learns of it only where the transport tells it: UCX
+ * completes the send.) */
+static reshard_status_t req_failed(const struct net_req *r, reshard_status_t st)
+{
+    struct net_comm *c = r->comm;
+    int i = r->failed_sub;
+    if (c->failed == RESHARD_OK && st == RESHARD_ERR_TOO_LARGE && c->kind == NET_KIND_RECV &&
+        i >= 0) {
+        char sent[48] = "a message";
+        if (r->sizes[i])
+            snprintf(sent, sizeof(sent), "a message of %zu bytes", r->sizes[i]);
+        return rs_error(st,
+                        "NET/Reshard: irecv from %s failed: %s arrived for a receive of %zu bytes "
+                        "(buffer %d of %d; %s: %s)",
+                        c->peer_name, sent, r->sub[i * c->dev->nrails].tp.len, i, r->n,
+                        c->dev->tp->ops->name, r->tp_why ? r->tp_why : "message truncated");
+    }
+    return req_error(c, st, c->failed == RESHARD_OK ? r->tp_why : NULL);
 }
 
 /* A post the transport refused (or a comm already failed): judged like a failed request. */
@@ -620,7 +652,7 @@ reshard_status_t net_test(void *request, int *done, int *sizes)
     else if (r->st != RESHARD_OK)
         st = c->failed != RESHARD_OK ? c->failed : r->st;
     if (st != RESHARD_OK) {
-        st = req_error(c, st, NULL);
+        st = req_failed(r, st);
         req_abandon(r);
     } else if (!r->pending) {
         if (sizes)

@@ -25,6 +25,7 @@ reshard_status_t net_listen(void *ctx, int dev, void *handle, void **listen_comm
     if (!l)
         return RESHARD_ERR_NO_MEMORY;
     l->dev = d;
+    l->ctx = ctx;
     for (int i = 0; i < NET_PENDING_MAX; i++)
         l->pend[i].fd = -1;
     union sock_addr a = d->addr;
@@ -73,6 +74,13 @@ void net_listen_drop_all(struct net_listen *l)
         }
         net_pending_clear(p);
     }
+}
+
+void net_listen_forget(struct net_listen *l)
+{
+    sock_close(&l->fd);
+    for (int i = 0; i < NET_PENDING_MAX; i++)
+        sock_close(&l->pend[i].fd);
 }
 
 reshard_status_t net_close_listen(void *listen_comm)

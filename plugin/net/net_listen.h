@@ -62,7 +62,8 @@ enum net_pend_step {
 /* A listen comm. */
 struct net_listen {
     struct net_dev *dev;
-    void *handle; /* its registry handle */
+    void *handle;    /* its registry handle */
+    const void *ctx; /* the context it was made through: its finalize closes it */
     int fd;
     uint64_t nonce;
     char name[SOCK_ADDR_STR];
@@ -86,6 +87,15 @@ void net_pending_clear(struct net_pending *p);
 
 /* Drops every connection being accepted (closeListen). */
 void net_listen_drop_all(struct net_listen *l);
+/* In a forked child: closes this process's copies of the parent's listening and handshake
+ * sockets (close, never shutdown: the parent's stay as they are), touching nothing else, so
+ * that the parent's port closes when the parent closes it. */
+void net_listen_forget(struct net_listen *l);
+/* The same for a connection in progress (a registry object of kind NET_KIND_STAGE). */
+void net_stage_forget(void *stage);
+/* Finalize of ctx: a connection in progress made through it is given up and released (its
+ * socket, transport peer and comm); one of another context is left alone. */
+void net_stage_finalize(void *stage, const void *ctx);
 /* Says how many unauthenticated connections were dropped since it last said (force: now). */
 void net_listen_report_drops(struct net_listen *l, int force);
 

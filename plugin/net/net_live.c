@@ -159,12 +159,58 @@ void net_live_drop(const void *h)
     pthread_mutex_unlock(&lock);
 }
 
+reshard_status_t net_live_each(unsigned kinds,
+                               void (*fn)(void *h, void *obj, enum net_kind kind, void *arg),
+                               void *arg)
+{
+    pthread_mutex_lock(&lock);
+    size_t n = 0;
+    uint64_t *hs = live ? rs_calloc(live, sizeof(*hs), "NET/Reshard handles") : NULL;
+    if (live && !hs) {
+        pthread_mutex_unlock(&lock);
+        return RESHARD_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; hs && i < used; i++)
+        if (slots[i].obj && (kinds & NET_KINDS(slots[i].kind)))
+            hs[n++] = handle_of((uint32_t)i, &slots[i]);
+    pthread_mutex_unlock(&lock);
+    for (size_t i = 0; i < n; i++) {
+        void *h = (void *)(uintptr_t)hs[i];
+        void *obj = net_live_get(h, kinds, NULL);
+        if (obj)
+            fn(h, obj, (enum net_kind)(hs[i] >> 56 & 0xf), arg);
+    }
+    free(hs);
+    return RESHARD_OK;
+}
+
 unsigned net_live_count(void)
 {
     pthread_mutex_lock(&lock);
     unsigned n = live;
     pthread_mutex_unlock(&lock);
     return n;
+}
+
+/* The tables of the processes this one was forked from, kept (reachable, so that a leak
+ * checker does not report what was left to the parent on purpose). */
+static struct live_slot *inherited[8];
+
+void net_live_fork_child(void (*forget)(void *obj, enum net_kind kind))
+{
+    pthread_mutex_init(&lock, NULL); /* another thread of the parent may have held it */
+    for (size_t i = 0; i < used; i++)
+        if (slots[i].obj)
+            forget(slots[i].obj, slots[i].kind);
+    for (size_t i = 0; slots && i < sizeof(inherited) / sizeof(inherited[0]); i++)
+        if (!inherited[i]) {
+            inherited[i] = slots;
+            break;
+        }
+    slots = NULL;
+    cap = used = 0;
+    live = 0;
+    free_head = NO_SLOT;
 }
 
 void net_live_release(void)

@@ -14,6 +14,8 @@
 #ifndef RS_NET_LIVE_H
 #define RS_NET_LIVE_H
 
+#include "base/reshard_status.h"
+
 #include <stdint.h>
 
 #define NET_LIVE_MAX (1u << 20)
@@ -40,10 +42,20 @@ void *net_live_add(void *obj, enum net_kind kind);
 void *net_live_get(const void *h, unsigned kinds, int *stale);
 /* Retires h (a handle that is not live is ignored). */
 void net_live_drop(const void *h);
+/* Calls fn for every object live now of one of the kinds, with its handle, without the table's
+ * lock (fn may close the object); an object closed meanwhile is skipped. RESHARD_ERR_NO_MEMORY
+ * when the list of handles cannot be made. */
+reshard_status_t net_live_each(unsigned kinds,
+                               void (*fn)(void *h, void *obj, enum net_kind kind, void *arg),
+                               void *arg);
 /* Live handles: for tests and for the last finalize, which frees the table when none is. */
 unsigned net_live_count(void);
 /* Frees the table when nothing is live (the last finalize, or the library's unload). */
 void net_live_release(void);
+/* In a child just forked (pthread_atfork): calls forget for every live object, which are the
+ * parent's, then starts an empty table, so that every handle the parent issued is refused.
+ * The parent's table is left allocated, never freed or used. */
+void net_live_fork_child(void (*forget)(void *obj, enum net_kind kind));
 /* "context", "listen comm", ... for messages. */
 const char *net_kind_name(enum net_kind kind);
 

@@ -513,3 +513,27 @@ Test(reshard_plan, an_fp8_inference_side_quantizes_at_the_senders_and_halves_the
     cr_assert_gt(net[1], 0);
     cr_assert_leq(net[1] * 100, net[0] * 52, "FP8 %lld bytes, bf16 %lld", net[1], net[0]);
 }
+
+/* Issue 27, the lesser finding: a tensor name with an escape sequence (JSON "\u001b[2J", which
+ * clears a terminal) and a newline (which forges a line of its own) reached the terminal raw in
+ * reshard-plan's error. Now every control character of an error or a log line is a '?'. */
+Test(reshard_plan, a_tensor_name_with_an_escape_sequence_reaches_the_terminal_cleaned,
+     .timeout = 60)
+{
+    char path[] = "/tmp/reshard-esc-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    const char *json = "{\"version\": 1, \"world_size\": 4, \"tensors\": [{\"name\": "
+                       "\"w\\u001b[2J\\nerror: forged\", \"shape\": [8], \"dtype\": \"bf16\", "
+                       "\"src\": \"ranks=0-1 place=Q\", \"dst\": \"ranks=2-3\"}]}";
+    cr_assert_eq(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+    close(fd);
+    char args[256];
+    snprintf(args, sizeof(args), "--manifest %s", path);
+    int rc = plan(args);
+    unlink(path);
+    cr_assert_eq(rc, 2, "%s", out);
+    cr_assert_null(strchr(out, '\x1b'), "an escape reached the terminal: %s", out);
+    cr_assert(strstr(out, "tensors[0] (w?[2J?error: forged).src: place"), "%s", out);
+    cr_assert_eq(lines(out), 1, "%s", out);
+}

@@ -32,6 +32,12 @@
 #define UCX_ID_MAX   ((UINT32_C(1) << UCX_ID_BITS) - 1)
 #define UCX_ID_MAGIC 0x55435849u /* "IXCU": the trailer of this transport's addresses */
 
+/* A UCX worker address starts with its format's version in the low 4 bits of its first byte:
+ * 0 (V1) or 1 (V2) in every UCX to date; the worker's 64-bit uuid follows the header. */
+#define UCX_ADDR_VERSION_MASK 0xfu
+#define UCX_ADDR_VERSION_MAX  1u
+#define UCX_ADDR_MIN          10
+
 struct ucx_id_trailer { /* after the worker address: the number its context gives the peer */
     uint32_t magic;
     int32_t index; /* -1: peers are numbered by rank */
@@ -207,6 +213,15 @@ static reshard_status_t ucx_set_peer(struct tp_ctx *c, int peer, const void *add
                         "UCX: rank %d's address is not a reshard UCX address of this version "
                         "(trailer 0x%08x, peer number %d)",
                         peer, t.magic, t.index);
+    /* UCX parses a worker address without its length and aborts the process on a version it
+     * does not know (ucp_address_unpack): the header's version (its low 4 bits, V1 or V2) is
+     * checked here. What follows it only UCX can judge (see docs/nccl.md, Security). */
+    unsigned version = ((const unsigned char *)addr)[0] & UCX_ADDR_VERSION_MASK;
+    if (len < UCX_ADDR_MIN || version > UCX_ADDR_VERSION_MAX)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "UCX: rank %d's address is not a UCX worker address (%zu bytes, "
+                        "address version %u)",
+                        peer, len, version);
     if ((size_t)peer >= u->peers_cap) {
         size_t cap = u->peers_cap;
         struct ucx_peer *p = rs_grow(u->peers, &cap, (size_t)peer + 1, sizeof(*p), "UCX peers");
@@ -312,6 +327,7 @@ static void send_done(void *request, ucs_status_t status, void *user_data)
     struct tp_req *req = user_data;
     struct tp_ctx *c = req->ctx;
     to_ucx(c)->f->ucp_request_free(request);
+    req->why = status == UCS_OK ? NULL : to_ucx(c)->f->ucs_status_string(status);
     if (status == UCS_OK) {
         if (req->ctrl)
             c->counters.ctrl_out++;
@@ -328,6 +344,10 @@ static void recv_done(void *request, ucs_status_t status, const ucp_tag_recv_inf
     struct tp_ctx *c = req->ctx;
     to_ucx(c)->f->ucp_request_free(request);
     size_t got = status == UCS_OK ? info->length : 0;
+    /* UCX tells a truncated receive the message's length (the sender's size). */
+    if (status == UCS_ERR_MESSAGE_TRUNCATED && info)
+        got = info->length;
+    req->why = status == UCS_OK ? NULL : to_ucx(c)->f->ucs_status_string(status);
     if (status == UCS_OK && !req->ctrl)
         c->counters.bytes_in += got;
     complete(to_ucx(c), req, ucx_status(status), got);

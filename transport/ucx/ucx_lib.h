@@ -44,7 +44,8 @@ struct ucx_fns {
 };
 
 /* The loaded table, or NULL with RESHARD_ERR_UNAVAILABLE recorded (the message says which
- * library or symbol was missing). Thread-safe; loads once. */
+ * library or symbol was missing, or that this process was forked after UCX started in its
+ * parent, where UCX cannot start again: ucx_lib.c). Thread-safe; loads once. */
 const struct ucx_fns *ucx_lib(void);
 
 /* UCX status to ours: a failed peer or connection is a network failure; the rest internal. */

@@ -1439,6 +1439,11 @@ static const struct {
     {"flood", case_flood},
     {"devices", case_devices},
     {"reload", case_reload},
+    {"fork-live", case_fork_live},
+    {"fork-listener", case_fork_listener},
+    {"finalize-in-flight", case_finalize_in_flight},
+    {"garbage-address", case_garbage_address},
+    {"truncated", case_truncated},
 };
 
 int main(int argc, char **argv)

@@ -109,4 +109,12 @@ int case_no_devices(void); /* before start: expects no device at all */
 int case_devices(void *ctx);
 int case_reload(void *ctx);
 
+/* ---- net_lifecycle.c ---- */
+
+int case_fork_live(void *ctx);
+int case_fork_listener(void *ctx);
+int case_finalize_in_flight(void *ctx);
+int case_garbage_address(void *ctx);
+int case_truncated(void *ctx);
+
 #endif

@@ -89,6 +89,11 @@ FP_ROW_ATTRS static uint64_t run_sum(const unsigned char *row, size_t esize, uin
 #undef FP_ROW
 #undef FP_RUN
 
+uint64_t fingerprint_run(const void *row, size_t esize, uint64_t first, int64_t n)
+{
+    return run_sum(row, esize, first * FP_INDEX_MUL, n);
+}
+
 /* Whether dim j of the shard at pos is one run of global indices (its group one segment), and
  * the whole dim when full is asked. */
 static int one_run(const struct rs_shardmap *map, int pos, int j, int full)

@@ -137,6 +137,19 @@ reshard_status_t exec_quant_dev_at_src(struct exec *x, uint32_t w, const reshard
 reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard_buffers_t *dev);
 void exec_quant_dev_fini(struct exec_quant *q, int ntensors);
 
+/* What a verified refit compares CAST weight w's destinations with, made where its blocks are
+ * quantized (exec_quant.c): fingerprints in the weight's and its scales' global index space. */
+struct exec_quant_fp {
+    /* the blocks of this rank's source shard, when src_counts (it is the replica that counts):
+     * codes and scales of those whole in it, the elements of those it holds part of */
+    uint64_t src_codes, src_scales, src_plain;
+    /* the blocks of its destination shard quantized here: codes and scales quantized again from
+     * the staged copy, and the staged elements */
+    uint64_t dst_codes, dst_scales, dst_plain;
+};
+reshard_status_t exec_quant_expect(const struct exec *x, const reshard_buffers_t *bufs, uint32_t w,
+                                   int src_counts, struct exec_quant_fp *fp);
+
 /* Device buffers on the native executor are staged through host copies (pinned when the driver
  * allows): [2 * ntensors] (source, destination) shadows and their sizes, kept across runs. */
 struct exec_shadows {

@@ -146,6 +146,12 @@ struct exec_quant_fp {
     /* the blocks of its destination shard quantized here: codes and scales quantized again from
      * the staged copy, and the staged elements */
     uint64_t dst_codes, dst_scales, dst_plain;
+    /* grouped: the codes are fingerprinted eight at a time (fingerprint_run8, every block
+     * starting on a multiple of 8 along the last dim), and dst_held is the fingerprint of the
+     * codes this rank's destination buffer holds; else the destination's codes are
+     * fingerprinted one at a time, as any shard (fingerprint_shard) */
+    int grouped;
+    uint64_t dst_held;
 };
 reshard_status_t exec_quant_expect(const struct exec *x, const reshard_buffers_t *bufs, uint32_t w,
                                    int src_counts, struct exec_quant_fp *fp);

@@ -615,15 +615,40 @@ struct qcast {
     enum rs_fp8 fmt;
 };
 
+/* Whether weight w's codes are fingerprinted eight at a time (fingerprint_run8): every block
+ * starts on a multiple of 8 along the last dim, so every side cuts rows into the same groups. */
+static int grouped(const struct plan_tensor *pw)
+{
+    int nd = pw->dst.ndim;
+    int64_t e = quant_extent(&pw->dst, nd - 1);
+    return e % 8 == 0 || e >= pw->dst.shape[nd - 1];
+}
+
 /* The fingerprint of row `row` of g's shard, global columns [j0, j1) where the shard holds
  * them, gfirst the global linear index of the row's column 0: raw elements of esize bytes in
- * base, or (cast) their FP8 codes; tmp holds a row of codes. */
+ * base, or (cast) their FP8 codes; tmp holds a row of codes. group: FP8 codes of a block row
+ * the shard holds whole, eight at a time. */
 static uint64_t row_fp(const char *base, const struct qgeo *g, int64_t row, int64_t j0, int64_t j1,
-                       uint64_t gfirst, size_t esize, const struct qcast *cast, uint8_t *tmp)
+                       uint64_t gfirst, size_t esize, const struct qcast *cast, uint8_t *tmp,
+                       int group)
 {
     const int64_t *loc = g->loc[g->ndim - 1];
     int64_t at;
-    if (loc[j0] >= 0 && geo_run(g, row, j0, j1, &at)) {
+    int run = loc[j0] >= 0 && geo_run(g, row, j0, j1, &at);
+    if (group) {
+        const uint8_t *codes = tmp;
+        if (run && !cast)
+            codes = (const uint8_t *)base + at;
+        else
+            for (int64_t j = j0; j < j1; j++) {
+                int64_t e = run ? at + (j - j0) : geo_elem(g, row, j);
+                tmp[j - j0] =
+                    cast ? rs_f32_to_fp8(elem_f32(base, e, cast->dt) / cast->scale, cast->fmt)
+                         : (uint8_t)base[e];
+            }
+        return fingerprint_run8(codes, gfirst + (uint64_t)j0, j1 - j0);
+    }
+    if (run) {
         if (!cast)
             return fingerprint_run(base + at * (int64_t)esize, esize, gfirst + (uint64_t)j0,
                                    j1 - j0);
@@ -648,7 +673,8 @@ static uint64_t row_fp(const char *base, const struct qgeo *g, int64_t row, int6
 
 /* The fingerprint of the elements of block b of weight w that g's shard holds (in base). */
 static uint64_t block_fp(const struct rs_layout *w, const int64_t *b, const char *base,
-                         const struct qgeo *g, size_t esize, const struct qcast *cast, uint8_t *tmp)
+                         const struct qgeo *g, size_t esize, const struct qcast *cast, uint8_t *tmp,
+                         int group)
 {
     int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS], at[RS_MAX_DIMS];
     int nd = w->ndim;
@@ -667,7 +693,8 @@ static uint64_t block_fp(const struct rs_layout *w, const int64_t *b, const char
         at[nd - 1] = 0;
         uint64_t gfirst = (uint64_t)row_major(nd, w->shape, at);
         at[nd - 1] = col;
-        sum += row_fp(base, g, geo_row(g, at), lo[nd - 1], hi[nd - 1], gfirst, esize, cast, tmp);
+        sum += row_fp(base, g, geo_row(g, at), lo[nd - 1], hi[nd - 1], gfirst, esize, cast, tmp,
+                      group);
     } while (row_next(nd, lo, hi, at));
     return sum;
 }
@@ -798,18 +825,19 @@ static reshard_status_t expect_src(const struct exec *x, const reshard_buffers_t
     if (blocks_first(&held, idx, b))
         do {
             if (!whole_block(wh, b)) { /* it crosses in the source dtype: its part of it */
-                fp->src_plain += block_fp(&pw->dst, b, base, g, es, NULL, tmp);
+                fp->src_plain += block_fp(&pw->dst, b, base, g, es, NULL, tmp, 0);
                 continue;
             }
             int64_t k = row_major(nd, ps->dst.shape, b);
             float scale;
             if (cast && cast[k]) {
                 scale = sent[k];
-                fp->src_codes += block_fp(&pw->dst, b, x->quant.qsrc[w], &flat, 1, NULL, tmp);
+                fp->src_codes +=
+                    block_fp(&pw->dst, b, x->quant.qsrc[w], &flat, 1, NULL, tmp, fp->grouped);
             } else {
                 struct qcast c = {block_scale(&pw->dst, b, base, g, dt), dt, fp8_of(pw->dst.dtype)};
                 scale = c.scale;
-                fp->src_codes += block_fp(&pw->dst, b, base, g, es, &c, tmp);
+                fp->src_codes += block_fp(&pw->dst, b, base, g, es, &c, tmp, fp->grouped);
             }
             fp->src_scales += fp_mix((uint64_t)k, rs_f32_bits(scale));
         } while (blocks_next(&held, idx, b));
@@ -820,9 +848,10 @@ static reshard_status_t expect_src(const struct exec *x, const reshard_buffers_t
 }
 
 /* The destination side: the blocks of this rank's destination shard quantized here, again
- * from the staged copy, and that copy's elements. */
-static reshard_status_t expect_dst(const struct exec *x, uint32_t w, const struct qwhole *wh,
-                                   uint8_t *tmp, struct exec_quant_fp *fp)
+ * from the staged copy, and that copy's elements; when grouped, the codes the destination
+ * buffer holds (every block: the shard is whole blocks). */
+static reshard_status_t expect_dst(const struct exec *x, const reshard_buffers_t *bufs, uint32_t w,
+                                   const struct qwhole *wh, uint8_t *tmp, struct exec_quant_fp *fp)
 {
     const struct rs_plan *p = x->plan;
     const struct plan_tensor *pw = &p->tensors[w], *ps = &p->tensors[pw->scales];
@@ -838,9 +867,22 @@ static reshard_status_t expect_dst(const struct exec *x, uint32_t w, const struc
     struct qgeo flat = geo_flat(g); /* the staging copy */
     const char *stage = x->quant.stage ? x->quant.stage[w] : NULL;
     enum rs_dtype dt = pw->src.dtype;
+    const char *out = NULL;
+    void *copy = NULL;
+    if (fp->grouped) {
+        uint64_t span = region_span_bytes(&pw->dst, g->shape);
+        if (!bufs[w].dst || bufs[w].dst_bytes < span)
+            st = rs_error(RESHARD_ERR_BUFFER, "%s, and its shard needs %llu bytes",
+                          bufs[w].dst ? "the buffer is shorter" : "no buffer",
+                          (unsigned long long)span);
+        else
+            st = host_bytes(bufs[w].dst, span, bufs[w].mem, &out, &copy);
+    }
     int64_t idx[RS_MAX_DIMS], b[RS_MAX_DIMS];
-    if (blocks_first(&held, idx, b))
+    if (st == RESHARD_OK && blocks_first(&held, idx, b))
         do {
+            if (out)
+                fp->dst_held += block_fp(&pw->dst, b, out, g, 1, NULL, tmp, 1);
             if (whole_block(wh, b))
                 continue; /* quantized at its sender: the source side counts it */
             if (!stage) {
@@ -850,11 +892,13 @@ static reshard_status_t expect_dst(const struct exec *x, uint32_t w, const struc
             }
             struct qcast c = {block_scale(&pw->dst, b, stage, &flat, dt), dt,
                               fp8_of(pw->dst.dtype)};
-            fp->dst_codes += block_fp(&pw->dst, b, stage, &flat, dtype_size(dt), &c, tmp);
-            fp->dst_plain += block_fp(&pw->dst, b, stage, &flat, dtype_size(dt), NULL, tmp);
+            fp->dst_codes +=
+                block_fp(&pw->dst, b, stage, &flat, dtype_size(dt), &c, tmp, fp->grouped);
+            fp->dst_plain += block_fp(&pw->dst, b, stage, &flat, dtype_size(dt), NULL, tmp, 0);
             fp->dst_scales +=
                 fp_mix((uint64_t)row_major(nd, ps->dst.shape, b), rs_f32_bits(c.scale));
         } while (blocks_next(&held, idx, b));
+    free(copy);
     blocks_free(&held);
     geo_free(g);
     return st;
@@ -865,7 +909,7 @@ reshard_status_t exec_quant_expect(const struct exec *x, const reshard_buffers_t
 {
     const struct plan_tensor *pw = &x->plan->tensors[w];
     int me = x->comm->rank;
-    *fp = (struct exec_quant_fp){0};
+    *fp = (struct exec_quant_fp){.grouped = grouped(pw)};
     int src = src_counts && shard_elems(&pw->src_map, me);
     int dst = shard_elems(&pw->dst_map, me) != 0;
     if (!src && !dst)
@@ -877,7 +921,7 @@ reshard_status_t exec_quant_expect(const struct exec *x, const reshard_buffers_t
     if (st == RESHARD_OK && src)
         st = expect_src(x, bufs, w, &wh, tmp, fp);
     if (st == RESHARD_OK && dst)
-        st = expect_dst(x, w, &wh, tmp, fp);
+        st = expect_dst(x, bufs, w, &wh, tmp, fp);
     free(tmp);
     whole_free(&wh);
     return st;

@@ -176,7 +176,7 @@ static int quantized_on_the_way(const struct rs_plan *p, const struct plan_tenso
 }
 
 /* One side of tensor t on this rank: its destination shard's fingerprint fd with its weight
- * lcm / reps, the source shard's fs when it counts (fs_counts) with lcm. */
+ * lcm / reps (read_dst), the source shard's fs when it counts (fs_counts, read_src) with lcm. */
 struct verify_side {
     uint64_t lcm, fd, fs;
     int dpos, spos, reps, fs_counts;
@@ -184,8 +184,8 @@ struct verify_side {
 
 static reshard_status_t side_of(const struct reshard_comm *c, const struct rs_plan *p, int t,
                                 struct lcm_memo *memo, int *nmemo, struct rs_hindex *index,
-                                const reshard_buffers_t *bufs, int read_src, const char **where,
-                                struct verify_side *v)
+                                const reshard_buffers_t *bufs, int read_dst, int read_src,
+                                const char **where, struct verify_side *v)
 {
     const struct plan_tensor *pt = &p->tensors[t];
     *v = (struct verify_side){.lcm = 1};
@@ -196,7 +196,7 @@ static reshard_status_t side_of(const struct reshard_comm *c, const struct rs_pl
                    shardmap_local_numel(&pt->src_map, v->spos);
     *where = "destination layout";
     RS_CHECK(map_lcm(memo, nmemo, index, &pt->dst_map, &p->topo, &v->lcm));
-    if (v->reps && shardmap_local_numel(&pt->dst_map, v->dpos)) {
+    if (read_dst && v->reps && shardmap_local_numel(&pt->dst_map, v->dpos)) {
         *where = "destination";
         RS_CHECK(
             shard_fp(&pt->dst_map, v->dpos, bufs[t].dst, bufs[t].dst_bytes, bufs[t].mem, &v->fd));
@@ -220,11 +220,15 @@ static reshard_status_t quantized_imbalance(const struct exec *x, const reshard_
     const struct rs_plan *p = x->plan;
     int s = p->tensors[w].scales;
     struct verify_side vw, vs;
-    RS_CHECK(side_of(x->comm, p, w, memo, nmemo, index, bufs, 0, where, &vw));
-    RS_CHECK(side_of(x->comm, p, s, memo, nmemo, index, bufs, 0, where, &vs));
     struct exec_quant_fp e;
+    RS_CHECK(side_of(x->comm, p, w, memo, nmemo, index, bufs, 0, 0, where, &vw));
     *where = "quantized blocks";
     RS_CHECK(exec_quant_expect(x, bufs, (uint32_t)w, vw.fs_counts, &e));
+    if (e.grouped) /* the codes it holds, eight at a time */
+        vw.fd = e.dst_held;
+    else
+        RS_CHECK(side_of(x->comm, p, w, memo, nmemo, index, bufs, 1, 0, where, &vw));
+    RS_CHECK(side_of(x->comm, p, s, memo, nmemo, index, bufs, 1, 0, where, &vs));
     uint64_t dw = vw.fd - e.dst_codes + e.dst_plain, ds = vs.fd - e.dst_scales;
     delta[w] =
         (vw.reps ? dw * (vw.lcm / (uint64_t)vw.reps) : 0) - vw.lcm * (e.src_codes + e.src_plain);
@@ -260,7 +264,7 @@ static reshard_status_t local_imbalance(const struct reshard_comm *c, const stru
         if (quantized_on_the_way(p, pt)) /* a weight's scales, with the weight */
             continue;
         struct verify_side v;
-        st = side_of(c, p, t, memo, &nmemo, &index, bufs, 1, &side, &v);
+        st = side_of(c, p, t, memo, &nmemo, &index, bufs, 1, 1, &side, &v);
         if (st == RESHARD_OK)
             delta[t] = (v.reps ? v.fd * (v.lcm / (uint64_t)v.reps) : 0) - v.lcm * v.fs;
     }

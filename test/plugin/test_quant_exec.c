@@ -1368,6 +1368,23 @@ Test(quant_exec, a_flipped_fp8_code_or_scale_quantized_where_it_lands_fails_the_
     all_ok(run_ranks(4, flips_caught), 4);
 }
 
+/* Blocks 100 columns wide: codes are fingerprinted one at a time (eight at a time needs every
+ * block to start on a multiple of 8), and a flip is caught alike. */
+Test(quant_exec, a_flipped_fp8_code_in_blocks_not_a_multiple_of_8_wide_fails_the_verified_refit)
+{
+    qc = (struct qcase){.src = "shape=512x200 dtype=bf16 ranks=0-3 place=S(0)",
+                        .dst = "shape=512x200 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) "
+                               "quant=block(64,100)",
+                        .fmt = RS_FP8_E4M3,
+                        .er = 64,
+                        .ec = 100,
+                        .flip_code_rank = 3,
+                        .flip_code_byte = 300 * 100 + 7,
+                        .flip_scale_rank = 1,
+                        .flip_scale_byte = 8};
+    all_ok(run_ranks(4, flips_caught), 4);
+}
+
 /* Each flip in a world of its own, after one right refit: a third refit into newly allocated
  * device buffers of the stand-in leaves the scales unwritten, verified or not (found here, not
  * caused by the check: see the note of this branch). */

@@ -109,6 +109,12 @@ struct exec_quant {
     /* [3 * ntensors]: device memory for device buffers (exec_quant_dev.c), made at first use:
      * a sender's FP8 copy and scales, a receiver's staged shard; 0 where none */
     uint64_t *dev;
+    /* By CAST weight w, for a verified refit (exec_quant_expect): the fingerprints of the codes
+     * and scales this rank quantized where they landed on the host this run ([2w], [2w + 1]),
+     * landed_ok[w] once they are; landed_tmp a row of codes */
+    uint64_t *landed_fp;
+    uint8_t *landed_ok, *landed_tmp;
+    int64_t landed_tmp_n;
 };
 
 reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,

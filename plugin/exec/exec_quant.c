@@ -74,6 +74,18 @@ static reshard_status_t alloc_buf(char **at, uint64_t bytes, uint64_t *total)
     return RESHARD_OK;
 }
 
+/* A row of codes for fingerprinting blocks as they are cast (landed_fp). */
+static reshard_status_t tmp_grow(struct exec_quant *q, int64_t n)
+{
+    if (n <= q->landed_tmp_n)
+        return RESHARD_OK;
+    free(q->landed_tmp);
+    if (!(q->landed_tmp = rs_calloc((size_t)n + 1, 1, "quantization fingerprints")))
+        return RESHARD_ERR_NO_MEMORY;
+    q->landed_tmp_n = n;
+    return RESHARD_OK;
+}
+
 reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,
                                  const struct xfer_set *xs, int rank)
 {
@@ -90,7 +102,10 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
     q->first = rs_calloc((size_t)nt + 2, sizeof(size_t), "quantized transfers");
     q->xfer = rs_calloc(xs->n + 1, sizeof(size_t), "quantized transfers");
     q->dev = rs_calloc(3 * (size_t)nt + 1, sizeof(*q->dev), "quantization buffers");
-    if (!q->qsrc || !q->stage || !q->done || !q->geo || !q->first || !q->xfer || !q->dev)
+    q->landed_fp = rs_calloc(2 * (size_t)nt + 1, sizeof(uint64_t), "quantization fingerprints");
+    q->landed_ok = rs_calloc((size_t)nt + 1, 1, "quantization fingerprints");
+    if (!q->qsrc || !q->stage || !q->done || !q->geo || !q->first || !q->xfer || !q->dev ||
+        !q->landed_fp || !q->landed_ok)
         return RESHARD_ERR_NO_MEMORY;
     /* Each weight's list: counted into first[w + 2], summed so that first[w + 1] is where
      * w's list starts, then filled with first[w + 1] as the cursor, which leaves it where the
@@ -140,6 +155,7 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
                 RS_CHECK(geo_make(&pw->dst_map, rank, &q->geo[2 * w + 1]));
             if (!q->geo[2 * pw->scales + 1])
                 RS_CHECK(geo_make(&ps->dst_map, rank, &q->geo[2 * pw->scales + 1]));
+            RS_CHECK(tmp_grow(q, pw->dst.shape[pw->dst.ndim - 1]));
         }
     }
     if (q->bytes)
@@ -160,6 +176,9 @@ void exec_quant_fini(struct exec_quant *q, int ntensors, struct reshard_comm *c)
     free(q->geo);
     free(q->first);
     free(q->xfer);
+    free(q->landed_fp);
+    free(q->landed_ok);
+    free(q->landed_tmp);
     exec_quant_dev_fini(q, ntensors);
     *q = (struct exec_quant){0};
 }
@@ -489,6 +508,22 @@ reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs
 
 /* ---- the receiver ---- */
 
+struct qcast;
+static uint64_t block_fp(const struct rs_layout *w, const int64_t *b, const char *base,
+                         const struct qgeo *g, size_t esize, const struct qcast *cast, uint8_t *tmp,
+                         int group);
+static int grouped(const struct plan_tensor *pw);
+
+/* The codes of block b just cast into out (geometry g) and its scale, into fp[0], fp[1]. */
+static void landed_fp(struct exec *x, uint32_t w, const int64_t *b, float scale, const uint8_t *out,
+                      const struct qgeo *g, uint64_t *fp)
+{
+    const struct plan_tensor *pw = &x->plan->tensors[w];
+    const struct rs_layout *sl = &x->plan->tensors[pw->scales].dst;
+    fp[0] += block_fp(&pw->dst, b, (const char *)out, g, 1, NULL, x->quant.landed_tmp, grouped(pw));
+    fp[1] += fp_mix((uint64_t)row_major(sl->ndim, sl->shape, b), rs_f32_bits(scale));
+}
+
 static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t *bufs)
 {
     const struct rs_plan *p = x->plan;
@@ -503,6 +538,9 @@ static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t 
     int64_t nscales = layout_numel(&ps->dst);
     uint8_t *done = x->quant.done[pw->scales] + nscales;
     memset(done, 0, (size_t)nscales);
+    uint64_t *fp = x->quant.landed_fp ? x->quant.landed_fp + 2 * w : NULL;
+    if (fp)
+        fp[0] = fp[1] = 0;
     int nd = pw->dst.ndim;
     struct qgeo flat = geo_flat(gd); /* the staging copy */
     for (size_t i = x->quant.first[w]; i < x->quant.first[w + 1]; i++) {
@@ -525,6 +563,8 @@ static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t 
             int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS];
             block_box(&pw->dst, b, NULL, NULL, lo, hi);
             cast_box(&pw->dst, lo, hi, scale, stage, &flat, pw->src.dtype, out, gd);
+            if (fp) /* fingerprinted as made, for a verified refit (exec_quant_expect) */
+                landed_fp(x, w, b, scale, out, gd, fp);
         } while (box_next(nd, blo, bhi, b));
     }
 }
@@ -535,10 +575,15 @@ reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs
     for (int t = 0; x->quant.stage && t < x->plan->ntensors; t++) {
         if (!is_cast(x->plan, (uint32_t)t) || !x->quant.stage[t] || (left && left[t]))
             continue;
-        if (exec_quant_dev_dst(dev, (uint32_t)t))
+        if (x->quant.landed_ok)
+            x->quant.landed_ok[t] = 0;
+        if (exec_quant_dev_dst(dev, (uint32_t)t)) {
             RS_CHECK(exec_quant_dev_landed(x, (uint32_t)t, dev));
-        else
+        } else {
             quantize_landed(x, (uint32_t)t, bufs);
+            if (x->quant.landed_ok)
+                x->quant.landed_ok[t] = 1;
+        }
     }
     return RESHARD_OK;
 }
@@ -660,6 +705,15 @@ static uint64_t row_fp(const char *base, const struct qgeo *g, int64_t row, int6
     for (int64_t j = j0; j < j1; j++) {
         if (loc[j] < 0)
             continue;
+        int64_t k = j + 1; /* the run of held elements from j: the part of a cut block */
+        while (!cast && !g->view && k < j1 && loc[k] == loc[j] + (k - j))
+            k++;
+        if (k > j + 1) {
+            sum += fingerprint_run(base + (row + loc[j]) * (int64_t)esize, esize,
+                                   gfirst + (uint64_t)j, k - j);
+            j = k - 1;
+            continue;
+        }
         int64_t e = geo_elem(g, row, j);
         uint64_t bits = 0;
         if (cast)
@@ -878,6 +932,13 @@ static reshard_status_t expect_dst(const struct exec *x, const reshard_buffers_t
         else
             st = host_bytes(bufs[w].dst, span, bufs[w].mem, &out, &copy);
     }
+    /* quantized on the host this run: fingerprinted then (quantize_landed); on the device,
+     * quantized again here from the staged copy */
+    int made = x->quant.landed_ok && x->quant.landed_ok[w];
+    if (made) {
+        fp->dst_codes = x->quant.landed_fp[2 * w];
+        fp->dst_scales = x->quant.landed_fp[2 * w + 1];
+    }
     int64_t idx[RS_MAX_DIMS], b[RS_MAX_DIMS];
     if (st == RESHARD_OK && blocks_first(&held, idx, b))
         do {
@@ -890,11 +951,13 @@ static reshard_status_t expect_dst(const struct exec *x, const reshard_buffers_t
                               "a block quantized where it lands, and no staged copy of it");
                 break;
             }
+            fp->dst_plain += block_fp(&pw->dst, b, stage, &flat, dtype_size(dt), NULL, tmp, 0);
+            if (made)
+                continue; /* its codes and scale were fingerprinted as they were made */
             struct qcast c = {block_scale(&pw->dst, b, stage, &flat, dt), dt,
                               fp8_of(pw->dst.dtype)};
             fp->dst_codes +=
                 block_fp(&pw->dst, b, stage, &flat, dtype_size(dt), &c, tmp, fp->grouped);
-            fp->dst_plain += block_fp(&pw->dst, b, stage, &flat, dtype_size(dt), NULL, tmp, 0);
             fp->dst_scales +=
                 fp_mix((uint64_t)row_major(nd, ps->dst.shape, b), rs_f32_bits(c.scale));
         } while (blocks_next(&held, idx, b));

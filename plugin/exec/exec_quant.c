@@ -200,6 +200,7 @@ struct qgeo {
     int64_t *loc[RS_MAX_DIMS];
     int64_t shape[RS_MAX_DIMS];
     const struct rs_view *view;
+    int last_run; /* the last dim is one run of global indices: any part of it held is a run */
 };
 
 static void geo_free(struct qgeo *g)
@@ -234,6 +235,7 @@ static reshard_status_t geo_make(const struct rs_shardmap *m, int rank, struct q
             for (int64_t i = 0; i < dm->segs[s].len; i++)
                 g->loc[d][dm->segs[s].start + i] = dm->segs[s].pos + i;
         g->shape[d] = dimmap_group_len(dm, grp);
+        g->last_run = dm->first[grp + 1] - dm->first[grp] == 1;
     }
     *out = g;
     return RESHARD_OK;
@@ -679,7 +681,11 @@ static uint64_t row_fp(const char *base, const struct qgeo *g, int64_t row, int6
 {
     const int64_t *loc = g->loc[g->ndim - 1];
     int64_t at;
-    int run = loc[j0] >= 0 && geo_run(g, row, j0, j1, &at);
+    int run = loc[j0] >= 0 && loc[j1 - 1] >= 0 && !g->view && g->last_run;
+    if (run) /* no lookup per element: the usual shard */
+        at = row + loc[j0];
+    else
+        run = loc[j0] >= 0 && geo_run(g, row, j0, j1, &at);
     if (group) {
         const uint8_t *codes = tmp;
         if (run && !cast)

@@ -510,6 +510,17 @@ reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs
 
 /* ---- the receiver ---- */
 
+/* Per dim of weight w: whether each block index lies whole in one group of the source map,
+ * so that the source shard holding a block's first element holds all of it (the planner's
+ * at_src: such blocks are quantized at their senders, the others where they land). */
+struct qwhole {
+    int nd;
+    uint8_t *whole[RS_MAX_DIMS];
+};
+
+static void whole_free(struct qwhole *q);
+static reshard_status_t whole_make(const struct plan_tensor *pw, struct qwhole *q);
+static int whole_block(const struct qwhole *q, const int64_t *b);
 struct qcast;
 static uint64_t block_fp(const struct rs_layout *w, const int64_t *b, const char *base,
                          const struct qgeo *g, size_t esize, const struct qcast *cast, uint8_t *tmp,
@@ -526,7 +537,8 @@ static void landed_fp(struct exec *x, uint32_t w, const int64_t *b, float scale,
     fp[1] += fp_mix((uint64_t)row_major(sl->ndim, sl->shape, b), rs_f32_bits(scale));
 }
 
-static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t *bufs)
+/* Whether the codes and scales of the cut blocks were fingerprinted as made (landed_fp). */
+static int quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t *bufs)
 {
     const struct rs_plan *p = x->plan;
     int me = x->comm->rank;
@@ -536,11 +548,14 @@ static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t 
     char *sout = bufs[pw->scales].dst;
     const struct qgeo *gd = x->quant.geo[2 * w + 1], *gs = x->quant.geo[2 * pw->scales + 1];
     if (!stage || !out || !sout || !gd || !gs || shardmap_position(&pw->dst_map, me) < 0)
-        return; /* exec_quant_check refused such buffers */
+        return 0; /* exec_quant_check refused such buffers */
     int64_t nscales = layout_numel(&ps->dst);
     uint8_t *done = x->quant.done[pw->scales] + nscales;
     memset(done, 0, (size_t)nscales);
     uint64_t *fp = x->quant.landed_fp ? x->quant.landed_fp + 2 * w : NULL;
+    struct qwhole wh; /* the blocks cut between sources, which the check takes from here */
+    if (fp && whole_make(pw, &wh) != RESHARD_OK)
+        fp = NULL; /* the check quantizes them again */
     if (fp)
         fp[0] = fp[1] = 0;
     int nd = pw->dst.ndim;
@@ -565,10 +580,13 @@ static void quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t 
             int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS];
             block_box(&pw->dst, b, NULL, NULL, lo, hi);
             cast_box(&pw->dst, lo, hi, scale, stage, &flat, pw->src.dtype, out, gd);
-            if (fp) /* fingerprinted as made, for a verified refit (exec_quant_expect) */
+            if (fp && !whole_block(&wh, b)) /* fingerprinted as made (exec_quant_expect) */
                 landed_fp(x, w, b, scale, out, gd, fp);
         } while (box_next(nd, blo, bhi, b));
     }
+    if (fp)
+        whole_free(&wh);
+    return fp != NULL;
 }
 
 reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs,
@@ -582,9 +600,9 @@ reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs
         if (exec_quant_dev_dst(dev, (uint32_t)t)) {
             RS_CHECK(exec_quant_dev_landed(x, (uint32_t)t, dev));
         } else {
-            quantize_landed(x, (uint32_t)t, bufs);
+            int made = quantize_landed(x, (uint32_t)t, bufs);
             if (x->quant.landed_ok)
-                x->quant.landed_ok[t] = 1;
+                x->quant.landed_ok[t] = (uint8_t)made;
         }
     }
     return RESHARD_OK;
@@ -602,14 +620,6 @@ reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs
  * codes and scales, and the staged elements are checked against the sources' (so what crossed
  * the network is proven as for any tensor). A bit flipped in a destination after quantization,
  * code or scale, differs from both. */
-
-/* Per dim of weight w: whether each block index lies whole in one group of the source map,
- * so that the source shard holding a block's first element holds all of it (the planner's
- * at_src: such blocks are quantized at their senders, the others where they land). */
-struct qwhole {
-    int nd;
-    uint8_t *whole[RS_MAX_DIMS];
-};
 
 static void whole_free(struct qwhole *q)
 {

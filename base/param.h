@@ -93,7 +93,11 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
       "memory is host memory), to run the GPUDirect path without a GPU")                           \
     X(TEST_CORRUPT, RS_PARAM_INT, "0", 0,                                                          \
       "tests only: N > 0 makes rank N - 1 flip one bit of the first element that landed in its "   \
-      "first host destination, as a fault on the way would, before any check")
+      "first host destination, as a fault on the way would, before any check")                     \
+    X(TEST_FLIP, RS_PARAM_STR, "", 0,                                                              \
+      "tests only: RANK:TENSOR[:BYTE] makes rank RANK flip the lowest bit of byte BYTE of its "    \
+      "destination buffer of TENSOR (host or device memory) once a verified refit landed, "        \
+      "before the check")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

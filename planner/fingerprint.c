@@ -89,6 +89,35 @@ FP_ROW_ATTRS static uint64_t run_sum(const unsigned char *row, size_t esize, uin
 #undef FP_ROW
 #undef FP_RUN
 
+uint64_t fingerprint_run(const void *row, size_t esize, uint64_t first, int64_t n)
+{
+    return run_sum(row, esize, first * FP_INDEX_MUL, n);
+}
+
+/* Static and wrapped: a cloned function outside its file is an ifunc, which the linker exports
+ * whatever the visibility (test_exports). */
+FP_ROW_ATTRS static uint64_t run8_sum(const uint8_t *row, uint64_t first, int64_t n)
+{
+    uint64_t s = 0, gbase = first * FP_INDEX_MUL;
+    int64_t whole = n / 8 * 8;
+    for (int64_t i = 0; i < whole; i += 8) {
+        uint64_t x;
+        memcpy(&x, row + i, sizeof(x));
+        s += fp_mix_scaled(gbase + (uint64_t)i * FP_INDEX_MUL, x);
+    }
+    if (whole < n) { /* the row's end: the group zero-padded */
+        uint64_t x = 0;
+        memcpy(&x, row + whole, (size_t)(n - whole));
+        s += fp_mix_scaled(gbase + (uint64_t)whole * FP_INDEX_MUL, x);
+    }
+    return s;
+}
+
+uint64_t fingerprint_run8(const uint8_t *row, uint64_t first, int64_t n)
+{
+    return run8_sum(row, first, n);
+}
+
 /* Whether dim j of the shard at pos is one run of global indices (its group one segment), and
  * the whole dim when full is asked. */
 static int one_run(const struct rs_shardmap *map, int pos, int j, int full)

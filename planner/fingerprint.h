@@ -39,6 +39,16 @@ static inline uint64_t fp_mix(uint64_t index, uint64_t bits)
  * the layout's view says). RESHARD_ERR_BUFFER when buf is shorter than the view reaches. */
 reshard_status_t fingerprint_shard(const struct rs_shardmap *map, int pos, const void *buf,
                                    size_t bytes, uint64_t *out);
+/* The fingerprint of n consecutive elements (esize bytes each, 1, 2, 4 or 8) whose global
+ * linear indices run from first: what they add to the fingerprint of any shard holding them.
+ * For those who fingerprint values as they make them (quantized blocks, exec_quant.c). */
+uint64_t fingerprint_run(const void *row, size_t esize, uint64_t first, int64_t n);
+/* The same for one-byte codes eight at a time (a group: its first element's index, its eight
+ * bytes little-endian as the bits), a partial group at the end zero-padded: an eighth of the
+ * work per element. Both sides of a check must cut every row into the same groups: runs that
+ * start on a multiple of 8 along the row (FP8 blocks whose extent is), and end on one or at the
+ * row's end. */
+uint64_t fingerprint_run8(const uint8_t *row, uint64_t first, int64_t n);
 /* Whether the shard at position pos is the one of its replicas that counts: the lowest present
  * rank of its tuple. */
 int fingerprint_counts(const struct rs_shardmap *map, int pos, const struct rs_topo *topo);

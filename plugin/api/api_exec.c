@@ -178,7 +178,7 @@ static reshard_status_t check(reshard_plan_t *plan, const reshard_buffers_t *buf
     reshard_status_t st = comm_enter(c);
     if (st != RESHARD_OK)
         return st;
-    return comm_leave(c, exec_verify(c, plan->p, bufs, mode));
+    return comm_leave(c, exec_verify(c, plan->p, plan->x, bufs, mode));
 }
 
 reshard_status_t reshard_plan_check_layouts(reshard_plan_t *plan, const reshard_buffers_t *bufs)

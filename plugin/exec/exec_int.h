@@ -109,6 +109,12 @@ struct exec_quant {
     /* [3 * ntensors]: device memory for device buffers (exec_quant_dev.c), made at first use:
      * a sender's FP8 copy and scales, a receiver's staged shard; 0 where none */
     uint64_t *dev;
+    /* By CAST weight w, for a verified refit (exec_quant_expect): the fingerprints of the codes
+     * and scales this rank quantized where they landed on the host this run ([2w], [2w + 1]),
+     * landed_ok[w] once they are; landed_tmp a row of codes */
+    uint64_t *landed_fp;
+    uint8_t *landed_ok, *landed_tmp;
+    int64_t landed_tmp_n;
 };
 
 reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,
@@ -136,6 +142,25 @@ int exec_quant_dev_dst(const reshard_buffers_t *dev, uint32_t w);
 reshard_status_t exec_quant_dev_at_src(struct exec *x, uint32_t w, const reshard_buffers_t *dev);
 reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard_buffers_t *dev);
 void exec_quant_dev_fini(struct exec_quant *q, int ntensors);
+
+/* What a verified refit compares CAST weight w's destinations with, made where its blocks are
+ * quantized (exec_quant.c): fingerprints in the weight's and its scales' global index space. */
+struct exec_quant_fp {
+    /* the blocks of this rank's source shard, when src_counts (it is the replica that counts):
+     * codes and scales of those whole in it, the elements of those it holds part of */
+    uint64_t src_codes, src_scales, src_plain;
+    /* the blocks of its destination shard quantized here: codes and scales quantized again from
+     * the staged copy, and the staged elements */
+    uint64_t dst_codes, dst_scales, dst_plain;
+    /* grouped: the codes are fingerprinted eight at a time (fingerprint_run8, every block
+     * starting on a multiple of 8 along the last dim), and dst_held is the fingerprint of the
+     * codes this rank's destination buffer holds; else the destination's codes are
+     * fingerprinted one at a time, as any shard (fingerprint_shard) */
+    int grouped;
+    uint64_t dst_held;
+};
+reshard_status_t exec_quant_expect(const struct exec *x, const reshard_buffers_t *bufs, uint32_t w,
+                                   int src_counts, struct exec_quant_fp *fp);
 
 /* Device buffers on the native executor are staged through host copies (pinned when the driver
  * allows): [2 * ntensors] (source, destination) shadows and their sizes, kept across runs. */

@@ -247,6 +247,41 @@ int exec_quant_dev_src(const reshard_buffers_t *dev, uint32_t w)
     return dev && dev[w].mem == RESHARD_MEM_CUDA && dev[w].src;
 }
 
+/* The blocks [lo, hi) (elements, block aligned or at the tensor's end) as the ones this rank
+ * cast this run, as the host's sender marks them: the verification fingerprints their codes
+ * out of the host copy (exec_quant_expect). */
+static void mark_cast(struct exec *x, uint32_t w, const int64_t *lo, const int64_t *hi)
+{
+    const struct plan_tensor *pw = &x->plan->tensors[w];
+    const struct rs_layout *sl = &x->plan->tensors[pw->scales].dst;
+    int64_t n = layout_numel(sl), blo[RS_MAX_DIMS], bhi[RS_MAX_DIMS], b[RS_MAX_DIMS];
+    uint8_t *cast = x->quant.done[pw->scales] + 2 * n;
+    int nd = sl->ndim;
+    memset(cast, 0, (size_t)n);
+    for (int d = 0; d < nd; d++) {
+        int64_t e = quant_extent(&pw->dst, d);
+        blo[d] = lo[d] / e;
+        bhi[d] = (hi[d] + e - 1) / e;
+        if (bhi[d] <= blo[d])
+            return;
+        b[d] = blo[d];
+    }
+    for (;;) {
+        int64_t k = 0;
+        for (int d = 0; d < nd; d++)
+            k = k * sl->shape[d] + b[d];
+        cast[k] = 1;
+        int d = nd - 1;
+        for (; d >= 0; d--) {
+            if (++b[d] < bhi[d])
+                break;
+            b[d] = blo[d];
+        }
+        if (d < 0)
+            return;
+    }
+}
+
 static reshard_status_t at_src(struct exec *x, uint32_t w, const reshard_buffers_t *dev)
 {
     const struct plan_tensor *pw = &x->plan->tensors[w];
@@ -277,6 +312,7 @@ static reshard_status_t at_src(struct exec *x, uint32_t w, const reshard_buffers
     if ((r = cuda_lib()->memcpy_dtoh(x->quant.qsrc[w], *q, fp8_bytes)) != CU_SUCCESS ||
         (r = cuda_lib()->memcpy_dtoh(x->quant.qsrc[pw->scales], *s, sc_bytes)) != CU_SUCCESS)
         return cuda_error("copying quantized blocks to the host (cuMemcpyDtoH)", r);
+    mark_cast(x, w, lo, hi);
     return RESHARD_OK;
 }
 

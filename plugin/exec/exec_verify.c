@@ -10,12 +10,14 @@
  */
 #include "exec_verify.h"
 
+#include "exec_int.h"
 #include "exec_vote.h"
 #include "region.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/hindex.h"
 #include "base/log.h"
+#include "base/param.h"
 #include "cuda/cuda_lib.h"
 #include "planner/fingerprint.h"
 #include "planner/spec.h"
@@ -166,17 +168,79 @@ static reshard_status_t shard_fp(const struct rs_shardmap *map, int pos, const v
 }
 
 /* A weight quantized on the way (bf16/f16/f32 -> FP8), or the scales its quantization computes:
- * its two sides hold different values, so their fingerprints cannot be compared (an FP8
- * source with the same blocks is plain data, and checked). */
+ * its two sides hold different values (an FP8 source with the same blocks is plain data). */
 static int quantized_on_the_way(const struct rs_plan *p, const struct plan_tensor *pt)
 {
     return pt->quant == PLAN_QUANT_CAST ||
            (pt->scales_of >= 0 && p->tensors[pt->scales_of].quant == PLAN_QUANT_CAST);
 }
 
-/* This rank's imbalance of every tensor (delta[ntensors]). */
+/* One side of tensor t on this rank: its destination shard's fingerprint fd with its weight
+ * lcm / reps (read_dst), the source shard's fs when it counts (fs_counts, read_src) with lcm. */
+struct verify_side {
+    uint64_t lcm, fd, fs;
+    int dpos, spos, reps, fs_counts;
+};
+
+static reshard_status_t side_of(const struct reshard_comm *c, const struct rs_plan *p, int t,
+                                struct lcm_memo *memo, int *nmemo, struct rs_hindex *index,
+                                const reshard_buffers_t *bufs, int read_dst, int read_src,
+                                const char **where, struct verify_side *v)
+{
+    const struct plan_tensor *pt = &p->tensors[t];
+    *v = (struct verify_side){.lcm = 1};
+    v->dpos = shardmap_position(&pt->dst_map, c->rank);
+    v->spos = shardmap_position(&pt->src_map, c->rank);
+    v->reps = v->dpos >= 0 ? fingerprint_replicas(&pt->dst_map, v->dpos, &p->topo) : 0;
+    v->fs_counts = v->spos >= 0 && fingerprint_counts(&pt->src_map, v->spos, &p->topo) &&
+                   shardmap_local_numel(&pt->src_map, v->spos);
+    *where = "destination layout";
+    RS_CHECK(map_lcm(memo, nmemo, index, &pt->dst_map, &p->topo, &v->lcm));
+    if (read_dst && v->reps && shardmap_local_numel(&pt->dst_map, v->dpos)) {
+        *where = "destination";
+        RS_CHECK(
+            shard_fp(&pt->dst_map, v->dpos, bufs[t].dst, bufs[t].dst_bytes, bufs[t].mem, &v->fd));
+    }
+    if (read_src && v->fs_counts) {
+        *where = "source";
+        RS_CHECK(
+            shard_fp(&pt->src_map, v->spos, bufs[t].src, bufs[t].src_bytes, bufs[t].mem, &v->fs));
+    }
+    return RESHARD_OK;
+}
+
+/* Weight w quantized on the way and its scales s, after a refit: their destinations (FP8 codes,
+ * float32 scales) against the fingerprints made where the blocks were quantized
+ * (exec_quant_expect), so a flipped code or scale is named as a bf16 element is. */
+static reshard_status_t quantized_imbalance(const struct exec *x, const reshard_buffers_t *bufs,
+                                            int w, struct lcm_memo *memo, int *nmemo,
+                                            struct rs_hindex *index, const char **where,
+                                            uint64_t *delta)
+{
+    const struct rs_plan *p = x->plan;
+    int s = p->tensors[w].scales;
+    struct verify_side vw, vs;
+    struct exec_quant_fp e;
+    RS_CHECK(side_of(x->comm, p, w, memo, nmemo, index, bufs, 0, 0, where, &vw));
+    *where = "quantized blocks";
+    RS_CHECK(exec_quant_expect(x, bufs, (uint32_t)w, vw.fs_counts, &e));
+    if (e.grouped) /* the codes it holds, eight at a time */
+        vw.fd = e.dst_held;
+    else
+        RS_CHECK(side_of(x->comm, p, w, memo, nmemo, index, bufs, 1, 0, where, &vw));
+    RS_CHECK(side_of(x->comm, p, s, memo, nmemo, index, bufs, 1, 0, where, &vs));
+    uint64_t dw = vw.fd - e.dst_codes + e.dst_plain, ds = vs.fd - e.dst_scales;
+    delta[w] =
+        (vw.reps ? dw * (vw.lcm / (uint64_t)vw.reps) : 0) - vw.lcm * (e.src_codes + e.src_plain);
+    delta[s] = (vs.reps ? ds * (vs.lcm / (uint64_t)vs.reps) : 0) - vs.lcm * e.src_scales;
+    return RESHARD_OK;
+}
+
+/* This rank's imbalance of every tensor (delta[ntensors]); x: the plan's executor after a
+ * refit, NULL for a check of layouts (which leaves out what is quantized on the way). */
 static reshard_status_t local_imbalance(const struct reshard_comm *c, const struct rs_plan *p,
-                                        const reshard_buffers_t *bufs, uint64_t *delta)
+                                        const struct exec *x, const reshard_buffers_t *bufs,
+                                        uint64_t *delta)
 {
     struct lcm_memo *memo = rs_calloc((size_t)p->ntensors, sizeof(*memo), "verification");
     if (!memo)
@@ -188,33 +252,26 @@ static reshard_status_t local_imbalance(const struct reshard_comm *c, const stru
     int t = 0;
     for (; t < p->ntensors && st == RESHARD_OK; t++) {
         const struct plan_tensor *pt = &p->tensors[t];
-        uint64_t lcm = 1, fd = 0, fs = 0;
-        if (quantized_on_the_way(p, pt)) { /* bf16 against FP8: the sums cannot agree */
+        if (quantized_on_the_way(p, pt) && !x) { /* bf16 against FP8: the sums cannot agree */
             delta[t] = 0;
             unchecked++;
             continue;
         }
-        int dpos = shardmap_position(&pt->dst_map, c->rank);
-        int spos = shardmap_position(&pt->src_map, c->rank);
-        int reps = dpos >= 0 ? fingerprint_replicas(&pt->dst_map, dpos, &p->topo) : 0;
-        side = "destination layout";
-        st = map_lcm(memo, &nmemo, &index, &pt->dst_map, &p->topo, &lcm);
-        if (st == RESHARD_OK && reps && shardmap_local_numel(&pt->dst_map, dpos)) {
-            side = "destination";
-            st = shard_fp(&pt->dst_map, dpos, bufs[t].dst, bufs[t].dst_bytes, bufs[t].mem, &fd);
+        if (pt->quant == PLAN_QUANT_CAST) {
+            st = quantized_imbalance(x, bufs, t, memo, &nmemo, &index, &side, delta);
+            continue;
         }
-        if (st == RESHARD_OK && spos >= 0 && fingerprint_counts(&pt->src_map, spos, &p->topo) &&
-            shardmap_local_numel(&pt->src_map, spos)) {
-            side = "source";
-            st = shard_fp(&pt->src_map, spos, bufs[t].src, bufs[t].src_bytes, bufs[t].mem, &fs);
-        }
+        if (quantized_on_the_way(p, pt)) /* a weight's scales, with the weight */
+            continue;
+        struct verify_side v;
+        st = side_of(c, p, t, memo, &nmemo, &index, bufs, 1, 1, &side, &v);
         if (st == RESHARD_OK)
-            delta[t] = (reps ? fd * (lcm / (uint64_t)reps) : 0) - lcm * fs;
+            delta[t] = (v.reps ? v.fd * (v.lcm / (uint64_t)v.reps) : 0) - v.lcm * v.fs;
     }
     if (st == RESHARD_OK && unchecked && c->rank == c->member[0])
         rs_log(RS_LOG_INFO,
-               "verification: %d tensor(s) quantized on the way, and their scales, are not checked "
-               "(their sources hold the training dtype, their destinations FP8)",
+               "check_layouts: %d tensor(s) quantized on the way, and their scales, are not "
+               "checked (their sources hold the training dtype, their destinations FP8)",
                unchecked);
     if (st != RESHARD_OK) { /* say where, once: tensor t - 1 failed */
         struct rs_saved_error why;
@@ -225,6 +282,39 @@ static reshard_status_t local_imbalance(const struct reshard_comm *c, const stru
     rs_hindex_free(&index);
     free(memo);
     return st;
+}
+
+/* RESHARD_TEST_FLIP=RANK:TENSOR[:BYTE]: rank RANK flips the lowest bit of byte BYTE of its
+ * destination buffer of TENSOR, host or device memory, once the refit landed and before it is
+ * checked (the verification's tests: FP8 codes and scales, on device buffers too). */
+static void test_flip(const struct reshard_comm *c, const struct rs_plan *p,
+                      const reshard_buffers_t *bufs)
+{
+    const char *spec = rs_param_str(RS_PARAM_TEST_FLIP);
+    char name[256];
+    int rank = -1;
+    long long byte = 0;
+    if (!*spec || sscanf(spec, "%d:%255[^:]:%lld", &rank, name, &byte) < 2 || rank != c->rank)
+        return;
+    for (int t = 0; t < p->ntensors; t++) {
+        if (strcmp(p->tensors[t].name, name) || !bufs[t].dst || byte < 0 ||
+            (size_t)byte >= bufs[t].dst_bytes)
+            continue;
+        unsigned char *at = (unsigned char *)bufs[t].dst + byte, v = 0;
+        const struct cuda_fns *f = bufs[t].mem == RESHARD_MEM_CUDA ? cuda_lib() : NULL;
+        if (f && cuda_mem_kind(at) != CUDA_MEM_HOST) {
+            cu_deviceptr d = (cu_deviceptr)(uintptr_t)at;
+            if (f->memcpy_dtoh(&v, d, 1) != CU_SUCCESS)
+                return;
+            v ^= 1;
+            f->memcpy_htod(d, &v, 1);
+        } else {
+            *at ^= 1;
+        }
+        rs_log(RS_LOG_WARN, "rank %d: RESHARD_TEST_FLIP flipped a bit of byte %lld of tensor %s",
+               c->rank, byte, name);
+        return;
+    }
 }
 
 /* What the fingerprints cost this thread, apart from waiting for a core on a loaded host. */
@@ -322,12 +412,16 @@ static reshard_status_t remote_failure(const struct reshard_comm *c, const struc
                     why);
 }
 
-reshard_status_t exec_verify(struct reshard_comm *c, const struct rs_plan *p,
+reshard_status_t exec_verify(struct reshard_comm *c, const struct rs_plan *p, const struct exec *x,
                              const reshard_buffers_t *bufs, enum exec_verify_mode mode)
 {
+    if (mode == EXEC_VERIFY_REFIT)
+        test_flip(c, p, bufs);
+    else
+        x = NULL; /* no refit: nothing was quantized */
     double t0 = rs_now_ms_f(), c0 = thread_cpu_ms();
     uint64_t *delta = rs_calloc((size_t)p->ntensors + 1, sizeof(uint64_t), "verification");
-    reshard_status_t mine = delta ? local_imbalance(c, p, bufs, delta) : RESHARD_ERR_NO_MEMORY;
+    reshard_status_t mine = delta ? local_imbalance(c, p, x, bufs, delta) : RESHARD_ERR_NO_MEMORY;
     double t1 = rs_now_ms_f(), c1 = thread_cpu_ms();
     struct rs_saved_error why;
     rs_error_save(&why);

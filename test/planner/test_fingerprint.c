@@ -240,3 +240,28 @@ Test(fingerprint, replica_counts_without_a_small_common_multiple_are_refused)
     shardmap_free(&m);
     layout_free(&l);
 }
+
+/* FP8 codes eight at a time: a row cut on a multiple of 8 adds up from its parts, the partial
+ * group at the row's end counts, and a flipped bit or two codes swapped inside a group change
+ * the sum. */
+Test(fingerprint, codes_eight_at_a_time_add_up_by_parts_and_see_flips_and_swaps)
+{
+    uint8_t row[203];
+    for (size_t i = 0; i < sizeof(row); i++)
+        row[i] = (uint8_t)(i * 37 + 11);
+    uint64_t first = 5000, whole = fingerprint_run8(row, first, 203);
+    cr_assert_eq(whole,
+                 fingerprint_run8(row, first, 128) + fingerprint_run8(row + 128, first + 128, 75));
+    cr_assert_neq(whole, fingerprint_run8(row, first, 200), "the last 3 codes count");
+    row[201] ^= 0x40;
+    cr_assert_neq(whole, fingerprint_run8(row, first, 203), "a flip in the partial group");
+    row[201] ^= 0x40;
+    row[17] ^= 1;
+    cr_assert_neq(whole, fingerprint_run8(row, first, 203), "a flip inside a group");
+    row[17] ^= 1;
+    uint8_t t = row[40];
+    row[40] = row[41];
+    row[41] = t;
+    cr_assert_neq(whole, fingerprint_run8(row, first, 203), "two codes of a group swapped");
+    cr_assert_neq(whole, fingerprint_run8(row, first + 8, 203), "the same codes elsewhere");
+}

@@ -66,7 +66,7 @@ for p in $PARTS; do
 done
 for s in $VERBS_SIZES; do
     case $s in '' | *[!0-9]*) die "RXE_VERBS_SIZES: '$s' is not a number of bytes" ;; esac
-    [ "$s" -ge 1 ] && [ "$s" -le 67108864 ] || die "RXE_VERBS_SIZES: $s is not 1 to 67108864 bytes"
+    if [ "$s" -lt 1 ] || [ "$s" -gt 67108864 ]; then die "RXE_VERBS_SIZES: $s is not 1 to 67108864 bytes"; fi
 done
 for f in libnccl-net-reshard.so test/unit test/net_driver test/perf/reshard_perf bin/reshard_net_perf; do
     [ -f "$B/$f" ] || die "missing $B/$f: build it first (make all $BUILD/test/unit $BUILD/test/net_driver)"
@@ -338,14 +338,15 @@ WBW_PORT=18515
 wbw() {
     WBW_PORT=$((WBW_PORT + 1)) BW= sz=$1
     hex=$(printf ':%04X 00000000:0000 0A' $WBW_PORT)  # its listening socket in /proc/net/tcp
-    set -- -d rxe0 -x "$GIDX" -F -p $WBW_PORT -s "$1" -n "$2" -q "$3" --report_gbits
+    set -- -d rxe0 -x "$GIDX" -F -p $WBW_PORT -s "$1" -n "$2" -q "$3"
     timeout 300 ib_write_bw "$@" >/tmp/wbw-s.log 2>&1 &
     srv=$!
     for _ in $(seq 60); do grep -q "$hex" /proc/net/tcp && break; sleep 1; done
     timeout 300 ib_write_bw "$@" 10.77.0.1 >/tmp/wbw-c.log 2>&1; rc=$?
     wait $srv; src=$?
-    # #bytes #iterations BW-peak BW-average MsgRate, in Gb/s (10^9 bits)
-    BW=$(awk -v s="$sz" '$1 == s && NF >= 5 { printf "%.4g", $4 / 8; exit }' /tmp/wbw-c.log)
+    # #bytes #iterations BW-peak BW-average MsgRate, in MiB/s (with 2 decimals: more digits at
+    # TCG's speeds than --report_gbits' Gb/s)
+    BW=$(awk -v s="$sz" '$1 == s && NF >= 5 { printf "%.4g", $4 * 1048576 / 1e9; exit }' /tmp/wbw-c.log)
     [ $rc = 0 ] && [ $src = 0 ] && [ -n "$BW" ] && return 0
     WHY="ib_write_bw $* (client exit $rc, server exit $src)"
     sed 's/^/    client| /' /tmp/wbw-c.log; sed 's/^/    server| /' /tmp/wbw-s.log

@@ -347,7 +347,7 @@ wbw() {
     # #bytes #iterations BW-peak BW-average MsgRate, in MiB/s (with 2 decimals: more digits at
     # TCG's speeds than --report_gbits' Gb/s)
     BW=$(awk -v s="$sz" '$1 == s && NF >= 5 { printf "%.4g", $4 * 1048576 / 1e9; exit }' /tmp/wbw-c.log)
-    [ $rc = 0 ] && [ $src = 0 ] && [ -n "$BW" ] && return 0
+    [ $rc = 0 ] && [ $src = 0 ] && [ -n "$BW" ] && [ "$BW" != 0 ] && return 0
     WHY="ib_write_bw $* (client exit $rc, server exit $src)"
     sed 's/^/    client| /' /tmp/wbw-c.log; sed 's/^/    server| /' /tmp/wbw-s.log
     return 1

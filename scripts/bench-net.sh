@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 #
-# usage: scripts/bench-net.sh [SIZE]   (SIZE in bytes, default 4194304; REPEAT=N runs, default 3;
-#                                       -h, --help: this text)
+# usage: scripts/bench-net.sh [SIZE]   (SIZE in bytes, default 4194304; REPEAT=N runs, default 3)
+#        scripts/bench-net.sh --verbs [SIZE...]   (default 1048576 67108864)
+#        scripts/bench-net.sh -h | --help: this text
 #
 # The NCCL net plugin's data path against UCX's own best over the same TCP path.
 #
@@ -12,9 +13,30 @@
 #   ucx_perftest -t tag_bw -s SIZE -n 1000      UCX_TLS=tcp, the better of poll and sleep modes
 # then the full reshard_net_perf table (8 B - 64 MiB) once. Prints the medians and the ratio;
 # target: the plugin reaches >= 80 % of ucx_perftest at 4 MiB.
+#
+# --verbs: the same data path on the verbs transport against the verbs limit, perftest's
+# ib_write_bw, on soft-RoCE: scripts/rxe-test.sh's parts rxe-up and perf-ib-vs-verbs in its
+# qemu VM (RXE_VERBS_SIZES=SIZE...; TIMEOUT, MEM, SMP, RXE_CACHE as rxe-test.sh -h says).
+# Each size, in one run on rxe0: ib_write_bw with one QP writing SIZE and with the plugin's
+# striping (K QPs x SIZE/K), then reshard_net_perf -b SIZE -e SIZE with RESHARD_TRANSPORT=ib,
+# the same message count (~100 MiB, at least 5); prints size, reshard_net_perf GB/s, the
+# better ib_write_bw GB/s and their ratio (target: >= 0.9 at 64 MiB). make test-rdma runs the
+# same part. TCG figures measure the emulator, not a NIC: compare within one run only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case ${1:-} in -h | --help) awk 'NR > 3 && !/^#/ { exit } NR > 3 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
+if [ "${1:-}" = --verbs ]; then
+    shift
+    for s in "$@"; do
+        case $s in
+        '' | *[!0-9]* | 0) echo "bench-net: SIZE '$s' is not a number of bytes (usage: $0 --verbs [SIZE...])" >&2; exit 2 ;;
+        esac
+    done
+    BUILD=${BUILD:-build}
+    make -s all "$BUILD/test/unit" "$BUILD/test/net_driver" BUILD="$BUILD"
+    RXE_VERBS_SIZES=${*:-${RXE_VERBS_SIZES:-1048576 67108864}} RXE_PARTS="rxe-up perf-ib-vs-verbs" \
+        BUILD=$BUILD exec scripts/rxe-test.sh
+fi
 case ${1:-4194304} in
 '' | *[!0-9]*) echo "bench-net: SIZE '$1' is not a number of bytes (usage: $0 [SIZE])" >&2; exit 2 ;;
 esac

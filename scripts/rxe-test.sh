@@ -8,7 +8,8 @@
 # (After shared/recipes/rxe-vm.sh.)
 #
 # usage: scripts/rxe-test.sh       needs $BUILD/libnccl-net-reshard.so, $BUILD/test/unit,
-#                              $BUILD/test/net_driver and $BUILD/test/perf/reshard_perf
+#                              $BUILD/test/net_driver, $BUILD/test/perf/reshard_perf and
+#                              $BUILD/bin/reshard_net_perf
 # Environment:
 #   BUILD=build                build folder, relative to the repository root or absolute
 #   RXE_CACHE=/var/tmp/reshard-rxe   debs/ and stage/ (reused, under the lock CACHE/lock),
@@ -18,8 +19,11 @@
 #                              debs/ and stage/ are checked and read
 #   TIMEOUT=1500 MEM=2048 SMP=2 qemu's wall-clock limit (s), RAM (MiB) and vCPUs (a quiet host
 #                              runs it in ~2 minutes; beside a second make test, 8-14)
-#   RXE_PARTS="..."            a subset of: rxe-up ib-unit net-plugin-ib perf-ib-vs-ucx (the
-#                              default: all four), and cmd
+#   RXE_PARTS="..."            a subset of: rxe-up ib-unit faults-ib net-plugin-ib
+#                              perf-ib-vs-ucx perf-ib-vs-verbs (the default: all six), and cmd
+#   RXE_VERBS_SIZES="1048576 67108864"   perf-ib-vs-verbs' message sizes (bytes, at most 64 MiB:
+#                              the VM's memory holds 8 in flight a side); it prints
+#                              size, reshard_net_perf GB/s, ib_write_bw GB/s, ratio for each
 #   RXE_CMD='...'              the part cmd: a shell command run in the VM (cwd /extra/build)
 #   RXE_VERBOSE=1              show the whole console, not only its RXE- lines
 #
@@ -46,9 +50,10 @@ CACHE=${RXE_CACHE:-/var/tmp/reshard-rxe}
 TIMEOUT=${TIMEOUT:-1500}
 MEM=${MEM:-2048}
 SMP=${SMP:-2}
-DEFAULT_PARTS="rxe-up ib-unit faults-ib net-plugin-ib perf-ib-vs-ucx"
+DEFAULT_PARTS="rxe-up ib-unit faults-ib net-plugin-ib perf-ib-vs-ucx perf-ib-vs-verbs"
 ALL_PARTS="$DEFAULT_PARTS cmd"
 PARTS=${RXE_PARTS:-$DEFAULT_PARTS}
+VERBS_SIZES=${RXE_VERBS_SIZES:-1048576 67108864}
 DEBS=$CACHE/debs STAGE=$CACHE/stage
 MA=x86_64-linux-gnu
 T_START=$(date +%s.%N)
@@ -59,7 +64,11 @@ die() { echo "rxe-test: $*" >&2; exit 2; }
 for p in $PARTS; do
     case " $ALL_PARTS " in *" $p "*) ;; *) die "unknown part '$p' (parts: $ALL_PARTS)" ;; esac
 done
-for f in libnccl-net-reshard.so test/unit test/net_driver test/perf/reshard_perf; do
+for s in $VERBS_SIZES; do
+    case $s in '' | *[!0-9]*) die "RXE_VERBS_SIZES: '$s' is not a number of bytes" ;; esac
+    if [ "$s" -lt 1 ] || [ "$s" -gt 67108864 ]; then die "RXE_VERBS_SIZES: $s is not 1 to 67108864 bytes"; fi
+done
+for f in libnccl-net-reshard.so test/unit test/net_driver test/perf/reshard_perf bin/reshard_net_perf; do
     [ -f "$B/$f" ] || die "missing $B/$f: build it first (make all $BUILD/test/unit $BUILD/test/net_driver)"
 done
 
@@ -103,8 +112,10 @@ deb_of() { find "$DEBS" -maxdepth 1 -name "${1}_*.deb" | sort -V | tail -1; }
 KVER=${KPKG#linux-image-}
 # rdma-core's userspace and iproute2's rdma tool, with their libraries; anything else the VM
 # needs comes from this host (Debian 12 as well). busybox's ip makes the dummy netdev.
+# perftest's ib_write_bw is the verbs limit the plugin is measured against (perf-ib-vs-verbs).
 PKGS=("$KPKG" busybox-static libibverbs1 ibverbs-providers ibverbs-utils iproute2
-    libnl-3-200 libnl-route-3-200 libmnl0 libcap2 libbsd0 libmd0)
+    libnl-3-200 libnl-route-3-200 libmnl0 libcap2 libbsd0 libmd0
+    perftest librdmacm1 libibumad3 libpci3)
 missing=()
 for p in "${PKGS[@]}"; do [ -n "$(deb_of "$p")" ] || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -144,7 +155,7 @@ done | awk '!seen[$0]++' | while read -r ko; do
 done
 
 cp "$STAGE/bin/busybox" "$IRD/bin/busybox"
-for f in /usr/bin/ibv_devinfo /usr/bin/rdma /usr/lib/$MA/libibverbs.so.1 \
+for f in /usr/bin/ibv_devinfo /usr/bin/rdma /usr/bin/ib_write_bw /usr/lib/$MA/libibverbs.so.1 \
     /usr/lib/$MA/libibverbs/librxe-rdmav34.so /etc/libibverbs.d/rxe.driver; do
     put "$STAGE$f" "$f"  # only the rxe provider: libibverbs warns about every other .driver
 done
@@ -163,7 +174,7 @@ cp -a /usr/lib/$MA/ucx/*.so* "$IRD/usr/lib/$MA/ucx/"  # the module loader wants 
 
 # The build, laid out as on the host: unit finds net_driver through RESHARD_BUILD and
 # reshard_perf (bin/) finds ../lib/libnccl-net-reshard.so through its RUNPATH.
-for f in libnccl-net-reshard.so test/unit test/net_driver bin/reshard_perf; do
+for f in libnccl-net-reshard.so test/unit test/net_driver bin/reshard_perf bin/reshard_net_perf; do
     put "$B/$f" "/extra/build/$f"
 done
 put "$B/libnccl-net-reshard.so" /extra/build/lib/libnccl-net-reshard.so
@@ -196,6 +207,7 @@ echo 'root:x:0:0:root:/tmp:/bin/sh' >"$IRD/etc/passwd"
 echo 'root:x:0:' >"$IRD/etc/group"
 printf '127.0.0.1 localhost\n10.77.0.1 rxe-vm\n' >"$IRD/etc/hosts"
 echo "$PARTS" >"$IRD/etc/rxe-parts"
+echo "$VERBS_SIZES" >"$IRD/etc/rxe-verbs-sizes"
 printf '%s\n' "${RXE_CMD:-false}" >"$IRD/etc/rxe-cmd"
 
 # ---------------------------------------------------------------- /init (runs in the VM)
@@ -315,6 +327,86 @@ part_perf_ib_vs_ucx() {
 $PAIRS
 PAIRS_END
     [ -z "$bad" ] || { WHY="failed:$bad"; return 1; }
+}
+
+# The verbs limit: perftest's ib_write_bw and the plugin's data path (reshard_net_perf,
+# ncclNetPlugin_v12 isend/irecv on the ib transport) on rxe0, the same sizes, one after the
+# other. ib_write_bw twice a size: one QP writing SIZE (its default), and the plugin's striping
+# (K QPs each writing SIZE/K, K as ib_stripes() picks it), the better of the two being the limit.
+# Both are timed over the same message count. It fails only on a broken run (a tool's exit, no
+# figure, a wrong byte): TCG on a shared host is too noisy for a bound on the ratio, which is
+# reported against the benchmark's target instead. (The VM holds no other process: a fixed
+# perftest port is safe here.)
+VERBS_SIZES=$(cat /etc/rxe-verbs-sizes)
+verbs_gid() {  # the IPv4-mapped RoCE v2 GID's index, as the transport finds it
+    g=/sys/class/infiniband/rxe0/ports/1
+    for f in $g/gids/*; do
+        i=${f##*/}
+        case $(cat "$f") in 0000:0000:0000:0000:0000:ffff:*) ;; *) continue ;; esac
+        [ "$(cat $g/gid_attrs/types/$i 2>/dev/null)" = "RoCE v2" ] && { echo "$i"; return 0; }
+    done
+    return 1
+}
+# wbw SIZE ITERS QPS: one ib_write_bw pair; sets BW (GB/s) or says why and returns 1.
+WBW_PORT=18515
+wbw() {
+    WBW_PORT=$((WBW_PORT + 1)) BW= sz=$1
+    hex=$(printf ':%04X 00000000:0000 0A' $WBW_PORT)  # its listening socket in /proc/net/tcp
+    set -- -d rxe0 -x "$GIDX" -F -p $WBW_PORT -s "$1" -n "$2" -q "$3"
+    timeout 300 ib_write_bw "$@" >/tmp/wbw-s.log 2>&1 &
+    srv=$!
+    for _ in $(seq 60); do grep -q "$hex" /proc/net/tcp && break; sleep 1; done
+    timeout 300 ib_write_bw "$@" 10.77.0.1 >/tmp/wbw-c.log 2>&1; rc=$?
+    wait $srv; src=$?
+    # #bytes #iterations BW-peak BW-average MsgRate, in MiB/s (with 2 decimals: more digits at
+    # TCG's speeds than --report_gbits' Gb/s)
+    BW=$(awk -v s="$sz" '$1 == s && NF >= 5 { printf "%.4g", $4 * 1048576 / 1e9; exit }' /tmp/wbw-c.log)
+    [ $rc = 0 ] && [ $src = 0 ] && [ -n "$BW" ] && [ "$BW" != 0 ] && return 0
+    WHY="ib_write_bw $* (client exit $rc, server exit $src)"
+    sed 's/^/    client| /' /tmp/wbw-c.log; sed 's/^/    server| /' /tmp/wbw-s.log
+    return 1
+}
+# rnp SIZE ITERS: reshard_net_perf on ib (forked: the parent receives); sets BW (GB/s) from
+# its time per message, which has more digits than its GB/s column.
+rnp() {
+    BW=
+    RESHARD_TRANSPORT=ib timeout 600 /extra/build/bin/reshard_net_perf -b "$1" -e "$1" \
+        -n "$2" -w 2 >/tmp/rnp.log 2>&1; rc=$?
+    # size count type time(us) algbw busbw #wrong
+    set -- "$1" "$2" $(awk -v s="$1" '$1 == s && NF >= 7 { print $4, $7; exit }' /tmp/rnp.log)
+    [ $rc = 0 ] && [ "${4:-x}" = 0 ] && BW=$(awk -v s="$1" -v us="$3" 'BEGIN { if (us > 0) printf "%.4g", s / us / 1e3 }')
+    [ -n "$BW" ] && return 0
+    WHY="reshard_net_perf -b $1 -e $1 -n $2 (exit $rc, #wrong ${4:--})"
+    sed 's/^/    | /' /tmp/rnp.log
+    return 1
+}
+part_perf_ib_vs_verbs() {
+    GIDX=$(verbs_gid) || { WHY="rxe0 has no IPv4-mapped RoCE v2 GID"; return 1; }
+    nqp=$(/extra/build/bin/reshard_net_perf --dump-config | awk '$1 == "RESHARD_IB_QPS_PER_PEER" { print $2 }')
+    info "verbs: ib_write_bw -d rxe0 -x $GIDX (RC, RDMA write, MTU $(ibv_devinfo -d rxe0 | awk '/active_mtu/ { print $2 }')), reshard_net_perf on ib with $nqp QPs a peer, window 8"
+    : >/tmp/verbs.rows
+    for size in $VERBS_SIZES; do
+        n=$((104857600 / size))  # ~100 MiB a run, at least 5 messages
+        [ $n -ge 5 ] || n=5
+        [ $n -le 1000 ] || n=1000
+        k=$((size >= 131072 ? size / 65536 : 1))  # ib_stripes(): parts of at least 64 KiB
+        [ $k -le "$nqp" ] || k=$nqp
+        wbw "$size" $n 1 || return 1
+        one=$BW
+        wbw $((size / k)) $n $k || return 1
+        striped=$BW
+        rnp "$size" $n || return 1
+        best=$(awk -v a="$one" -v b="$striped" 'BEGIN { print (b > a ? b : a) }')
+        ratio=$(awk -v a="$BW" -v b="$best" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
+        info "verbs: $size B x $n: ib_write_bw 1 QP $one GB/s, $k QPs x $((size / k)) B $striped GB/s; reshard_net_perf $BW GB/s"
+        echo "$size $BW $best $ratio" >>/tmp/verbs.rows
+    done
+    info "verbs: $(printf '%10s %22s %17s %6s' size reshard_net_perf_GBps ib_write_bw_GBps ratio)"
+    while read -r size ours limit ratio; do
+        info "verbs: $(printf '%10s %22s %17s %6s' "$size" "$ours" "$limit" "$ratio")"
+    done </tmp/verbs.rows
+    r64=$(awk '$1 == 67108864 { print $4 }' /tmp/verbs.rows)
+    [ -z "$r64" ] || info "verbs: target reshard_net_perf / ib_write_bw >= 0.9 at 64 MiB: $r64, $(awk -v r="$r64" 'BEGIN { print (r >= 0.9 ? "met" : "missed") }')"
 }
 
 # (/bin/sh by path: this busybox sh would run its own applets, not dash or GNU sed)

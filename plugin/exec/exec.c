@@ -6,8 +6,9 @@
  *
  * Every transfer is cut into chunks (exec_chunk.c), the same way on both sides, so a chunk is
  * named by (transfer, chunk) in message tags and the fan-out of a received chunk can start
- * before the rest of its transfer arrives. How a run posts them is in exec_post.c, its life
- * and failures in exec_run.c, its start in exec_hello.c, device buffers in exec_dev.c.
+ * before the rest of its transfer arrives. An execution on the native executor is a sequence of
+ * stages, one file each, that stage.h lists in order and exec_run_all (exec_run.c) calls; how
+ * a run posts chunks is in exec_post.c, its start in exec_hello.c, device buffers in exec_dev.c.
  */
 #include "exec_run.h"
 

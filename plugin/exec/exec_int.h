@@ -228,7 +228,7 @@ reshard_status_t exec_links_prepare(struct exec *x);
 reshard_status_t exec_links_announce(struct exec *x, const reshard_buffers_t *bufs,
                                      const reshard_buffers_t *dev, uint32_t seq);
 
-/* ---- what the last execution left (exec_run.c records it) ---- */
+/* ---- what the last execution left (stage_land.c records it) ---- */
 
 struct exec_last {
     uint8_t *state; /* [ntensors]: reshard_tensor_state_t */

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * One execution of an executor (struct exec_run) and the steps that share it: its life and failure
- * handling (exec_run.c), the start-up exchange and vote (exec_hello.c), the queues and posting
- * (exec_post.c) and the device path (exec_dev.c).
+ * One execution of an executor (struct exec_run) and the steps that share it: its life
+ * (exec_run.c) and stages (stage.h, one file each), the start-up exchange and vote
+ * (exec_hello.c), the queues and posting (exec_post.c) and the device path (exec_dev.c).
  */
 #ifndef RS_EXEC_RUN_H
 #define RS_EXEC_RUN_H
@@ -79,7 +79,7 @@ struct exec_run {
     size_t ipc_head, ipc_tail;
 };
 
-/* ---- exec_run.c ---- */
+/* ---- exec_run.c, stage_land.c ---- */
 
 /* Records the run's first failure (and its message); returns st. */
 reshard_status_t exec_run_fail(struct exec_run *r, reshard_status_t st);

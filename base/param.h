@@ -88,12 +88,18 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
     X(VERIFY, RS_PARAM_INT, "0", 0,                                                                \
       "1: every communicator plan checks each refit (fingerprints of every destination against "   \
       "the sources, one small reduction) and fails naming the tensors that differ")                \
+    X(DELTA, RS_PARAM_INT, "0", 0,                                                                 \
+      "1: every communicator plan refits in deltas: each sender keeps what it last sent and a "    \
+      "chunk travels as nothing, its changed elements or dense, whichever is smallest")            \
     X(TEST_DEVICE_AS_HOST, RS_PARAM_INT, "0", 0,                                                   \
       "tests only: 1 registers device buffers as host memory (the stand-in driver's device "       \
       "memory is host memory), to run the GPUDirect path without a GPU")                           \
     X(TEST_CORRUPT, RS_PARAM_INT, "0", 0,                                                          \
       "tests only: N > 0 makes rank N - 1 flip one bit of the first element that landed in its "   \
-      "first host destination, as a fault on the way would, before any check")
+      "first host destination, as a fault on the way would, before any check")                     \
+    X(TEST_DELTA_FORGE, RS_PARAM_INT, "0", 0,                                                      \
+      "tests only: N > 0 makes rank N - 1 claim one changed element more than its first encoded "  \
+      "chunk of a delta refit carries, as a hostile peer would")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

@@ -136,10 +136,14 @@ typedef struct reshard_plan_config {
     /* Communicator plans only: non-zero checks every execution that succeeded (as
      * RESHARD_VERIFY=1 does for every plan): see "refits that prove themselves" below. */
     int verify;
+    /* Communicator plans only: non-zero refits in deltas (as RESHARD_DELTA=1 does for every
+     * plan): each sender keeps a snapshot of what it last sent and each network chunk travels
+     * as nothing, its changed elements or dense, whichever is smallest (docs/delta.md). */
+    int delta;
 } reshard_plan_config_t;
 
 /* clang-format off */
-#define RESHARD_PLAN_CONFIG_INIT {sizeof(reshard_plan_config_t), 0, 0, RESHARD_ALGO_RESHARD, 0}
+#define RESHARD_PLAN_CONFIG_INIT {sizeof(reshard_plan_config_t), 0, 0, RESHARD_ALGO_RESHARD, 0, 0}
 /* clang-format on */
 
 /* Plans all tensors together (loads balance across them). Source and destination of a tensor

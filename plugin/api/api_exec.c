@@ -78,9 +78,11 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     reshard_algo_t algo = RESHARD_ALGO_RESHARD;
     if (config && config->size >= offsetof(reshard_plan_config_t, algo) + sizeof(config->algo))
         algo = config->algo;
-    int verify = rs_param_int(RS_PARAM_VERIFY) != 0;
+    int verify = rs_param_int(RS_PARAM_VERIFY) != 0, delta = rs_param_int(RS_PARAM_DELTA) != 0;
     if (config && config->size >= offsetof(reshard_plan_config_t, verify) + sizeof(config->verify))
         verify |= config->verify != 0;
+    if (config && config->size >= offsetof(reshard_plan_config_t, delta) + sizeof(config->delta))
+        delta |= config->delta != 0;
     reshard_status_t st = comm_usable(comm);
     if (st != RESHARD_OK)
         return api_leave(__func__, st);
@@ -133,6 +135,7 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
         return api_leave(__func__, st);
     }
     exec_set_world(h->x, &world);
+    exec_delta_enable(h->x, delta);
     h->verify = verify;
     *plan = h;
     return RESHARD_OK;

@@ -162,7 +162,7 @@ void delta_encode(const void *cur, void *snap, size_t n, size_t es, void *out, s
         return;
     }
     struct delta_hdr h = {.magic = DELTA_MAGIC,
-                          .kind = nc == 0       ? DELTA_NONE
+                          .kind = nc == 0        ? DELTA_NONE
                                   : best == runs ? DELTA_RUNS
                                                  : DELTA_BITMAP,
                           .esize = (uint8_t)es,
@@ -235,8 +235,7 @@ reshard_status_t delta_check(const void *msg, size_t len, size_t n, size_t es, c
         end = (uint64_t)p[0] + p[1];
         total += p[1];
     }
-    return total == nc ? RESHARD_OK
-                       : refuse(why, why_len, "runs that do not count their elements");
+    return total == nc ? RESHARD_OK : refuse(why, why_len, "runs that do not count their elements");
 }
 
 /* Where the chunk's elements are: the region's contiguous pieces, in order. */

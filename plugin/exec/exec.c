@@ -85,6 +85,7 @@ void exec_destroy(struct exec *x)
     exec_bundles_fini(&x->out_b);
     exec_bundles_fini(&x->in_b);
     last_fini(&x->last);
+    exec_delta_fini(&x->delta, nt, x->comm);
     xfer_free(&x->xs);
     free(x);
 }
@@ -185,6 +186,11 @@ void exec_own_stats(const struct exec *x, reshard_rank_stats_t *mine)
             *(xf->src == me ? &b.net_out : &b.net_in) += bytes;
     }
     *mine = b;
+}
+
+void exec_delta_enable(struct exec *x, int on)
+{
+    x->delta.on = on != 0;
 }
 
 uint64_t exec_local_fp(const struct exec *x)

@@ -117,11 +117,14 @@ reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
         exec_run_free(r);
         return st;
     }
-    if ((st = stage_source(r)) == RESHARD_OK && (st = stage_move(r)) == RESHARD_OK &&
-        (st = stage_land(r)) == RESHARD_OK) {
-        exec_run_record(x, r);
-        exec_run_free(r);
-        return RESHARD_OK;
+    if ((st = stage_source(r)) == RESHARD_OK) {
+        stage_encode(r);
+        if ((st = stage_move(r)) == RESHARD_OK && (st = stage_land(r)) == RESHARD_OK) {
+            exec_run_record(x, r);
+            exec_delta_done(x, r, bufs, 1);
+            exec_run_free(r);
+            return RESHARD_OK;
+        }
     }
     return stage_fail(r, st);
 }
@@ -148,7 +151,8 @@ reshard_status_t exec_run_nccl(struct exec *x, const reshard_buffers_t *bufs, in
     reshard_status_t st = stage_vote(x, bufs, seq, local, NULL, 1);
     if (st != RESHARD_OK)
         return st;
-    x->last.on_nccl = 1; /* no outcome: the stream owns completion */
+    x->last.on_nccl = 1;               /* no outcome: the stream owns completion */
+    exec_delta_done(x, NULL, bufs, 0); /* what the destinations hold is NCCL's now */
     st = nccl_lower(x->plan, &x->xs, c->rank, bufs, f, c->nccl, stream);
     if (st == RESHARD_OK && !on_stream) { /* reshard_plan_execute returns when it is done */
         const struct cuda_fns *cu = cuda_lib();

@@ -77,6 +77,11 @@ struct exec_run {
         uint32_t pos, chunk;
     } ipc_q[CUDA_IPC_EVENTS]; /* copies on the IPC stream, in order; event i % CUDA_IPC_EVENTS */
     size_t ipc_head, ipc_tail;
+    /* Delta refits (exec_delta.c): what this rank votes (it can encode, the version it holds),
+     * and the verdict: this run's chunks are encoded; they may carry changes only. */
+    int delta_can;
+    uint64_t delta_version;
+    int delta, sparse;
 };
 
 /* ---- exec_run.c, stage_land.c ---- */
@@ -146,5 +151,31 @@ reshard_status_t exec_dev_stage_sources(struct exec_run *r, int after);
 int exec_dev_any(const struct exec *x, const reshard_buffers_t *bufs);
 /* The native executor on device buffers, through their host shadows. */
 reshard_status_t exec_dev_run(struct exec *x, const reshard_buffers_t *bufs);
+
+/* ---- exec_delta.c ---- */
+
+/* Before the start vote: whether this rank can encode this run (the plan asked for deltas,
+ * host buffers, the buffers made) and the version it holds (0: none, or new destinations). */
+void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshard_buffers_t *dev,
+                     int *can, uint64_t *version);
+/* The vote's verdict: the lowest rank that cannot encode (INT32_MAX: none) and the smallest and
+ * largest versions; a run in full says why at INFO. */
+void exec_delta_start(struct exec_run *r, int plain_rank, uint64_t lo, uint64_t hi);
+/* Before the first send: every encoded chunk compared with its snapshot (stage_encode.c). */
+void exec_delta_encode(struct exec_run *r);
+/* Chunk `chunk` of out[o] travels encoded: its message. 0: it travels dense, as always. */
+int exec_delta_out(const struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
+                   size_t *len);
+/* Where chunk `chunk` of in[k] is received, or NULL (into the destination, as always). */
+char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk);
+/* Chunk `chunk` of in[k] arrived (bytes long) in its scratch: checked, then applied to the
+ * destination; a message that does not fit is refused naming its sender. */
+reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, size_t bytes);
+/* After a run (r NULL: nothing moved), ok: it succeeded here. */
+void exec_delta_done(struct exec *x, const struct exec_run *r, const reshard_buffers_t *bufs,
+                     int ok);
+/* Bytes this rank holds in snapshots. */
+uint64_t exec_delta_held(const struct exec *x);
+void exec_delta_fini(struct exec_delta *d, int ntensors, struct reshard_comm *c);
 
 #endif

@@ -86,6 +86,7 @@ reshard_status_t stage_fail(struct exec_run *r, reshard_status_t st)
      * outcome's "complete" holds the new values as for any tensor. */
     (void)exec_quant_landed(x, r->bufs, r->dev, r->dst_left); /* the run's failure is told */
     exec_run_record(x, r);
+    exec_delta_done(x, r, r->bufs, 0); /* never a delta on what this run left */
     break_comm(x, r);
     return rs_error(c->broken, "%s", c->broken_why);
 }

@@ -39,7 +39,6 @@ void exec_run_record(struct exec *x, const struct exec_run *r)
     x->last.executed = 1;
 }
 
-
 /* RESHARD_TEST_CORRUPT=N: rank N - 1 flips the lowest bit of the first element of its first
  * host destination shard once the refit landed, as a fault between the sender's buffer and
  * this one would (the verification's test: the check must name the tensor). */

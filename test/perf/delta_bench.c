@@ -33,7 +33,8 @@ static uint64_t rnd(uint64_t *s)
 
 static void one(double pct, int runs)
 {
-    uint16_t *base = malloc(N * 2), *cur = malloc(N * 2), *snap = malloc(N * 2), *dst = malloc(N * 2);
+    uint16_t *base = malloc(N * 2), *cur = malloc(N * 2), *snap = malloc(N * 2),
+             *dst = malloc(N * 2);
     char *out = malloc(N * 2 + 16);
     uint64_t *words = malloc((N / 64 + 1) * 8);
     if (!base || !cur || !snap || !dst || !out || !words)

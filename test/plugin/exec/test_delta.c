@@ -190,13 +190,11 @@ Test(delta, runs_past_the_chunk_or_overlapping_are_refused)
     uint32_t q[4] = {0, 4, 2, 4}; /* the second starts inside the first */
     at = forged(msg, DELTA_RUNS, 64, 8, 2);
     memcpy(msg + at, q, 16);
-    cr_assert_eq(delta_check(msg, at + 16 + 16, 64, 2, why, sizeof(why)),
-                 RESHARD_ERR_INVALID_ARG);
+    cr_assert_eq(delta_check(msg, at + 16 + 16, 64, 2, why, sizeof(why)), RESHARD_ERR_INVALID_ARG);
     uint32_t ok[4] = {0, 4, 10, 4};
     memcpy(msg + at, ok, 16);
     cr_assert_eq(delta_check(msg, at + 16 + 16, 64, 2, why, sizeof(why)), RESHARD_OK, "%s", why);
     /* a length that is not the message's */
-    cr_assert_eq(delta_check(msg, at + 16 + 15, 64, 2, why, sizeof(why)),
-                 RESHARD_ERR_INVALID_ARG);
+    cr_assert_eq(delta_check(msg, at + 16 + 15, 64, 2, why, sizeof(why)), RESHARD_ERR_INVALID_ARG);
     (void)flat;
 }

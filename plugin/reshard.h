@@ -215,6 +215,9 @@ typedef struct reshard_rank_stats {
     /* Network messages the rank sends per execution: chunks (RESHARD_CHUNK_BYTES) of its
      * transfers, small ones (RESHARD_COALESCE_BYTES) packed into one stream per peer. */
     uint64_t net_msgs;
+    /* Delta refits (docs/delta.md): the bytes of the snapshot the rank keeps of what it sends
+     * over the network from its sources (unquantized tensors), made at its first delta refit. */
+    uint64_t delta_snapshot;
 } reshard_rank_stats_t;
 
 /* Fills *stats and, when ranks is not NULL, ranks[0 .. world_size). For a communicator plan,

@@ -271,6 +271,9 @@ reshard_status_t reshard_plan_rank_stats(const reshard_plan_t *plan, int rank,
             s.self += bytes;
         else if (o->kind == PLAN_OP_NET)
             *(o->src == rank ? &s.net_out : &s.net_in) += bytes;
+        if (o->kind == PLAN_OP_NET && o->src == rank &&
+            p->tensors[o->tensor].quant == PLAN_QUANT_NONE)
+            s.delta_snapshot += bytes;
         else
             *(o->src == rank ? &s.local_out : &s.local_in) += bytes;
     }
@@ -344,6 +347,7 @@ reshard_status_t reshard_plan_stats(const reshard_plan_t *plan, reshard_plan_sta
             .local_out = (uint64_t)r[k].local_out,
             .local_in = (uint64_t)r[k].local_in,
             .self = (uint64_t)r[k].self,
+            .delta_snapshot = (uint64_t)r[k].snapshot,
         };
     free(r);
     return ranks ? api_leave(__func__, rank_msgs(plan, ranks)) : RESHARD_OK;

@@ -185,6 +185,7 @@ void exec_own_stats(const struct exec *x, reshard_rank_stats_t *mine)
         else
             *(xf->src == me ? &b.net_out : &b.net_in) += bytes;
     }
+    b.delta_snapshot = exec_delta_snapshot_bytes(x);
     *mine = b;
 }
 

@@ -40,27 +40,27 @@ static reshard_status_t layout(struct exec *x)
     d->out_enc = rs_calloc(s->nout + 1, 1, "delta state");
     d->in_enc = rs_calloc(s->nin + 1, 1, "delta state");
     d->snap = rs_calloc((size_t)nt + 1, sizeof(char *), "delta state");
-    d->snap_off = rs_calloc(s->nout + 1, sizeof(uint64_t), "delta state");
+    d->snap_at = rs_calloc(nout_c + 1, sizeof(uint64_t), "delta state");
     d->snap_bytes = rs_calloc((size_t)nt + 1, sizeof(uint64_t), "delta state");
     d->snap_state = rs_calloc((size_t)nt + 1, 1, "delta state");
     d->warned = rs_calloc((size_t)nt + 1, 1, "delta state");
     d->enc_at = rs_calloc(nout_c + 1, sizeof(uint64_t), "delta state");
-    d->enc_len = rs_calloc(nout_c + 1, sizeof(uint64_t), "delta state");
     d->in_at = rs_calloc(nin_c + 1, sizeof(uint64_t), "delta state");
     d->mem = rs_calloc(DELTA_MEM_N + 1, sizeof(char *), "delta state");
-    if (!d->dst_seen || !d->dst_len || !d->out_enc || !d->in_enc || !d->snap || !d->snap_off ||
-        !d->snap_bytes || !d->snap_state || !d->warned || !d->enc_at || !d->enc_len || !d->in_at ||
-        !d->mem)
+    if (!d->dst_seen || !d->dst_len || !d->out_enc || !d->in_enc || !d->snap || !d->snap_at ||
+        !d->snap_bytes || !d->snap_state || !d->warned || !d->enc_at || !d->in_at || !d->mem)
         return RESHARD_ERR_NO_MEMORY;
     uint64_t at = 0;
     for (size_t o = 0; o < s->nout; o++) {
         const struct xfer *xf = &x->xs.x[s->out[o]];
         if (!(d->out_enc[o] = (uint8_t)encoded(x, xf)))
             continue;
-        d->snap_off[o] = d->snap_bytes[xf->tensor];
+        uint64_t snap_at = d->snap_bytes[xf->tensor];
         d->snap_bytes[xf->tensor] += (uint64_t)xf->bytes;
         for (size_t c = 0; c < s->out_off[o + 1] - s->out_off[o]; c++) {
             uint64_t b = exec_chunk_bytes_of(&x->cut, xf, (uint32_t)c);
+            d->snap_at[s->out_off[o] + c] = snap_at;
+            snap_at += b;
             d->enc_at[s->out_off[o] + c] = at;
             at += ALIGN8(delta_encode_cap(b));
             d->max_chunk = b > d->max_chunk ? b : d->max_chunk;
@@ -188,59 +188,38 @@ static void forge(struct exec *x, char *msg)
     rs_log(RS_LOG_WARN, "rank %d: RESHARD_TEST_DELTA_FORGE forged a delta chunk", x->comm->rank);
 }
 
-void exec_delta_encode(struct exec_run *r)
+int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf, size_t *len)
 {
     struct exec *x = r->x;
     struct exec_delta *d = &x->delta;
-    const struct exec_share *s = &x->share;
-    for (size_t o = 0; o < s->nout; o++) {
-        if (!d->out_enc[o])
-            continue;
-        const struct xfer *xf = &x->xs.x[s->out[o]];
-        uint32_t t = xf->tensor;
-        size_t es = xfer_esize(x->plan, xf);
-        const char *base = exec_post_base(r, xf, 0);
-        uint64_t at = d->snap_off[o];
-        for (size_t c = 0; c < s->out_off[o + 1] - s->out_off[o]; c++) {
-            size_t i = s->out_off[o] + c;
-            struct region rg;
-            exec_chunk_region(&x->cut, xf, (uint32_t)c, 0, &rg);
-            uint64_t b = region_bytes(&rg), off;
-            d->enc_len[i] = 0; /* dense, unless an encoding below is shorter */
-            if (!x->out_b.bundled[i] && d->snap[t]) {
-                const char *cur = base;
-                if (region_contiguous(&rg, &off))
-                    cur += off;
-                else
-                    region_pack(&rg, base, (char *)(cur = d->mem[DELTA_MEM_PACK]));
-                char *snap = d->snap[t] + at;
-                if (r->sparse && d->snap_state[t] == DELTA_SNAP_HELD) {
-                    size_t len;
-                    delta_encode(cur, snap, b / es, es, d->mem[DELTA_MEM_ENC] + d->enc_at[i], &len,
-                                 d->words);
-                    d->enc_len[i] = len;
-                    if (len)
-                        forge(x, d->mem[DELTA_MEM_ENC] + d->enc_at[i]);
-                } else {
-                    memcpy(snap, cur, b); /* dense this time: the snapshot is what it sends */
-                }
-            }
-            at += b;
-        }
-    }
-}
-
-int exec_delta_out(const struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
-                   size_t *len)
-{
-    const struct exec_delta *d = &r->x->delta;
     if (!r->delta || !d->out_enc[o])
         return 0;
-    size_t i = r->x->share.out_off[o] + chunk;
-    if (!d->enc_len[i])
+    const struct xfer *xf = &x->xs.x[x->share.out[o]];
+    size_t i = x->share.out_off[o] + chunk, es = xfer_esize(x->plan, xf);
+    uint32_t t = xf->tensor;
+    if (!d->snap[t]) /* no snapshot: dense, as always */
         return 0;
-    *buf = d->mem[DELTA_MEM_ENC] + d->enc_at[i];
-    *len = d->enc_len[i];
+    struct region rg;
+    uint64_t off;
+    exec_chunk_region(&x->cut, xf, chunk, 0, &rg);
+    uint64_t bytes = region_bytes(&rg);
+    const char *base = exec_post_base(r, xf, 0), *cur = base;
+    if (region_contiguous(&rg, &off))
+        cur += off;
+    else
+        region_pack(&rg, base, (char *)(cur = d->mem[DELTA_MEM_PACK]));
+    char *snap = d->snap[t] + d->snap_at[i], *out = d->mem[DELTA_MEM_ENC] + d->enc_at[i];
+    if (!r->sparse || d->snap_state[t] != DELTA_SNAP_HELD) {
+        memcpy(snap, cur, bytes); /* dense this time: the snapshot is what it sends */
+        return 0;
+    }
+    size_t n;
+    delta_encode(cur, snap, bytes / es, es, out, &n, d->words);
+    if (!n)
+        return 0; /* dense after all: len stays the chunk's */
+    forge(x, out);
+    *buf = out;
+    *len = n;
     return 1;
 }
 
@@ -297,6 +276,16 @@ void exec_delta_done(struct exec *x, const struct exec_run *r, const reshard_buf
     }
 }
 
+uint64_t exec_delta_snapshot_bytes(const struct exec *x)
+{
+    uint64_t n = 0;
+    for (size_t o = 0; o < x->share.nout; o++) {
+        const struct xfer *xf = &x->xs.x[x->share.out[o]];
+        n += encoded(x, xf) ? (uint64_t)xf->bytes : 0;
+    }
+    return n;
+}
+
 uint64_t exec_delta_held(const struct exec *x)
 {
     return x->delta.held;
@@ -312,12 +301,11 @@ void exec_delta_fini(struct exec_delta *d, int ntensors, struct reshard_comm *c)
     free(d->dst_len);
     free(d->out_enc);
     free(d->in_enc);
-    free(d->snap_off);
+    free(d->snap_at);
     free(d->snap_bytes);
     free(d->snap_state);
     free(d->warned);
     free(d->enc_at);
-    free(d->enc_len);
     free(d->in_at);
     free(d->words);
     *d = (struct exec_delta){0};

@@ -233,8 +233,8 @@ reshard_status_t exec_links_announce(struct exec *x, const reshard_buffers_t *bu
 /* A transfer's chunks are encoded in a delta run when it crosses the network from the caller's
  * source straight into the caller's destination, unquantized, and the chunk is not packed
  * with others: both ends decide alike. The sender keeps, per tensor, a snapshot of what it last
- * sent of such transfers (out[o] at snap_off[o] in snap[tensor]); the receiver takes each such
- * chunk into scratch (at in_at[chunk]) and applies it in place. version: seq + 1 of the last
+ * sent of such transfers (chunk i of out[] at snap_at[i] in snap[tensor]); the receiver takes each
+ * such chunk into scratch (at in_at[chunk]) and applies it in place. version: seq + 1 of the last
  * delta run that succeeded here, with the destinations it wrote (dst_seen); 0: none. */
 struct exec_delta {
     int on; /* the plan asked for delta refits */
@@ -247,12 +247,11 @@ struct exec_delta {
     uint8_t *out_enc;      /* [nout]: out[o] is encoded */
     uint8_t *in_enc;       /* [nin]: in[k] is encoded */
     char **snap;           /* [ntensors + 1] */
-    uint64_t *snap_off;    /* [nout] */
+    uint64_t *snap_at;     /* [out chunks]: where each chunk's snapshot is in its tensor's */
     uint64_t *snap_bytes;  /* [ntensors] */
     uint8_t *snap_state;   /* [ntensors]: DELTA_SNAP_* */
     uint8_t *warned;       /* [ntensors]: its snapshot could not be made, said once */
     uint64_t *enc_at;      /* [out chunks]: where each chunk's encoding is in mem[DELTA_MEM_ENC] */
-    uint64_t *enc_len;     /* [out chunks]: its length; 0: the chunk travels dense */
     uint64_t *in_at;       /* [in chunks]: where each chunk lands in mem[DELTA_MEM_SCRATCH] */
     uint64_t scratch_bytes, enc_bytes, max_chunk;
     uint64_t *words; /* scratch of the encoder */

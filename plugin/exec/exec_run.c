@@ -117,14 +117,12 @@ reshard_status_t exec_run_all(struct exec *x, const reshard_buffers_t *bufs,
         exec_run_free(r);
         return st;
     }
-    if ((st = stage_source(r)) == RESHARD_OK) {
-        stage_encode(r);
-        if ((st = stage_move(r)) == RESHARD_OK && (st = stage_land(r)) == RESHARD_OK) {
-            exec_run_record(x, r);
-            exec_delta_done(x, r, bufs, 1);
-            exec_run_free(r);
-            return RESHARD_OK;
-        }
+    if ((st = stage_source(r)) == RESHARD_OK && (st = stage_move(r)) == RESHARD_OK &&
+        (st = stage_land(r)) == RESHARD_OK) {
+        exec_run_record(x, r);
+        exec_delta_done(x, r, bufs, 1);
+        exec_run_free(r);
+        return RESHARD_OK;
     }
     return stage_fail(r, st);
 }

@@ -161,11 +161,9 @@ void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshar
 /* The vote's verdict: the lowest rank that cannot encode (INT32_MAX: none) and the smallest and
  * largest versions; a run in full says why at INFO. */
 void exec_delta_start(struct exec_run *r, int plain_rank, uint64_t lo, uint64_t hi);
-/* Before the first send: every encoded chunk compared with its snapshot (stage_encode.c). */
-void exec_delta_encode(struct exec_run *r);
-/* Chunk `chunk` of out[o] travels encoded: its message. 0: it travels dense, as always. */
-int exec_delta_out(const struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
-                   size_t *len);
+/* As chunk `chunk` of out[o] is sent: compared with its snapshot (which then holds it), and
+ * when an encoding is shorter, 1 and the message; 0: it travels dense, as always. */
+int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf, size_t *len);
 /* Where chunk `chunk` of in[k] is received, or NULL (into the destination, as always). */
 char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk);
 /* Chunk `chunk` of in[k] arrived (bytes long) in its scratch: checked, then applied to the
@@ -174,8 +172,10 @@ reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, s
 /* After a run (r NULL: nothing moved), ok: it succeeded here. */
 void exec_delta_done(struct exec *x, const struct exec_run *r, const reshard_buffers_t *bufs,
                      int ok);
-/* Bytes this rank holds in snapshots. */
+/* Bytes this rank holds in snapshots now, and what they come to once made (reshard_rank_stats's
+ * delta_snapshot). */
 uint64_t exec_delta_held(const struct exec *x);
+uint64_t exec_delta_snapshot_bytes(const struct exec *x);
 void exec_delta_fini(struct exec_delta *d, int ntensors, struct reshard_comm *c);
 
 #endif

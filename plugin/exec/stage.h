@@ -12,18 +12,20 @@
  *   2. stage_vote     (stage_vote.c)     every rank's verdict before any byte moves
  *   3. stage_source   (stage_source.c)   what is sent is ready: device sources local peers read
  *                                         after all, blocks quantized at the sender
- *   4. stage_encode   (stage_encode.c)   a delta refit: each chunk compared with what this
- *                                         rank last sent (exec_delta.c)
- *   5. stage_move     (stage_move.c)     every receive posted, sends queued, the wait while the
+ *   4. stage_move     (stage_move.c)     every receive posted, sends queued, the wait while the
  *                                         queues drain (network, local writes, device copies);
- *                                         encoded chunks are applied as they land
- *   6. stage_land     (stage_land.c)     what landed made final: quantized where it lands, the
- *                                         caller's kernels see what the NIC wrote, the outcome
- *   7. stage_fail     (stage_fail.c)     after a failure once bytes may move: the cause, the
+ *                                         in a delta refit each chunk is encoded as it is sent
+ *                                         and applied as it lands (exec_delta.c), so encoding
+ *                                         overlaps the network as packing does
+ *   5. stage_land     (stage_land.c)     what landed made final: quantized where it lands, the
+ *                                         caller's kernels see what the NIC wrote; then
+ *                                         exec_run_all records the outcome and the version a
+ *                                         delta refit leaves (exec_delta_done)
+ *   6. stage_fail     (stage_fail.c)     after a failure once bytes may move: the cause, the
  *                                         outcome of each tensor, the communicator broken
  *
  * A failure in 1 is still carried into 2, so that every rank reaches the same verdict; a
- * failure in 2 leaves the communicator usable (nothing moved); one in 3 to 6 goes to 7.
+ * failure in 2 leaves the communicator usable (nothing moved); one in 3 to 5 goes to 6.
  */
 #ifndef RS_EXEC_STAGE_H
 #define RS_EXEC_STAGE_H
@@ -52,20 +54,17 @@ reshard_status_t stage_vote(struct exec *x, const reshard_buffers_t *bufs, uint3
  * the blocks this rank quantizes as a sender. */
 reshard_status_t stage_source(struct exec_run *r);
 
-/* 4. A delta refit: every chunk this rank sends encoded, compared with its snapshot. */
-void stage_encode(struct exec_run *r);
-
-/* 5. Posts every receive, queues the first sends and waits until every chunk arrived, every
+/* 4. Posts every receive, queues the first sends and waits until every chunk arrived, every
  * send completed and every acknowledgement came. */
 reshard_status_t stage_move(struct exec_run *r);
 
-/* 6. Once everything bound for this rank landed: quantized destinations, RESHARD_TEST_CORRUPT,
+/* 5. Once everything bound for this rank landed: quantized destinations, RESHARD_TEST_CORRUPT,
  * the GPUDirect flush. */
 reshard_status_t stage_land(struct exec_run *r);
 /* What the execution left in each destination is recorded by exec_run_record (exec_run.h),
  * which lives in stage_land.c. */
 
-/* 7. A failure (st) once bytes may be moving: the first failure's message, a remote cause if
+/* 6. A failure (st) once bytes may be moving: the first failure's message, a remote cause if
  * one comes, destinations quantized where every chunk landed, the outcome recorded, and the
  * communicator broken. The run is freed, or kept while requests point into it. Returns the
  * status to report. */

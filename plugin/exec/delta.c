@@ -65,6 +65,20 @@ MASK_OF(uint16_t)
 MASK_OF(uint32_t)
 MASK_OF(uint64_t)
 
+static uint64_t mask_at(const void *cur, const void *snap, size_t lo, size_t m, size_t es)
+{
+    switch (es) {
+    case 1:
+        return mask_uint8_t((const uint8_t *)cur + lo, (const uint8_t *)snap + lo, m);
+    case 2:
+        return mask_uint16_t((const uint16_t *)cur + lo, (const uint16_t *)snap + lo, m);
+    case 4:
+        return mask_uint32_t((const uint32_t *)cur + lo, (const uint32_t *)snap + lo, m);
+    default:
+        return mask_uint64_t((const uint64_t *)cur + lo, (const uint64_t *)snap + lo, m);
+    }
+}
+
 /* The mask of every block of 64 elements; counts changed elements and runs of them. */
 static void masks(const void *cur, const void *snap, size_t n, size_t es, uint64_t *w,
                   size_t *changed, size_t *runs)
@@ -73,20 +87,7 @@ static void masks(const void *cur, const void *snap, size_t n, size_t es, uint64
     uint64_t carry = 0;
     for (size_t k = 0, lo = 0; lo < n; k++, lo += 64) {
         size_t m = n - lo < 64 ? n - lo : 64;
-        uint64_t bits;
-        switch (es) {
-        case 1:
-            bits = mask_uint8_t((const uint8_t *)cur + lo, (const uint8_t *)snap + lo, m);
-            break;
-        case 2:
-            bits = mask_uint16_t((const uint16_t *)cur + lo, (const uint16_t *)snap + lo, m);
-            break;
-        case 4:
-            bits = mask_uint32_t((const uint32_t *)cur + lo, (const uint32_t *)snap + lo, m);
-            break;
-        default:
-            bits = mask_uint64_t((const uint64_t *)cur + lo, (const uint64_t *)snap + lo, m);
-        }
+        uint64_t bits = mask_at(cur, snap, lo, m, es);
         w[k] = bits;
         nc += (size_t)__builtin_popcountll(bits);
         nr += (size_t)__builtin_popcountll(bits & ~((bits << 1) | carry));
@@ -149,10 +150,33 @@ static void write_runs(const uint64_t *w, size_t n, uint32_t *out)
     }
 }
 
+/* A chunk nearly all of whose elements changed cannot be sent shorter than dense: 64 blocks
+ * spread over it, every element changed in all but SAMPLE_SLACK of them, say so without the
+ * whole compare. A guess only ever costs bytes, never correctness: dense is always right. */
+#define SAMPLE_SLACK 16
+static int nearly_all_changed(const void *cur, const void *snap, size_t n, size_t es)
+{
+    size_t blocks = n / 64, unchanged = 0;
+    if (blocks < 64 * 16)
+        return 0;
+    size_t span = blocks / 64;
+    for (size_t j = 0; j < 64; j++) { /* one block at a scrambled place in each 64th */
+        size_t k = j * span + (size_t)((j * 0x9e3779b97f4a7c15ULL) >> 40) % span;
+        uint64_t bits = mask_at(cur, snap, k * 64, 64, es);
+        unchanged += (size_t)(64 - __builtin_popcountll(bits));
+    }
+    return unchanged <= SAMPLE_SLACK;
+}
+
 void delta_encode(const void *cur, void *snap, size_t n, size_t es, void *out, size_t *len,
                   uint64_t *words)
 {
     size_t nc, nr, dense = n * es;
+    if (nearly_all_changed(cur, snap, n, es)) {
+        memcpy(snap, cur, dense);
+        *len = 0;
+        return;
+    }
     masks(cur, snap, n, es, words, &nc, &nr);
     size_t bitmap = HDR + nwords(n) * 8 + nc * es, runs = HDR + nr * 8 + nc * es;
     size_t best = nc == 0 ? HDR : bitmap < runs ? bitmap : runs;

@@ -198,3 +198,29 @@ Test(delta, runs_past_the_chunk_or_overlapping_are_refused)
     cr_assert_eq(delta_check(msg, at + 16 + 15, 64, 2, why, sizeof(why)), RESHARD_ERR_INVALID_ARG);
     (void)flat;
 }
+
+/* Large chunks: nearly all changed is sent dense on a sample; changes in runs that align with
+ * powers of two (every other 4096 elements) are not mistaken for that. */
+Test(delta, half_changed_in_aligned_runs_is_not_taken_for_all_changed)
+{
+    enum { N = 1 << 21 };
+    uint16_t *cur = malloc(N * 2), *snap = malloc(N * 2);
+    cr_assert(cur && snap);
+    for (size_t i = 0; i < N; i++)
+        snap[i] = cur[i] = (uint16_t)i;
+    for (size_t i = 0; i < N; i++)
+        cur[i] ^= (i / 4096) % 2 == 0;
+    struct enc e;
+    encode(cur, snap, N, 2, &e);
+    cr_assert_eq(((struct delta_hdr *)(void *)e.out)->kind, DELTA_RUNS);
+    cr_assert_eq(e.len, sizeof(struct delta_hdr) + (N / 8192) * 8 + (N / 2) * 2);
+    enc_free(&e);
+    for (size_t i = 0; i < N; i++)
+        cur[i] ^= 4;
+    encode(cur, snap, N, 2, &e);
+    cr_assert_eq(e.len, 0, "every element changed: dense");
+    cr_assert_eq(memcmp(cur, snap, N * 2), 0);
+    enc_free(&e);
+    free(cur);
+    free(snap);
+}

@@ -117,7 +117,7 @@ static void make_snapshots(struct exec *x)
 }
 
 void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshard_buffers_t *dev,
-                     int *can, uint64_t *version)
+                     int *can, uint32_t *version)
 {
     struct exec_delta *d = &x->delta;
     *can = 0;
@@ -153,7 +153,7 @@ void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshar
             *version = 0; /* new destination buffers: what they hold is not known */
 }
 
-void exec_delta_start(struct exec_run *r, int plain_rank, uint64_t lo, uint64_t hi)
+void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t hi)
 {
     struct exec *x = r->x;
     r->delta = x->delta.on && plain_rank == INT32_MAX;
@@ -267,7 +267,7 @@ void exec_delta_done(struct exec *x, const struct exec_run *r, const reshard_buf
     struct exec_delta *d = &x->delta;
     if (!d->ready)
         return;
-    d->version = ok && r && r->delta ? (uint64_t)r->seq + 1 : 0;
+    d->version = ok && r && r->delta ? r->seq + 1 : 0; /* wraps to 0 once: a full refit */
     for (int t = 0; t < x->plan->ntensors; t++) {
         if (d->snap_state[t] != DELTA_SNAP_NONE) /* a plain run sent past the snapshot */
             d->snap_state[t] = d->version ? DELTA_SNAP_HELD : DELTA_SNAP_MADE;

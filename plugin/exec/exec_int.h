@@ -241,7 +241,7 @@ struct exec_delta {
     int ready;
     int said;   /* why this rank cannot encode, said once */
     int forged; /* RESHARD_TEST_DELTA_FORGE did its one forgery */
-    uint64_t version;
+    uint32_t version;
     const void **dst_seen; /* [ntensors] */
     size_t *dst_len;       /* [ntensors] */
     uint8_t *out_enc;      /* [nout]: out[o] is encoded */

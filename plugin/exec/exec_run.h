@@ -80,7 +80,7 @@ struct exec_run {
     /* Delta refits (exec_delta.c): what this rank votes (it can encode, the version it holds),
      * and the verdict: this run's chunks are encoded; they may carry changes only. */
     int delta_can;
-    uint64_t delta_version;
+    uint32_t delta_version;
     int delta, sparse;
 };
 
@@ -157,10 +157,10 @@ reshard_status_t exec_dev_run(struct exec *x, const reshard_buffers_t *bufs);
 /* Before the start vote: whether this rank can encode this run (the plan asked for deltas,
  * host buffers, the buffers made) and the version it holds (0: none, or new destinations). */
 void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshard_buffers_t *dev,
-                     int *can, uint64_t *version);
+                     int *can, uint32_t *version);
 /* The vote's verdict: the lowest rank that cannot encode (INT32_MAX: none) and the smallest and
  * largest versions; a run in full says why at INFO. */
-void exec_delta_start(struct exec_run *r, int plain_rank, uint64_t lo, uint64_t hi);
+void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t hi);
 /* As chunk `chunk` of out[o] is sent: compared with its snapshot (which then holds it), and
  * when an encoding is shorter, 1 and the message; 0: it travels dense, as always. */
 int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf, size_t *len);

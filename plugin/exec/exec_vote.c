@@ -305,7 +305,7 @@ void exec_start_fold_init(struct exec_start_fold *f, int rank, uint64_t hash, ui
                                   .plain = rank};
 }
 
-void exec_start_fold_delta(struct exec_start_fold *f, int rank, int can, uint64_t version)
+void exec_start_fold_delta(struct exec_start_fold *f, int rank, int can, uint32_t version)
 {
     f->plain = can ? EXEC_VOTE_NONE : rank;
     f->ver_lo = f->ver_hi = version;

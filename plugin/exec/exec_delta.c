@@ -88,10 +88,10 @@ static int make_buffers(struct exec_delta *d)
 {
     uint64_t want[DELTA_MEM_N] = {d->scratch_bytes, d->enc_bytes, d->max_chunk};
     for (int i = 0; i < DELTA_MEM_N; i++)
-        if (!d->mem[i] && want[i] && !(d->mem[i] = malloc(want[i])))
-            return 0;
+        if (!d->mem[i] && want[i] && !(d->mem[i] = rs_calloc(want[i], 1, "delta buffers")))
+            return 0; /* zero pages, touched only where chunks land */
     if (!d->words && d->max_chunk)
-        d->words = malloc((d->max_chunk + 63) / 64 * 8 + 8);
+        d->words = rs_calloc(d->max_chunk / 64 + 1, 8, "the delta encoder");
     return !d->max_chunk || d->words;
 }
 
@@ -102,7 +102,7 @@ static void make_snapshots(struct exec *x)
     for (int t = 0; t < x->plan->ntensors; t++) {
         if (d->snap[t] || !d->snap_bytes[t])
             continue;
-        if (!(d->snap[t] = malloc(d->snap_bytes[t]))) {
+        if (!(d->snap[t] = rs_calloc(d->snap_bytes[t], 1, "a delta snapshot"))) {
             if (!d->warned[t]++)
                 rs_log(RS_LOG_WARN,
                        "rank %d: no memory for the delta snapshot of tensor '%s' (%llu bytes): "

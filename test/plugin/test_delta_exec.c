@@ -9,6 +9,7 @@
  * follows is a new communicator and plan, which start in full.)
  */
 #include "ranks.h"
+#include "base/error.h"
 #include "planner/spec.h"
 #include "plugin/reshard.h"
 #include "test/planner/oracle.h"
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define CASES  16
 #define REFITS 5
@@ -182,6 +184,8 @@ Test(delta_exec, every_destination_equals_the_source_after_every_refit)
 /* Two domains of one rank: rank 0 holds the source, rank 1 the destination. */
 #define BIG_N (1 << 18)
 
+static long arm_at; /* rank 0 fails its arm_at-th allocation in the first refit (0: none) */
+
 static reshard_status_t two_refits(int rank, int size, reshard_comm_t *comm, uint64_t *net,
                                    unsigned pct)
 {
@@ -209,7 +213,11 @@ static reshard_status_t two_refits(int rank, int size, reshard_comm_t *comm, uin
                 s[i] ^= 0x100;
         reshard_comm_counters_t c0, c1;
         reshard_comm_counters(comm, &c0);
-        if ((st = reshard_plan_execute(plan, &b)) != RESHARD_OK)
+        if (k == 0 && rank == 0 && arm_at)
+            rs_test_fail_alloc(arm_at);
+        st = reshard_plan_execute(plan, &b);
+        rs_test_fail_alloc(0);
+        if (st != RESHARD_OK)
             break;
         reshard_comm_counters(comm, &c1);
         net[k] = c1.net_out - c0.net_out;
@@ -262,4 +270,45 @@ Test(delta_exec, a_chunk_claiming_more_elements_than_it_holds_is_refused_naming_
     cr_assert(strstr(o[1].msg, "from rank 0 refused"), "%s", o[1].msg);
     cr_assert(strstr(o[1].msg, "length is not the message's"), "%s", o[1].msg);
     cr_assert_neq(o[0].status, RESHARD_OK, "the sender hears of it too");
+}
+
+/* What each armed n left, for the test process (the ranks are forked). */
+struct alloc_sweep {
+    int full_second; /* n where both refits succeeded and the second went dense */
+    int unclean;     /* n where a rank failed without a message */
+};
+static struct alloc_sweep *swept;
+
+static reshard_status_t armed(int rank, int size, reshard_comm_t *comm)
+{
+    uint64_t net[2] = {0, 0};
+    reshard_status_t st = two_refits(rank, size, comm, net, 5);
+    if (st != RESHARD_OK && !reshard_last_error()[0])
+        swept->unclean++;
+    if (st == RESHARD_OK && rank == 0 && net[1] >= BIG_N * 2)
+        swept->full_second++;
+    return st;
+}
+
+/* Rank 0 fails its n-th allocation of the first refit, for n = 1, 2, ...: every refit that
+ * runs lands exactly (two_refits checks every element of the second), and where the failed
+ * allocation is the snapshot, the second refit goes dense instead of failing. */
+Test(delta_exec, a_snapshot_that_cannot_be_made_leaves_its_tensor_in_full)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "1", 1);
+    setenv("RESHARD_CHUNK_BYTES", "65536", 1);
+    swept = mmap(NULL, sizeof(*swept), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(swept != MAP_FAILED);
+    memset(swept, 0, sizeof(*swept));
+    int ran_clean = 0;
+    for (arm_at = 1; arm_at <= 120; arm_at++) {
+        struct outcome *o = run_ranks(2, armed);
+        cr_assert_eq(swept->unclean, 0, "n = %ld: a failure without a message", arm_at);
+        if (o[0].status == RESHARD_OK && o[1].status == RESHARD_OK)
+            ran_clean++;
+        else /* a failed refit: its message names why on both ranks */
+            cr_assert(o[0].msg[0] && o[1].msg[0], "n = %ld: %s / %s", arm_at, o[0].msg, o[1].msg);
+    }
+    cr_assert_gt(swept->full_second, 0, "no n hit the snapshot (%d of 120 ran clean)", ran_clean);
+    arm_at = 0;
 }

@@ -150,6 +150,12 @@ $(PACK_BENCH): $(BUILD)/obj/test/perf/pack_bench.o $(AR_LIB) $(FATBIN_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(FATBIN_OBJ) $(AR_LIB) -lpthread -ldl $(LDFLAGS_ALL)
 
+# delta_bench: the delta encoding's speed on one core (docs/delta.md; internals).
+DELTA_BENCH := $(BUILD)/test/perf/delta_bench
+$(DELTA_BENCH): $(BUILD)/obj/test/perf/delta_bench.o $(AR_LIB)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(AR_LIB) -lpthread -ldl $(LDFLAGS_ALL)
+
 # boot_scale: the bootstrap alone on N local processes (scripts/bench-boot.sh; internals).
 $(BOOT_SCALE): $(BUILD)/obj/test/perf/boot_scale.o $(AR_LIB)
 	@mkdir -p $(@D)
@@ -272,13 +278,14 @@ bench: $(BENCH_BIN)
 # bootstrap's frame decoder, its door and handshake decoders (boot_door), the communicator hello
 # (comm_hello), the NCCL plugin's handshake (net), the execution hello's decoders
 # (exec_hello: announcements, writer messages, start reports), the ib side channel (ib_cm) and
-# what an ib peer causes on the queue pairs, the CTS decoder first (ib_ctl), FUZZ_SECONDS (60)
+# what an ib peer causes on the queue pairs, the CTS decoder first (ib_ctl), the chunks of a
+# delta refit (delta: checked before anything is written, and round trips), FUZZ_SECONDS (60)
 # each under ASan and UBSan. Seeds live in test/fuzz/corpus/<target>; what a run learns goes to
 # build/fuzz/corpus/<target>; a crash's reproducer lands in test/fuzz/crashes/ (commit it with
 # the fix, as a seed).
 FUZZ := build/fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := spec span manifest boot boot_door comm_hello net exec_hello ib_cm ib_ctl
+FUZZ_TARGETS := spec span manifest boot boot_door comm_hello net exec_hello ib_cm ib_ctl delta
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 $(FUZZ_SAN) \
                -fsanitize=fuzzer-no-link -I.

@@ -88,6 +88,9 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
     X(VERIFY, RS_PARAM_INT, "0", 0,                                                                \
       "1: every communicator plan checks each refit (fingerprints of every destination against "   \
       "the sources, one small reduction) and fails naming the tensors that differ")                \
+    X(DELTA, RS_PARAM_INT, "0", 0,                                                                 \
+      "1: every communicator plan refits in deltas: each sender keeps what it last sent and a "    \
+      "chunk travels as nothing, its changed elements or dense, whichever is smallest")            \
     X(TEST_DEVICE_AS_HOST, RS_PARAM_INT, "0", 0,                                                   \
       "tests only: 1 registers device buffers as host memory (the stand-in driver's device "       \
       "memory is host memory), to run the GPUDirect path without a GPU")                           \
@@ -97,7 +100,10 @@ enum rs_param_type { RS_PARAM_INT, RS_PARAM_STR };
     X(TEST_FLIP, RS_PARAM_STR, "", 0,                                                              \
       "tests only: RANK:TENSOR[:BYTE] makes rank RANK flip the lowest bit of byte BYTE of its "    \
       "destination buffer of TENSOR (host or device memory) once a verified refit landed, "        \
-      "before the check")
+      "before the check")                                                                          \
+    X(TEST_DELTA_FORGE, RS_PARAM_INT, "0", 0,                                                      \
+      "tests only: N > 0 makes rank N - 1 claim one changed element more than its first encoded "  \
+      "chunk of a delta refit carries, as a hostile peer would")
 
 enum rs_param {
 #define RS_PARAM_ENUM_(id, type, def, min, meaning) RS_PARAM_##id,

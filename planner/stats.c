@@ -30,6 +30,8 @@ static void op_stats(const struct rs_plan *p, struct plan_stats *s, struct plan_
             s->net_bytes += bytes;
             r[op->src].net_out += bytes;
             r[op->dst].net_in += bytes;
+            if (p->tensors[op->tensor].quant == PLAN_QUANT_NONE) /* a delta refit's snapshot */
+                r[op->src].snapshot += bytes;
             break;
         case PLAN_OP_LOCAL:
         case PLAN_OP_FWD:

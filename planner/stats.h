@@ -14,6 +14,7 @@ struct plan_rank_stats {
     int64_t net_out, net_in;     /* over the network */
     int64_t local_out, local_in; /* over the local path (LOCAL and FWD) */
     int64_t self;                /* copied inside the rank */
+    int64_t snapshot;            /* sent over the network from its sources, unquantized */
 };
 
 struct plan_stats {

@@ -151,10 +151,14 @@ typedef struct reshard_plan_config {
     /* Communicator plans only: non-zero checks every execution that succeeded (as
      * RESHARD_VERIFY=1 does for every plan): see "refits that prove themselves" below. */
     int verify;
+    /* Communicator plans only: non-zero refits in deltas (as RESHARD_DELTA=1 does for every
+     * plan): each sender keeps a snapshot of what it last sent and each network chunk travels
+     * as nothing, its changed elements or dense, whichever is smallest (docs/delta.md). */
+    int delta;
 } reshard_plan_config_t;
 
 /* clang-format off */
-#define RESHARD_PLAN_CONFIG_INIT {sizeof(reshard_plan_config_t), 0, 0, RESHARD_ALGO_RESHARD, 0}
+#define RESHARD_PLAN_CONFIG_INIT {sizeof(reshard_plan_config_t), 0, 0, RESHARD_ALGO_RESHARD, 0, 0}
 /* clang-format on */
 
 /* Plans all tensors together (loads balance across them). Source and destination of a tensor
@@ -229,6 +233,9 @@ typedef struct reshard_rank_stats {
     /* Network messages the rank sends per execution: chunks (RESHARD_CHUNK_BYTES) of its
      * transfers, small ones (RESHARD_COALESCE_BYTES) packed into one stream per peer. */
     uint64_t net_msgs;
+    /* Delta refits (docs/delta.md): the bytes of the snapshot the rank keeps of what it sends
+     * over the network from its sources (unquantized tensors), made at its first delta refit. */
+    uint64_t delta_snapshot;
 } reshard_rank_stats_t;
 
 /* Fills *stats and, when ranks is not NULL, ranks[0 .. world_size). For a communicator plan,

@@ -63,6 +63,15 @@ void plan_print_table(const reshard_plan_stats_t *s, const reshard_rank_stats_t 
     if (s->max_nic_rank >= 0)
         printf("busiest NIC: rank %d, %.3f x the lower bound\n", s->max_nic_rank,
                s->lb_nic_bytes ? (double)s->max_nic_bytes / (double)s->lb_nic_bytes : 0.0);
+    int most = 0;
+    for (int k = 1; k < s->world_size; k++)
+        most = r[k].delta_snapshot > r[most].delta_snapshot ? k : most;
+    if (s->world_size && r[most].delta_snapshot) {
+        char b[32];
+        human(b, sizeof(b), r[most].delta_snapshot);
+        printf("delta refits (RESHARD_DELTA=1): snapshots of at most %s per rank (rank %d)\n", b,
+               most);
+    }
     printf("\n");
 }
 
@@ -113,9 +122,10 @@ void plan_print_json(const struct plan_report *rep)
             continue;
         printf("%s\n    {\"rank\": %d, \"domain\": %d, \"rail\": %d, \"net_out\": %" PRIu64
                ", \"net_in\": %" PRIu64 ", \"local_out\": %" PRIu64 ", \"local_in\": %" PRIu64
-               ", \"self\": %" PRIu64 ", \"net_msgs\": %" PRIu64 "}",
+               ", \"self\": %" PRIu64 ", \"net_msgs\": %" PRIu64 ", \"delta_snapshot\": %" PRIu64
+               "}",
                first ? "" : ",", k, r[k].domain, r[k].local_index, r[k].net_out, r[k].net_in,
-               r[k].local_out, r[k].local_in, r[k].self, r[k].net_msgs);
+               r[k].local_out, r[k].local_in, r[k].self, r[k].net_msgs, r[k].delta_snapshot);
         first = 0;
     }
     printf("\n  ],\n  \"ops\": {\"net\": %" PRIu64 ", \"local\": %" PRIu64 ", \"fwd\": %" PRIu64
@@ -155,16 +165,16 @@ int plan_print_rank(const reshard_plan_t *plan, int rank, int world, const char 
                "\"plan_hash\": \"0x%016" PRIx64 "\", \"rank_ops\": %" PRIu64
                ", \"net_out\": %" PRIu64 ", \"net_in\": %" PRIu64 ", \"local_out\": %" PRIu64
                ", \"local_in\": %" PRIu64 ", \"self\": %" PRIu64 ", \"net_msgs\": %" PRIu64
-               ", \"plan_ms\": %.3f, \"peak_rss_mib\": %.1f}\n",
+               ", \"delta_snapshot\": %" PRIu64 ", \"plan_ms\": %.3f, \"peak_rss_mib\": %.1f}\n",
                world, rank, r.domain, r.local_index, hash, nops, r.net_out, r.net_in, r.local_out,
-               r.local_in, r.self, r.net_msgs, ms, rss);
+               r.local_in, r.self, r.net_msgs, r.delta_snapshot, ms, rss);
         return 0;
     }
     printf("%s: rank %d of %d (domain %d, rail %d), plan hash 0x%016" PRIx64 "\n", what, rank,
            world, r.domain, r.local_index, hash);
     printf("net_out %" PRIu64 "\nnet_in %" PRIu64 "\nlocal_out %" PRIu64 "\nlocal_in %" PRIu64
-           "\nself %" PRIu64 "\nnet_msgs %" PRIu64 "\n",
-           r.net_out, r.net_in, r.local_out, r.local_in, r.self, r.net_msgs);
+           "\nself %" PRIu64 "\nnet_msgs %" PRIu64 "\ndelta_snapshot %" PRIu64 "\n",
+           r.net_out, r.net_in, r.local_out, r.local_in, r.self, r.net_msgs, r.delta_snapshot);
     printf("rank_ops %" PRIu64 "\nplan_ms %.3f\npeak_rss_mib %.1f\n", nops, ms, rss);
     return 0;
 }

@@ -78,9 +78,11 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     reshard_algo_t algo = RESHARD_ALGO_RESHARD;
     if (config && config->size >= offsetof(reshard_plan_config_t, algo) + sizeof(config->algo))
         algo = config->algo;
-    int verify = rs_param_int(RS_PARAM_VERIFY) != 0;
+    int verify = rs_param_int(RS_PARAM_VERIFY) != 0, delta = rs_param_int(RS_PARAM_DELTA) != 0;
     if (config && config->size >= offsetof(reshard_plan_config_t, verify) + sizeof(config->verify))
         verify |= config->verify != 0;
+    if (config && config->size >= offsetof(reshard_plan_config_t, delta) + sizeof(config->delta))
+        delta |= config->delta != 0;
     /* Held from here: on success, the hold is the plan's reference to its communicator. */
     reshard_status_t st = api_comm_hold(__func__, comm);
     if (st != RESHARD_OK)
@@ -136,6 +138,7 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
         return api_leave(__func__, api_comm_drop(comm, st));
     }
     exec_set_world(h->x, &world);
+    exec_delta_enable(h->x, delta);
     h->verify = verify;
     api_plan_given(h);
     *plan = h;

@@ -322,6 +322,9 @@ static reshard_status_t rank_stats(const char *fn, const struct rs_plan *p, int 
             s.self += bytes;
         else if (o->kind == PLAN_OP_NET)
             *(o->src == rank ? &s.net_out : &s.net_in) += bytes;
+        if (o->kind == PLAN_OP_NET && o->src == rank &&
+            p->tensors[o->tensor].quant == PLAN_QUANT_NONE)
+            s.delta_snapshot += bytes;
         else
             *(o->src == rank ? &s.local_out : &s.local_in) += bytes;
     }
@@ -407,6 +410,7 @@ static reshard_status_t plan_stats(const reshard_plan_t *plan, reshard_plan_stat
             .local_out = (uint64_t)r[k].local_out,
             .local_in = (uint64_t)r[k].local_in,
             .self = (uint64_t)r[k].self,
+            .delta_snapshot = (uint64_t)r[k].snapshot,
         };
     free(r);
     return ranks ? rank_msgs(plan, ranks) : RESHARD_OK;

@@ -6,8 +6,9 @@
  *
  * Every transfer is cut into chunks (exec_chunk.c), the same way on both sides, so a chunk is
  * named by (transfer, chunk) in message tags and the fan-out of a received chunk can start
- * before the rest of its transfer arrives. How a run posts them is in exec_post.c, its life
- * and failures in exec_run.c, its start in exec_hello.c, device buffers in exec_dev.c.
+ * before the rest of its transfer arrives. An execution on the native executor is a sequence of
+ * stages, one file each, that stage.h lists in order and exec_run_all (exec_run.c) calls; how
+ * a run posts chunks is in exec_post.c, its start in exec_hello.c, device buffers in exec_dev.c.
  */
 #include "exec_run.h"
 
@@ -84,6 +85,7 @@ void exec_destroy(struct exec *x)
     exec_bundles_fini(&x->out_b);
     exec_bundles_fini(&x->in_b);
     last_fini(&x->last);
+    exec_delta_fini(&x->delta, nt, x->comm);
     xfer_free(&x->xs);
     free(x);
 }
@@ -183,7 +185,13 @@ void exec_own_stats(const struct exec *x, reshard_rank_stats_t *mine)
         else
             *(xf->src == me ? &b.net_out : &b.net_in) += bytes;
     }
+    b.delta_snapshot = exec_delta_snapshot_bytes(x);
     *mine = b;
+}
+
+void exec_delta_enable(struct exec *x, int on)
+{
+    x->delta.on = on != 0;
 }
 
 uint64_t exec_local_fp(const struct exec *x)

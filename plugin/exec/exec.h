@@ -46,6 +46,8 @@ reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *stat
 
 /* What this rank's own transfers move (its row of reshard_plan_stats; net_msgs left 0). */
 void exec_own_stats(const struct exec *x, reshard_rank_stats_t *mine);
+/* Delta refits on (docs/delta.md): set once, before the first execution. */
+void exec_delta_enable(struct exec *x, int on);
 /* The local pairs and their paths as this rank sees them, for the plan vote (exec_link.c). */
 uint64_t exec_local_fp(const struct exec *x);
 /* The world's figures, as the plan vote summed them. */

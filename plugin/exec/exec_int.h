@@ -253,7 +253,42 @@ reshard_status_t exec_links_prepare(struct exec *x);
 reshard_status_t exec_links_announce(struct exec *x, const reshard_buffers_t *bufs,
                                      const reshard_buffers_t *dev, uint32_t seq);
 
-/* ---- what the last execution left (exec_run.c records it) ---- */
+/* ---- delta refits (exec_delta.c, docs/delta.md) ---- */
+
+/* A transfer's chunks are encoded in a delta run when it crosses the network from the caller's
+ * source straight into the caller's destination, unquantized, and the chunk is not packed
+ * with others: both ends decide alike. The sender keeps, per tensor, a snapshot of what it last
+ * sent of such transfers (chunk i of out[] at snap_at[i] in snap[tensor]); the receiver takes each
+ * such chunk into scratch (at in_at[chunk]) and applies it in place. version: seq + 1 of the last
+ * delta run that succeeded here, with the destinations it wrote (dst_seen); 0: none. */
+struct exec_delta {
+    int on; /* the plan asked for delta refits */
+    int ready;
+    int said;   /* why this rank cannot encode, said once */
+    int forged; /* RESHARD_TEST_DELTA_FORGE did its one forgery */
+    uint32_t version;
+    const void **dst_seen; /* [ntensors] */
+    size_t *dst_len;       /* [ntensors] */
+    uint8_t *out_enc;      /* [nout]: out[o] is encoded */
+    uint8_t *in_enc;       /* [nin]: in[k] is encoded */
+    char **snap;           /* [ntensors + 1] */
+    uint64_t *snap_at;     /* [out chunks]: where each chunk's snapshot is in its tensor's */
+    uint64_t *snap_bytes;  /* [ntensors] */
+    uint8_t *snap_state;   /* [ntensors]: DELTA_SNAP_* */
+    uint8_t *warned;       /* [ntensors]: its snapshot could not be made, said once */
+    uint64_t *enc_at;      /* [out chunks]: where each chunk's encoding is in mem[DELTA_MEM_ENC] */
+    uint64_t *in_at;       /* [in chunks]: where each chunk lands in mem[DELTA_MEM_SCRATCH] */
+    uint64_t scratch_bytes, enc_bytes, max_chunk;
+    uint64_t *words; /* scratch of the encoder */
+    /* The run's own buffers, which a failed run's requests may still use (exec_bufs_release). */
+    char **mem;    /* [DELTA_MEM_N + 1] */
+    uint64_t held; /* bytes of the snapshots */
+};
+
+enum { DELTA_SNAP_NONE, DELTA_SNAP_MADE, DELTA_SNAP_HELD };
+enum { DELTA_MEM_SCRATCH, DELTA_MEM_ENC, DELTA_MEM_PACK, DELTA_MEM_N };
+
+/* ---- what the last execution left (stage_land.c records it) ---- */
 
 struct exec_last {
     uint8_t *state; /* [ntensors]: reshard_tensor_state_t */
@@ -277,6 +312,7 @@ struct exec {
     struct exec_exports exp;
     struct exec_links links;
     struct exec_last last;
+    struct exec_delta delta;
     /* A communicator plan's world figures, from the plan vote (reshard_plan_stats). */
     reshard_plan_stats_t world;
 };

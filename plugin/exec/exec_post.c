@@ -137,7 +137,8 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
         return;
     }
     uint64_t want = exec_chunk_bytes_of(&x->cut, xf, c->chunk);
-    if (c->kind == EXEC_REQ_RECV_DATA && bytes != want) {
+    int encoded = c->kind == EXEC_REQ_RECV_DATA && exec_delta_in(r, c->pos, c->chunk);
+    if (c->kind == EXEC_REQ_RECV_DATA && (encoded ? bytes > want : bytes != want)) {
         exec_run_fail(r, rs_error(RESHARD_ERR_INTERNAL,
                                   "rank %d: chunk %u of transfer %u from rank %d: %zu bytes, "
                                   "expected %llu",
@@ -154,6 +155,10 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
             x->comm->gdr_in += want;
             r->gdr_landed = 1;
         }
+    }
+    if (encoded && (st = exec_delta_land(r, c->pos, c->chunk, bytes)) != RESHARD_OK) {
+        exec_run_fail(r, st); /* before a byte of it is written */
+        return;
     }
     exec_post_arrived(r, (long)c->pos, c->chunk, xf);
 }
@@ -259,7 +264,10 @@ static reshard_status_t post_recv(struct exec_run *r, size_t k, uint32_t chunk)
         exec_chunk_region(&x->cut, xf, chunk, 1, &rg);
         char *base = exec_post_base(r, xf, 1), *direct = exec_dev_gdr_at(r, xf, 1, &rg);
         uint64_t tag = exec_tag(EXEC_TAG_DATA, r->seq, s->in_tag[k], chunk);
-        if (direct) { /* GPUDirect: straight into the device buffer */
+        char *scratch = exec_delta_in(r, k, chunk);
+        if (scratch) { /* a delta refit's chunk: applied from there once it landed */
+            st = net->ops->recv(net, xf->src, tag, scratch, region_bytes(&rg), NULL, &c->req);
+        } else if (direct) { /* GPUDirect: straight into the device buffer */
             st = net->ops->recv(net, xf->src, tag, direct, region_bytes(&rg), exec_dev_mh(r, xf, 1),
                                 &c->req);
         } else if (region_contiguous(&rg, &off)) {
@@ -478,11 +486,14 @@ static int do_net(struct exec_run *r, uint32_t o, uint32_t chunk)
                            .kind = EXEC_REQ_SEND_DATA};
     const char *buf;
     void *mh;
+    size_t len = region_bytes(&a);
     char *direct = exec_dev_gdr_at(r, xf, 0, &a);
     if (direct) { /* GPUDirect: straight from the device buffer */
         buf = direct;
         mh = exec_dev_mh(r, xf, 0);
         comm->gdr_out += region_bytes(&a);
+    } else if (exec_delta_out(r, o, chunk, &buf, &len)) { /* a delta refit: shorter */
+        mh = NULL;
     } else if (contiguous) {
         buf = exec_post_base(r, xf, 0) + off;
         mh = my_mh(r, xf, 0);
@@ -495,7 +506,7 @@ static int do_net(struct exec_run *r, uint32_t o, uint32_t chunk)
     struct tp_ctx *net = comm->net;
     reshard_status_t st =
         net->ops->send(net, xf->dst, exec_tag(EXEC_TAG_DATA, r->seq, x->share.out_tag[o], chunk),
-                       buf, region_bytes(&a), mh, 0, &c->req);
+                       buf, len, mh, 0, &c->req);
     if (st != RESHARD_OK) {
         if (c->slot >= 0)
             comm->free_slots[comm->nfree++] = c->slot;

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * One execution of an executor (struct exec_run) and the steps that share it: its life and failure
- * handling (exec_run.c), the start-up exchange and vote (exec_hello.c), the queues and posting
- * (exec_post.c) and the device path (exec_dev.c).
+ * One execution of an executor (struct exec_run) and the steps that share it: its life
+ * (exec_run.c) and stages (stage.h, one file each), the start-up exchange and vote
+ * (exec_hello.c), the queues and posting (exec_post.c) and the device path (exec_dev.c).
  */
 #ifndef RS_EXEC_RUN_H
 #define RS_EXEC_RUN_H
@@ -77,9 +77,14 @@ struct exec_run {
         uint32_t pos, chunk;
     } ipc_q[CUDA_IPC_EVENTS]; /* copies on the IPC stream, in order; event i % CUDA_IPC_EVENTS */
     size_t ipc_head, ipc_tail;
+    /* Delta refits (exec_delta.c): what this rank votes (it can encode, the version it holds),
+     * and the verdict: this run's chunks are encoded; they may carry changes only. */
+    int delta_can;
+    uint32_t delta_version;
+    int delta, sparse;
 };
 
-/* ---- exec_run.c ---- */
+/* ---- exec_run.c, stage_land.c ---- */
 
 /* Records the run's first failure (and its message); returns st. */
 reshard_status_t exec_run_fail(struct exec_run *r, reshard_status_t st);
@@ -146,5 +151,31 @@ reshard_status_t exec_dev_stage_sources(struct exec_run *r, int after);
 int exec_dev_any(const struct exec *x, const reshard_buffers_t *bufs);
 /* The native executor on device buffers, through their host shadows. */
 reshard_status_t exec_dev_run(struct exec *x, const reshard_buffers_t *bufs);
+
+/* ---- exec_delta.c ---- */
+
+/* Before the start vote: whether this rank can encode this run (the plan asked for deltas,
+ * host buffers, the buffers made) and the version it holds (0: none, or new destinations). */
+void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshard_buffers_t *dev,
+                     int *can, uint32_t *version);
+/* The vote's verdict: the lowest rank that cannot encode (INT32_MAX: none) and the smallest and
+ * largest versions; a run in full says why at INFO. */
+void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t hi);
+/* As chunk `chunk` of out[o] is sent: compared with its snapshot (which then holds it), and
+ * when an encoding is shorter, 1 and the message; 0: it travels dense, as always. */
+int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf, size_t *len);
+/* Where chunk `chunk` of in[k] is received, or NULL (into the destination, as always). */
+char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk);
+/* Chunk `chunk` of in[k] arrived (bytes long) in its scratch: checked, then applied to the
+ * destination; a message that does not fit is refused naming its sender. */
+reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, size_t bytes);
+/* After a run (r NULL: nothing moved), ok: it succeeded here. */
+void exec_delta_done(struct exec *x, const struct exec_run *r, const reshard_buffers_t *bufs,
+                     int ok);
+/* Bytes this rank holds in snapshots now, and what they come to once made (reshard_rank_stats's
+ * delta_snapshot). */
+uint64_t exec_delta_held(const struct exec *x);
+uint64_t exec_delta_snapshot_bytes(const struct exec *x);
+void exec_delta_fini(struct exec_delta *d, int ntensors, struct reshard_comm *c);
 
 #endif

@@ -301,7 +301,14 @@ void exec_start_fold_init(struct exec_start_fold *f, int rank, uint64_t hash, ui
     *f = (struct exec_start_fold){.lo = {hash, seq, rank},
                                   .hi = {hash, seq, rank},
                                   .fail = failed ? rank : EXEC_VOTE_NONE,
-                                  .changed = changed != 0};
+                                  .changed = changed != 0,
+                                  .plain = rank};
+}
+
+void exec_start_fold_delta(struct exec_start_fold *f, int rank, int can, uint32_t version)
+{
+    f->plain = can ? EXEC_VOTE_NONE : rank;
+    f->ver_lo = f->ver_hi = version;
 }
 
 static int start_cmp(const struct exec_start_key *a, const struct exec_start_key *b)
@@ -325,6 +332,10 @@ void exec_start_combine(void *acc_, const void *in_, void *arg)
     if (b->fail < a->fail)
         a->fail = b->fail;
     a->changed |= b->changed;
+    if (b->plain < a->plain)
+        a->plain = b->plain;
+    a->ver_lo = b->ver_lo < a->ver_lo ? b->ver_lo : a->ver_lo;
+    a->ver_hi = b->ver_hi > a->ver_hi ? b->ver_hi : a->ver_hi;
 }
 
 reshard_status_t exec_start_mismatch(const struct exec_start_fold *f, uint64_t hash, uint32_t seq)

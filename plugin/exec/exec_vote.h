@@ -60,10 +60,16 @@ struct exec_start_fold {
     } lo, hi;         /* the smallest and largest (hash, execution) and a rank holding each */
     int32_t fail;     /* the lowest rank that cannot run, or EXEC_VOTE_NONE */
     uint32_t changed; /* some rank's buffers (or way of writing) changed */
+    /* Delta refits: the lowest rank that cannot encode (EXEC_VOTE_NONE: every rank can), and
+     * the smallest and largest version the ranks hold (exec_delta.c). */
+    int32_t plain;
+    uint32_t ver_lo, ver_hi, pad; /* pad: zero, so no stack byte crosses the bootstrap */
 };
 
 void exec_start_fold_init(struct exec_start_fold *f, int rank, uint64_t hash, uint32_t seq,
                           int failed, int changed);
+/* This rank's part of the delta verdict (by default it cannot encode and holds no version). */
+void exec_start_fold_delta(struct exec_start_fold *f, int rank, int can, uint32_t version);
 /* boot_allreduce's combine for exec_start_fold. */
 void exec_start_combine(void *acc, const void *in, void *arg);
 

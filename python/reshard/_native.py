@@ -82,6 +82,7 @@ class PlanConfig(ctypes.Structure):
         ("max_ops", ctypes.c_int64),
         ("algo", ctypes.c_int),
         ("verify", ctypes.c_int),
+        ("delta", ctypes.c_int),
     ]
 
 

@@ -138,4 +138,66 @@ static inline uint64_t shard_check(const struct shard_map *m, const void *buf, u
     return bad;
 }
 
+/* --changed PCT[,SEED] (--changed-runs): between two iterations, each element changes with
+ * probability PCT percent (all of a run of PERF_RUN elements at once with runs), a decision of
+ * (seed, global index, iteration) alone, so any rank can apply or check it. */
+#define PERF_RUN 4096
+
+struct perf_change {
+    double pct; /* < 0: off */
+    uint64_t seed;
+    int runs;
+};
+
+static inline int elem_changed(const struct perf_change *c, int64_t g, int iter)
+{
+    if (c->pct >= 100)
+        return 1;
+    uint64_t h = mix64(c->seed ^ ((uint64_t)(c->runs ? g / PERF_RUN : g) * 0xd1342543de82ef95ULL) ^
+                       ((uint64_t)(uint32_t)iter << 40));
+    return (double)(h >> 11) < c->pct / 100.0 * 9007199254740992.0; /* 2^53 */
+}
+
+/* Rows of a shard, element by element: fn(element address, global index). */
+#define SHARD_EACH(m, buf, body)                                                                   \
+    do {                                                                                           \
+        int64_t pos_[PERF_MAX_DIMS] = {0}, len_ = (m)->shape[(m)->ndim - 1];                       \
+        size_t es_ = (m)->elem_size;                                                               \
+        for (int64_t r_ = 0; r_ < (m)->numel / len_; r_++, next_row((m), pos_)) {                  \
+            int64_t base_ = row_base((m), pos_);                                                   \
+            for (int64_t i_ = 0; i_ < len_; i_++) {                                                \
+                size_t at = (size_t)(r_ * len_ + i_) * es_;                                        \
+                int64_t g = base_ + (m)->index[(m)->ndim - 1][i_];                                 \
+                body;                                                                              \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* The changed elements of a shard take iteration iter's values (key). */
+static inline void shard_change(const struct shard_map *m, void *buf, uint64_t key,
+                                const struct perf_change *c, int iter)
+{
+    SHARD_EACH(m, buf, {
+        if (elem_changed(c, g, iter)) {
+            uint64_t v = pattern(key, g);
+            memcpy((char *)buf + at, &v, es_); /* the low bytes: little-endian hosts */
+        }
+    });
+}
+
+/* Wrong elements of a destination shard after iteration iter: a changed element holds key's
+ * value, any other what it held before (prev). */
+static inline uint64_t shard_check_changed(const struct shard_map *m, const void *buf,
+                                           const void *prev, uint64_t key,
+                                           const struct perf_change *c, int iter)
+{
+    uint64_t bad = 0;
+    SHARD_EACH(m, buf, {
+        uint64_t v = pattern(key, g);
+        const void *want = elem_changed(c, g, iter) ? (const void *)&v : (const char *)prev + at;
+        bad += memcmp((const char *)buf + at, want, es_) != 0;
+    });
+    return bad;
+}
+
 #endif

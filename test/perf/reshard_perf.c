@@ -45,6 +45,9 @@ struct opts {
     size_t min_bytes, max_bytes;
     long factor;
     int iters, warmup, check, dump_config, help;
+    struct perf_change change; /* --changed, --changed-runs */
+    int keep_dst;              /* destinations keep what the last refit left (delta refits) */
+    int delta;                 /* RESHARD_DELTA asks for delta refits */
     const char *dtype, *src, *dst, *manifest;
     reshard_algo_t algos[MAX_ALGOS];
     int nalgos;
@@ -64,6 +67,7 @@ struct tensor_run {
     reshard_layout_t *src, *dst;
     struct shard_map smap, dmap;
     void *sbuf, *dbuf;
+    void *dprev; /* --changed: the destination before the refit, to check what did not change */
     struct perf_quant q; /* an FP8 destination (perf_quant.h) */
 };
 
@@ -448,11 +452,16 @@ static int iterate(struct ctx *c, reshard_plan_t *plan, const struct tensor_run 
         if (q->on) /* its scales: computed by the library, or the FP8 source's own */
             bufs[q->scales] = (reshard_buffers_t){q->ssbuf, q->ssbuf ? q->ssrc.bytes : 0, q->sdbuf,
                                                   q->sdst.bytes, RESHARD_MEM_HOST};
-        if (c->o->check && t[i].sbuf && q->on)
+        int changes = c->o->change.pct >= 0 && iter > 0 && !q->on;
+        if (changes && t[i].sbuf)
+            shard_change(&t[i].smap, t[i].sbuf, pattern_key(i, iter), &c->o->change, iter);
+        else if ((c->o->check || c->o->change.pct >= 0) && t[i].sbuf && q->on)
             pq_fill(q, &t[i].smap, t[i].sbuf, pattern_key(i, iter));
-        else if (c->o->check && t[i].sbuf)
+        else if ((c->o->check || c->o->change.pct >= 0) && t[i].sbuf)
             shard_fill(&t[i].smap, t[i].sbuf, pattern_key(i, iter));
-        if (c->o->check && t[i].dbuf)
+        if (c->o->check && t[i].dbuf && changes)
+            memcpy(t[i].dprev, t[i].dbuf, t[i].dmap.bytes);
+        else if (c->o->check && t[i].dbuf && (!c->o->keep_dst || iter == 0))
             memset(t[i].dbuf, POISON, t[i].dmap.bytes);
         if (c->o->check && q->sdbuf)
             memset(q->sdbuf, POISON, q->sdst.bytes);
@@ -474,6 +483,9 @@ static int iterate(struct ctx *c, reshard_plan_t *plan, const struct tensor_run 
         if (t[i].q.on) /* every FP8 element and every scale */
             *wrong +=
                 pq_check((struct perf_quant *)&t[i].q, &t[i].dmap, t[i].dbuf, pattern_key(i, iter));
+        else if (t[i].dbuf && c->o->change.pct >= 0 && iter > 0)
+            *wrong += shard_check_changed(&t[i].dmap, t[i].dbuf, t[i].dprev, pattern_key(i, iter),
+                                          &c->o->change, iter);
         else if (t[i].dbuf)
             *wrong += shard_check(&t[i].dmap, t[i].dbuf, pattern_key(i, iter));
     return time_us ? gather_max(c, (t1 - t0) * 1e6, time_us) : 0;
@@ -575,7 +587,7 @@ static void row_finish(struct ctx *c, struct row *row, const reshard_plan_stats_
     row->net_mb = (double)net / c->o->iters / MIB;
     row->min_mb = (double)ps->min_net_bytes / MIB;
     row->nic_mb = nic_bytes(c) / MIB;
-    if (row->algo != RESHARD_ALGO_BCAST)
+    if (row->algo != RESHARD_ALGO_BCAST && !c->o->keep_dst) /* a delta refit sends less */
         row->differ = compare_plan(c, row);
 }
 
@@ -703,6 +715,7 @@ static void tensor_free(struct tensor_run *t)
     pq_free(&t->q);
     free(t->sbuf);
     free(t->dbuf);
+    free(t->dprev);
     shard_map_free(&t->smap);
     shard_map_free(&t->dmap);
     reshard_layout_destroy(t->src);
@@ -738,6 +751,8 @@ static int tensor_setup(struct ctx *c, const char *src, const char *dst, struct 
     if (t->smap.bytes && !(t->sbuf = xcalloc(1, t->smap.bytes, c->rank)))
         return 1;
     if (t->dmap.bytes && !(t->dbuf = xcalloc(1, t->dmap.bytes, c->rank)))
+        return 1;
+    if (t->dmap.bytes && c->o->change.pct >= 0 && !(t->dprev = xcalloc(1, t->dmap.bytes, c->rank)))
         return 1;
     if (!c->o->check && t->sbuf && t->q.on) /* unchecked runs move the same data every time */
         pq_fill(&t->q, &t->smap, t->sbuf, pattern_key(0, 0));
@@ -843,6 +858,11 @@ static int print_header(struct ctx *c)
         printf("#  minBytes %zu maxBytes %zu step: %ld(factor) warmup iters: %d iters: %d "
                "validation: %d algos: %s\n#\n# Using devices\n",
                lo, hi, o->factor, o->warmup, o->iters, o->check, o->algo_list);
+        if (o->change.pct >= 0)
+            printf("#  changed: %g%% of the source elements per iteration (%s), seed %llu; "
+                   "delta refits %s\n",
+                   o->change.pct, o->change.runs ? "in runs of 4096" : "uniformly",
+                   (unsigned long long)o->change.seed, o->delta ? "on (RESHARD_DELTA)" : "off");
     }
     if (print_devices(c))
         return 1;
@@ -1089,7 +1109,8 @@ static void usage(void)
     fputs("usage: reshard_perf [-np N] [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS]\n"
           "                    [-w WARMUP] [-c 0|1] [-d DTYPE]\n"
           "                    (--src SPEC --dst SPEC | --manifest FILE)\n"
-          "                    [--algo reshard,direct,bcast] [--dump-config] [-h]\n"
+          "                    [--algo reshard,direct,bcast] [--changed PCT[,SEED]]\n"
+          "                    [--changed-runs] [--dump-config] [-h]\n"
           "  -np N                 fork N local ranks (default: torchrun/mpirun/srun env)\n"
           "  -b, --minbytes SIZE   smallest size, K/M/G suffixes allowed (default 32M)\n"
           "  -e, --maxbytes SIZE   largest size (default 32M)\n"
@@ -1103,6 +1124,11 @@ static void usage(void)
           "  --manifest FILE       a whole model (JSON): every tensor in one plan, one row per\n"
           "                        algorithm; its world_size must be the number of ranks\n"
           "  --algo LIST           comma-separated reshard, direct, bcast (default reshard)\n"
+          "  --changed PCT[,SEED]  between iterations change PCT%% of each source shard's\n"
+          "                        elements (uniformly; FP8 destinations change whole), so a\n"
+          "                        delta refit (RESHARD_DELTA=1) sends what changed\n"
+          "  --changed-runs        ... in runs of 4096 elements, as optimizer steps on a few\n"
+          "                        layers do\n"
           "  --dump-config         print every RESHARD_* setting and exit\n"
           "  -h, --help            this text\n"
           "Exit status: 0 every check passed, 1 a run or a check failed, 2 bad arguments.\n",
@@ -1197,6 +1223,19 @@ static int parse_opt(int ch, const char *arg, struct opts *o)
     case 'D':
         o->dst = arg;
         return 0;
+    case 'X': {
+        char *end;
+        errno = 0;
+        double pct = strtod(arg, &end);
+        o->change.seed = 1;
+        if (*end == ',')
+            o->change.seed = strtoull(end + 1, &end, 0);
+        o->change.pct = pct;
+        return end == arg || *end || errno || pct < 0 || pct > 100;
+    }
+    case 'R':
+        o->change.runs = 1;
+        return 0;
     default: /* 'a' */
         return parse_algos(arg, o);
     }
@@ -1216,6 +1255,8 @@ static const struct option long_opts[] = {
     {"dst",          required_argument, NULL, 'D'},
     {"algo",         required_argument, NULL, 'a'},
     {"manifest",     required_argument, NULL, 'M'},
+    {"changed",      required_argument, NULL, 'X'},
+    {"changed-runs", no_argument,       NULL, 'R'},
     {"dump-config",  no_argument,       NULL, 'C'},
     {"help",         no_argument,       NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -1255,7 +1296,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
                        .iters = 20,
                        .warmup = 5,
                        .check = 1,
-                       .dtype = "bf16"};
+                       .dtype = "bf16",
+                       .change = {.pct = -1}};
     parse_algos("reshard", o);
     for (int i = 1; i < argc; i++) /* nccl-tests and mpirun spell it with one dash */
         if (!strcmp(argv[i], "-np"))
@@ -1285,6 +1327,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
         fprintf(stderr, "reshard_perf: unexpected argument '%s'\n", argv[optind]);
         return EXIT_USAGE;
     }
+    if (o->change.runs && o->change.pct < 0) {
+        fprintf(stderr, "reshard_perf: --changed-runs goes with --changed PCT\n");
+        return EXIT_USAGE;
+    }
+    /* A delta refit applies changes to what the last one left: the destinations are not
+     * poisoned between iterations then (only before the first). */
+    const char *delta = getenv("RESHARD_DELTA");
+    o->delta = delta && *delta && strcmp(delta, "0");
+    o->keep_dst = o->change.pct >= 0 || o->delta;
     const char *why = o->help || o->dump_config ? NULL : check_opts(o);
     if (why)
         fprintf(stderr, "reshard_perf: %s\n", why);

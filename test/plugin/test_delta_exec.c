@@ -1,0 +1,314 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Delta refits across forked ranks (docs/delta.md): on random layout pairs (the property
+ * suite's generator, domains of 2), refit after refit with a random share of the source
+ * elements changed, uniformly or in runs, and random ranks given new destination buffers
+ * between refits: every destination equals the source exactly after every refit. And what
+ * crosses the network shrinks with what changed; a peer's chunk claiming more elements than it
+ * carries is refused, naming the peer. (A refit that fails breaks the communicator: what
+ * follows is a new communicator and plan, which start in full.)
+ */
+#include "ranks.h"
+#include "base/error.h"
+#include "planner/spec.h"
+#include "plugin/reshard.h"
+#include "test/planner/oracle.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define CASES  16
+#define REFITS 5
+
+static char src_spec[512], dst_spec[512];
+static uint64_t case_seed;
+
+static uint64_t mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15u;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+/* Refit k's share of changed elements (percent) and whether they come in runs of 64. */
+static unsigned pct_of(int k)
+{
+    static const unsigned pcts[] = {0, 1, 5, 30, 100};
+    return k == 0 ? 100 : pcts[mix(case_seed ^ (uint64_t)k * 77) % 5];
+}
+
+static int changed(int64_t g, int k)
+{
+    int runs = mix(case_seed + (uint64_t)k) & 1;
+    uint64_t h = mix(case_seed ^ ((uint64_t)(runs ? g / 64 : g) << 8) ^ (uint64_t)k);
+    return h % 100 < pct_of(k);
+}
+
+/* The value of element g after refit k: that of the last refit that changed it. */
+static uint64_t value(int64_t g, int k)
+{
+    int j = k;
+    while (j > 0 && !changed(g, j))
+        j--;
+    return mix((uint64_t)g * 1000003u + (uint64_t)j);
+}
+
+static int refit_no; /* in the forked rank */
+
+static void each_element(const reshard_layout_t *l, int rank, char *buf, int put, int *wrong)
+{
+    reshard_layout_info_t info;
+    int64_t shape[8], numel;
+    reshard_layout_info(l, &info);
+    reshard_layout_shard_shape(l, rank, shape, &numel);
+    if (!numel)
+        return;
+    int64_t *index[8];
+    for (int d = 0; d < info.ndim; d++) {
+        index[d] = malloc((size_t)shape[d] * sizeof(int64_t));
+        reshard_layout_shard_index(l, rank, d, index[d]);
+    }
+    int64_t at[8] = {0};
+    for (int64_t i = 0; i < numel; i++) {
+        int64_t global = 0;
+        for (int d = 0; d < info.ndim; d++)
+            global = global * info.shape[d] + index[d][at[d]];
+        uint64_t v = value(global, refit_no), got = 0;
+        char *p = buf + (size_t)i * info.elem_size;
+        if (put) {
+            memcpy(p, &v, info.elem_size);
+        } else {
+            memcpy(&got, p, info.elem_size);
+            if (info.elem_size < 8)
+                v &= (UINT64_C(1) << (8 * info.elem_size)) - 1;
+            *wrong += got != v;
+        }
+        for (int d = info.ndim - 1; d >= 0 && ++at[d] == shape[d]; d--)
+            at[d] = 0;
+    }
+    for (int d = 0; d < info.ndim; d++)
+        free(index[d]);
+}
+
+static reshard_status_t refit_random(int rank, int size, reshard_comm_t *comm)
+{
+    reshard_layout_t *src = NULL, *dst = NULL;
+    reshard_layout_parse(src_spec, size, &src);
+    reshard_layout_parse(dst_spec, size, &dst);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cfg.delta = 1;
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, &cfg, &plan);
+    size_t sb = 0, db = 0;
+    reshard_layout_shard_bytes(src, rank, &sb);
+    reshard_layout_shard_bytes(dst, rank, &db);
+    char *s = calloc(1, sb + 1), *d = calloc(1, db + 1);
+    int wrong = 0;
+    for (refit_no = 0; refit_no < REFITS && st == RESHARD_OK && !wrong; refit_no++) {
+        if (refit_no && mix(case_seed * 31 + (uint64_t)rank * 7 + (uint64_t)refit_no) % 5 == 0) {
+            /* New destination buffers (made before the old go, so at another address):
+             * their bytes are unknown. */
+            char *fresh = malloc(db + 1);
+            memset(fresh, 0xa5, db + 1);
+            free(d);
+            d = fresh;
+        }
+        each_element(src, rank, s, 1, &wrong);
+        reshard_buffers_t b = {sb ? s : NULL, sb, db ? d : NULL, db, RESHARD_MEM_HOST};
+        st = reshard_plan_execute(plan, &b);
+        if (st == RESHARD_OK)
+            each_element(dst, rank, d, 0, &wrong);
+        if (wrong)
+            fprintf(stderr, "rank %d: refit %d (%u%% changed): %d wrong element(s)\n", rank,
+                    refit_no, pct_of(refit_no), wrong);
+    }
+    if (st == RESHARD_OK && wrong)
+        st = RESHARD_ERR_INTERNAL;
+    reshard_plan_destroy(plan);
+    free(s);
+    free(d);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+static int draw(uint64_t *seed)
+{
+    for (;; (*seed)++) {
+        struct random_case c;
+        random_case_make(*seed, &c);
+        int world = c.world;
+        spec_format(&c.src, src_spec, sizeof(src_spec));
+        spec_format(&c.dst, dst_spec, sizeof(dst_spec));
+        random_case_free(&c);
+        if (world <= MAX_RANKS)
+            return world;
+    }
+}
+
+static void setup(void)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "2", 1);
+    setenv("RESHARD_TIMEOUT", "30", 1);
+    setenv("UCX_LOG_LEVEL", "error", 1);
+    setenv("RESHARD_CHUNK_BYTES", "4096", 1); /* many chunks even on small shards */
+    setenv("RESHARD_COALESCE_BYTES", "0", 1);
+}
+
+TestSuite(delta_exec, .init = setup, .timeout = 240);
+
+Test(delta_exec, every_destination_equals_the_source_after_every_refit)
+{
+    const char *env = getenv("RESHARD_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 0) : 7000;
+    for (int k = 0; k < (env ? 1 : CASES); k++, seed++) {
+        int world = draw(&seed);
+        case_seed = seed;
+        /* Domains of 1 (every transfer between ranks crosses the network, encoded) or of 2
+         * (some fan out inside the domain from what was applied). */
+        setenv("RESHARD_DOMAIN_SIZE", k % 2 ? "2" : "1", 1);
+        struct outcome *o = run_ranks(world, refit_random);
+        for (int r = 0; r < world; r++)
+            cr_assert_eq(o[r].status, RESHARD_OK,
+                         "seed %llu (RESHARD_TEST_SEED replays it), world %d, rank %d: %s\n"
+                         "  src: %s\n  dst: %s",
+                         (unsigned long long)seed, world, r, o[r].msg, src_spec, dst_spec);
+    }
+}
+
+/* Two domains of one rank: rank 0 holds the source, rank 1 the destination. */
+#define BIG_N (1 << 18)
+
+static long arm_at; /* rank 0 fails its arm_at-th allocation in the first refit (0: none) */
+
+static reshard_status_t two_refits(int rank, int size, reshard_comm_t *comm, uint64_t *net,
+                                   unsigned pct)
+{
+    reshard_layout_t *src = NULL, *dst = NULL;
+    char spec[96];
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=0 place=R", BIG_N);
+    reshard_layout_parse(spec, size, &src);
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=1 place=R", BIG_N);
+    reshard_layout_parse(spec, size, &dst);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cfg.delta = 1;
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, &cfg, &plan);
+    size_t sb = 0, db = 0;
+    reshard_layout_shard_bytes(src, rank, &sb);
+    reshard_layout_shard_bytes(dst, rank, &db);
+    uint16_t *s = calloc(1, sb + 2), *d = calloc(1, db + 2);
+    for (size_t i = 0; i < sb / 2; i++)
+        s[i] = (uint16_t)mix(i);
+    reshard_buffers_t b = {sb ? s : NULL, sb, db ? d : NULL, db, RESHARD_MEM_HOST};
+    for (int k = 0; k < 2 && st == RESHARD_OK; k++) {
+        for (size_t i = 0; k && i < sb / 2; i++)
+            if (mix(i * 3 + 1) % 100 < pct)
+                s[i] ^= 0x100;
+        reshard_comm_counters_t c0, c1;
+        reshard_comm_counters(comm, &c0);
+        if (k == 0 && rank == 0 && arm_at)
+            rs_test_fail_alloc(arm_at);
+        st = reshard_plan_execute(plan, &b);
+        rs_test_fail_alloc(0);
+        if (st != RESHARD_OK)
+            break;
+        reshard_comm_counters(comm, &c1);
+        net[k] = c1.net_out - c0.net_out;
+    }
+    if (st != RESHARD_OK)
+        return st; /* a forked rank: its message stays reshard_last_error() for the test */
+    if (rank == 1)
+        for (size_t i = 0; i < db / 2; i++)
+            if (d[i] != (uint16_t)(mix(i) ^ (mix(i * 3 + 1) % 100 < pct ? 0x100 : 0)))
+                st = RESHARD_ERR_INTERNAL;
+    reshard_plan_destroy(plan);
+    free(s);
+    free(d);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+static reshard_status_t five_percent(int rank, int size, reshard_comm_t *comm)
+{
+    uint64_t net[2] = {0, 0};
+    reshard_status_t st = two_refits(rank, size, comm, net, 5);
+    if (st == RESHARD_OK && rank == 0 && (net[0] < BIG_N * 2 || net[1] * 100 > net[0] * 15))
+        return fprintf(stderr, "net bytes: first %llu, then %llu\n", (unsigned long long)net[0],
+                       (unsigned long long)net[1]),
+               RESHARD_ERR_INTERNAL;
+    return st;
+}
+
+Test(delta_exec, five_percent_changed_sends_under_fifteen_percent_of_a_full_refit)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "1", 1);
+    setenv("RESHARD_CHUNK_BYTES", "65536", 1);
+    all_ok(run_ranks(2, five_percent), 2);
+}
+
+static reshard_status_t forged(int rank, int size, reshard_comm_t *comm)
+{
+    uint64_t net[2];
+    return two_refits(rank, size, comm, net, 5);
+}
+
+Test(delta_exec, a_chunk_claiming_more_elements_than_it_holds_is_refused_naming_the_peer)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "1", 1);
+    setenv("RESHARD_CHUNK_BYTES", "65536", 1);
+    setenv("RESHARD_TEST_DELTA_FORGE", "1", 1); /* rank 0 forges */
+    struct outcome *o = run_ranks(2, forged);
+    cr_assert_eq(o[1].status, RESHARD_ERR_INVALID_ARG, "%s", o[1].msg);
+    cr_assert(strstr(o[1].msg, "from rank 0 refused"), "%s", o[1].msg);
+    cr_assert(strstr(o[1].msg, "length is not the message's"), "%s", o[1].msg);
+    cr_assert_neq(o[0].status, RESHARD_OK, "the sender hears of it too");
+}
+
+/* What each armed n left, for the test process (the ranks are forked). */
+struct alloc_sweep {
+    int full_second; /* n where both refits succeeded and the second went dense */
+    int unclean;     /* n where a rank failed without a message */
+};
+static struct alloc_sweep *swept;
+
+static reshard_status_t armed(int rank, int size, reshard_comm_t *comm)
+{
+    uint64_t net[2] = {0, 0};
+    reshard_status_t st = two_refits(rank, size, comm, net, 5);
+    if (st != RESHARD_OK && !reshard_last_error()[0])
+        swept->unclean++;
+    if (st == RESHARD_OK && rank == 0 && net[1] >= BIG_N * 2)
+        swept->full_second++;
+    return st;
+}
+
+/* Rank 0 fails its n-th allocation of the first refit, for n = 1, 2, ...: every refit that
+ * runs lands exactly (two_refits checks every element of the second), and where the failed
+ * allocation is the snapshot, the second refit goes dense instead of failing. */
+Test(delta_exec, a_snapshot_that_cannot_be_made_leaves_its_tensor_in_full)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "1", 1);
+    setenv("RESHARD_CHUNK_BYTES", "65536", 1);
+    swept = mmap(NULL, sizeof(*swept), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(swept != MAP_FAILED);
+    memset(swept, 0, sizeof(*swept));
+    int ran_clean = 0;
+    for (arm_at = 1; arm_at <= 120; arm_at++) {
+        struct outcome *o = run_ranks(2, armed);
+        cr_assert_eq(swept->unclean, 0, "n = %ld: a failure without a message", arm_at);
+        if (o[0].status == RESHARD_OK && o[1].status == RESHARD_OK)
+            ran_clean++;
+        else /* a failed refit: its message names why on both ranks */
+            cr_assert(o[0].msg[0] && o[1].msg[0], "n = %ld: %s / %s", arm_at, o[0].msg, o[1].msg);
+    }
+    cr_assert_gt(swept->full_second, 0, "no n hit the snapshot (%d of 120 ran clean)", ran_clean);
+    arm_at = 0;
+}

@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: Apache-2.0
+"""veRL's "reshard" checkpoint engine, found through verl.checkpoint_engine's
+CheckpointEngineRegistry and driven through the base class's methods as veRL's
+CheckpointEngineManager drives them: prepare on every rank, build_topology on the
+metadata, init_process_group with each rank's arguments, send_weights on the actor ranks
+(a model under FSDP2 on 4 gloo ranks) with receive_weights on 2 rollout ranks, finalize.
+Two syncs: the model's DTensors, then the (name, local shard, ShardSpec) triples veRL's
+FSDP engine exports (get_per_tensor_param_shard, with veRL's own ShardSpec). Every element
+the rollout ranks yield is compared with the unsharded model; the bytes each rank's
+transports moved are compared with the plan's. Exit 0 when all agree, 1 when not, 77 when
+torch or verl is missing (the reason is printed)."""
+import asyncio
+import os
+import socket
+import sys
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    import verl.checkpoint_engine as ce
+except ImportError as e:
+    print("verl_check: skipped: torch and verl are needed (%s)" % e)
+    sys.exit(77)
+
+
+
+def verl_shard_spec():
+    """veRL's ShardSpec (verl/workers/engine/spec.py), loaded from its file: the package
+    verl.workers.engine imports every training engine's dependencies (peft, datasets, ...)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(ce.__file__), "..", "workers", "engine", "spec.py")
+    spec = importlib.util.spec_from_file_location("verl_engine_spec", path)
+    module = sys.modules["verl_engine_spec"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ShardSpec
+
+
+ShardSpec = verl_shard_spec()
+ACTORS, ROLLOUTS = 4, 2
+SYNCS = ("dtensors", "shardspec")
+
+
+def model():
+    """The same weights in every process: an embedding of 51 rows (uneven over 4 ranks)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(51, 16), torch.nn.Linear(16, 24),
+                               torch.nn.ReLU(), torch.nn.Linear(24, 16, bias=False))
+
+
+def engine_class():
+    """The backend as veRL finds it: by name, after its entry points (this package's
+    "verl.plugins" one when pip-installed), else through custom_backend_module's import."""
+    how = "entry point"
+    if "reshard" not in ce.CheckpointEngineRegistry._registry:
+        from verl.utils.import_utils import import_external_libs
+
+        import_external_libs("reshard.verl")
+        how = "custom_backend_module"
+    return ce.CheckpointEngineRegistry.get("reshard"), how
+
+
+def run(role, index, port, inbox, out):
+    try:
+        cls, _ = engine_class()
+        # every rank a node of its own: each byte between two ranks crosses the network
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RESHARD_TIMEOUT="300",
+                          RESHARD_DOMAIN=str(index if role == "actor" else ACTORS + index))
+        full = {n: p.detach().clone() for n, p in model().state_dict().items()}
+        if role == "actor":
+            dist.init_process_group("gloo", rank=index, world_size=ACTORS)
+            m = model()
+            fully_shard(m, mesh=init_device_mesh("cpu", (ACTORS,)))
+            engine = cls(bucket_size=2048, is_master=(index == 0))
+        else:
+            engine = cls(bucket_size=2048)
+        results = []
+        for sync in SYNCS:
+            out.put(("prepare", role, index, engine.prepare()))
+            engine.init_process_group(**inbox.get(timeout=600))
+            if role == "actor":
+                sd = m.state_dict()
+                if sync == "dtensors":
+                    weights = iter(sd.items())
+                else:  # what FSDPEngine.get_per_tensor_param_shard yields, bf16 cast left out
+                    weights = ((n, p.to_local().reshape(-1), ShardSpec.from_param(p))
+                               for n, p in sd.items())
+                local = sum(p.to_local().nbytes for p in sd.values())
+                metrics = asyncio.run(engine.send_weights(weights, global_steps=1))
+                results.append((sync, 0, 0, local, dict(metrics)))
+            else:
+                async def receive():
+                    got = {}
+                    async for name, t in engine.receive_weights(global_steps=1):
+                        got[name] = t.clone()  # the buffer is the consumer's to copy
+                    return got
+
+                got = asyncio.run(receive())
+                wrong = sum(int((got[n] != full[n]).sum()) if n in got and
+                            got[n].shape == full[n].shape else full[n].numel() for n in full)
+                elems = sum(t.numel() for t in got.values())
+                results.append((sync, wrong, elems, 0, dict(engine.last_metrics)))
+            engine.finalize()
+        out.put(("done", role, index, results))
+    except Exception:
+        out.put(("done", role, index, traceback.format_exc()))
+
+
+def main():
+    cls, how = engine_class()
+    ctx = mp.get_context("fork")  # the children find torch and verl imported already
+    out = ctx.Queue()
+    with socket.socket() as s:  # a free port for gloo's store: bound, read back, released
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = [("actor", i) for i in range(ACTORS)] + [("rollout", i) for i in range(ROLLOUTS)]
+    inboxes = {r: ctx.Queue() for r in ranks}
+    procs = [ctx.Process(target=run, args=(role, i, port, inboxes[(role, i)], out))
+             for role, i in ranks]
+    for p in procs:
+        p.start()
+    done = {}
+    failed = False
+    for _ in SYNCS:  # CheckpointEngineManager.build_process_group, once per sync
+        meta = {}
+        while len(meta) < len(ranks) and not failed:
+            kind, role, i, value = out.get(timeout=900)
+            if kind == "done":
+                done[(role, i)] = value
+                failed = True
+            else:
+                meta[(role, i)] = value
+        if failed:
+            break
+        actor_kw, rollout_kw = cls.build_topology(
+            ACTORS, ROLLOUTS, [meta[("actor", i)] for i in range(ACTORS)] +
+            [meta[("rollout", i)] for i in range(ROLLOUTS)])
+        for (role, i), q in inboxes.items():
+            kw = actor_kw if role == "actor" else rollout_kw
+            q.put({k: v[i] for k, v in kw.items()})
+    while len(done) < len(ranks):
+        kind, role, i, value = out.get(timeout=900)
+        if kind == "done":
+            done[(role, i)] = value
+    for p in procs:
+        p.join(60)
+    bad = 0
+    for r, v in sorted(done.items()):
+        if isinstance(v, str):
+            print("%s %d:\n%s" % (r[0], r[1], v))
+            bad += 1
+    if bad:
+        print("verl_check: %d ranks failed" % bad)
+        sys.exit(1)
+    total = sum(p.nbytes for p in model().state_dict().values())
+    print("verl_check: CheckpointEngineRegistry.get('reshard') is %s.%s (registered through its "
+          "%s)" % (cls.__module__, cls.__name__, how))
+    for k, sync in enumerate(SYNCS):
+        rows = [(r, done[r][k]) for r in sorted(done)]
+        wrong = sum(v[1] for _, v in rows)
+        elems = sum(v[2] for _, v in rows)
+        sent = sum(v[4]["reshard/net_out_bytes"] for _, v in rows)
+        recv = sum(v[4]["reshard/net_in_bytes"] for _, v in rows)
+        plan = rows[0][1][4]["reshard/plan_net_bytes"]
+        # no actor rank sends more than its shard to each rollout rank: no rank sends a gathered
+        # tensor, as a broadcast from actor rank 0 (total x rollouts from one rank) would
+        over = [r for r, v in rows if r[0] == "actor" and
+                v[4]["reshard/net_out_bytes"] > v[3] * ROLLOUTS]
+        per_actor = ",".join(str(v[4]["reshard/net_out_bytes"]) for r, v in rows
+                             if r[0] == "actor")
+        print("verl_check: sync %d (%s): %d elements on %d rollout ranks, %d wrong; network "
+              "bytes sent %d, received %d, plan %d; per actor rank %s (a broadcast from rank 0: "
+              "%d); %d actor ranks past their shard x %d; %d plans"
+              % (k + 1, sync, elems, ROLLOUTS, wrong, sent, recv, plan, per_actor,
+                 total * ROLLOUTS, len(over), ROLLOUTS, rows[0][1][4]["reshard/plans"]))
+        bad += wrong + len(over) + int(sent != plan) + int(recv != plan) + \
+            int(elems != ROLLOUTS * sum(p.numel() for p in model().state_dict().values()))
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -45,7 +45,21 @@ def verl_shard_spec():
 
 ShardSpec = verl_shard_spec()
 ACTORS, ROLLOUTS = 4, 2
-SYNCS = ("dtensors", "shardspec")
+SYNCS = ("dtensors", "shardspec", "rollout-rows")
+
+
+def rows(name, shape, dtype, rollout):
+    """A rollout_layout hook: matrices split by rows over the rollout ranks (a sharded
+    consumer), vectors whole on each."""
+    if len(shape) != 2:
+        return None
+    return "shape=%dx%d dtype=%s ranks=%d-%d place=S(0)" % (shape + (dtype,) + rollout)
+
+
+def expected(full, sync, index):
+    if sync == "rollout-rows" and full.dim() == 2:
+        return full.chunk(ROLLOUTS, dim=0)[index]
+    return full
 
 
 def model():
@@ -83,6 +97,9 @@ def run(role, index, port, inbox, out):
             engine = cls(bucket_size=2048)
         results = []
         for sync in SYNCS:
+            if sync == "rollout-rows":
+                engine = cls(bucket_size=2048, is_master=(role == "actor" and index == 0),
+                             rollout_layout=rows)
             out.put(("prepare", role, index, engine.prepare()))
             engine.init_process_group(**inbox.get(timeout=600))
             if role == "actor":
@@ -103,8 +120,9 @@ def run(role, index, port, inbox, out):
                     return got
 
                 got = asyncio.run(receive())
-                wrong = sum(int((got[n] != full[n]).sum()) if n in got and
-                            got[n].shape == full[n].shape else full[n].numel() for n in full)
+                want = {n: expected(t, sync, index) for n, t in full.items()}
+                wrong = sum(int((got[n] != want[n]).sum()) if n in got and
+                            got[n].shape == want[n].shape else want[n].numel() for n in want)
                 elems = sum(t.numel() for t in got.values())
                 results.append((sync, wrong, elems, 0, dict(engine.last_metrics)))
             engine.finalize()
@@ -180,8 +198,9 @@ def main():
               "%d); %d actor ranks past their shard x %d; %d plans"
               % (k + 1, sync, elems, ROLLOUTS, wrong, sent, recv, plan, per_actor,
                  total * ROLLOUTS, len(over), ROLLOUTS, rows[0][1][4]["reshard/plans"]))
-        bad += wrong + len(over) + int(sent != plan) + int(recv != plan) + \
-            int(elems != ROLLOUTS * sum(p.numel() for p in model().state_dict().values()))
+        want = sum(expected(p, sync, i).numel() for p in model().state_dict().values()
+                   for i in range(ROLLOUTS))
+        bad += wrong + len(over) + int(sent != plan) + int(recv != plan) + int(elems != want)
     sys.exit(1 if bad else 0)
 
 

@@ -4,8 +4,10 @@ CheckpointEngineRegistry and driven through the base class's methods as veRL's
 CheckpointEngineManager drives them: prepare on every rank, build_topology on the
 metadata, init_process_group with each rank's arguments, send_weights on the actor ranks
 (a model under FSDP2 on 4 gloo ranks) with receive_weights on 2 rollout ranks, finalize.
-Two syncs: the model's DTensors, then the (name, local shard, ShardSpec) triples veRL's
-FSDP engine exports (get_per_tensor_param_shard, with veRL's own ShardSpec). Every element
+Four syncs: the model's DTensors; the (name, local shard, ShardSpec) triples veRL's FSDP
+engine exports (get_per_tensor_param_shard, with veRL's own ShardSpec); the DTensors again
+into a sharded consumer (a rollout_layout hook: matrices by rows); the gathered full tensors
+veRL's actor worker passes today (a source replicated over the actor ranks). Every element
 the rollout ranks yield is compared with the unsharded model; the bytes each rank's
 transports moved are compared with the plan's. Exit 0 when all agree, 1 when not, 77 when
 torch or verl is missing (the reason is printed)."""
@@ -45,7 +47,7 @@ def verl_shard_spec():
 
 ShardSpec = verl_shard_spec()
 ACTORS, ROLLOUTS = 4, 2
-SYNCS = ("dtensors", "shardspec", "rollout-rows")
+SYNCS = ("dtensors", "shardspec", "rollout-rows", "full-tensors")
 
 
 def rows(name, shape, dtype, rollout):
@@ -95,8 +97,9 @@ def run(role, index, port, inbox, out):
             engine = cls(bucket_size=2048, is_master=(index == 0))
         else:
             engine = cls(bucket_size=2048)
-        results = []
+        results, base = [], engine
         for sync in SYNCS:
+            engine = base
             if sync == "rollout-rows":
                 engine = cls(bucket_size=2048, is_master=(role == "actor" and index == 0),
                              rollout_layout=rows)
@@ -104,8 +107,10 @@ def run(role, index, port, inbox, out):
             engine.init_process_group(**inbox.get(timeout=600))
             if role == "actor":
                 sd = m.state_dict()
-                if sync == "dtensors":
+                if sync in ("dtensors", "rollout-rows"):
                     weights = iter(sd.items())
+                elif sync == "full-tensors":  # what veRL's actor worker passes (gathered)
+                    weights = ((n, p.full_tensor()) for n, p in sd.items())
                 else:  # what FSDPEngine.get_per_tensor_param_shard yields, bf16 cast left out
                     weights = ((n, p.to_local().reshape(-1), ShardSpec.from_param(p))
                                for n, p in sd.items())
@@ -189,7 +194,7 @@ def main():
         plan = rows[0][1][4]["reshard/plan_net_bytes"]
         # no actor rank sends more than its shard to each rollout rank: no rank sends a gathered
         # tensor, as a broadcast from actor rank 0 (total x rollouts from one rank) would
-        over = [r for r, v in rows if r[0] == "actor" and
+        over = [r for r, v in rows if r[0] == "actor" and sync != "full-tensors" and
                 v[4]["reshard/net_out_bytes"] > v[3] * ROLLOUTS]
         per_actor = ",".join(str(v[4]["reshard/net_out_bytes"]) for r, v in rows
                              if r[0] == "actor")

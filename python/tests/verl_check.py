@@ -5,7 +5,7 @@ CheckpointEngineManager drives them: prepare on every rank, build_topology on th
 metadata, init_process_group with each rank's arguments, send_weights on the actor ranks
 (a model under FSDP2 on 4 gloo ranks) with receive_weights on 2 rollout ranks, finalize.
 Four syncs: the model's DTensors; the (name, local shard, ShardSpec) triples veRL's FSDP
-engine exports (get_per_tensor_param_shard, with veRL's own ShardSpec); the DTensors again
+engine exports, from an object with its get_per_tensor_param_shard (veRL's own ShardSpec); the DTensors again
 into a sharded consumer (a rollout_layout hook: matrices by rows); the gathered full tensors
 veRL's actor worker passes today (a source replicated over the actor ranks). Every element
 the rollout ranks yield is compared with the unsharded model; the bytes each rank's
@@ -48,6 +48,18 @@ def verl_shard_spec():
 ShardSpec = verl_shard_spec()
 ACTORS, ROLLOUTS = 4, 2
 SYNCS = ("dtensors", "shardspec", "rollout-rows", "full-tensors")
+
+
+class ShardExport:
+    """What veRL's FSDPEngine.get_per_tensor_param_shard returns, its bf16 cast left out:
+    (name, flat local shard, ShardSpec) per parameter, and no peft config."""
+
+    def __init__(self, state_dict):
+        self.state_dict = state_dict
+
+    def get_per_tensor_param_shard(self, **kwargs):
+        return ((n, p.to_local().reshape(-1), ShardSpec.from_param(p))
+                for n, p in self.state_dict.items()), None
 
 
 def rows(name, shape, dtype, rollout):
@@ -111,9 +123,8 @@ def run(role, index, port, inbox, out):
                     weights = iter(sd.items())
                 elif sync == "full-tensors":  # what veRL's actor worker passes (gathered)
                     weights = ((n, p.full_tensor()) for n, p in sd.items())
-                else:  # what FSDPEngine.get_per_tensor_param_shard yields, bf16 cast left out
-                    weights = ((n, p.to_local().reshape(-1), ShardSpec.from_param(p))
-                               for n, p in sd.items())
+                else:  # a training engine: FSDPEngine.get_per_tensor_param_shard's export
+                    weights = ShardExport(sd)
                 local = sum(p.to_local().nbytes for p in sd.values())
                 metrics = asyncio.run(engine.send_weights(weights, global_steps=1))
                 results.append((sync, 0, 0, local, dict(metrics)))

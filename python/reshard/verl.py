@@ -140,6 +140,30 @@ class ReshardCheckpointEngine(CheckpointEngine):
             p.execute([data if self.rank == 0 else None], [data if self.rank else None])
         return json.loads(bytes(data.numpy()).decode())
 
+    def _checked(self, header):
+        if header.get("error"):
+            raise ValueError("reshard checkpoint engine: %s (every rank was told)"
+                             % header["error"])
+        return header["tensors"]
+
+    def _agree(self, error):
+        """Collective: every actor rank says whether its tensors agree with rank 0's list
+        (one i32 each, to every rank), so that a rank that cannot send fails every rank
+        instead of leaving the others waiting in a plan."""
+        a, w = self.num_actor, self.world_size
+        flags = torch.zeros(a, dtype=torch.int32)
+        mine = torch.tensor([1 if error else 0], dtype=torch.int32)
+        src = "shape=%d dtype=i32 ranks=%s place=S(0)" % (a, _ranks(0, a - 1))
+        dst = "shape=%d dtype=i32 ranks=%s" % (a, _ranks(0, w - 1))
+        with reshard.Plan(self.comm, [("reshard.verl.agree", src, dst)]) as p:
+            p.execute([mine if self.rank < a else None], [flags])
+        bad = [r for r in range(a) if flags[r]]
+        if error:
+            raise ValueError("reshard checkpoint engine: %s (every rank was told)" % error)
+        if bad:
+            raise ValueError("reshard checkpoint engine: actor rank %d could not send its tensors "
+                             "as rank 0 lists them (its own error says why)" % bad[0])
+
     def _dst_spec(self, name, shape, dtype):
         rollout = (self.num_actor, self.world_size - 1)
         if self.rollout_layout is not None:
@@ -205,30 +229,34 @@ class ReshardCheckpointEngine(CheckpointEngine):
         if self.comm is None or self.rank >= self.num_actor:
             raise RuntimeError("reshard checkpoint engine: send_weights on a rank that is not "
                                "an actor rank of an initialized group")
-        sources = {}
-        for item in await self._items(weights):
-            name, t = item[0], item[1]
-            lay, buf = self._source(name, t, item[2] if len(item) > 2 else None)
-            if lay.max_rank >= self.num_actor:
-                raise ValueError("%s: its layout names rank %d, past the %d actor ranks"
-                                 % (name, lay.max_rank, self.num_actor))
-            sources[name] = (lay, buf)
+        sources, error = {}, None
+        try:
+            for item in await self._items(weights):
+                name, t = item[0], item[1]
+                lay, buf = self._source(name, t, item[2] if len(item) > 2 else None)
+                if lay.max_rank >= self.num_actor:
+                    raise ValueError("%s: its layout names rank %d, past the %d actor ranks"
+                                     % (name, lay.max_rank, self.num_actor))
+                sources[name] = (lay, buf)
+        except Exception as e:  # told to every rank below, then raised here
+            error = "actor rank %d: %s: %s" % (self.rank, type(e).__name__, e)
         header = None
         if self.rank == 0:
-            header = json.dumps({"step": global_steps, "tensors": [
+            header = json.dumps({"step": global_steps, "error": error, "tensors": [] if error else [
                 [name, lay.spec, self._dst_spec(name, lay.shape, lay.dtype)]
                 for name, (lay, _) in sources.items()]})
         loop = asyncio.get_running_loop()
-        tensors = await loop.run_in_executor(None, self._exchange, header)
-        tensors = tensors["tensors"]
-        missing = [n for n, _, _ in tensors if n not in sources]
-        if missing:
-            raise ValueError("reshard checkpoint engine: actor rank %d has no %s that rank 0 "
-                             "sends" % (self.rank, missing[:3]))
-        differ = [(n, sources[n][0].spec, s) for n, s, _ in tensors if sources[n][0].spec != s]
-        if differ:  # every rank passes the same plan: say so here, before the plan does
-            raise ValueError("reshard checkpoint engine: actor rank %d describes %s as '%s', "
-                             "rank 0 as '%s'" % ((self.rank,) + differ[0]))
+        tensors = self._checked(await loop.run_in_executor(None, self._exchange, header))
+        if error is None:
+            missing = [n for n, _, _ in tensors if n not in sources]
+            differ = [(n, sources[n][0].spec, s) for n, s, _ in tensors
+                      if n in sources and sources[n][0].spec != s]
+            if missing:
+                error = "actor rank %d has no %s, which rank 0 sends" % (self.rank, missing[:3])
+            elif differ:
+                error = "actor rank %d describes %s as '%s', rank 0 as '%s'" % (
+                    (self.rank,) + differ[0])
+        await loop.run_in_executor(None, self._agree, error)
         self.last_metrics = {}
         src = {n: sources[n][1] for n, _, _ in tensors}
         for bucket in self._buckets(tensors):
@@ -245,7 +273,8 @@ class ReshardCheckpointEngine(CheckpointEngine):
             raise RuntimeError("reshard checkpoint engine: receive_weights on a rank that is "
                                "not a rollout rank of an initialized group")
         loop = asyncio.get_running_loop()
-        tensors = (await loop.run_in_executor(None, self._exchange, None))["tensors"]
+        tensors = self._checked(await loop.run_in_executor(None, self._exchange, None))
+        await loop.run_in_executor(None, self._agree, None)
         self.last_metrics = {}
         for bucket in self._buckets(tensors):
             dst = {}

@@ -88,6 +88,8 @@ class Verl(unittest.TestCase):
         # the gathered tensors veRL's actor worker passes today: still each rollout byte once
         self.assertIn("sync 4 (full-tensors): 3216 elements on 2 rollout ranks, 0 wrong; network "
                       "bytes sent 12864, received 12864, plan 12864", out)
+        # a rank describing a tensor unlike rank 0 fails every rank, naming it, no wait
+        self.assertIn("sync 5 (mismatch): 6 of 6 ranks failed naming actor rank 1", out)
 
     @unittest.skipIf(missing("verl"), missing("verl"))
     def test_the_installed_package_declares_the_verl_plugin(self):

@@ -4,10 +4,12 @@ CheckpointEngineRegistry and driven through the base class's methods as veRL's
 CheckpointEngineManager drives them: prepare on every rank, build_topology on the
 metadata, init_process_group with each rank's arguments, send_weights on the actor ranks
 (a model under FSDP2 on 4 gloo ranks) with receive_weights on 2 rollout ranks, finalize.
-Four syncs: the model's DTensors; the (name, local shard, ShardSpec) triples veRL's FSDP
-engine exports, from an object with its get_per_tensor_param_shard (veRL's own ShardSpec); the DTensors again
-into a sharded consumer (a rollout_layout hook: matrices by rows); the gathered full tensors
-veRL's actor worker passes today (a source replicated over the actor ranks). Every element
+Four syncs: the model's DTensors; the (name, local shard, ShardSpec) triples of veRL's FSDP
+engine's export, from an object with its get_per_tensor_param_shard (veRL's own ShardSpec);
+the DTensors again into a sharded consumer (a rollout_layout hook: matrices by rows); the
+gathered full tensors veRL's actor worker passes today (a source replicated over the actor
+ranks). A fifth where actor rank 1 describes one tensor unlike rank 0 must fail every rank,
+naming it, and leave the communicator to finalize. Every element
 the rollout ranks yield is compared with the unsharded model; the bytes each rank's
 transports moved are compared with the plan's. Exit 0 when all agree, 1 when not, 77 when
 torch or verl is missing (the reason is printed)."""
@@ -47,7 +49,7 @@ def verl_shard_spec():
 
 ShardSpec = verl_shard_spec()
 ACTORS, ROLLOUTS = 4, 2
-SYNCS = ("dtensors", "shardspec", "rollout-rows", "full-tensors")
+SYNCS = ("dtensors", "shardspec", "rollout-rows", "full-tensors", "mismatch")
 
 
 class ShardExport:
@@ -99,7 +101,7 @@ def run(role, index, port, inbox, out):
     try:
         cls, _ = engine_class()
         # every rank a node of its own: each byte between two ranks crosses the network
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RESHARD_TIMEOUT="300",
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RESHARD_TIMEOUT=os.environ.get("VERL_CHECK_TIMEOUT", "300"),
                           RESHARD_DOMAIN=str(index if role == "actor" else ACTORS + index))
         full = {n: p.detach().clone() for n, p in model().state_dict().items()}
         if role == "actor":
@@ -123,10 +125,18 @@ def run(role, index, port, inbox, out):
                     weights = iter(sd.items())
                 elif sync == "full-tensors":  # what veRL's actor worker passes (gathered)
                     weights = ((n, p.full_tensor()) for n, p in sd.items())
+                elif sync == "mismatch":  # rank 1 passes one shard as a plain tensor
+                    weights = ((n, p.to_local() if index == 1 and n == "1.weight" else p)
+                               for n, p in sd.items())
                 else:  # a training engine: FSDPEngine.get_per_tensor_param_shard's export
                     weights = ShardExport(sd)
                 local = sum(p.to_local().nbytes for p in sd.values())
-                metrics = asyncio.run(engine.send_weights(weights, global_steps=1))
+                try:
+                    metrics = asyncio.run(engine.send_weights(weights, global_steps=1))
+                except ValueError as e:
+                    if sync != "mismatch":
+                        raise
+                    metrics = {"error": str(e)}
                 results.append((sync, 0, 0, local, dict(metrics)))
             else:
                 async def receive():
@@ -135,7 +145,14 @@ def run(role, index, port, inbox, out):
                         got[name] = t.clone()  # the buffer is the consumer's to copy
                     return got
 
-                got = asyncio.run(receive())
+                try:
+                    got = asyncio.run(receive())
+                except ValueError as e:
+                    if sync != "mismatch":
+                        raise
+                    engine.finalize()
+                    results.append((sync, 0, 0, 0, {"error": str(e)}))
+                    continue
                 want = {n: expected(t, sync, index) for n, t in full.items()}
                 wrong = sum(int((got[n] != want[n]).sum()) if n in got and
                             got[n].shape == want[n].shape else want[n].numel() for n in want)
@@ -198,6 +215,14 @@ def main():
           "%s)" % (cls.__module__, cls.__name__, how))
     for k, sync in enumerate(SYNCS):
         rows = [(r, done[r][k]) for r in sorted(done)]
+        if sync == "mismatch":
+            told = [r for r, v in rows if "actor rank 1" in v[4].get("error", "")]
+            print("verl_check: sync %d (%s): %d of %d ranks failed naming actor rank 1; rank 1: "
+                  "%s; rollout rank 0: %s" % (k + 1, sync, len(told), len(rows),
+                                              rows[1][1][4].get("error"),
+                                              rows[ACTORS][1][4].get("error")))
+            bad += len(rows) - len(told)
+            continue
         wrong = sum(v[1] for _, v in rows)
         elems = sum(v[2] for _, v in rows)
         sent = sum(v[4]["reshard/net_out_bytes"] for _, v in rows)

@@ -99,6 +99,18 @@ int reshard_comm_has_rank(const reshard_comm_t *comm, int rank)
     return comm && rank >= 0 && rank < comm->size && comm_has(comm, rank);
 }
 
+/* Marks comm busy for call (shrink, leave), or refuses while this rank executes on it. */
+static reshard_status_t claim_idle(const char *call, reshard_comm_t *comm)
+{
+    int idle = 0;
+    if (atomic_compare_exchange_strong(&comm->busy, &idle, 1))
+        return RESHARD_OK;
+    return rs_error(RESHARD_ERR_BUSY,
+                    "%s: the communicator is executing; abort it (reshard_comm_abort) and let the "
+                    "execution return",
+                    call);
+}
+
 reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int *exclude, int nexclude,
                                      reshard_comm_t **newcomm)
 {
@@ -111,14 +123,8 @@ reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int *exclude, i
     reshard_status_t st = api_comm_hold(__func__, comm);
     if (st != RESHARD_OK)
         return api_leave(__func__, st);
-    int idle = 0; /* not while this rank executes on it */
-    if (!atomic_compare_exchange_strong(&comm->busy, &idle, 1))
-        return api_leave(__func__,
-                         api_comm_drop(comm, rs_error(RESHARD_ERR_BUSY,
-                                                      "%s: the communicator is executing; "
-                                                      "abort it (reshard_comm_abort) and "
-                                                      "let the execution return",
-                                                      __func__)));
+    if ((st = claim_idle(__func__, comm)) != RESHARD_OK) /* not while this rank executes */
+        return api_leave(__func__, api_comm_drop(comm, st));
     st = given(newcomm, comm_shrink(comm, exclude, nexclude, newcomm));
     atomic_store(&comm->busy, 0);
     return api_leave(__func__, api_comm_drop(comm, st));
@@ -171,14 +177,8 @@ reshard_status_t reshard_comm_leave(reshard_comm_t *comm)
     reshard_status_t st = api_comm_hold(__func__, comm);
     if (st != RESHARD_OK)
         return api_leave(__func__, st);
-    int idle = 0; /* not while this rank executes on it */
-    if (!atomic_compare_exchange_strong(&comm->busy, &idle, 1))
-        return api_leave(__func__,
-                         api_comm_drop(comm, rs_error(RESHARD_ERR_BUSY,
-                                                      "%s: the communicator is executing; "
-                                                      "abort it (reshard_comm_abort) and "
-                                                      "let the execution return",
-                                                      __func__)));
+    if ((st = claim_idle(__func__, comm)) != RESHARD_OK) /* not while this rank executes */
+        return api_leave(__func__, api_comm_drop(comm, st));
     comm_depart(comm);
     atomic_store(&comm->busy, 0);
     rs_log(RS_LOG_INFO, "reshard_comm_leave: rank %d left; the others were told", comm->rank);

@@ -33,7 +33,7 @@ struct enc {
 
 static void encode(const void *cur, void *snap, size_t n, size_t es, struct enc *e)
 {
-    e->out = aligned_alloc(16, n * es + 16);
+    e->out = aligned_alloc(16, (n * es + 31) / 16 * 16); /* a multiple of the alignment */
     e->words = calloc((n + 63) / 64 + 1, 8);
     cr_assert(e->out && e->words);
     delta_encode(cur, snap, n, es, e->out, &e->len, e->words);

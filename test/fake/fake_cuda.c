@@ -86,6 +86,7 @@ struct fake_handle {
     char magic[8];
     int32_t pid, fd;
     uint64_t bytes;
+    uint64_t id; /* the allocation's: descriptor numbers are reused, handles are not */
 };
 
 API int cuInit(unsigned flags)
@@ -218,6 +219,7 @@ API int cuIpcGetMemHandle(struct fake_handle *h, uint64_t p)
     h->pid = (int32_t)getpid();
     h->fd = a->fd;
     h->bytes = a->bytes;
+    h->id = a->id;
     return 0;
 }
 

@@ -44,7 +44,6 @@ struct qcase {
      * the byte of its FP8 weight buffer, then of its scales buffer */
     int flip_code_rank, flip_scale_rank;
     long long flip_code_byte, flip_scale_byte;
-    int flip_one; /* 1: the code only, 2: the scale only (two refits: see the device test) */
 };
 
 static struct qcase qc; /* set before the ranks fork */
@@ -1311,11 +1310,11 @@ static reshard_status_t flips_caught(int rank, int size, reshard_comm_t *comm)
              qc.flip_scale_byte);
     if (st == RESHARD_OK)
         st = flipped_refit(&x, rank, 0, "", NULL);
-    if (st == RESHARD_OK && qc.flip_one != 2)
+    if (st == RESHARD_OK)
         st = flipped_refit(&x, rank, 1, spec[0], "layer.w.weight");
-    if ((st == RESHARD_ERR_VERIFY || (st == RESHARD_OK && qc.flip_one == 2)) && qc.flip_one != 1)
+    if (st == RESHARD_ERR_VERIFY)
         st = flipped_refit(&x, rank, 2, spec[1], "layer.w.weight_scale_inv");
-    if (st == RESHARD_ERR_VERIFY && !qc.flip_one) /* and the plan still refits right */
+    if (st == RESHARD_ERR_VERIFY) /* and the plan still refits right */
         st = flipped_refit(&x, rank, 3, "", NULL);
     if (st == RESHARD_ERR_VERIFY)
         st = RESHARD_OK;
@@ -1385,9 +1384,9 @@ Test(quant_exec, a_flipped_fp8_code_in_blocks_not_a_multiple_of_8_wide_fails_the
     all_ok(run_ranks(4, flips_caught), 4);
 }
 
-/* Each flip in a world of its own, after one right refit: a third refit into newly allocated
- * device buffers of the stand-in leaves the scales unwritten, verified or not (found here, not
- * caused by the check: see the note of this branch). */
+/* The four refits of flips_caught, each into newly allocated device buffers of the stand-in:
+ * local peers write them through CUDA IPC, so each refit's handles must open the new
+ * allocations, not a mapping of a freed one kept since an earlier refit. */
 Test(quant_exec, flipped_fp8_codes_and_scales_on_device_buffers_fail_the_verified_refit)
 {
     use_fake_cuda();
@@ -1401,20 +1400,14 @@ Test(quant_exec, flipped_fp8_codes_and_scales_on_device_buffers_fail_the_verifie
                         .flip_code_byte = 17,
                         .flip_scale_rank = 3,
                         .flip_scale_byte = 0};
-    for (int one = 1; one <= 2; one++) {
-        qc.flip_one = one;
-        all_ok(run_ranks(4, flips_caught), 4);
-    }
+    all_ok(run_ranks(4, flips_caught), 4);
     qc.src = FLIP_AT_DST_SRC; /* quantized where they land, on the device */
     qc.dst = FLIP_AT_DST_DST;
     qc.flip_code_rank = 0;
     qc.flip_code_byte = 200 * 128 + 5;
     qc.flip_scale_rank = 0;
     qc.flip_scale_byte = 4;
-    for (int one = 1; one <= 2; one++) {
-        qc.flip_one = one;
-        all_ok(run_ranks(4, flips_caught), 4);
-    }
+    all_ok(run_ranks(4, flips_caught), 4);
     for (int r = 0; r < 4; r++)
         cr_assert_gt(quant_launches[r], 0, "rank %d quantized on its device", r);
 }

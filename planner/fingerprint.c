@@ -134,11 +134,11 @@ int fingerprint_counts(const struct rs_shardmap *map, int pos, const struct rs_t
 {
     const struct rs_layout *l = map->layout;
     int t = map->tuple[pos], me = l->ranks[pos];
-    if (topo && topo_absent(topo, me))
+    if (topo && topo_off(topo, me, TOPO_SRC))
         return 0;
     for (int i = map->tuple_first[t]; i < map->tuple_first[t + 1]; i++) {
         int r = l->ranks[map->tuple_pos[i]];
-        if (r < me && !(topo && topo_absent(topo, r)))
+        if (r < me && !(topo && topo_off(topo, r, TOPO_SRC)))
             return 0;
     }
     return 1;
@@ -149,13 +149,13 @@ static int tuple_present(const struct rs_shardmap *map, int t, const struct rs_t
 {
     int n = 0;
     for (int i = map->tuple_first[t]; i < map->tuple_first[t + 1]; i++)
-        n += !(topo && topo_absent(topo, map->layout->ranks[map->tuple_pos[i]]));
+        n += !(topo && topo_off(topo, map->layout->ranks[map->tuple_pos[i]], TOPO_DST));
     return n;
 }
 
 int fingerprint_replicas(const struct rs_shardmap *map, int pos, const struct rs_topo *topo)
 {
-    if (topo && topo_absent(topo, map->layout->ranks[pos]))
+    if (topo && topo_off(topo, map->layout->ranks[pos], TOPO_DST))
         return 0;
     return tuple_present(map, map->tuple[pos], topo);
 }

@@ -49,15 +49,15 @@ uint64_t fingerprint_run(const void *row, size_t esize, uint64_t first, int64_t 
  * start on a multiple of 8 along the row (FP8 blocks whose extent is), and end on one or at the
  * row's end. */
 uint64_t fingerprint_run8(const uint8_t *row, uint64_t first, int64_t n);
-/* Whether the shard at position pos is the one of its replicas that counts: the lowest present
- * rank of its tuple. */
+/* Whether the shard at position pos is the one of its replicas that counts: the lowest rank of
+ * its tuple present as a source (TOPO_SRC). */
 int fingerprint_counts(const struct rs_shardmap *map, int pos, const struct rs_topo *topo);
 
 /* A destination side, where every replica counts (so that a bad replica is caught): the
  * tensor's check is sum over present destination shards of f * (lcm / replicas) ==
  * lcm * (the sources' fingerprint), replicas being the present ranks of the shard's tuple and
- * lcm their least common multiple over the map's tuples. fingerprint_replicas counts them for
- * position pos (0 when pos itself is absent). */
+ * lcm their least common multiple over the map's tuples; present: as a destination (TOPO_DST).
+ * fingerprint_replicas counts them for position pos (0 when pos itself is absent). */
 int fingerprint_replicas(const struct rs_shardmap *map, int pos, const struct rs_topo *topo);
 /* lcm over the tuples with a present rank (it depends on the ranks and the topology only, not
  * the shape). RESHARD_ERR_TOO_LARGE past 2^32 (replica counts that cannot all divide one

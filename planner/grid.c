@@ -221,7 +221,7 @@ static void group_runs(const struct tdr *v, int m, int ntuples, int *rank, int *
 }
 
 reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo *topo,
-                            struct tuple_domains *td)
+                            unsigned role, struct tuple_domains *td)
 {
     const struct rs_layout *l = map->layout;
     int n = l->nranks;
@@ -241,9 +241,9 @@ reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo 
         tdom_free(td);
         return RESHARD_ERR_NO_MEMORY;
     }
-    int m = 0; /* absent ranks hold and need nothing */
+    int m = 0; /* ranks off in this role hold (or need) nothing */
     for (int p = 0; p < n; p++)
-        if (!topo_absent(topo, l->ranks[p]))
+        if (!topo_off(topo, l->ranks[p], role))
             v[m++] = (struct tdr){map->tuple[p], topo->domain[l->ranks[p]], l->ranks[p]};
     qsort(v, (size_t)m, sizeof(*v), cmp_tdr);
     group_runs(v, m, td->ntuples, td->rank, td->run_first, td->runs);
@@ -313,8 +313,8 @@ reshard_status_t overlap_build(const struct rs_shardmap *src, const struct rs_sh
     memset(o, 0, sizeof(*o));
     reshard_status_t st;
     RS_CHECK_GOTO(grid_build(src, dst, &o->grid), st, err_free);
-    RS_CHECK_GOTO(tdom_build(src, topo, &o->src_td), st, err_free);
-    RS_CHECK_GOTO(tdom_build(dst, topo, &o->dst_td), st, err_free);
+    RS_CHECK_GOTO(tdom_build(src, topo, TOPO_SRC, &o->src_td), st, err_free);
+    RS_CHECK_GOTO(tdom_build(dst, topo, TOPO_DST, &o->dst_td), st, err_free);
     return RESHARD_OK;
 err_free:
     overlap_free(o);

@@ -64,7 +64,8 @@ void grid_sub_cell(const struct rs_grid *g, const struct grid_sub *s, int64_t k,
                    struct grid_cursor *c);
 
 /* The present ranks of each tuple grouped by domain: run r of tuple t covers
- * rank[begin .. end). A tuple whose ranks are all absent has no runs. */
+ * rank[begin .. end). Present: playing the side's role (TOPO_SRC for a source map, TOPO_DST for
+ * a destination map). A tuple whose ranks are all absent in that role has no runs. */
 struct tdom_run {
     int domain, begin, end;
 };
@@ -82,7 +83,7 @@ struct tuple_domains {
 };
 
 reshard_status_t tdom_build(const struct rs_shardmap *map, const struct rs_topo *topo,
-                            struct tuple_domains *td);
+                            unsigned role, struct tuple_domains *td);
 void tdom_free(struct tuple_domains *td);
 /* Index of tuple t's run in domain d, or -1 when no rank of t lives in d. */
 int tdom_find(const struct tuple_domains *td, int t, int d);

@@ -256,8 +256,8 @@ reshard_status_t plan_tensor_grid(const struct plan_tensor *pt, struct rs_grid *
 reshard_status_t plan_tensor_tdoms(struct rs_plan *p, int t, const struct tuple_domains **src,
                                    const struct tuple_domains **dst)
 {
-    RS_CHECK(plan_side_tdoms(p, p->tensors[t].src_side, src));
-    return plan_side_tdoms(p, p->tensors[t].dst_side, dst);
+    RS_CHECK(plan_side_tdoms(p, p->tensors[t].src_side, TOPO_SRC, src));
+    return plan_side_tdoms(p, p->tensors[t].dst_side, TOPO_DST, dst);
 }
 
 /* What every rank must agree on: the tensors, the topology, the options and the rule. The ops
@@ -266,8 +266,12 @@ static uint64_t inputs_hash(const struct rs_plan *p)
 {
     uint64_t h = mix(UINT64_C(0x7265736861726421), PLAN_RULE_VERSION);
     h = mix(mix(h, (uint64_t)p->ntensors), (uint64_t)p->opts.split_min_bytes);
-    for (int r = 0; r < p->topo.nranks; r++)
+    for (int r = 0; r < p->topo.nranks; r++) {
         h = mix(h, (uint64_t)p->topo.domain[r] << 1 | (uint64_t)topo_absent(&p->topo, r));
+        unsigned off = p->topo.absent ? p->topo.absent[r] & TOPO_BOTH : 0;
+        if (off && off != TOPO_BOTH) /* one role only: hashes without such ranks unchanged */
+            h = mix(h, UINT64_C(0x726f6c65) << 8 | off);
+    }
     for (int t = 0; t < p->ntensors; t++) {
         const struct plan_tensor *pt = &p->tensors[t];
         size_t n = strlen(pt->name);
@@ -330,9 +334,11 @@ static reshard_status_t plan_tensor(struct build *b, uint32_t t)
         return RESHARD_OK; /* computed where its weight is quantized: planned with the weight */
     int src_pos = -1, dst_pos = -1;
     if (p->scope != PLAN_ALL_RANKS) {
-        src_pos = shardmap_position(&pt->src_map, p->scope);
-        dst_pos = shardmap_position(&pt->dst_map, p->scope);
-        if ((src_pos < 0 && dst_pos < 0) || topo_absent(&p->topo, p->scope))
+        if (!topo_off(&p->topo, p->scope, TOPO_SRC))
+            src_pos = shardmap_position(&pt->src_map, p->scope);
+        if (!topo_off(&p->topo, p->scope, TOPO_DST))
+            dst_pos = shardmap_position(&pt->dst_map, p->scope);
+        if (src_pos < 0 && dst_pos < 0)
             return RESHARD_OK;
     }
     b->tensor = t;

@@ -112,6 +112,16 @@ void plan_free(struct rs_plan *plan);
 /* The caller's inputs again (ninputs of them, scales names included), to plan the same tensors
  * on another topology or scope; in borrows the plan's layouts. */
 void plan_inputs_of(const struct rs_plan *p, struct plan_input *in);
+/* The catch-up plan of ranks that joined (joiners[n], present ranks of refit's topology, which
+ * hold no version of any weight) at scope `scope`: the same tensors as refit, each joiner's
+ * destination shards written from replicas that hold them (refit's other destination ranks,
+ * those in its own domain first) when every joiner's shard of the tensor has one, else from
+ * refit's sources. The joiners are off as sources, every other rank off as a destination
+ * (plan_catchup.c). *from_dst[t] (refit->ntensors entries, the caller frees it) is 1 where
+ * tensor t's sources are the destination replicas: their source buffers are the destination
+ * buffers the refit writes. */
+reshard_status_t plan_catch_up(const struct rs_plan *refit, const int *joiners, int n, int scope,
+                               struct rs_plan **out, unsigned char **from_dst);
 /* A tensor's overlap grid (for a tensor quantized on the way, cut at its blocks). */
 reshard_status_t plan_tensor_grid(const struct plan_tensor *pt, struct rs_grid *g);
 /* The tuple domains of a tensor's side (built once per distinct layout and kept). */

@@ -20,15 +20,18 @@ struct plan_side {
     /* The side whose rank arrays and tuple domains this one shares (same ranks, mesh and
      * sharded dims: they do not depend on the shape), or NULL when they are its own. */
     struct plan_side *like;
-    struct tuple_domains td;
-    int has_td;
+    /* As a source (td[0]) and as a destination (td[1]): a topology may take one role from a
+     * rank and not the other, and one layout may be both sides of a tensor. */
+    struct tuple_domains td[2];
+    int has_td[2];
 };
 
 /* The side for layout l, from the cache or built there; blames `name` and `what` on error. */
 reshard_status_t plan_cache_side(struct rs_plan *p, const struct rs_layout *l, const char *name,
                                  const char *what, struct plan_side **out);
-/* Its tuple domains on the plan's topology, built on first use. */
-reshard_status_t plan_side_tdoms(struct rs_plan *p, struct plan_side *s,
+/* Its tuple domains on the plan's topology in a role (TOPO_SRC or TOPO_DST), built on first
+ * use. */
+reshard_status_t plan_side_tdoms(struct rs_plan *p, struct plan_side *s, unsigned role,
                                  const struct tuple_domains **out);
 /* A hash of a layout's canonical form, rank list included (hashed once per list). */
 uint64_t plan_side_hash(const struct plan_side *s);

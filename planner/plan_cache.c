@@ -280,16 +280,17 @@ reshard_status_t plan_cache_side(struct rs_plan *p, const struct rs_layout *l, c
     return RESHARD_OK;
 }
 
-reshard_status_t plan_side_tdoms(struct rs_plan *p, struct plan_side *s,
+reshard_status_t plan_side_tdoms(struct rs_plan *p, struct plan_side *s, unsigned role,
                                  const struct tuple_domains **out)
 {
+    int k = role == TOPO_DST;
     if (s->like)
         s = s->like;
-    if (!s->has_td) {
-        RS_CHECK(tdom_build(&s->map, &p->topo, &s->td));
-        s->has_td = 1;
+    if (!s->has_td[k]) {
+        RS_CHECK(tdom_build(&s->map, &p->topo, role, &s->td[k]));
+        s->has_td[k] = 1;
     }
-    *out = &s->td;
+    *out = &s->td[k];
     return RESHARD_OK;
 }
 
@@ -304,7 +305,8 @@ void plan_cache_free(struct plan_cache *c)
         return;
     for (size_t i = c->nsides; i-- > 0;) { /* borrowers before the maps they borrow from */
         shardmap_free(&c->sides[i]->map);
-        tdom_free(&c->sides[i]->td);
+        tdom_free(&c->sides[i]->td[0]);
+        tdom_free(&c->sides[i]->td[1]);
         free(c->sides[i]);
     }
     for (size_t i = 0; i < c->nlists; i++) {

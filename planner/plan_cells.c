@@ -26,7 +26,8 @@ static reshard_status_t serve_locally(struct build *b, struct plan_cell *cell,
         int pos = shardmap_position(src_map, n);
         enum plan_op_kind kind = PLAN_OP_LOCAL;
         int from = n;
-        if (pos < 0 || src_map->tuple[pos] != cell->c.src_tuple) {
+        if (pos < 0 || src_map->tuple[pos] != cell->c.src_tuple ||
+            topo_off(&b->plan->topo, n, TOPO_SRC)) { /* it holds nothing to copy from */
             uint64_t turn = (uint64_t)(i - need->begin) + b->salt;
             from = b->src_td->rank[have->begin + (int)(turn % (uint64_t)holders)];
         } else {

@@ -153,7 +153,7 @@ static reshard_status_t tensor_bounds(const struct rs_plan *p, int t, struct bou
     int other = count_other_domains(topo, &pt->dst, root_domain, bd->stamp, t + 1);
     s->gather_bcast_bytes += (total - root_has) + total * other;
     for (int i = 0; i < pt->dst.nranks; i++)
-        bd->is_dst[pt->dst.ranks[i]] = !topo_absent(topo, pt->dst.ranks[i]);
+        bd->is_dst[pt->dst.ranks[i]] |= !topo_off(topo, pt->dst.ranks[i], TOPO_DST);
     overlap_free(&o);
     return RESHARD_OK;
 }
@@ -291,13 +291,13 @@ reshard_status_t plan_rank_bounds(struct rs_plan *p, int rank, struct plan_rank_
     const struct rs_topo *topo = &p->topo;
     int leader = domain_leader(topo, rank), d = topo->domain[rank];
     for (int t = 0; t < p->ntensors; t++) {
-        if (!topo_absent(topo, rank))
+        if (!topo_off(topo, rank, TOPO_SRC))
             RS_CHECK(tensor_forced(p, t, rank, &b.forced));
         if (leader)
             RS_CHECK(tensor_in_domain(p, t, d, &b.in_domain));
     }
     for (int r = 0; leader && r < topo->nranks; r++) { /* the domain's destination ranks */
-        if (topo->domain[r] != d || topo_absent(topo, r))
+        if (topo->domain[r] != d || topo_off(topo, r, TOPO_DST))
             continue;
         int is_dst = 0;
         for (int t = 0; t < p->ntensors && !is_dst; t++)

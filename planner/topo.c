@@ -117,6 +117,11 @@ reshard_status_t topo_copy(const struct rs_topo *from, struct rs_topo *to)
 
 reshard_status_t topo_set_absent(struct rs_topo *t, const int *ranks, int n)
 {
+    return topo_set_off(t, ranks, n, TOPO_BOTH);
+}
+
+reshard_status_t topo_set_off(struct rs_topo *t, const int *ranks, int n, unsigned role)
+{
     for (int i = 0; i < n; i++)
         if (ranks[i] < 0 || ranks[i] >= t->nranks)
             return rs_error(RESHARD_ERR_INVALID_ARG, "topology: rank %d is outside 0..%d", ranks[i],
@@ -124,7 +129,7 @@ reshard_status_t topo_set_absent(struct rs_topo *t, const int *ranks, int n)
     if (n > 0 && !t->absent && !(t->absent = rs_calloc((size_t)t->nranks, 1, "topology")))
         return RESHARD_ERR_NO_MEMORY;
     for (int i = 0; i < n; i++)
-        t->absent[ranks[i]] = 1;
+        t->absent[ranks[i]] |= (unsigned char)(role & TOPO_BOTH);
     return RESHARD_OK;
 }
 

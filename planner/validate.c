@@ -6,7 +6,8 @@
  *     received from the network), and writes into a rank whose destination shard contains it;
  *   - ops cross the network exactly when sender and receiver sit in different domains;
  *   - the boxes written into each destination shard tile it exactly: no element twice, none
- *     missing (absent ranks neither send nor receive);
+ *     missing (absent ranks neither send nor receive; a rank off as a source sends nothing, one
+ *     off as a destination receives nothing);
  *   - the boxes entering each domain over the network are disjoint (each element crosses into
  *     a domain at most once).
  */
@@ -42,7 +43,9 @@ static reshard_status_t check_op(const struct rs_plan *p, size_t i)
         return invalid(p, i, "no such tensor");
     if (op->src < 0 || op->src >= topo->nranks || op->dst < 0 || op->dst >= topo->nranks)
         return invalid(p, i, "rank outside the communicator");
-    if (topo_absent(topo, op->src) || topo_absent(topo, op->dst))
+    /* a forward's sender is a destination passing on what it received */
+    unsigned sender_role = op->kind == PLAN_OP_FWD ? TOPO_DST : TOPO_SRC;
+    if (topo_off(topo, op->src, sender_role) || topo_off(topo, op->dst, TOPO_DST))
         return invalid(p, i, "an absent rank sends or receives");
     const struct plan_tensor *t = &p->tensors[op->tensor];
     int ndim = t->dst.ndim;
@@ -228,7 +231,7 @@ static reshard_status_t check_cover(const struct rs_plan *p, struct key *keys, s
                 elems += op_volume(p, &p->ops[keys[k++].op]);
             if (k > b)
                 RS_CHECK(check_disjoint(p, keys + b, k - b, spans, "write the same element"));
-            int64_t want = topo_absent(&p->topo, rank)
+            int64_t want = topo_off(&p->topo, rank, TOPO_DST)
                                ? 0 /* and check_op proved that nothing is written there */
                            : computed ? scales_due(p, keys, n, pt->scales_of, rank)
                                       : shardmap_local_numel(&pt->dst_map, pos);

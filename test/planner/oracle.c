@@ -119,7 +119,7 @@ int oracle_bounds(const struct rs_plan *p, struct oracle_bounds *b)
         int root_dom = topo->domain[pt->src.ranks[0]];
         char *dst_dom = calloc((size_t)nd, 1);
         for (int i = 0; i < pt->dst.nranks; i++) {
-            is_dst[pt->dst.ranks[i]] = !topo_absent(topo, pt->dst.ranks[i]);
+            is_dst[pt->dst.ranks[i]] |= !topo_off(topo, pt->dst.ranks[i], TOPO_DST);
             dst_dom[topo->domain[pt->dst.ranks[i]]] = 1; /* the bcast figure counts them all */
         }
         int others = 0;
@@ -131,10 +131,10 @@ int oracle_bounds(const struct rs_plan *p, struct oracle_bounds *b)
             memset(have, 0, (size_t)nd);
             int holders = 0, holder = -1;
             for (int i = 0; i < pt->dst.nranks; i++)
-                if (d.holds[i * d.numel + e] && !topo_absent(topo, pt->dst.ranks[i]))
+                if (d.holds[i * d.numel + e] && !topo_off(topo, pt->dst.ranks[i], TOPO_DST))
                     need[topo->domain[pt->dst.ranks[i]]] = 1;
             for (int i = 0; i < pt->src.nranks; i++)
-                if (s.holds[i * s.numel + e] && !topo_absent(topo, pt->src.ranks[i])) {
+                if (s.holds[i * s.numel + e] && !topo_off(topo, pt->src.ranks[i], TOPO_SRC)) {
                     have[topo->domain[pt->src.ranks[i]]] = 1;
                     holders++;
                     holder = pt->src.ranks[i];
@@ -212,14 +212,16 @@ int oracle_check_plan(const struct rs_plan *p, char *msg, size_t n)
                 } else {
                     src_ok = sp >= 0 && s.holds[sp * numel + flat];
                 }
-                src_ok = src_ok && !topo_absent(&p->topo, op->src);
+                src_ok = src_ok && !topo_off(&p->topo, op->src,
+                                             op->kind == PLAN_OP_FWD ? TOPO_DST : TOPO_SRC);
                 if (!src_ok) {
                     snprintf(msg, n, "op %zu: rank %d sends element %lld it lacks", i, op->src,
                              (long long)flat);
                     rc = -1;
                     break;
                 }
-                if (dp < 0 || !d.holds[dp * numel + flat] || topo_absent(&p->topo, op->dst)) {
+                if (dp < 0 || !d.holds[dp * numel + flat] ||
+                    topo_off(&p->topo, op->dst, TOPO_DST)) {
                     snprintf(msg, n, "op %zu: rank %d gets element %lld it does not need", i,
                              op->dst, (long long)flat);
                     rc = -1;
@@ -236,7 +238,8 @@ int oracle_check_plan(const struct rs_plan *p, char *msg, size_t n)
         for (int i = 0; i < pt->dst.nranks && !rc; i++)
             for (int64_t e = 0; e < numel && !rc; e++) {
                 int w = writes[pt->dst.ranks[i] * numel + e];
-                if (w != (d.holds[i * numel + e] && !topo_absent(&p->topo, pt->dst.ranks[i]))) {
+                if (w !=
+                    (d.holds[i * numel + e] && !topo_off(&p->topo, pt->dst.ranks[i], TOPO_DST))) {
                     snprintf(msg, n, "tensor %d rank %d element %lld written %d times", t,
                              pt->dst.ranks[i], (long long)e, w);
                     rc = -1;
@@ -259,9 +262,9 @@ int oracle_data_lost(const struct rs_layout *src, const struct rs_layout *dst,
     for (int64_t e = 0; e < s.numel && !lost; e++) {
         int needed = 0, held = 0;
         for (int i = 0; i < dst->nranks; i++)
-            needed |= d.holds[i * d.numel + e] && !topo_absent(topo, dst->ranks[i]);
+            needed |= d.holds[i * d.numel + e] && !topo_off(topo, dst->ranks[i], TOPO_DST);
         for (int i = 0; i < src->nranks; i++)
-            held |= s.holds[i * s.numel + e] && !topo_absent(topo, src->ranks[i]);
+            held |= s.holds[i * s.numel + e] && !topo_off(topo, src->ranks[i], TOPO_SRC);
         lost = needed && !held;
     }
     oracle_side_free(&s);

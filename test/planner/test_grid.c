@@ -111,7 +111,7 @@ Test(grid, tuples_group_by_domain_and_by_rail)
     struct rs_topo topo;
     cr_assert_eq(topo_create(8, 4, NULL, &topo), RESHARD_OK); /* domains {0-3}, {4-7} */
     struct tuple_domains td;
-    cr_assert_eq(tdom_build(&a.m, &topo, &td), RESHARD_OK);
+    cr_assert_eq(tdom_build(&a.m, &topo, TOPO_SRC, &td), RESHARD_OK);
     int n;
     const int *r = tdom_ranks(&td, 0, &n);
     cr_assert_eq(n, 4);
@@ -125,7 +125,7 @@ Test(grid, tuples_group_by_domain_and_by_rail)
     int gone = 2;
     cr_assert_eq(topo_set_absent(&topo, &gone, 1), RESHARD_OK);
     tdom_free(&td);
-    cr_assert_eq(tdom_build(&a.m, &topo, &td), RESHARD_OK);
+    cr_assert_eq(tdom_build(&a.m, &topo, TOPO_SRC, &td), RESHARD_OK);
     tdom_ranks(&td, 0, &n);
     cr_assert_eq(n, 3, "an absent rank holds nothing");
     tdom_rail(&td, 0, 2, &n);

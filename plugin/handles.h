@@ -32,6 +32,10 @@ struct reshard_plan {
     struct rs_plan *p;
     struct exec *x; /* communicator plans: the executor of the chosen algorithm */
     int verify;     /* check each execution (reshard_plan_config_t.verify, RESHARD_VERIFY) */
+    /* A catch-up plan (reshard_plan_catch_up): from_dst[t] is 1 where tensor t's sources are
+     * the destination replicas, whose source buffers are the destination buffers the caller
+     * passes; NULL for any other plan. */
+    unsigned char *from_dst;
     /* One reference for the caller's handle and one for each call in flight on the plan: the
      * last to go frees it (api_plan_release), so a destroy from another thread during an
      * execution leaves the plan to that execution. live: linked until reshard_plan_destroy. */

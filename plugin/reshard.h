@@ -422,6 +422,34 @@ RESHARD_API reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm,
                                                       const reshard_plan_config_t *config,
                                                       reshard_plan_t **plan);
 
+/* Catching up from peers (an elastic fleet, docs/elastic.md). Collective over the communicator
+ * of refit, a plan made by reshard_comm_plan_create on it (after reshard_comm_grow /
+ * reshard_comm_join; every rank passes the same joiners[n]): the plan that brings the ranks
+ * that joined, which hold no version of any weight, to the version the other destination ranks
+ * hold since their last refit, moving nothing else. Each joiner's destination shard of a tensor
+ * comes from the destination ranks that hold a replica of it: one in the joiner's NVLink domain
+ * over the local path when there is one, else over the network, once per domain (the plan's
+ * net_bytes is min_net_bytes). Only a tensor where some joiner's shard has no replica on a
+ * rank that is no joiner is taken from refit's sources (the trainers), as the refit would. So
+ * for a replacement or a new replica of an existing layout the trainers send nothing: their
+ * part is the plan vote and the execution's start vote, a few small control messages and no
+ * data, so they may make it between training steps while the joiners catch up.
+ * Run it with reshard_plan_execute (or _stream) and the buffers the refit takes (bufs[t] with
+ * reshard_plan_ntensors entries, the same on every rank): the destination ranks' bufs[t].dst
+ * are read as the sources of the tensors they serve, and only the joiners' are written. Its
+ * tensors are refit's, and reshard_plan_tensor_layout's side 0 says where each one comes from
+ * (its destination layout when the replicas serve it). A catch-up moves full values whatever
+ * config->delta or RESHARD_DELTA say (a joiner has nothing a delta could apply to) and is not
+ * verified (config->verify and RESHARD_VERIFY are ignored, said at INFO); config->algo is
+ * ignored. Refused (RESHARD_ERR_INVALID_ARG, or _RANK_RANGE): a joiner outside the
+ * communicator, absent from it or listed twice, an empty list, or a catch-up plan as refit;
+ * ranks that pass different lists fail the plan vote (RESHARD_ERR_PLAN_MISMATCH). The next
+ * refit with refit runs as any other and includes the joiners (with delta refits, in full:
+ * a new plan holds no version). */
+RESHARD_API reshard_status_t reshard_plan_catch_up(reshard_plan_t *refit, const int *joiners, int n,
+                                                   const reshard_plan_config_t *config,
+                                                   reshard_plan_t **plan);
+
 /* Where a buffer lives. Device buffers (RESHARD_MEM_CUDA) need the CUDA driver. The native
  * executor has local peers write device destinations through CUDA IPC (RESHARD_CUDA_IPC),
  * moves contiguous network chunks straight from and into device memory where the transport

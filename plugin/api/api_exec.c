@@ -7,6 +7,7 @@
  */
 #include "api.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "plugin/comm/comm.h"
 #include "planner/stats.h"
 #include "plugin/exec/exec.h"
@@ -67,14 +68,35 @@ static reshard_status_t refuse_bcast_quantized(const char *fn, const struct rs_p
     return RESHARD_OK;
 }
 
-reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_tensor_t *tensors,
-                                          int ntensors, const reshard_plan_config_t *config,
-                                          reshard_plan_t **plan)
+/* What a communicator plan is made of: the caller's tensors, or a catch-up of refit's joiners
+ * (reshard_plan_catch_up). */
+struct plan_source {
+    const reshard_tensor_t *tensors;
+    int ntensors;
+    const struct rs_plan *refit;
+    const int *joiners;
+    int njoiners;
+};
+
+/* This rank's own plan, on the communicator's topology. */
+static reshard_status_t build_own(const char *fn, struct reshard_comm *comm,
+                                  const struct plan_source *from,
+                                  const reshard_plan_config_t *config, struct reshard_plan *h)
 {
-    api_enter();
-    if (!comm || !tensors || !plan)
-        return api_null_arg(__func__, !comm ? "comm" : !tensors ? "tensors" : "plan");
-    *plan = NULL; /* on failure too: nothing to destroy */
+    if (!from->refit)
+        return api_plan_build(fn, from->tensors, from->ntensors, &comm->topo.t, config, comm->rank,
+                              &h->p);
+    RS_CHECK(
+        plan_catch_up(from->refit, from->joiners, from->njoiners, comm->rank, &h->p, &h->from_dst));
+    rs_log(RS_LOG_INFO, "rank %d: planned the catch-up of %d joiner(s): %zu ops in %.3f ms",
+           comm->rank, from->njoiners, h->p->nops, h->p->plan_ms);
+    return RESHARD_OK;
+}
+
+static reshard_status_t comm_plan_make(const char *fn, reshard_comm_t *comm,
+                                       const struct plan_source *from,
+                                       const reshard_plan_config_t *config, reshard_plan_t **plan)
+{
     reshard_algo_t algo = RESHARD_ALGO_RESHARD;
     if (config && config->size >= offsetof(reshard_plan_config_t, algo) + sizeof(config->algo))
         algo = config->algo;
@@ -83,16 +105,24 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
         verify |= config->verify != 0;
     if (config && config->size >= offsetof(reshard_plan_config_t, delta) + sizeof(config->delta))
         delta |= config->delta != 0;
+    if (from->refit) {
+        /* A joiner holds nothing a delta could apply to, and the check compares whole tensors
+         * (the catch-up writes the joiners' shards only): it moves full values, unchecked. */
+        if (verify || delta)
+            rs_log(RS_LOG_INFO, "%s: a catch-up moves full tensors and is not verified", fn);
+        verify = delta = 0;
+        algo = RESHARD_ALGO_RESHARD; /* the baselines have no roles */
+    }
     /* Held from here: on success, the hold is the plan's reference to its communicator. */
-    reshard_status_t st = api_comm_hold(__func__, comm);
+    reshard_status_t st = api_comm_hold(fn, comm);
     if (st != RESHARD_OK)
-        return api_leave(__func__, st);
+        return api_leave(fn, st);
     if ((st = comm_usable(comm)) != RESHARD_OK)
-        return api_leave(__func__, api_comm_drop(comm, st));
+        return api_leave(fn, api_comm_drop(comm, st));
     struct reshard_plan *h = rs_calloc(1, sizeof(*h), "plan");
     if (!h) {
         boot_abort(comm->boot, RESHARD_ERR_NO_MEMORY, "out of memory creating a plan");
-        return api_leave(__func__, api_comm_drop(comm, RESHARD_ERR_NO_MEMORY));
+        return api_leave(fn, api_comm_drop(comm, RESHARD_ERR_NO_MEMORY));
     }
     /* Build everything locally, then vote: a rank that failed still votes, so nobody waits
      * for it, and nobody runs a plan another rank could not build. Each rank plans its own
@@ -100,17 +130,16 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     struct exec_plan_ballot mine = {.algo = (int32_t)algo,
                                     .chunk_bytes = exec_chunk_bytes(),
                                     .coalesce_bytes = exec_coalesce_bytes()};
-    mine.status =
-        api_plan_build(__func__, tensors, ntensors, &comm->topo.t, config, comm->rank, &h->p);
+    mine.status = build_own(fn, comm, from, config, h);
     if (mine.status == RESHARD_OK && verify)
         mine.status = exec_verify_possible(h->p);
     if (mine.status == RESHARD_OK && algo != RESHARD_ALGO_RESHARD && comm->nmembers < comm->size)
         mine.status = rs_error(RESHARD_ERR_INVALID_ARG,
                                "%s: the direct and broadcast baselines need every rank; a shrunk "
                                "communicator runs RESHARD_ALGO_RESHARD",
-                               __func__);
+                               fn);
     if (mine.status == RESHARD_OK && algo == RESHARD_ALGO_BCAST)
-        mine.status = refuse_bcast_quantized(__func__, h->p);
+        mine.status = refuse_bcast_quantized(fn, h->p);
     /* The executor connects to its peers through the network context, which serves one
      * caller at a time: from here to the vote the communicator is held. */
     struct rs_saved_error why;
@@ -134,8 +163,9 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     if (st != RESHARD_OK) {
         exec_destroy(h->x);
         plan_free(h->p);
+        free(h->from_dst);
         free(h);
-        return api_leave(__func__, api_comm_drop(comm, st));
+        return api_leave(fn, api_comm_drop(comm, st));
     }
     exec_set_world(h->x, &world);
     exec_delta_enable(h->x, delta);
@@ -143,6 +173,18 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     api_plan_given(h);
     *plan = h;
     return RESHARD_OK;
+}
+
+reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_tensor_t *tensors,
+                                          int ntensors, const reshard_plan_config_t *config,
+                                          reshard_plan_t **plan)
+{
+    api_enter();
+    if (!comm || !tensors || !plan)
+        return api_null_arg(__func__, !comm ? "comm" : !tensors ? "tensors" : "plan");
+    *plan = NULL; /* on failure too: nothing to destroy */
+    struct plan_source from = {.tensors = tensors, .ntensors = ntensors};
+    return comm_plan_make(__func__, comm, &from, config, plan);
 }
 
 /* Holds a communicator plan for the call (api_plan_hold: before anything of it is read); one
@@ -198,6 +240,53 @@ reshard_status_t reshard_plan_check_layouts(reshard_plan_t *plan, const reshard_
     return api_leave(__func__, st);
 }
 
+reshard_status_t reshard_plan_catch_up(reshard_plan_t *refit, const int *joiners, int n,
+                                       const reshard_plan_config_t *config, reshard_plan_t **plan)
+{
+    api_enter();
+    if (!refit || !joiners || !plan)
+        return api_null_arg(__func__, !refit ? "refit" : !joiners ? "joiners" : "plan");
+    *plan = NULL; /* on failure too: nothing to destroy */
+    reshard_status_t st = hold_comm_plan(__func__, refit,
+                                         "which has no communicator; catch up on one made by "
+                                         "reshard_comm_plan_create");
+    if (st != RESHARD_OK)
+        return api_leave(__func__, st);
+    if (refit->from_dst) {
+        api_plan_release(refit);
+        return api_leave(__func__,
+                         rs_error(RESHARD_ERR_INVALID_ARG,
+                                  "%s: the plan is a catch-up itself; pass the refit's", __func__));
+    }
+    struct plan_source from = {.refit = refit->p, .joiners = joiners, .njoiners = n};
+    st = comm_plan_make(__func__, exec_comm(refit->x), &from, config, plan);
+    api_plan_release(refit);
+    return st;
+}
+
+/* A catch-up plan's buffers: the caller's, each tensor served by the destination replicas
+ * reading its source from the destination buffer (*out NULL for any other plan). */
+static reshard_status_t catch_up_bufs(const reshard_plan_t *plan, const reshard_buffers_t *bufs,
+                                      reshard_buffers_t **out)
+{
+    *out = NULL;
+    if (!plan->from_dst)
+        return RESHARD_OK;
+    int n = plan->p->ntensors;
+    reshard_buffers_t *b = rs_calloc((size_t)n, sizeof(*b), "catch-up buffers");
+    if (!b)
+        return RESHARD_ERR_NO_MEMORY;
+    for (int t = 0; t < n; t++) {
+        b[t] = bufs[t];
+        if (plan->from_dst[t]) {
+            b[t].src = bufs[t].dst;
+            b[t].src_bytes = bufs[t].dst_bytes;
+        }
+    }
+    *out = b;
+    return RESHARD_OK;
+}
+
 /* Both execute entry points: fn names the one the user called. */
 static reshard_status_t execute(const char *fn, reshard_plan_t *plan, const reshard_buffers_t *bufs,
                                 int on_stream, void *stream)
@@ -211,7 +300,13 @@ static reshard_status_t execute(const char *fn, reshard_plan_t *plan, const resh
         fn, plan, "which has no communicator; execute one made by reshard_comm_plan_create");
     if (st != RESHARD_OK)
         return api_leave(fn, st);
-    st = exec_run(plan->x, bufs, on_stream, stream);
+    reshard_buffers_t *mapped;
+    if ((st = catch_up_bufs(plan, bufs, &mapped)) != RESHARD_OK) {
+        api_plan_release(plan);
+        return api_leave(fn, st);
+    }
+    st = exec_run(plan->x, mapped ? mapped : bufs, on_stream, stream);
+    free(mapped);
     /* A refit enqueued on NCCL's stream is waited for first: verification reads what landed. */
     if (st == RESHARD_OK && plan->verify &&
         (st = exec_settle(plan->x, on_stream, stream)) == RESHARD_OK)

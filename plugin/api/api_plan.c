@@ -207,6 +207,7 @@ void api_plan_release(struct reshard_plan *h)
     struct reshard_comm *c = h->x ? exec_comm(h->x) : NULL;
     exec_destroy(h->x); /* its registrations go while the communicator's context is open */
     plan_free(h->p);
+    free(h->from_dst);
     free(h);
     if (c)
         comm_release(c); /* the last plan of a destroyed communicator closes it */

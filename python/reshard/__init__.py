@@ -629,6 +629,31 @@ class Plan(_Held):
         with self._held() as h:
             return _native.lib().reshard_plan_hash(h)
 
+    def catch_up(self, joiners):
+        """Collective over the communicator (every rank, the same joiners): the plan that brings
+        the ranks that joined it (Comm.join / comm.grow), which hold no weights yet, to the
+        version the other destination ranks hold since their last refit. Each joiner's shard
+        comes from a replica that holds it, in its own domain first, else over the network
+        once per domain; only a tensor whose shard no replica holds comes from the sources (the
+        trainers), so for a replacement or a new replica the trainers send nothing: their part
+        is two small votes. Execute it with the arguments this plan's execute() takes (the
+        replicas' destination buffers are read, only the joiners' written): it moves full
+        values (never deltas) and is not verified. Returns a Plan; close it after."""
+        arr, n = _int_array(joiners)
+        handle = ctypes.c_void_p()
+        plan = Plan.__new__(Plan)
+        plan._comm = self._comm
+        plan._manifest = self._manifest
+        plan._layouts = self._layouts
+        plan.names = list(self.names)
+        plan._sides = list(self._sides)  # the refit's: the library reads the replicas' dst
+        plan._wants = {}
+        with self._comm._held(), self._held() as h:
+            _check(_native.lib().reshard_plan_catch_up(h, arr, n, None, ctypes.byref(handle)))
+            plan._own(handle)
+            self._comm._plans.add(plan)
+        return plan
+
     def stats(self):
         """The plan's figures (bytes over the network, lower bounds, ops): a dict."""
         s = _native.PlanStats()

@@ -175,6 +175,10 @@ _SIGNATURES = {
         _S,
         [_P, ctypes.POINTER(TensorT), _I, ctypes.POINTER(PlanConfig), ctypes.POINTER(_P)],
     ),
+    "reshard_plan_catch_up": (
+        _S,
+        [_P, ctypes.POINTER(_I), _I, ctypes.POINTER(PlanConfig), ctypes.POINTER(_P)],
+    ),
 }
 
 _lock = threading.Lock()

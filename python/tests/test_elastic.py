@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """An elastic fleet in the binding (docs/python.md, "Leaving"): comm.leave() is heard by the
-others at once, comm.left() names the rank, and they shrink it away and refit.
+others at once, comm.left() names the rank, and they shrink it away and refit; a replacement
+joins and catches up from a replica (Plan.catch_up) while the trainer sends nothing.
 
 Standard library only (bytearray buffers), each rank a forked process.
 """
@@ -116,6 +117,100 @@ def leave_then_rejoin(box, ready):
             out.put((rank, (traceback.format_exc(), None)))
 
     return rank_fn
+
+
+# Rank 0 trains; ranks 1 and 2 are inference replicas of the whole tensor.
+REPLICAS = [
+    (
+        "w",
+        "shape=%d dtype=i32 ranks=0 place=R" % N,
+        "shape=%d dtype=i32 ranks=1-2 mesh=2 place=R" % N,
+    )
+]
+
+
+def versioned(v):
+    return bytearray(struct.pack("<%di" % N, *range(7 + v * 100000, 7 + v * 100000 + N)))
+
+
+def replace_then_catch_up(box, ready):
+    """Version 1 is refit; rank 2 leaves and a replacement joins with its number; the trainer
+    moves on to version 2 while the replacement catches up from rank 1 (version 1), then the
+    next refit brings everyone to version 2."""
+
+    def rank_fn(uid, rank, out):
+        try:
+            os.environ["RESHARD_TIMEOUT"] = "40"
+            comm = reshard.Comm(uid, rank, 3)
+            src = versioned(1) if rank == 0 else None
+            dst = bytearray(4 * N) if rank else None
+            plan = reshard.Plan(comm, REPLICAS)
+            plan.execute([src] if src else None, [dst] if dst else None)
+            plan.close()
+            comm.barrier()
+            if rank == LEAVER:
+                comm.leave()
+                ready.wait(60)
+                dst = bytearray(b"\x5a" * (4 * N))  # a new process holds nothing
+                grown = reshard.Comm.join(bytes(box[:]), LEAVER, [LEAVER])
+            else:
+                refusal(comm.barrier)
+                survivors = comm.shrink([LEAVER])
+                comm.close()
+                if rank == 0:
+                    box[:] = survivors.grow_id([LEAVER])
+                    ready.set()
+                grown = survivors.grow([LEAVER])
+                survivors.close()
+            refit = reshard.Plan(grown, REPLICAS)
+            if rank == 0:
+                src = versioned(2)  # the trainer moved on
+            catch_up = refit.catch_up([LEAVER])
+            before = grown.counters()
+            catch_up.execute([src] if src else None, [dst] if dst else None)
+            after = grown.counters()
+            stats = catch_up.stats()
+            moved = {k: after[k] - before[k] for k in ("net_out", "local_out", "net_in",
+                                                       "local_in")}
+            got = {
+                "sent": moved["net_out"] + moved["local_out"],
+                "received": moved["net_in"] + moved["local_in"],
+                "net is min": stats["net_bytes"] == stats["min_net_bytes"],
+                "bad list": refusal(lambda: refit.catch_up([LEAVER, LEAVER]))[0],
+            }
+            if rank:
+                got["caught up"] = dst == versioned(1)
+            catch_up.close()
+            refit.execute([src] if src else None, [dst] if dst else None)
+            if rank:
+                got["next refit"] = dst == versioned(2)
+            refit.close()
+            grown.close()
+            out.put((rank, (None, got)))
+        except Exception:
+            out.put((rank, (traceback.format_exc(), None)))
+
+    return rank_fn
+
+
+class CatchingUp(unittest.TestCase):
+    def test_a_replacement_catches_up_from_a_replica_and_the_trainer_sends_nothing(self):
+        ctx = multiprocessing.get_context("fork")
+        box, ready = ctx.Array("B", 128, lock=False), ctx.Event()
+        got, codes = run_ranks(replace_then_catch_up(box, ready), 3)
+        self.assertEqual(codes, [0, 0, 0], "a rank crashed: %s" % (got,))
+        for rank in range(3):
+            err, res = got.get(rank, ("no answer", None))
+            self.assertIsNone(err, "rank %d: %s" % (rank, err))
+            self.assertTrue(res["net is min"], "rank %d" % rank)
+            self.assertEqual(res["bad list"], "ERR_INVALID_ARG", "rank %d" % rank)
+        self.assertEqual(got[0][1]["sent"], 0, "the trainer sent for the joiner")
+        self.assertEqual(got[0][1]["received"], 0)
+        self.assertEqual(got[1][1]["sent"], 4 * N, "the replica serves the joiner")
+        self.assertEqual(got[LEAVER][1]["received"], 4 * N)
+        for rank in (1, LEAVER):
+            self.assertTrue(got[rank][1]["caught up"], "rank %d" % rank)
+            self.assertTrue(got[rank][1]["next refit"], "rank %d" % rank)
 
 
 class Leaving(unittest.TestCase):

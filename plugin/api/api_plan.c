@@ -323,11 +323,11 @@ static reshard_status_t rank_stats(const char *fn, const struct rs_plan *p, int 
             s.self += bytes;
         else if (o->kind == PLAN_OP_NET)
             *(o->src == rank ? &s.net_out : &s.net_in) += bytes;
+        else
+            *(o->src == rank ? &s.local_out : &s.local_in) += bytes;
         if (o->kind == PLAN_OP_NET && o->src == rank &&
             p->tensors[o->tensor].quant == PLAN_QUANT_NONE)
             s.delta_snapshot += bytes;
-        else
-            *(o->src == rank ? &s.local_out : &s.local_in) += bytes;
     }
     struct xfer_set xs;
     reshard_status_t st = xfer_build(p, RESHARD_ALGO_RESHARD, &xs);

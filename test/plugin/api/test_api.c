@@ -147,6 +147,38 @@ Test(api, plan_outlives_its_inputs_and_reports_stats)
     reshard_plan_destroy(p);
 }
 
+/* One rank's figures (reshard_plan_rank_stats) are its row of the world's (reshard_plan_stats),
+ * for ranks that copy in place, forward, and send over the network. */
+Test(api, a_ranks_own_stats_are_its_row_of_the_worlds)
+{
+    struct fixture f;
+    fixture_make(&f, "shape=16x8 ranks=0-7 place=S(0)",
+                 "shape=16x8 ranks=0-7 mesh=2x4 place=R,S(1)", 8, 4);
+    reshard_tensor_t t = {"w", f.src, f.dst};
+    reshard_plan_t *p = NULL;
+    cr_assert_eq(reshard_plan_create(&t, 1, f.topo, NULL, &p), RESHARD_OK, "%s",
+                 reshard_last_error());
+    fixture_free(&f);
+    reshard_plan_stats_t s;
+    reshard_rank_stats_t r[8];
+    cr_assert_eq(reshard_plan_stats(p, &s, r), RESHARD_OK);
+    cr_assert_gt(s.self_bytes, 0);
+    cr_assert_gt(s.net_bytes, 0);
+    for (int k = 0; k < 8; k++) {
+        reshard_rank_stats_t own;
+        cr_assert_eq(reshard_plan_rank_stats(p, k, &own, NULL, NULL), RESHARD_OK);
+        cr_assert_eq(own.net_out, r[k].net_out, "rank %d", k);
+        cr_assert_eq(own.net_in, r[k].net_in, "rank %d", k);
+        cr_assert_eq(own.local_out, r[k].local_out, "rank %d: local_out %llu, the world's %llu", k,
+                     (unsigned long long)own.local_out, (unsigned long long)r[k].local_out);
+        cr_assert_eq(own.local_in, r[k].local_in, "rank %d: local_in %llu, the world's %llu", k,
+                     (unsigned long long)own.local_in, (unsigned long long)r[k].local_in);
+        cr_assert_eq(own.self, r[k].self, "rank %d", k);
+        cr_assert_eq(own.delta_snapshot, r[k].delta_snapshot, "rank %d", k);
+    }
+    reshard_plan_destroy(p);
+}
+
 Test(api, layout_info_and_format)
 {
     reshard_layout_t *l;

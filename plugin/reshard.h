@@ -444,8 +444,8 @@ RESHARD_API reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm,
  * ignored. Refused (RESHARD_ERR_INVALID_ARG, or _RANK_RANGE): a joiner outside the
  * communicator, absent from it or listed twice, an empty list, or a catch-up plan as refit;
  * ranks that pass different lists fail the plan vote (RESHARD_ERR_PLAN_MISMATCH). The next
- * refit with refit runs as any other and includes the joiners (with delta refits, in full:
- * a new plan holds no version). */
+ * refit with refit runs as any other and includes the joiners (with delta refits, the first
+ * refit of a plan made on the grown communicator is in full: a new plan holds no version). */
 RESHARD_API reshard_status_t reshard_plan_catch_up(reshard_plan_t *refit, const int *joiners, int n,
                                                    const reshard_plan_config_t *config,
                                                    reshard_plan_t **plan);

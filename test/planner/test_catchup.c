@@ -226,3 +226,28 @@ Test(catchup, a_joiner_never_copies_from_itself)
     plan_free(p);
     plan_free(refit);
 }
+
+/* An FP8 destination with its scales: the joiner takes codes and scales from its replica as
+ * plain data (an FP8 source with the same blocks), never from the trainers' bf16. */
+Test(catchup, an_fp8_destination_catches_up_codes_and_scales_from_its_replica)
+{
+    const char *src[] = {"shape=512x256 dtype=bf16 ranks=0-3 place=S(0)"};
+    const char *dst[] = {"shape=512x256 dtype=fp8e4m3 ranks=4-7 mesh=2x2 place=R,S(1) "
+                         "quant=block(128,128)"};
+    struct rs_plan *refit = plan_specs(1, src, dst, 8, 2, NULL, 0);
+    cr_assert_eq(refit->ntensors, 2, "the weight and its scales");
+    int joiner = 7;
+    unsigned char *fd = NULL;
+    struct rs_plan *p = catch_up(refit, &joiner, 1, &fd);
+    cr_assert_eq(p->ntensors, 2);
+    cr_assert(fd[0] && fd[1], "codes and scales from the replica");
+    struct plan_rank_stats r[8];
+    struct plan_stats s = check_catch_up(p, &joiner, 1, r);
+    /* its half of the columns in FP8, and its 4 x 1 scales */
+    cr_assert_eq(s.net_bytes, 512 * 128 + 4 * 4, "net %lld", (long long)s.net_bytes);
+    cr_assert_eq(r[5].net_out, s.net_bytes);
+    cr_assert_eq(s.quant_bytes, 0, "nothing is quantized again");
+    free(fd);
+    plan_free(p);
+    plan_free(refit);
+}

@@ -427,3 +427,167 @@ Test(catchup_comm, a_new_replica_takes_one_copy_into_its_domain_and_the_trainers
     wait_joiner(j0, 0);
     wait_joiner(j1, 1);
 }
+
+/* ---- an FP8 destination: codes and scales come from a replica as they are ---- */
+
+#define Q_SRC   "shape=256x128 dtype=bf16 ranks=0 place=R"
+#define Q_BYTES (256 * 128 + 2 * 1 * 4) /* the codes, then the scales of 2 x 1 blocks */
+#define Q_DST(ranks, n)                                                                            \
+    "shape=256x128 dtype=fp8e4m3 ranks=" ranks " mesh=" n " place=R quant=block(128,128)"
+
+struct fp8_box {
+    volatile int ready;
+    reshard_unique_id_t id;
+    unsigned char replica[Q_BYTES]; /* rank 1's codes and scales after each step */
+    struct outcome joined;
+};
+static struct fp8_box *qbox;
+
+/* This rank's plan of the weight (and its scales), with buffers sized from the plan. */
+struct fp8_side {
+    reshard_layout_t *src, *dst;
+    reshard_plan_t *plan;
+    uint16_t *w;
+    unsigned char out[Q_BYTES];
+    reshard_buffers_t b[2];
+};
+
+static reshard_status_t fp8_open(struct fp8_side *x, reshard_comm_t *c, int rank, const char *dst)
+{
+    memset(x, 0, sizeof(*x));
+    x->src = parse(Q_SRC);
+    x->dst = parse(dst);
+    reshard_tensor_t t = {"w.weight", x->src, x->dst};
+    reshard_status_t st = reshard_comm_plan_create(c, &t, 1, NULL, &x->plan);
+    if (st != RESHARD_OK)
+        return st;
+    reshard_layout_shard_bytes(x->src, rank, &x->b[0].src_bytes);
+    reshard_layout_shard_bytes(x->dst, rank, &x->b[0].dst_bytes);
+    reshard_layout_t *sl = NULL;
+    if ((st = reshard_plan_tensor_layout(x->plan, 1, 1, &sl)) != RESHARD_OK)
+        return st;
+    reshard_layout_shard_bytes(sl, rank, &x->b[1].dst_bytes);
+    reshard_layout_destroy(sl);
+    if (x->b[0].dst_bytes && x->b[0].dst_bytes + x->b[1].dst_bytes != Q_BYTES)
+        return RESHARD_ERR_INTERNAL;
+    memset(x->out, 0x5a, sizeof(x->out)); /* a new process holds nothing */
+    x->b[0].dst = x->b[0].dst_bytes ? x->out : NULL;
+    x->b[1].dst = x->b[1].dst_bytes ? x->out + x->b[0].dst_bytes : NULL;
+    x->w = calloc(1, x->b[0].src_bytes + 2);
+    x->b[0].src = x->b[0].src_bytes ? x->w : NULL;
+    return RESHARD_OK;
+}
+
+static void fp8_train(struct fp8_side *x, int version)
+{
+    for (size_t i = 0; i < x->b[0].src_bytes / 2; i++) /* finite bf16: 1.0 .. 2.0, signed */
+        x->w[i] =
+            (uint16_t)(0x3f80 + (i * 7 + (size_t)version * 13) % 128 + (i % 3 == 0 ? 0x8000 : 0));
+}
+
+static void fp8_close(struct fp8_side *x)
+{
+    reshard_plan_destroy(x->plan);
+    reshard_layout_destroy(x->src);
+    reshard_layout_destroy(x->dst);
+    free(x->w);
+}
+
+/* On the grown communicator (ranks 0-3, the weight on 1-3): rank 3 catches up from the
+ * replicas, the trainer (rank 0, a version ahead) sending nothing; its codes and scales are
+ * then rank 1's byte for byte; after the next refit, too. */
+static reshard_status_t fp8_grown(reshard_comm_t *c, int rank, struct fp8_side *x)
+{
+    reshard_plan_t *cu = NULL;
+    int three = 3;
+    reshard_comm_counters_t a, b;
+    reshard_status_t st;
+    if (rank == 0)
+        fp8_train(x, 2);
+    if ((st = reshard_plan_catch_up(x->plan, &three, 1, NULL, &cu)) != RESHARD_OK ||
+        (st = reshard_comm_counters(c, &a)) != RESHARD_OK ||
+        (st = reshard_plan_execute(cu, x->b)) != RESHARD_OK ||
+        (st = reshard_comm_counters(c, &b)) != RESHARD_OK)
+        return fail(st, "fp8 catch-up", rank);
+    reshard_plan_destroy(cu);
+    if (rank == 0 && b.net_out + b.local_out != a.net_out + a.local_out)
+        return fail(RESHARD_ERR_INTERNAL, "the trainer sent bytes for the joiner", rank);
+    for (int step = 0; step < 2; step++) {
+        if (rank == 1)
+            memcpy(qbox->replica, x->out, Q_BYTES);
+        if ((st = reshard_comm_barrier(c)) != RESHARD_OK)
+            return fail(st, "barrier", rank);
+        if (rank == 3 && memcmp(qbox->replica, x->out, Q_BYTES))
+            return fail(RESHARD_ERR_INTERNAL, "codes or scales differ from the replica's", rank);
+        if ((st = reshard_comm_barrier(c)) != RESHARD_OK)
+            return fail(st, "barrier", rank);
+        if (step == 0 && (st = reshard_plan_execute(x->plan, x->b)) != RESHARD_OK)
+            return fail(st, "refit after the catch-up", rank);
+    }
+    return RESHARD_OK;
+}
+
+static reshard_status_t fp8_members(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct fp8_side x0, x;
+    int three = 3;
+    reshard_status_t st = fp8_open(&x0, comm, rank, Q_DST("1-2", "2"));
+    if (rank == 0)
+        fp8_train(&x0, 1);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x0.plan, x0.b);
+    if (st != RESHARD_OK)
+        return fail(st, "fp8 refit before the growth", rank);
+    if (rank == 0) {
+        if ((st = reshard_comm_grow_id(comm, &three, 1, &qbox->id)) != RESHARD_OK)
+            return fail(st, "grow id", rank);
+        __sync_synchronize();
+        qbox->ready = 1;
+    }
+    reshard_comm_t *c2 = NULL;
+    if ((st = reshard_comm_grow(comm, &three, 1, &c2)) != RESHARD_OK)
+        return fail(st, "grow", rank);
+    if ((st = fp8_open(&x, c2, rank, Q_DST("1-3", "3"))) != RESHARD_OK)
+        return fail(st, "fp8 plan on the grown comm", rank);
+    memcpy(x.out, x0.out, Q_BYTES); /* what the replicas hold */
+    if (rank == 0)
+        memcpy(x.w, x0.w, x.b[0].src_bytes);
+    st = fp8_grown(c2, rank, &x);
+    fp8_close(&x);
+    fp8_close(&x0);
+    if (st == RESHARD_OK)
+        reshard_comm_destroy(c2);
+    return st;
+}
+
+Test(catchup_comm, an_fp8_joiner_gets_its_replicas_codes_and_scales_byte_for_byte)
+{
+    qbox = mmap(NULL, sizeof(*qbox), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(qbox, MAP_FAILED);
+    memset(qbox, 0, sizeof(*qbox));
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        while (!qbox->ready)
+            usleep(10 * 1000);
+        reshard_comm_t *c = NULL;
+        struct fp8_side x;
+        int three = 3;
+        reshard_status_t st = reshard_comm_join(&qbox->id, 3, &three, 1, &c);
+        if (st == RESHARD_OK && (st = fp8_open(&x, c, 3, Q_DST("1-3", "3"))) == RESHARD_OK) {
+            st = fp8_grown(c, 3, &x);
+            fp8_close(&x);
+        }
+        qbox->joined.status = st;
+        snprintf(qbox->joined.msg, sizeof(qbox->joined.msg), "%s", reshard_last_error());
+        if (st == RESHARD_OK)
+            reshard_comm_destroy(c);
+        _exit(0);
+    }
+    all_ok(run_ranks(3, fp8_members), 3);
+    int ws;
+    cr_assert_eq(waitpid(pid, &ws, 0), pid);
+    cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the joiner crashed");
+    cr_assert_eq(qbox->joined.status, RESHARD_OK, "joiner: %s", qbox->joined.msg);
+}

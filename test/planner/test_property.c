@@ -6,8 +6,8 @@
  * agree with the brute-force oracle on every element and on every bound; so must the plan of
  * each pair with one source rank absent, unless the oracle finds data that only that rank held
  * (then the plan fails with DATA_LOST). Every rank's own plan of each pair (and of the pair with
- * the rank absent) equals its slice of the whole plan op for op; so does the catch-up of a
- * destination rank that joined (every fourth seed). A failure prints the
+ * the rank absent) equals its slice of the whole plan op for op; so does the catch-up of one
+ * or two destination ranks that joined. A failure prints the
  * seed and both specs; RESHARD_TEST_SEED=N replays one seed.
  */
 #include "oracle.h"
@@ -78,44 +78,49 @@ static void run_absent(const struct random_case *c, uint64_t seed, const struct 
     topo_free(&t);
 }
 
-/* The catch-up of one destination rank that joined (on every fourth seed, for time): it
- * validates, writes the joiner alone, moves exactly min_net_bytes, agrees with the oracle, and
- * every rank's own plan is its slice; or it fails with DATA_LOST only when the joiner's shard
- * has no replica and the oracle finds an element it alone held as a source. */
+/* The catch-up of destination ranks that joined (one, or two on odd seeds): it validates,
+ * writes the joiners alone, moves exactly min_net_bytes, agrees with the oracle, and every
+ * rank's own plan is its slice; or it fails with DATA_LOST only when some joiner's shard has
+ * no replica and the oracle finds an element only joiners held as sources. */
 static void run_catch_up(const struct random_case *c, uint64_t seed, const struct rs_plan *refit,
                          const char *why)
 {
-    if (seed % 4)
-        return;
-    int joiner = c->dst.ranks[(seed * 40503u >> 3) % (uint64_t)c->dst.nranks];
+    int joiners[2], n = 1;
+    joiners[0] = c->dst.ranks[(seed * 40503u >> 3) % (uint64_t)c->dst.nranks];
+    if (seed % 2 && c->dst.nranks > 1) {
+        joiners[1] = c->dst.ranks[(seed * 2246822519u >> 5) % (uint64_t)c->dst.nranks];
+        n += joiners[1] != joiners[0];
+    }
     struct rs_plan *p = NULL;
     unsigned char *fd = NULL;
-    reshard_status_t st = plan_catch_up(refit, &joiner, 1, PLAN_ALL_RANKS, &p, &fd);
+    reshard_status_t st = plan_catch_up(refit, joiners, n, PLAN_ALL_RANKS, &p, &fd);
     if (st == RESHARD_ERR_DATA_LOST) {
         struct rs_topo t;
         cr_assert_eq(topo_copy(&refit->topo, &t), RESHARD_OK);
-        cr_assert_eq(topo_set_off(&t, &joiner, 1, TOPO_SRC), RESHARD_OK);
+        cr_assert_eq(topo_set_off(&t, joiners, n, TOPO_SRC), RESHARD_OK);
         cr_assert_eq(oracle_data_lost(&refit->tensors[0].src, &refit->tensors[0].dst, &t), 1,
-                     "%s\ncatch-up of %d: DATA_LOST, but the sources hold everything", why, joiner);
+                     "%s\ncatch-up of %d: DATA_LOST, but the sources hold everything", why,
+                     joiners[0]);
         topo_free(&t);
         return;
     }
-    cr_assert_eq(st, RESHARD_OK, "%s\ncatch-up of %d: %s", why, joiner, rs_error_message());
-    cr_assert_eq(plan_validate(p), RESHARD_OK, "%s\ncatch-up of %d: %s", why, joiner,
+    cr_assert_eq(st, RESHARD_OK, "%s\ncatch-up of %d: %s", why, joiners[0], rs_error_message());
+    cr_assert_eq(plan_validate(p), RESHARD_OK, "%s\ncatch-up of %d: %s", why, joiners[0],
                  rs_error_message());
     for (size_t i = 0; i < p->nops; i++)
-        cr_assert_eq(p->ops[i].dst, joiner, "%s\ncatch-up of %d writes rank %d", why, joiner,
-                     p->ops[i].dst);
+        cr_assert(p->ops[i].dst == joiners[0] || p->ops[i].dst == joiners[n - 1],
+                  "%s\ncatch-up of %d writes rank %d", why, joiners[0], p->ops[i].dst);
     struct plan_stats s;
     struct oracle_bounds ob;
     cr_assert_eq(plan_stats_compute(p, &s, NULL), RESHARD_OK, "%s", why);
     cr_assert_eq(oracle_bounds(p, &ob), 0, "%s", why);
     cr_assert_eq(s.net_bytes, s.min_net_bytes, "%s\ncatch-up of %d: net %lld, min %lld", why,
-                 joiner, (long long)s.net_bytes, (long long)s.min_net_bytes);
-    cr_assert_eq(s.min_net_bytes, ob.min_net_bytes, "%s\ncatch-up of %d", why, joiner);
+                 joiners[0], (long long)s.net_bytes, (long long)s.min_net_bytes);
+    cr_assert_eq(s.min_net_bytes, ob.min_net_bytes, "%s\ncatch-up of %d", why, joiners[0]);
+    cr_assert_eq(s.lb_nic_bytes, ob.lb_nic_bytes, "%s\ncatch-up of %d", why, joiners[0]);
     char msg[256] = "";
-    cr_assert_eq(oracle_check_plan(p, msg, sizeof(msg)), 0, "%s\ncatch-up of %d: %s", why, joiner,
-                 msg);
+    cr_assert_eq(oracle_check_plan(p, msg, sizeof(msg)), 0, "%s\ncatch-up of %d: %s", why,
+                 joiners[0], msg);
     check_rank_scopes(p, why);
     free(fd);
     plan_free(p);

@@ -424,7 +424,9 @@ RESHARD_API reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm,
 
 /* Catching up from peers (an elastic fleet, docs/elastic.md). Collective over the communicator
  * of refit, a plan made by reshard_comm_plan_create on it (after reshard_comm_grow /
- * reshard_comm_join; every rank passes the same joiners[n]): the plan that brings the ranks
+ * reshard_comm_join; every rank passes the same joiners[n]); of a plan made by
+ * reshard_plan_create or _create_rank, not collective: the same plan, to validate and report
+ * (reshard-plan --catch-up), config ignored. It is the plan that brings the ranks
  * that joined, which hold no version of any weight, to the version the other destination ranks
  * hold since their last refit, moving nothing else. Each joiner's destination shard of a tensor
  * comes from the destination ranks that hold a replica of it: one in the joiner's NVLink domain

@@ -14,7 +14,7 @@ const char plan_usage[] =
     "       reshard-plan --manifest FILE|- [--domain-size N | --domains LIST] [--json]\n"
     "                    [--all-ranks]\n"
     "       (either form) [--cluster nic=50GB/s,nvlink=450GB/s,latency=5us]\n"
-    "                     [--exclude RANKS] [--rank R]\n"
+    "                     [--exclude RANKS] [--catch-up RANKS] [--rank R]\n"
     "       reshard-plan --dump-config | -h | --help\n"
     "\n"
     "  --src, --dst SPEC   layouts, e.g. 'shape=7168x2048 dtype=bf16 ranks=0-7 mesh=2x4 "
@@ -35,6 +35,9 @@ const char plan_usage[] =
     "  --all-ranks         list every rank with traffic (the table stops at 32 otherwise)\n"
     "  --exclude RANKS     plan as after reshard_comm_shrink: these ranks (comma separated)\n"
     "                      are gone, their pieces come from replicas\n"
+    "  --catch-up RANKS    report the catch-up of these destination ranks (comma separated),\n"
+    "                      which joined holding nothing (reshard_plan_catch_up): their\n"
+    "                      shards from the replicas that hold them, else from the sources\n"
     "  --rank R            plan rank R alone, as its communicator rank would (only what it\n"
     "                      sends, receives or forwards); the report ends with rank_ops,\n"
     "                      plan_ms and peak_rss_mib\n"
@@ -205,6 +208,7 @@ static const struct option plan_opts[] = {
     {"cluster", required_argument, NULL, 'k'},
     {"exclude", required_argument, NULL, 'x'},
     {"rank", required_argument, NULL, 'r'},
+    {"catch-up", required_argument, NULL, 'u'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -256,6 +260,14 @@ static int take(int c, const char *v, struct plan_args *a)
         a->nexclude = parse_list(v, &a->exclude);
         return a->nexclude == -2 ? PLAN_EXIT_USAGE
                : a->nexclude < 0 ? plan_bad_input("--exclude: expected comma-separated ranks", v)
+                                 : 0;
+    case 'u':
+        free(a->joiners);
+        a->joiners = NULL;
+        a->joiners_spec = v;
+        a->njoiners = parse_list(v, &a->joiners);
+        return a->njoiners == -2 ? PLAN_EXIT_USAGE
+               : a->njoiners < 0 ? plan_bad_input("--catch-up: expected comma-separated ranks", v)
                                  : 0;
     case 'k':
         a->cluster_spec = v;
@@ -321,5 +333,6 @@ void plan_args_free(struct plan_args *a)
 {
     free(a->domains);
     free(a->exclude);
-    a->domains = a->exclude = NULL;
+    free(a->joiners);
+    a->domains = a->exclude = a->joiners = NULL;
 }

@@ -15,9 +15,11 @@
 struct plan_args {
     const char *src, *dst, *manifest, *cluster_spec, *exclude_spec;
     int domain_size, world_size, json, all_ranks, dump_config, help;
-    int rank;                  /* --rank, or -1 */
-    int *domains, ndomains;    /* --domains: one id per rank */
-    int *exclude, nexclude;    /* --exclude */
+    int rank;               /* --rank, or -1 */
+    int *domains, ndomains; /* --domains: one id per rank */
+    int *exclude, nexclude; /* --exclude */
+    int *joiners, njoiners; /* --catch-up */
+    const char *joiners_spec;
     reshard_cluster_t cluster; /* --cluster, when cluster_spec is set */
 };
 

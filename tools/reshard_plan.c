@@ -93,6 +93,9 @@ static void print_header(const struct plan_args *a, const struct plan_input *in,
     }
     if (a->exclude)
         printf("excluded (gone, as after a shrink): %s\n\n", a->exclude_spec);
+    if (a->joiners)
+        printf("catch-up of ranks %s (joined, holding nothing): only what they receive\n\n",
+               a->joiners_spec);
 }
 
 /* Plans, validates and reports: the exit status. */
@@ -104,6 +107,11 @@ static int plan_and_report(const struct plan_args *a, const struct plan_input *i
         a->rank >= 0
             ? reshard_plan_create_rank(in->tensors, in->ntensors, in->topo, NULL, a->rank, &plan)
             : reshard_plan_create(in->tensors, in->ntensors, in->topo, NULL, &plan);
+    if (st == RESHARD_OK && a->joiners) { /* the refit's catch-up instead */
+        reshard_plan_t *refit = plan;
+        st = reshard_plan_catch_up(refit, a->joiners, a->njoiners, NULL, &plan);
+        reshard_plan_destroy(refit);
+    }
     if (st != RESHARD_OK) {
         plan_bad_input(reshard_last_error(), NULL);
         return st == RESHARD_ERR_DATA_LOST ? PLAN_EXIT_LOST : PLAN_EXIT_USAGE;

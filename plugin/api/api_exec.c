@@ -240,6 +240,23 @@ reshard_status_t reshard_plan_check_layouts(reshard_plan_t *plan, const reshard_
     return api_leave(__func__, st);
 }
 
+/* A catch-up of a plan made by reshard_plan_create(_rank): every rank's, or the same rank's. */
+static reshard_status_t offline_catch_up(const reshard_plan_t *refit, const int *joiners, int n,
+                                         reshard_plan_t **plan)
+{
+    struct reshard_plan *h = rs_calloc(1, sizeof(*h), "plan");
+    if (!h)
+        return RESHARD_ERR_NO_MEMORY;
+    reshard_status_t st = plan_catch_up(refit->p, joiners, n, refit->p->scope, &h->p, &h->from_dst);
+    if (st != RESHARD_OK) {
+        free(h);
+        return st;
+    }
+    api_plan_given(h);
+    *plan = h;
+    return RESHARD_OK;
+}
+
 reshard_status_t reshard_plan_catch_up(reshard_plan_t *refit, const int *joiners, int n,
                                        const reshard_plan_config_t *config, reshard_plan_t **plan)
 {
@@ -247,9 +264,7 @@ reshard_status_t reshard_plan_catch_up(reshard_plan_t *refit, const int *joiners
     if (!refit || !joiners || !plan)
         return api_null_arg(__func__, !refit ? "refit" : !joiners ? "joiners" : "plan");
     *plan = NULL; /* on failure too: nothing to destroy */
-    reshard_status_t st = hold_comm_plan(__func__, refit,
-                                         "which has no communicator; catch up on one made by "
-                                         "reshard_comm_plan_create");
+    reshard_status_t st = api_plan_hold(__func__, refit);
     if (st != RESHARD_OK)
         return api_leave(__func__, st);
     if (refit->from_dst) {
@@ -257,6 +272,11 @@ reshard_status_t reshard_plan_catch_up(reshard_plan_t *refit, const int *joiners
         return api_leave(__func__,
                          rs_error(RESHARD_ERR_INVALID_ARG,
                                   "%s: the plan is a catch-up itself; pass the refit's", __func__));
+    }
+    if (!refit->x) { /* offline: the same plan at the refit's scope, to look at */
+        st = offline_catch_up(refit, joiners, n, plan);
+        api_plan_release(refit);
+        return api_leave(__func__, st);
     }
     struct plan_source from = {.refit = refit->p, .joiners = joiners, .njoiners = n};
     st = comm_plan_make(__func__, exec_comm(refit->x), &from, config, plan);

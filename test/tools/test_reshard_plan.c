@@ -462,6 +462,35 @@ Test(reshard_plan, excluded_ranks_are_replaced_by_replicas_or_reported_lost, .ti
     cr_assert_eq(plan(args), 2, "%s", out);
 }
 
+/* --catch-up: the joiner's shard from the replica that holds it, the sources sending nothing;
+ * one rank's share of it alone; bad lists refused. */
+Test(reshard_plan, a_catch_up_reports_what_the_joiners_receive_from_the_replicas, .timeout = 60)
+{
+    const char *pair = "--src 'shape=64x48 dtype=i32 ranks=0-3 mesh=4 place=S(0)' "
+                       "--dst 'shape=64x48 dtype=i32 ranks=4-7 mesh=2x2 place=R,S(1)' "
+                       "--domain-size 2";
+    char args[512];
+    snprintf(args, sizeof(args), "%s --catch-up 7 --all-ranks", pair);
+    cr_assert_eq(plan(args), 0, "%s", out);
+    cr_assert(strstr(out, "catch-up of ranks 7 (joined, holding nothing)"), "%s", out);
+    cr_assert_eq(value_of("net_bytes"), 64 * 24 * 4, "its TP shard, once");
+    cr_assert_eq(value_of("min_net_bytes"), 64 * 24 * 4);
+    cr_assert(strstr(out, "\nvalid yes\n"), "%s", out);
+    for (int r = 0; r < 4; r++) {
+        char row[32];
+        snprintf(row, sizeof(row), "\n     %d ", r);
+        cr_assert_null(strstr(out, row), "trainer %d has traffic:\n%s", r, out);
+    }
+    snprintf(args, sizeof(args), "%s --catch-up 7 --rank 5", pair);
+    cr_assert_eq(plan(args), 0, "%s", out);
+    cr_assert_eq(value_of("rank_ops"), 1, "%s", out);
+    snprintf(args, sizeof(args), "%s --catch-up 7,7", pair);
+    cr_assert_eq(plan(args), 2, "%s", out);
+    cr_assert(strstr(out, "joiner 7 is listed twice"), "%s", out);
+    snprintf(args, sizeof(args), "%s --catch-up seven", pair);
+    cr_assert_eq(plan(args), 2, "%s", out);
+}
+
 Test(reshard_plan, quantized_destinations_report_the_share_quantized_at_the_senders, .timeout = 60)
 {
     /* 512 rows on 3 ranks: block rows 0 and 3 are held whole (FP8 on the wire), 1 and 2 not */

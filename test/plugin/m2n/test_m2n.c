@@ -11,6 +11,7 @@
 #include "test/tools/run_util.h"
 
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -421,8 +422,36 @@ Test(m2n, a_failing_group_entry_is_named_by_its_index_on_every_rank, .init = env
 
 /* ---- bad input: M2N's error, named, on every rank ---- */
 
-enum bad { DISAGREE, MESH_PAST, DTYPE_ALL, DTYPE_ONE, NULL_DATA, FOUR_DIMS, TWO_SHARD_AXES };
+enum bad {
+    DISAGREE,
+    MESH_PAST,
+    DTYPE_ALL,
+    DTYPE_ONE,
+    NULL_DATA,
+    FOUR_DIMS,
+    TWO_SHARD_AXES,
+    OTHER_CONTEXT
+};
 static enum bad bad_case;
+
+/* A stream of a second CUDA context, made as a program would with the driver API; the primary
+ * context is current again afterwards (the one the communicator runs in). NULL on failure. */
+static cudaStream_t other_context_stream(void)
+{
+    void *cu = dlopen(getenv("RESHARD_CUDA_LIB"), RTLD_NOW | RTLD_LOCAL);
+    if (!cu)
+        return NULL;
+    int (*retain)(void **, int) = (int (*)(void **, int))dlsym(cu, "cuDevicePrimaryCtxRetain");
+    int (*create)(void **, unsigned, int) =
+        (int (*)(void **, unsigned, int))dlsym(cu, "cuCtxCreate_v2");
+    int (*set)(void *) = (int (*)(void *))dlsym(cu, "cuCtxSetCurrent");
+    int (*stream)(void **, unsigned) = (int (*)(void **, unsigned))dlsym(cu, "cuStreamCreate");
+    void *primary = NULL, *other = NULL, *st = NULL;
+    if (!retain || !create || !set || !stream || retain(&primary, 0) || create(&other, 0, 0) ||
+        stream(&st, 0) || set(primary))
+        return NULL;
+    return (cudaStream_t)st;
+}
 
 static void bad_rank(ncclComm_t comm, int rank, struct out *o)
 {
@@ -455,8 +484,13 @@ static void bad_rank(ncclComm_t comm, int rank, struct out *o)
     case TWO_SHARD_AXES:
         ms.t.placements[1] = NCCL_RESHARD_SHARD(1);
         break;
+    case OTHER_CONTEXT:
+        break;
     }
-    note(o, ncclReshard(NULL, comm, &ms.t, &md.t, NULL));
+    cudaStream_t stream = NULL;
+    if (bad_case == OTHER_CONTEXT && rank == 5 && !(stream = other_context_stream()))
+        note(o, ncclInternalError); /* the stand-in driver could not make one */
+    note(o, ncclReshard(NULL, comm, &ms.t, &md.t, stream));
     o->calls++;
     /* the communicator is still good: the right call then works */
     struct side ok_s = s, ok_d = d;
@@ -518,6 +552,13 @@ Test(m2n, m2n_limits_are_refused_as_m2n_refuses_them_pointing_at_the_extension, 
 Test(m2n, two_shard_axes_are_refused_as_m2n_refuses_them, .init = env_setup, .timeout = 120)
 {
     expect_bad(TWO_SHARD_AXES, "src.placements shards 2 mesh axes: NCCL M2N shards at most one");
+}
+
+Test(m2n, a_stream_of_another_cuda_context_fails_every_rank_naming_the_stream_and_rank,
+     .init = env_setup, .timeout = 120)
+{
+    expect_bad(OTHER_CONTEXT, "ncclReshard: rank 5: stream 0x");
+    cr_assert(strstr(outs[0].msg, "not the communicator's"), "%s", outs[0].msg);
 }
 
 /* ---- past M2N's limits, through the extension ---- */

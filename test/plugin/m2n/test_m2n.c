@@ -577,11 +577,14 @@ static void ext_rank(ncclComm_t comm, int rank, struct out *o)
     struct side sn = {1, {10}, 2, {2, 2}, 2, {0, 0}};
     struct side dn = {1, {10}, 1, {8}, 0, {-1}};
     reshard_one(comm, rank, o, NULL, &sn, &dn, ncclUint8, 1);
-    /* 16,384 x 1,024 bytes from one rank to all eight (rows: strided boxes would go as one
-     * NCCL operation per row, more than the stand-in NCCL queues per pair) */
+    /* 16,384 x 1,024 bytes from one rank to all eight, by rows, then by columns: one NCCL
+     * operation per 128-byte row piece, 16,384 per pair, which go in groups that NCCL (and the
+     * stand-in, at NCCL_MAX_OPS per group) takes */
     struct side sb = {2, {16384, 1024}, 1, {1}, 3, {-1}};
     struct side db = {2, {16384, 1024}, 1, {8}, 0, {0}};
     reshard_one(comm, rank, o, NULL, &sb, &db, ncclInt8, 1);
+    struct side dc = {2, {16384, 1024}, 1, {8}, 0, {1}};
+    reshard_one(comm, rank, o, NULL, &sb, &dc, ncclInt8, 1);
     /* the shard helper agrees with the oracle on an uneven shard */
     reshard_m2n_tensor_t t;
     to_ext(&su, ncclInt64, NULL, &t);
@@ -596,7 +599,10 @@ static void ext_rank(ncclComm_t comm, int rank, struct out *o)
 Test(m2n, the_extension_reshards_past_m2n_limits_exactly, .init = env_setup, .timeout = 240)
 {
     run_ranks(ext_rank);
-    assert_all_ok(4);
+    assert_all_ok(5);
+    /* the column split went as more groups than two rounds: rank 0 receives 16,384 pieces */
+    cr_assert_geq(sh->ops[0], 16384, "rank 0 posted %d operations", sh->ops[0]);
+    cr_assert_geq(sh->groups[0], 16384 / 128, "rank 0 ended %d groups", sh->groups[0]);
 }
 
 /* ---- handles, on one rank ---- */

@@ -9,7 +9,10 @@ engine's export, from an object with its get_per_tensor_param_shard (veRL's own 
 the DTensors again into a sharded consumer (a rollout_layout hook: matrices by rows); the
 gathered full tensors veRL's actor worker passes today (a source replicated over the actor
 ranks). A fifth where actor rank 1 describes one tensor unlike rank 0 must fail every rank,
-naming it, and leave the communicator to finalize. Every element
+naming it, and leave the communicator to finalize. Then two through veRL's own actor worker
+code, ActorRolloutRefWorker.update_weights: reshard.verl_workers' subclass (what the
+reshard_* trainers run), which must send exactly what sync 1 sent from each actor rank (local
+shards only), and the stock class, which gathers full tensors first. Every element
 the rollout ranks yield is compared with the unsharded model; the bytes each rank's
 transports moved are compared with the plan's. Exit 0 when all agree, 1 when not, 77 when
 torch or verl is missing (the reason is printed)."""
@@ -47,9 +50,82 @@ def verl_shard_spec():
     return module.ShardSpec
 
 
+def verl_workers():
+    """veRL's ActorRolloutRefWorker and reshard.verl_workers' subclass of it. veRL's worker and
+    trainer modules import, at their top, training-only packages that the weight sync never
+    calls and that the frameworks venv lacks (its veRL is installed without dependencies):
+    those, and only those, are stood in by empty modules here, in this test process."""
+    import importlib
+    import importlib.abc
+    import importlib.machinery
+    import importlib.util
+    import types
+
+    class Empty(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            value = type(name, (), {})
+            setattr(self, name, value)
+            return value
+
+    stood_in = [top for top in ("datasets", "pandas", "transfer_queue", "hydra", "torchdata",
+                                "peft") if importlib.util.find_spec(top) is None]
+
+    class StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        """An empty module (a package: its submodules are empty too) for each name above."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in stood_in:
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+            return None
+
+        def create_module(self, spec):
+            return Empty(spec.name)
+
+        def exec_module(self, module):
+            module.__path__ = []
+
+    sys.meta_path.append(StandIns())
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    import reshard.verl_workers as workers
+
+    if workers.TRAINERS_SKIPPED:  # imported by `import verl` before the stand-ins
+        workers = importlib.reload(workers)
+    for _ in range(20):  # then as long as another training-only package lacks
+        if not workers.TRAINERS_SKIPPED:
+            break
+        lacking = workers.TRAINERS_SKIPPED.partition("No module named '")[2].split("'")[0]
+        top = lacking.split(".")[0]
+        if not top or top in stood_in or importlib.util.find_spec(top) is not None:
+            break
+        stood_in.append(top)
+        workers = importlib.reload(workers)
+    if workers.TRAINERS_SKIPPED:
+        raise RuntimeError("reshard.verl_workers: " + workers.TRAINERS_SKIPPED)
+    return ActorRolloutRefWorker, workers, stood_in
+
+
 ShardSpec = verl_shard_spec()
+StockWorker, WORKERS, STOOD_IN = verl_workers()
 ACTORS, ROLLOUTS = 4, 2
-SYNCS = ("dtensors", "shardspec", "rollout-rows", "full-tensors", "mismatch")
+SYNCS = ("dtensors", "shardspec", "rollout-rows", "full-tensors", "mismatch", "worker",
+         "worker-stock")
+
+
+def actor_worker(cls, training_engine, checkpoint_engine):
+    """An actor worker as veRL's trainer makes it, with what update_weights reads: its config's
+    checkpoint_engine.backend, its training engine, its checkpoint engine."""
+    import types
+
+    from omegaconf import OmegaConf
+
+    w = object.__new__(cls)  # the Ray worker's own set-up (device mesh, model) is not needed
+    w.config = OmegaConf.create({"rollout": {"checkpoint_engine": {"backend": "reshard"}}})
+    w.actor = types.SimpleNamespace(engine=training_engine)
+    w.checkpoint_engine = checkpoint_engine
+    return w
 
 
 class ShardExport:
@@ -62,6 +138,10 @@ class ShardExport:
     def get_per_tensor_param_shard(self, **kwargs):
         return ((n, p.to_local().reshape(-1), ShardSpec.from_param(p))
                 for n, p in self.state_dict.items()), None
+
+    def get_per_tensor_param(self, **kwargs):
+        """As FSDPEngine.get_per_tensor_param: each DTensor gathered (full_tensor), lazily."""
+        return ((n, p.full_tensor()) for n, p in self.state_dict.items()), None
 
 
 def rows(name, shape, dtype, rollout):
@@ -132,7 +212,12 @@ def run(role, index, port, inbox, out):
                     weights = ShardExport(sd)
                 local = sum(p.to_local().nbytes for p in sd.values())
                 try:
-                    metrics = asyncio.run(engine.send_weights(weights, global_steps=1))
+                    if sync.startswith("worker"):  # veRL's ActorRolloutRefWorker.update_weights
+                        w = actor_worker(WORKERS.ReshardActorRolloutRefWorker if sync == "worker"
+                                         else StockWorker, ShardExport(sd), engine)
+                        metrics = asyncio.run(w.update_weights(global_steps=1))
+                    else:
+                        metrics = asyncio.run(engine.send_weights(weights, global_steps=1))
                 except ValueError as e:
                     if sync != "mismatch":
                         raise
@@ -213,6 +298,14 @@ def main():
     total = sum(p.nbytes for p in model().state_dict().values())
     print("verl_check: CheckpointEngineRegistry.get('reshard') is %s.%s (registered through its "
           "%s)" % (cls.__module__, cls.__name__, how))
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    trainers = {m: get_trainer_cls("reshard_" + m) for m in ("sync", "colocate_async",
+                                                            "separate_async")}
+    print("verl_check: veRL's trainer registry: %s; stood in for the import: %s"
+          % (", ".join("reshard_%s -> %s" % (m, c.__name__) for m, c in trainers.items()),
+             ", ".join(STOOD_IN) or "nothing"))
+    per_actor_of = {}
     for k, sync in enumerate(SYNCS):
         rows = [(r, done[r][k]) for r in sorted(done)]
         if sync == "mismatch":
@@ -230,10 +323,16 @@ def main():
         plan = rows[0][1][4]["reshard/plan_net_bytes"]
         # no actor rank sends more than its shard to each rollout rank: no rank sends a gathered
         # tensor, as a broadcast from actor rank 0 (total x rollouts from one rank) would
-        over = [r for r, v in rows if r[0] == "actor" and sync != "full-tensors" and
+        over = [r for r, v in rows if r[0] == "actor" and
+                sync not in ("full-tensors", "worker-stock") and
                 v[4]["reshard/net_out_bytes"] > v[3] * ROLLOUTS]
         per_actor = ",".join(str(v[4]["reshard/net_out_bytes"]) for r, v in rows
                              if r[0] == "actor")
+        per_actor_of[sync] = per_actor
+        if sync == "worker" and per_actor != per_actor_of["dtensors"]:
+            print("verl_check: through the reshard worker the actor ranks sent %s, not the "
+                  "shards of sync 1 (%s)" % (per_actor, per_actor_of["dtensors"]))
+            bad += 1
         print("verl_check: sync %d (%s): %d elements on %d rollout ranks, %d wrong; network "
               "bytes sent %d, received %d, plan %d; per actor rank %s (a broadcast from rank 0: "
               "%d); %d actor ranks past their shard x %d; %d plans"

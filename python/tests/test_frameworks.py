@@ -72,7 +72,7 @@ class Vllm(unittest.TestCase):
 
 
 class Verl(unittest.TestCase):
-    @unittest.skipIf(missing("torch", "verl"), missing("torch", "verl"))
+    @unittest.skipIf(missing("torch", "verl", "megatron"), missing("torch", "verl", "megatron"))
     def test_the_reshard_checkpoint_engine_refits_fsdp2_shards_to_rollout_ranks(self):
         out = run_check(self, "verl_check.py")
         self.assertIn("CheckpointEngineRegistry.get('reshard') is "
@@ -102,6 +102,11 @@ class Verl(unittest.TestCase):
         self.assertIn("sync 7 (worker-stock): 3216 elements on 2 rollout ranks, 0 wrong; network "
                       "bytes sent 12864, received 12864, plan 12864; per actor rank "
                       "6432,6432,0,0", out)
+        # Megatron-Core's parallel layers (tp 2 x dp 2) passed as the module: layouts from the
+        # parameters' attributes, each tp shard sent by one of its two replicas
+        self.assertIn("sync 8 (megatron): 3904 elements on 2 rollout ranks, 0 wrong; network "
+                      "bytes sent 15616, received 15616, plan 15616; per actor rank "
+                      "3904,3968,3904,3840", out)
 
     @unittest.skipIf(missing("verl"), missing("verl"))
     def test_the_installed_package_declares_the_verl_plugin(self):

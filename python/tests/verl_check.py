@@ -12,7 +12,9 @@ ranks). A fifth where actor rank 1 describes one tensor unlike rank 0 must fail 
 naming it, and leave the communicator to finalize. Then two through veRL's own actor worker
 code, ActorRolloutRefWorker.update_weights: reshard.verl_workers' subclass (what the
 reshard_* trainers run), which must send exactly what sync 1 sent from each actor rank (local
-shards only), and the stock class, which gathers full tensors first. Every element
+shards only), and the stock class, which gathers full tensors first. The last sends a model of
+megatron-core's own parallel layers (tensor parallel 2 x data parallel 2 over the actor ranks)
+as the module itself: layouts from the parameters' Megatron attributes. Every element
 the rollout ranks yield is compared with the unsharded model; the bytes each rank's
 transports moved are compared with the plan's. Exit 0 when all agree, 1 when not, 77 when
 torch or verl is missing (the reason is printed)."""
@@ -111,7 +113,53 @@ ShardSpec = verl_shard_spec()
 StockWorker, WORKERS, STOOD_IN = verl_workers()
 ACTORS, ROLLOUTS = 4, 2
 SYNCS = ("dtensors", "shardspec", "rollout-rows", "full-tensors", "mismatch", "worker",
-         "worker-stock")
+         "worker-stock", "megatron")
+
+
+def megatron_checkpoint():
+    """The full tensors of the Megatron sync's model (Megatron names)."""
+    g = torch.Generator().manual_seed(5)
+    return {"embedding.word_embeddings.weight": torch.randn(48, 16, generator=g),
+            "mlp.linear_fc1.weight": torch.randn(2 * 24, 16, generator=g),  # [gate; up]
+            "mlp.linear_fc2.weight": torch.randn(16, 24, generator=g),
+            "mlp.linear_fc2.bias": torch.randn(16, generator=g),
+            "norm.weight": torch.randn(16, generator=g)}
+
+
+def megatron_model(rank):
+    """megatron-core's own parallel layers under tensor parallel 2 x data parallel 2 on the 4
+    actor ranks (pp 1), each rank's parameters cut from megatron_checkpoint as Megatron's
+    converters cut them (SwiGLU linear_fc1: [gate_r; up_r] on tp rank r)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
+                                               VocabParallelEmbedding)
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    cfg = ModelParallelConfig(tensor_model_parallel_size=2, use_cpu_initialization=True,
+                              params_dtype=torch.float32)
+    zero = torch.nn.init.zeros_
+    m = torch.nn.Module()
+    m.embedding = torch.nn.Module()
+    m.embedding.word_embeddings = VocabParallelEmbedding(48, 16, init_method=zero, config=cfg)
+    m.mlp = torch.nn.Module()
+    m.mlp.linear_fc1 = ColumnParallelLinear(16, 2 * 24, config=cfg, init_method=zero,
+                                            bias=False, gather_output=False)
+    m.mlp.linear_fc2 = RowParallelLinear(24, 16, config=cfg, init_method=zero, bias=True,
+                                         input_is_parallel=True, skip_bias_add=False)
+    m.norm = torch.nn.LayerNorm(16, bias=False)
+    tp, t = 2, ps.get_tensor_model_parallel_rank()
+    ck = megatron_checkpoint()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            full = ck[name]
+            if name == "mlp.linear_fc1.weight":
+                gate, up = full.chunk(2, 0)
+                full = torch.cat([gate.chunk(tp, 0)[t], up.chunk(tp, 0)[t]])
+            elif getattr(p, "tensor_model_parallel", False):
+                full = full.chunk(tp, p.partition_dim)[t]
+            p.copy_(full)
+    return m
 
 
 def actor_worker(cls, training_engine, checkpoint_engine):
@@ -197,6 +245,9 @@ def run(role, index, port, inbox, out):
             if sync == "rollout-rows":
                 engine = cls(bucket_size=2048, is_master=(role == "actor" and index == 0),
                              rollout_layout=rows)
+            elif sync == "megatron":
+                engine = cls(bucket_size=2048, is_master=(role == "actor" and index == 0),
+                             megatron_gated_linear_unit=True)
             out.put(("prepare", role, index, engine.prepare()))
             engine.init_process_group(**inbox.get(timeout=600))
             if role == "actor":
@@ -205,12 +256,16 @@ def run(role, index, port, inbox, out):
                     weights = iter(sd.items())
                 elif sync == "full-tensors":  # what veRL's actor worker passes (gathered)
                     weights = ((n, p.full_tensor()) for n, p in sd.items())
+                elif sync == "megatron":  # the module: Megatron's parameters, as they are
+                    weights = megatron_model(index)
+                    sd = dict(weights.named_parameters())
                 elif sync == "mismatch":  # rank 1 passes one shard as a plain tensor
                     weights = ((n, p.to_local() if index == 1 and n == "1.weight" else p)
                                for n, p in sd.items())
                 else:  # a training engine: FSDPEngine.get_per_tensor_param_shard's export
                     weights = ShardExport(sd)
-                local = sum(p.to_local().nbytes for p in sd.values())
+                local = sum((p.to_local() if hasattr(p, "to_local") else p).nbytes
+                            for p in sd.values())
                 try:
                     if sync.startswith("worker"):  # veRL's ActorRolloutRefWorker.update_weights
                         w = actor_worker(WORKERS.ReshardActorRolloutRefWorker if sync == "worker"
@@ -238,7 +293,8 @@ def run(role, index, port, inbox, out):
                     engine.finalize()
                     results.append((sync, 0, 0, 0, {"error": str(e)}))
                     continue
-                want = {n: expected(t, sync, index) for n, t in full.items()}
+                want = {n: expected(t, sync, index) for n, t in
+                        (megatron_checkpoint() if sync == "megatron" else full).items()}
                 wrong = sum(int((got[n] != want[n]).sum()) if n in got and
                             got[n].shape == want[n].shape else want[n].numel() for n in want)
                 elems = sum(t.numel() for t in got.values())
@@ -295,7 +351,6 @@ def main():
     if bad:
         print("verl_check: %d ranks failed" % bad)
         sys.exit(1)
-    total = sum(p.nbytes for p in model().state_dict().values())
     print("verl_check: CheckpointEngineRegistry.get('reshard') is %s.%s (registered through its "
           "%s)" % (cls.__module__, cls.__name__, how))
     from verl.trainer.ppo.v1 import get_trainer_cls
@@ -316,6 +371,8 @@ def main():
                                               rows[ACTORS][1][4].get("error")))
             bad += len(rows) - len(told)
             continue
+        total = sum(p.nbytes for p in (megatron_checkpoint() if sync == "megatron" else
+                                        model().state_dict()).values())
         wrong = sum(v[1] for _, v in rows)
         elems = sum(v[2] for _, v in rows)
         sent = sum(v[4]["reshard/net_out_bytes"] for _, v in rows)
@@ -338,7 +395,8 @@ def main():
               "%d); %d actor ranks past their shard x %d; %d plans"
               % (k + 1, sync, elems, ROLLOUTS, wrong, sent, recv, plan, per_actor,
                  total * ROLLOUTS, len(over), ROLLOUTS, rows[0][1][4]["reshard/plans"]))
-        want = sum(expected(p, sync, i).numel() for p in model().state_dict().values()
+        want = sum(expected(p, sync, i).numel() for p in
+                   (megatron_checkpoint() if sync == "megatron" else model().state_dict()).values()
                    for i in range(ROLLOUTS))
         bad += wrong + len(over) + int(sent != plan) + int(recv != plan) + int(elems != want)
     sys.exit(1 if bad else 0)

@@ -124,6 +124,18 @@ class Verl(unittest.TestCase):
                            timeout=900)
         self.assertEqual(r.stdout.strip().splitlines()[-1:], ["ReshardCheckpointEngine"],
                          r.stderr[-3000:])
+        # with veRL's training dependencies present (stood in: verl_standins), `import verl`
+        # alone registers the reshard_* trainers through the second entry point
+        code = ("import verl_standins; verl_standins.install(); import verl; "
+                "import reshard.verl_workers as w; "
+                "from verl.trainer.ppo.v1 import get_trainer_cls as g; "
+                "print(w.TRAINERS_SKIPPED, g('reshard_sync').__name__, "
+                "g('reshard_separate_async').__name__)")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=900, cwd=HERE)
+        self.assertEqual(r.stdout.strip().splitlines()[-1:],
+                         ["None ReshardPPOTrainerSync ReshardPPOTrainerSeparateAsync"],
+                         r.stderr[-3000:])
 
 
 class CrossChecks(unittest.TestCase):

@@ -26,6 +26,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
 
 try:
     import torch
@@ -53,42 +54,15 @@ def verl_shard_spec():
 
 
 def verl_workers():
-    """veRL's ActorRolloutRefWorker and reshard.verl_workers' subclass of it. veRL's worker and
-    trainer modules import, at their top, training-only packages that the weight sync never
-    calls and that the frameworks venv lacks (its veRL is installed without dependencies):
-    those, and only those, are stood in by empty modules here, in this test process."""
+    """veRL's ActorRolloutRefWorker and reshard.verl_workers' subclass of it, with the
+    training-only packages veRL's worker and trainer modules import (and the frameworks venv,
+    whose veRL is installed without dependencies, lacks) stood in by empty modules in this
+    process (verl_standins)."""
     import importlib
-    import importlib.abc
-    import importlib.machinery
-    import importlib.util
-    import types
 
-    class Empty(types.ModuleType):
-        def __getattr__(self, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            value = type(name, (), {})
-            setattr(self, name, value)
-            return value
+    import verl_standins
 
-    stood_in = [top for top in ("datasets", "pandas", "transfer_queue", "hydra", "torchdata",
-                                "peft") if importlib.util.find_spec(top) is None]
-
-    class StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        """An empty module (a package: its submodules are empty too) for each name above."""
-
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in stood_in:
-                return importlib.machinery.ModuleSpec(name, self, is_package=True)
-            return None
-
-        def create_module(self, spec):
-            return Empty(spec.name)
-
-        def exec_module(self, module):
-            module.__path__ = []
-
-    sys.meta_path.append(StandIns())
+    stood_in = verl_standins.install()
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
     import reshard.verl_workers as workers
@@ -99,14 +73,12 @@ def verl_workers():
         if not workers.TRAINERS_SKIPPED:
             break
         lacking = workers.TRAINERS_SKIPPED.partition("No module named '")[2].split("'")[0]
-        top = lacking.split(".")[0]
-        if not top or top in stood_in or importlib.util.find_spec(top) is not None:
+        if not verl_standins.add(lacking.split(".")[0]):
             break
-        stood_in.append(top)
         workers = importlib.reload(workers)
     if workers.TRAINERS_SKIPPED:
         raise RuntimeError("reshard.verl_workers: " + workers.TRAINERS_SKIPPED)
-    return ActorRolloutRefWorker, workers, stood_in
+    return ActorRolloutRefWorker, workers, list(verl_standins.STOOD_IN)
 
 
 ShardSpec = verl_shard_spec()

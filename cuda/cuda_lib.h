@@ -97,6 +97,7 @@ typedef struct cu_memcpy2d {
     X(memcpy_2d, "cuMemcpy2D_v2", cu_result, (const cu_memcpy2d *p))                               \
     X(stream_create, "cuStreamCreate", cu_result, (cu_stream * stream, unsigned flags))            \
     X(stream_destroy, "cuStreamDestroy_v2", cu_result, (cu_stream stream))                         \
+    X(stream_get_ctx, "cuStreamGetCtx", cu_result, (cu_stream stream, cu_ctx * ctx))               \
     X(event_create, "cuEventCreate", cu_result, (cu_event * ev, unsigned flags))                   \
     X(event_record, "cuEventRecord", cu_result, (cu_event ev, cu_stream stream))                   \
     X(event_query, "cuEventQuery", cu_result, (cu_event ev))                                       \

@@ -6,6 +6,7 @@
 #include "base/error.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* A transfer's round: 0, or 1 for a forward, which reads the forwarder's destination that a
  * round-0 transfer filled. Both ends see the buffers, though only the forwarder knows the
@@ -53,31 +54,100 @@ static void box_region(const struct rs_plan *plan, const struct xfer_set *xs, co
     region_of_shard(m, shardmap_position(m, side ? xf->dst : xf->src), start, start + ndim, r);
 }
 
+/* One send or receive, as lower_xfer found it; its batch is its index among this rank's
+ * operations with the same peer in the same direction, over pair_ops. */
+struct nccl_op {
+    char *ptr;
+    uint64_t len;
+    int send, peer;
+    uint32_t batch;
+    int tensor; /* for the error message */
+};
+
+struct op_list {
+    struct nccl_op *op;
+    size_t n, cap;
+    uint32_t *sends, *recvs; /* [nranks]: operations so far with each peer */
+    uint32_t pair_ops, batches;
+};
+
+static reshard_status_t op_add(struct op_list *l, int send, int peer, char *ptr, uint64_t len,
+                               int tensor, int nranks)
+{
+    if (peer < 0 || peer >= nranks)
+        return rs_error(RESHARD_ERR_INTERNAL, "a transfer names rank %d of %d", peer, nranks);
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 256;
+        struct nccl_op *op = realloc(l->op, cap * sizeof(*op));
+        if (!op)
+            return rs_error(RESHARD_ERR_NO_MEMORY, "out of memory for %zu NCCL operations", cap);
+        l->op = op, l->cap = cap;
+    }
+    uint32_t *count = send ? &l->sends[peer] : &l->recvs[peer];
+    uint32_t batch = (*count)++ / l->pair_ops;
+    l->op[l->n++] = (struct nccl_op){ptr, len, send, peer, batch, tensor};
+    if (batch + 1 > l->batches)
+        l->batches = batch + 1;
+    return RESHARD_OK;
+}
+
 /* This rank's operations for one transfer: a send per piece from its source buffer, a receive
  * per piece into its destination buffer (both, to itself, for a self copy). */
 static reshard_status_t lower_xfer(const struct rs_plan *plan, const struct xfer_set *xs,
                                    const struct xfer *xf, int rank, const reshard_buffers_t *bufs,
-                                   const struct nccl_fns *f, void *comm, void *stream)
+                                   struct op_list *l)
 {
     struct region a, b;
     box_region(plan, xs, xf, 0, &a);
     box_region(plan, xs, xf, 1, &b);
     const reshard_buffers_t *tb = &bufs[xf->tensor];
-    const char *src = xf->src_buf == XBUF_SRC ? tb->src : tb->dst;
+    char *src = (char *)(xf->src_buf == XBUF_SRC ? tb->src : tb->dst);
     char *dst = tb->dst;
+    int nranks = plan->topo.nranks;
     struct region_pair p;
     uint64_t ao, bo, len;
     region_pair_init(&p, &a, &b);
     while (region_pair_next(&p, &ao, &bo, &len)) {
-        nccl_result r;
-        if (xf->src == rank && (r = f->send(src + ao, len, NCCL_UINT8, xf->dst, comm, stream)))
-            return nccl_error(f, r, "ncclSend of %llu bytes of tensor '%s' to rank %d",
-                              (unsigned long long)len, plan->tensors[xf->tensor].name, xf->dst);
-        if (xf->dst == rank && (r = f->recv(dst + bo, len, NCCL_UINT8, xf->src, comm, stream)))
-            return nccl_error(f, r, "ncclRecv of %llu bytes of tensor '%s' from rank %d",
-                              (unsigned long long)len, plan->tensors[xf->tensor].name, xf->src);
+        if (xf->src == rank)
+            RS_CHECK(op_add(l, 1, xf->dst, src + ao, len, (int)xf->tensor, nranks));
+        if (xf->dst == rank)
+            RS_CHECK(op_add(l, 0, xf->src, dst + bo, len, (int)xf->tensor, nranks));
     }
     return RESHARD_OK;
+}
+
+uint32_t nccl_pair_ops(int nranks)
+{
+    uint32_t n = NCCL_GROUP_OPS / (2u * (uint32_t)(nranks > 0 ? nranks : 1));
+    return n ? n : 1;
+}
+
+/* One round's operations, in batches: batch b is one NCCL group. */
+static reshard_status_t issue_round(const struct rs_plan *plan, const struct op_list *l, uint32_t k,
+                                    const struct nccl_fns *f, void *comm, void *stream)
+{
+    reshard_status_t st = RESHARD_OK;
+    for (uint32_t b = 0; b < (l->batches ? l->batches : 1) && st == RESHARD_OK; b++) {
+        nccl_result r = f->group_start();
+        if (r)
+            return nccl_error(f, r, "ncclGroupStart (round %u, group %u)", k, b);
+        for (size_t i = 0; i < l->n && st == RESHARD_OK; i++) {
+            const struct nccl_op *o = &l->op[i];
+            if (o->batch != b)
+                continue;
+            const char *name = plan->tensors[o->tensor].name;
+            if (o->send && (r = f->send(o->ptr, o->len, NCCL_UINT8, o->peer, comm, stream)))
+                st = nccl_error(f, r, "ncclSend of %llu bytes of tensor '%s' to rank %d",
+                                (unsigned long long)o->len, name, o->peer);
+            if (!o->send && (r = f->recv(o->ptr, o->len, NCCL_UINT8, o->peer, comm, stream)))
+                st = nccl_error(f, r, "ncclRecv of %llu bytes of tensor '%s' from rank %d",
+                                (unsigned long long)o->len, name, o->peer);
+        }
+        /* A group is always closed, so that NCCL is left usable after a failure. */
+        if ((r = f->group_end()) && st == RESHARD_OK)
+            st = nccl_error(f, r, "ncclGroupEnd (round %u, group %u)", k, b);
+    }
+    return st;
 }
 
 reshard_status_t nccl_lower(const struct rs_plan *plan, const struct xfer_set *xs, int rank,
@@ -86,11 +156,15 @@ reshard_status_t nccl_lower(const struct rs_plan *plan, const struct xfer_set *x
 {
     uint32_t n = 0;
     RS_CHECK(nccl_rounds(xs, &n));
+    int nranks = plan->topo.nranks;
     /* This rank's transfers in the canonical order: each pair's sends and receives then meet in
      * the same order on both ends, whatever else their lists hold. */
     uint32_t *order = rs_calloc(xs->n + 1, sizeof(uint32_t), "rounds"), mine = 0;
     uint8_t *round = rs_calloc(xs->n + 1, 1, "rounds");
-    reshard_status_t st = order && round ? RESHARD_OK : RESHARD_ERR_NO_MEMORY;
+    struct op_list l = {.sends = rs_calloc((size_t)nranks + 1, sizeof(uint32_t), "NCCL batches"),
+                        .recvs = rs_calloc((size_t)nranks + 1, sizeof(uint32_t), "NCCL batches"),
+                        .pair_ops = nccl_pair_ops(nranks)};
+    reshard_status_t st = order && round && l.sends && l.recvs ? RESHARD_OK : RESHARD_ERR_NO_MEMORY;
     for (size_t i = 0; i < xs->n && st == RESHARD_OK; i++) {
         uint32_t r = 0;
         (void)round_of(xs, &xs->x[i], &r); /* checked by nccl_rounds */
@@ -102,18 +176,18 @@ reshard_status_t nccl_lower(const struct rs_plan *plan, const struct xfer_set *x
     if (st == RESHARD_OK)
         qsort_r(order, mine, sizeof(*order), cmp_canonical, &cut);
     for (uint32_t k = 0; k < n && st == RESHARD_OK; k++) {
-        nccl_result r = f->group_start();
-        if (r) {
-            st = nccl_error(f, r, "ncclGroupStart (round %u)", k);
-            break;
-        }
+        l.n = l.batches = 0;
+        memset(l.sends, 0, (size_t)nranks * sizeof(uint32_t));
+        memset(l.recvs, 0, (size_t)nranks * sizeof(uint32_t));
         for (uint32_t i = 0; i < mine && st == RESHARD_OK; i++)
             if (round[order[i]] == k)
-                st = lower_xfer(plan, xs, &xs->x[order[i]], rank, bufs, f, comm, stream);
-        /* A group is always closed, so that NCCL is left usable after a failure. */
-        if ((r = f->group_end()) && st == RESHARD_OK)
-            st = nccl_error(f, r, "ncclGroupEnd (round %u)", k);
+                st = lower_xfer(plan, xs, &xs->x[order[i]], rank, bufs, &l);
+        if (st == RESHARD_OK)
+            st = issue_round(plan, &l, k, f, comm, stream);
     }
+    free(l.op);
+    free(l.sends);
+    free(l.recvs);
     free(order);
     free(round);
     return st;

@@ -13,6 +13,14 @@
  * groups match, in the same order per pair: NCCL can neither mismatch nor deadlock them, and
  * the stream orders each round after the one before.
  * Strided boxes become one operation per contiguous run until pack kernels land.
+ *
+ * A round whose operations are many goes as several groups: the i-th operation a rank has with
+ * one peer in one direction goes in the round's group i / nccl_pair_ops(nranks), on both ends
+ * alike, so group g on one rank meets only groups g of its peers (each completes before the
+ * next starts, as the stream orders them) and a group holds at most NCCL_GROUP_OPS operations on
+ * any rank. NCCL 2.9 to 2.11 refuse more than NCCL_MAX_OPS (2048) work entries on one channel
+ * in one launch ("Too many aggregated operations"); 2.19 and later wait for room in their work
+ * FIFO instead. Plans whose pairs exchange few pieces keep one group per round.
  */
 #ifndef RS_EXEC_NCCL_H
 #define RS_EXEC_NCCL_H
@@ -28,7 +36,14 @@
 reshard_status_t nccl_lower(const struct rs_plan *plan, const struct xfer_set *xs, int rank,
                             const reshard_buffers_t *bufs, const struct nccl_fns *f, void *comm,
                             void *stream);
-/* The number of groups nccl_lower issues for xs (the same on every rank). */
+/* The number of rounds nccl_lower issues for xs (the same on every rank); each is one group, or
+ * more where a pair exchanges more than nccl_pair_ops pieces in it. */
 reshard_status_t nccl_rounds(const struct xfer_set *xs, uint32_t *rounds);
+
+/* The most operations of a group on one rank (NCCL 2.9-2.11's NCCL_MAX_OPS). */
+#define NCCL_GROUP_OPS 2048u
+/* Operations per peer and direction in one group on a communicator of nranks ranks, so that a
+ * rank's group holds at most NCCL_GROUP_OPS: NCCL_GROUP_OPS / (2 nranks), at least 1. */
+uint32_t nccl_pair_ops(int nranks);
 
 #endif

@@ -5,6 +5,7 @@
  * enqueued on the caller's stream by the NCCL executor. */
 #include "m2n_int.h"
 
+#include "cuda/cuda_lib.h"
 #include "plugin/comm/comm.h"
 
 #include <inttypes.h>
@@ -178,6 +179,7 @@ struct m2n_plan {
 struct m2n_comm {
     ncclComm_t nccl;
     reshard_comm_t *comm;
+    cu_ctx ctx; /* current when the communicator was first used: the one its streams belong to */
     struct m2n_plan *plans;
     struct m2n_comm *next;
 };
@@ -220,6 +222,10 @@ static ncclResult_t comm_get(const struct m2n_call *call, struct m2n_comm **out)
     }
     /* M2N's contract is NCCL's: enqueued on the caller's stream, on the caller's communicator */
     c->comm->nccl_executor = 1;
+    /* reshard_comm_init_nccl made sure a context is current: the one NCCL enqueues in */
+    const struct cuda_fns *cu = cuda_lib();
+    if (cu)
+        cu->ctx_get_current(&c->ctx);
     c->nccl = call->comm;
     pthread_mutex_lock(&cache_lock);
     c->next = comms;
@@ -330,11 +336,40 @@ struct local {
     size_t bytes[2];
 };
 
+/* The stream must belong to the communicator's context: NCCL would enqueue work of one context
+ * on another's stream (an error, or a hang where a rank's work never starts). 0, or -1 with why.
+ * The default streams (NULL, legacy, per-thread) are the current context's. */
+static int stream_check(cudaStream_t stream, cu_ctx comm_ctx, char *why, size_t n)
+{
+    const struct cuda_fns *cu = cuda_lib();
+    if (!cu || !comm_ctx) /* no driver: the communicator could not have been made */
+        return 0;
+    cu_ctx ctx = NULL;
+    cu_result r = cu->stream_get_ctx((cu_stream)stream, &ctx);
+    if (r != CU_SUCCESS) {
+        const char *s = NULL;
+        if (!cu->get_error_string || cu->get_error_string(r, &s) != CU_SUCCESS || !s)
+            s = "unknown";
+        return snprintf(why, n, "stream %p: cuStreamGetCtx fails: %s (%d)", (void *)stream, s, r),
+               -1;
+    }
+    if (ctx != comm_ctx)
+        return snprintf(why, n,
+                        "stream %p belongs to CUDA context %p, not the communicator's %p (the "
+                        "context current when this ncclComm_t was first used): pass a stream of "
+                        "the communicator's context",
+                        (void *)stream, (void *)ctx, (void *)comm_ctx),
+               -1;
+    return 0;
+}
+
 /* This rank's checks, the layouts and this rank's bytes on each side; 0, or -1 with why. */
-static int local_check(const struct m2n_call *call, int rank, int size, struct local *lc, char *why,
-                       size_t n)
+static int local_check(const struct m2n_call *call, int rank, int size, cu_ctx comm_ctx,
+                       struct local *lc, char *why, size_t n)
 {
     static const char *const side[2] = {"src", "dst"};
+    if (stream_check(call->stream, comm_ctx, why, n) < 0)
+        return -1;
     for (int s = 0; s < 2; s++)
         if (side_check(&call->side[s], call->ext, side[s], size, why, n) < 0)
             return -1;
@@ -430,7 +465,7 @@ ncclResult_t m2n_issue(const struct m2n_call *call)
     int rank = reshard_comm_rank(c->comm), size = reshard_comm_size(c->comm);
     struct local lc = {0};
     struct m2n_record mine = {.side = {call->side[0], call->side[1]}};
-    if (local_check(call, rank, size, &lc, mine.why, sizeof(mine.why)) < 0)
+    if (local_check(call, rank, size, c->ctx, &lc, mine.why, sizeof(mine.why)) < 0)
         mine.err = 1;
     r = agree(call, c->comm, &mine);
     struct m2n_plan *p = NULL;

@@ -66,7 +66,7 @@ def _span(shape, strides):
     return 1 + sum((n - 1) * s for n, s in zip(shape, strides))
 
 
-def _contiguous_strides(shape):
+def contiguous_strides(shape):
     out, step = [], 1
     for n in reversed(shape):
         out.insert(0, step)
@@ -74,7 +74,7 @@ def _contiguous_strides(shape):
     return tuple(out)
 
 
-def _same_strides(shape, a, b):
+def same_strides(shape, a, b):
     """Strides that address the same elements (dims of extent 1 may carry any stride)."""
     return all(n <= 1 or x == y for n, x, y in zip(shape, a, b))
 
@@ -135,7 +135,7 @@ def _shape(want, shape, strides, elem):
             want.fail("holds %d elements but the rank is not on this side of the tensor: pass "
                       "None" % numel)
         return 0, False
-    contiguous = _same_strides(shape, strides, _contiguous_strides(shape))
+    contiguous = same_strides(shape, strides, contiguous_strides(shape))
     if want.shared:  # a buffer shared by several tensors (buffer=, view=, offset=)
         if not contiguous:
             want.fail("is not contiguous: a layout with buffer, view or offset items takes the "
@@ -153,7 +153,7 @@ def _shape(want, shape, strides, elem):
         if flat and shape != want.shape:
             want.fail("is flat but the layout has strides=%s: pass the strided tensor itself"
                       % "x".join(map(str, want.strides)))
-        if not _same_strides(shape, strides, want.strides):
+        if not same_strides(shape, strides, want.strides):
             want.fail("has strides %s, the layout strides=%s: build the layout with "
                       "Layout.with_strides_of(tensor)" % (_fmt(strides),
                                                           "x".join(map(str, want.strides))))
@@ -208,7 +208,7 @@ def _array_interface(obj, iface, want, mem):
     shape = tuple(iface["shape"])
     strides = iface.get("strides")
     if strides is None:
-        strides = _contiguous_strides(shape)
+        strides = contiguous_strides(shape)
     else:
         if any(s % itemsize for s in strides):
             want.fail("has strides that are not whole elements: pass a contiguous copy")

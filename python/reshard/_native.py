@@ -198,30 +198,35 @@ def candidates():
     ]
 
 
+def load(paths, signatures):
+    """The first of paths that loads (a bare name goes to the loader's search), with every
+    function of signatures ({name: (restype, argtypes)}) declared; or (None, why each failed)."""
+    errors = []
+    for path in paths:
+        if os.sep in path and not os.path.exists(path):
+            errors.append("%s: no such file" % path)
+            continue
+        try:
+            handle = ctypes.CDLL(path)
+            break
+        except OSError as e:
+            errors.append(str(e))
+    else:
+        return None, "; ".join(errors)
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(handle, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return handle, None
+
+
 def lib():
     """The loaded library, with every signature declared."""
     global _lib
     with _lock:
-        if _lib is not None:
-            return _lib
-        errors = []
-        for path in candidates():
-            if os.sep in path and not os.path.exists(path):
-                errors.append("%s: no such file" % path)
-                continue
-            try:
-                handle = ctypes.CDLL(path)
-                break
-            except OSError as e:
-                errors.append(str(e))
-        else:
-            raise OSError(
-                "reshard: cannot load %s (%s); build it with make, install it, or set "
-                "RESHARD_LIB to its path" % (LIB_NAME, "; ".join(errors))
-            )
-        for name, (restype, argtypes) in _SIGNATURES.items():
-            fn = getattr(handle, name)
-            fn.restype = restype
-            fn.argtypes = argtypes
-        _lib = handle
+        if _lib is None:
+            handle, why = load(candidates(), _SIGNATURES)
+            if handle is None:
+                raise OSError("reshard: cannot load %s (%s); build it with make, install it, or "
+                              "set RESHARD_LIB to its path" % (LIB_NAME, why))
+            _lib = handle
         return _lib

@@ -31,6 +31,8 @@ import sys
 import threading
 import types
 
+from . import _buffers, _native
+
 LIB_NAME = "libreshard-m2n.so"
 
 # nccl_m2n.h
@@ -149,25 +151,12 @@ def candidates():
 def lib():
     global _lib
     with _lock:
-        if _lib is not None:
-            return _lib
-        errors = []
-        for path in candidates():
-            if os.sep in path and not os.path.exists(path):
-                errors.append("%s: no such file" % path)
-                continue
-            try:
-                handle = ctypes.CDLL(path)
-                break
-            except OSError as e:
-                errors.append(str(e))
-        else:
-            raise ImportError("reshard.m2n: cannot load %s (%s); build it with make, install it, "
-                              "or set NCCL_M2N_LIBRARY to its path" % (LIB_NAME, "; ".join(errors)))
-        for name, (restype, argtypes) in _SIGNATURES.items():
-            fn = getattr(handle, name)
-            fn.restype, fn.argtypes = restype, argtypes
-        _lib = handle
+        if _lib is None:
+            handle, why = _native.load(candidates(), _SIGNATURES)
+            if handle is None:
+                raise ImportError("reshard.m2n: cannot load %s (%s); build it with make, install "
+                                  "it, or set NCCL_M2N_LIBRARY to its path" % (LIB_NAME, why))
+            _lib = handle
         return _lib
 
 
@@ -389,19 +378,13 @@ def _buffer(buf, what):
         import numpy as np
 
         shape = tuple(int(d) for d in iface["shape"])
-        typestr = iface["typestr"]
-        if iface.get("strides") is not None:
-            itemsize, expect = np.dtype(typestr).itemsize, []
-            acc = np.dtype(typestr).itemsize
-            for d in reversed(shape):
-                expect.insert(0, acc)
-                acc *= d
-            if tuple(iface["strides"]) != tuple(expect) and all(d > 1 for d in shape):
-                raise NcclInvalid("%s must be contiguous: ncclDistTensor_t carries no strides"
-                                  % what)
-            del itemsize
-        dtype = getattr(buf, "dtype", None)
-        name = getattr(dtype, "name", None) or np.dtype(typestr).name
+        dtype = np.dtype(iface["typestr"])
+        strides = iface.get("strides")
+        if strides is not None and not _buffers.same_strides(
+                shape, tuple(s // dtype.itemsize for s in strides),
+                _buffers.contiguous_strides(shape)):
+            raise NcclInvalid("%s must be contiguous: ncclDistTensor_t carries no strides" % what)
+        name = getattr(getattr(buf, "dtype", None), "name", None) or dtype.name
         return int(iface["data"][0]), shape, _dtype_code(name)
     if isinstance(buf, int):
         raise NcclInvalid("%s is a raw pointer: pass a tensor, which carries its shape and dtype"

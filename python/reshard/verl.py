@@ -21,8 +21,13 @@ destination layout spec, its own shard of that layout.
 
 send_weights takes any of:
   - (name, tensor) pairs: a DTensor (FSDP2, TP) is sent from its local shard with
-    Layout.from_dtensor; a plain tensor is taken as replicated over the actor ranks (the plan
-    picks which rank sends which part);
+    Layout.from_dtensor; a Megatron-Core parameter (its tensor_model_parallel, partition_dim
+    and partition_stride attributes, the sizes and rank order from megatron.core's parallel
+    state: reshard.models.megatron_layouts) from its tensor-parallel shard, replicated over the
+    data-parallel replicas; a plain tensor is taken as replicated over the actor ranks (the
+    plan picks which rank sends which part);
+  - a torch module, or a list of them (Megatron's model chunks): its named parameters, as
+    above;
   - (name, local, spec) triples: spec a reshard.Layout (Megatron parameters with
     reshard.models.megatron_model_layouts), or veRL's ShardSpec with a DTensor mesh and
     placements (what its engines' get_per_tensor_param_shard yields);
@@ -70,14 +75,21 @@ class ReshardCheckpointEngine(CheckpointEngine):
         rollout_layout: optional hook (callable or "module:function") called on actor rank 0 as
             rollout_layout(name, shape, dtype, rollout_ranks) -> a layout spec string for the
             rollout side, or None for the default (the whole tensor on every rollout rank).
+        megatron_gated_linear_unit: Megatron parameters: linear_fc1 holds [gate_r; up_r] on
+            tp rank r (SwiGLU), as megatron_layouts' gated_linear_unit.
+        megatron_order: Megatron parameters: the order initialize_model_parallel was given.
     """
 
     wire_format = "named_tensors"
 
-    def __init__(self, bucket_size=2 << 30, is_master=False, rollout_layout=None, **kwargs):
+    def __init__(self, bucket_size=2 << 30, is_master=False, rollout_layout=None,
+                 megatron_gated_linear_unit=False, megatron_order="tp-cp-ep-dp-pp", **kwargs):
         self.bucket_size = int(bucket_size)
         self.is_master = bool(is_master)
         self.rollout_layout = _resolve(rollout_layout)
+        self.megatron_gated_linear_unit = bool(megatron_gated_linear_unit)
+        self.megatron_order = str(megatron_order)
+        self._megatron_par = None
         self.comm = None
         self.rank = None
         self.world_size = None
@@ -209,7 +221,35 @@ class ReshardCheckpointEngine(CheckpointEngine):
                                                   spec.placements, tuple(mesh.mesh.shape)), t
         if hasattr(t, "device_mesh") and hasattr(t, "placements"):
             return reshard.Layout.from_dtensor(t), t
+        if getattr(t, "tensor_model_parallel", False):
+            return self._megatron_layout(name, t), t
         return self._replicated(tuple(t.shape), t.dtype), t
+
+    def _megatron_layout(self, name, p):
+        """The layout of a Megatron-Core parameter on the actor ranks, from its attributes and
+        megatron.core's parallel state (the actor ranks are its torch.distributed ranks)."""
+        from reshard import models
+
+        if self._megatron_par is None:
+            par = models.MegatronParallel.from_parallel_state(self.megatron_order)
+            if par.world != self.num_actor:
+                raise ValueError("%s: Megatron's parallel state spans %d ranks, the actor ranks "
+                                 "are %d" % (name, par.world, self.num_actor))
+            if par.pp > 1:
+                raise ValueError(
+                    "%s: pipeline parallel %d: each stage holds other parameters under the same "
+                    "local names; pass (name, local, Layout) triples from "
+                    "reshard.models.megatron_model_layouts(module, layers_per_stage=...)"
+                    % (name, par.pp))
+            self._megatron_par = par
+        if getattr(p, "allreduce", True) is False and self._megatron_par.ep > 1:
+            raise ValueError("%s: an expert parameter under expert parallel %d: pass (name, local, "
+                             "Layout) triples from reshard.models.megatron_model_layouts("
+                             "num_experts=...)" % (name, self._megatron_par.ep))
+        (lay,) = models.megatron_layouts(
+            [{name: p}], self._megatron_par,
+            gated_linear_unit=self.megatron_gated_linear_unit).values()
+        return lay
 
     def _replicated(self, shape, dtype):
         return reshard.Layout("shape=%s dtype=%s ranks=%s" % (
@@ -219,6 +259,9 @@ class ReshardCheckpointEngine(CheckpointEngine):
     async def _items(self, weights):
         if hasattr(weights, "get_per_tensor_param_shard"):
             weights, _ = weights.get_per_tensor_param_shard()
+        chunks = weights if isinstance(weights, (list, tuple)) else [weights]
+        if chunks and all(isinstance(c, torch.nn.Module) for c in chunks):
+            return [item for c in chunks for item in c.named_parameters()]
         if hasattr(weights, "__aiter__"):
             return [item async for item in weights]
         return list(weights)

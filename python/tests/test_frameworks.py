@@ -72,7 +72,7 @@ class Vllm(unittest.TestCase):
 
 
 class Verl(unittest.TestCase):
-    @unittest.skipIf(missing("torch", "verl"), missing("torch", "verl"))
+    @unittest.skipIf(missing("torch", "verl", "megatron"), missing("torch", "verl", "megatron"))
     def test_the_reshard_checkpoint_engine_refits_fsdp2_shards_to_rollout_ranks(self):
         out = run_check(self, "verl_check.py")
         self.assertIn("CheckpointEngineRegistry.get('reshard') is "
@@ -90,20 +90,51 @@ class Verl(unittest.TestCase):
                       "bytes sent 12864, received 12864, plan 12864", out)
         # a rank describing a tensor unlike rank 0 fails every rank, naming it, no wait
         self.assertIn("sync 5 (mismatch): 6 of 6 ranks failed naming actor rank 1", out)
+        # through veRL's own ActorRolloutRefWorker.update_weights: reshard's worker (what the
+        # reshard_* trainers run) sends each actor rank's shards only, as sync 1; the stock
+        # worker gathers full tensors first (actor ranks 0 and 1 then send everything)
+        self.assertIn("reshard_sync -> ReshardPPOTrainerSync, reshard_colocate_async -> "
+                      "ReshardPPOTrainerColocateAsync, reshard_separate_async -> "
+                      "ReshardPPOTrainerSeparateAsync", out)
+        self.assertIn("sync 6 (worker): 3216 elements on 2 rollout ranks, 0 wrong; network bytes "
+                      "sent 12864, received 12864, plan 12864; per actor rank "
+                      "3248,3248,3248,3120", out)
+        self.assertIn("sync 7 (worker-stock): 3216 elements on 2 rollout ranks, 0 wrong; network "
+                      "bytes sent 12864, received 12864, plan 12864; per actor rank "
+                      "6432,6432,0,0", out)
+        # Megatron-Core's parallel layers (tp 2 x dp 2) passed as the module: layouts from the
+        # parameters' attributes, each tp shard sent by one of its two replicas
+        self.assertIn("sync 8 (megatron): 3904 elements on 2 rollout ranks, 0 wrong; network "
+                      "bytes sent 15616, received 15616, plan 15616; per actor rank "
+                      "3904,3968,3904,3840", out)
 
     @unittest.skipIf(missing("verl"), missing("verl"))
     def test_the_installed_package_declares_the_verl_plugin(self):
         from importlib.metadata import entry_points
 
-        eps = [e for e in entry_points(group="verl.plugins") if e.name == "reshard"]
+        eps = {e.name: e.value for e in entry_points(group="verl.plugins")
+               if e.name.startswith("reshard")}
         if not eps:
             self.skipTest("reshard is not pip-installed here (make test-frameworks installs it)")
-        self.assertEqual(eps[0].value, "reshard.verl")
+        self.assertEqual(eps, {"reshard": "reshard.verl",
+                               "reshard_trainers": "reshard.verl_workers"})
         code = ("import verl.checkpoint_engine as c; "
                 "print(c.CheckpointEngineRegistry.get('reshard').__name__)")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            timeout=900)
         self.assertEqual(r.stdout.strip().splitlines()[-1:], ["ReshardCheckpointEngine"],
+                         r.stderr[-3000:])
+        # with veRL's training dependencies present (stood in: verl_standins), `import verl`
+        # alone registers the reshard_* trainers through the second entry point
+        code = ("import verl_standins; verl_standins.install(); import verl; "
+                "import reshard.verl_workers as w; "
+                "from verl.trainer.ppo.v1 import get_trainer_cls as g; "
+                "print(w.TRAINERS_SKIPPED, g('reshard_sync').__name__, "
+                "g('reshard_separate_async').__name__)")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=900, cwd=HERE)
+        self.assertEqual(r.stdout.strip().splitlines()[-1:],
+                         ["None ReshardPPOTrainerSync ReshardPPOTrainerSeparateAsync"],
                          r.stderr[-3000:])
 
 

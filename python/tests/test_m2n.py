@@ -259,6 +259,17 @@ class Surface(unittest.TestCase):
         with self.assertRaises(ValueError):
             m2n.Mesh((0, 2))
 
+    def test_tiles_are_read_through_the_shared_buffer_helpers(self):
+        from reshard import _native
+
+        a = np.arange(24, dtype=np.float32).reshape(4, 6)
+        self.assertEqual(m2n._buffer(a, "src"), (a.ctypes.data, (4, 6), 7))
+        self.assertEqual(m2n._buffer(a[1:2], "dst")[1], (1, 6))  # one row: contiguous
+        for view in (a[:, ::2], a[:, 2:3]):  # every other column; one column of many rows
+            with self.assertRaisesRegex(m2n.NcclInvalid, "src must be contiguous"):
+                m2n._buffer(view, "src")
+        self.assertIs(m2n._native.load, _native.load)  # one loader for both libraries
+
     def test_install_makes_import_nccl_m2n_resolve_to_reshard(self):
         saved = {k: sys.modules.get(k) for k in ("nccl", "nccl.m2n")}
         try:

@@ -3,8 +3,10 @@
  * (pointer queries fail, so every pointer reads as host memory). Device allocations are shared
  * memory (memfd), so that an IPC handle, naming the allocating process and its descriptor, can
  * be opened by another process through /proc/PID/fd. Events complete on their second query, so
- * that callers meet "not ready". FAKE_CUDA_FAIL=symbol[:N] makes that call fail (with error
- * 999) from its Nth call on (default: the first). */
+ * that callers meet "not ready". Contexts are the device's primary one and those cuCtxCreate
+ * makes, one current per thread (none at first); a stream belongs to the context current when it
+ * was made (cuStreamGetCtx). FAKE_CUDA_FAIL=symbol[:N] makes that call fail (with error 999)
+ * from its Nth call on (default: the first). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdint.h>
@@ -22,8 +24,16 @@
 #define FAKE_ERROR         999 /* CUDA_ERROR_UNKNOWN */
 #define FAKE_NOT_READY     600
 #define FAKE_INVALID_VALUE 1
+#define FAKE_INVALID_CTX   201 /* CUDA_ERROR_INVALID_CONTEXT */
 
-static int context;
+/* A context: the primary one, or one of cuCtxCreate's. */
+struct fake_ctx {
+    unsigned magic;
+};
+#define CTX_MAGIC    0x63747846u
+#define STREAM_MAGIC 0x73747246u
+static struct fake_ctx context = {CTX_MAGIC};
+static __thread struct fake_ctx *current; /* the calling thread's current context */
 
 static int fails(const char *symbol)
 {
@@ -122,13 +132,41 @@ API int cuDevicePrimaryCtxRetain(void **ctx, int dev)
 
 API int cuCtxGetCurrent(void **ctx)
 {
-    *ctx = NULL; /* so reshard retains and sets the primary one */
+    *ctx = current; /* NULL until a thread sets one: reshard then retains and sets the primary */
     return 0;
 }
 
 API int cuCtxSetCurrent(void *ctx)
 {
-    return ctx == &context ? 0 : 201;
+    struct fake_ctx *c = ctx;
+    if (c && c->magic != CTX_MAGIC)
+        return FAKE_INVALID_CTX;
+    current = c;
+    return 0;
+}
+
+/* Another context on the device, made current (as the driver does). */
+API int cuCtxCreate_v2(void **ctx, unsigned flags, int dev)
+{
+    (void)flags;
+    struct fake_ctx *c = dev == 0 ? malloc(sizeof(*c)) : NULL;
+    if (!c)
+        return dev == 0 ? 2 : 101;
+    c->magic = CTX_MAGIC;
+    *ctx = current = c;
+    return 0;
+}
+
+API int cuCtxDestroy_v2(void *ctx)
+{
+    struct fake_ctx *c = ctx;
+    if (!c || c == &context || c->magic != CTX_MAGIC)
+        return FAKE_INVALID_CTX;
+    if (current == c)
+        current = NULL;
+    c->magic = 0;
+    free(c);
+    return 0;
 }
 
 /* Only an allocation's id (CU_POINTER_ATTRIBUTE_BUFFER_ID) is known; other queries fail, so
@@ -540,18 +578,46 @@ API int cuMemcpy2D_v2(const struct fake_memcpy2d *p)
     return cuMemcpy2DAsync_v2(p, NULL);
 }
 
-static int stream_obj;
+struct fake_stream {
+    unsigned magic;
+    struct fake_ctx *ctx; /* current when it was made */
+};
 
 API int cuStreamCreate(void **stream, unsigned flags)
 {
     (void)flags;
-    *stream = &stream_obj;
+    struct fake_stream *s = malloc(sizeof(*s));
+    if (!s)
+        return 2;
+    /* the driver refuses without a current context; callers here made one or use the primary */
+    *s = (struct fake_stream){STREAM_MAGIC, current ? current : &context};
+    *stream = s;
     return 0;
 }
 
 API int cuStreamDestroy_v2(void *stream)
 {
-    return stream == &stream_obj ? 0 : FAKE_INVALID_VALUE;
+    struct fake_stream *s = stream;
+    if (!s || s->magic != STREAM_MAGIC)
+        return FAKE_INVALID_VALUE;
+    s->magic = 0;
+    free(s);
+    return 0;
+}
+
+/* The legacy default stream (NULL, CU_STREAM_LEGACY) and the per-thread one
+ * (CU_STREAM_PER_THREAD) belong to the current context. */
+API int cuStreamGetCtx(void *stream, void **ctx)
+{
+    struct fake_stream *s = stream;
+    if (!s || s == (void *)0x1 || s == (void *)0x2) {
+        *ctx = current;
+        return current ? 0 : FAKE_INVALID_CTX;
+    }
+    if (s->magic != STREAM_MAGIC)
+        return FAKE_INVALID_VALUE;
+    *ctx = s->ctx;
+    return 0;
 }
 
 struct fake_event {

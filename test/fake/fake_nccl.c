@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* libnccl.so.2's calls that reshard and nccl_net_check make, over a shared mapping (see
  * fake_nccl.h): point to point messages per ordered pair, in the order they were posted, sizes
- * checked; all-gather, and the all-reduce of float and int32 sums. */
+ * checked; all-gather, and the all-reduce of float and int32 sums. A group holds at most
+ * FAKE_MAX_OPS operations on a rank, the strictest NCCL's limit; a send waits (10 s at most)
+ * for room while its pair's queue or the arena is full, as NCCL's sends wait for the peer. */
 #define _GNU_SOURCE /* ftruncate, %m */
 #include "fake_nccl.h"
 
@@ -125,19 +127,33 @@ API int ncclGroupEnd(void)
         return OK;
     struct fake_shared *sh = c->sh;
     int rc = OK;
-    for (int i = 0; i < npending; i++) {
+    if (npending > FAKE_MAX_OPS) {
+        fprintf(stderr,
+                "fake nccl: rank %d: %d operations in one group, more than NCCL_MAX_OPS (%d)\n",
+                c->rank, npending, FAKE_MAX_OPS);
+        rc = INVALID_USAGE;
+    }
+    for (int i = 0; i < npending && rc == OK; i++) {
         struct pending *p = &pending[i];
         if (!p->send)
             continue;
         unsigned region = 0;
         int *t = &sh->tail[c->rank][p->peer];
-        size_t off = *t < FAKE_QUEUE ? arena_take(sh, p->len, &region) : SIZE_MAX;
+        const int *h = &sh->head[c->rank][p->peer];
+        size_t off = SIZE_MAX;
+        time_t until = time(NULL) + 10;
+        while ((*t - __atomic_load_n(h, __ATOMIC_ACQUIRE) >= FAKE_QUEUE ||
+                (off = arena_take(sh, p->len, &region)) == SIZE_MAX) &&
+               time(NULL) < until)
+            sched_yield();
         if (off == SIZE_MAX) {
+            fprintf(stderr, "fake nccl: rank %d: no room for %zu bytes to %d in 10 s\n", c->rank,
+                    p->len, p->peer);
             rc = INVALID_USAGE;
             break;
         }
         memcpy(sh->arena + off, p->buf, p->len);
-        sh->q[c->rank][p->peer][*t] = (struct fake_msg){off, p->len, region};
+        sh->q[c->rank][p->peer][*t % FAKE_QUEUE] = (struct fake_msg){off, p->len, region};
         __atomic_store_n(t, *t + 1, __ATOMIC_RELEASE);
     }
     for (int i = 0; i < npending && rc == OK; i++) {
@@ -150,15 +166,16 @@ API int ncclGroupEnd(void)
                time(NULL) < until)
             sched_yield();
         if (__atomic_load_n(&sh->tail[p->peer][c->rank], __ATOMIC_ACQUIRE) <= *h ||
-            sh->q[p->peer][c->rank][*h].len != p->len) {
+            sh->q[p->peer][c->rank][*h % FAKE_QUEUE].len != p->len) {
             fprintf(stderr, "fake nccl: rank %d: receive of %zu bytes from %d unmatched\n", c->rank,
                     p->len, p->peer);
             rc = INVALID_USAGE;
             break;
         }
-        const struct fake_msg *m = &sh->q[p->peer][c->rank][(*h)++];
+        const struct fake_msg *m = &sh->q[p->peer][c->rank][*h % FAKE_QUEUE];
         memcpy(p->buf, sh->arena + m->off, p->len);
         arena_give(sh, m->region);
+        __atomic_store_n(h, *h + 1, __ATOMIC_RELEASE); /* the slot may be used again */
         corrupt("ncclRecv", c, p->buf, p->len, p->dt);
     }
     sh->groups[c->rank]++;

@@ -12,8 +12,11 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
-#define FAKE_RANKS   8
-#define FAKE_QUEUE   4096
+#define FAKE_RANKS 8
+#define FAKE_QUEUE 4096 /* messages in flight per ordered pair (a ring) */
+#define FAKE_MAX_OPS                                                                               \
+    2048                       /* sends and receives in one group on one rank: NCCL 2.9-2.11's     \
+                                  NCCL_MAX_OPS work entries per channel and launch */
 #define FAKE_COLL    (1 << 20) /* bytes each rank may bring to a collective */
 #define FAKE_REGIONS 16384     /* messages in the arena at once */
 
@@ -32,7 +35,7 @@ struct fake_shared {
         size_t off, len;
         unsigned region;                     /* its entry in regions */
     } q[FAKE_RANKS][FAKE_RANKS][FAKE_QUEUE]; /* [src][dst]: what src sent dst, in order */
-    int head[FAKE_RANKS][FAKE_RANKS], tail[FAKE_RANKS][FAKE_RANKS];
+    int head[FAKE_RANKS][FAKE_RANKS], tail[FAKE_RANKS][FAKE_RANKS]; /* q's index mod FAKE_QUEUE */
     atomic_size_t used;     /* where the newest message in the arena ends */
     int groups[FAKE_RANKS]; /* non-empty groups each rank ended */
     int ops[FAKE_RANKS];    /* sends and receives each rank posted */

@@ -4,7 +4,8 @@
  * real NCCL communicator (scripts/gpu-check.sh). One rank, as one GPU holds one NCCL rank:
  * both meshes are rank 0, so every transfer is NCCL's send to itself on the caller's stream.
  * It reshards 2-D and 3-D tensors in device memory (cuMemAlloc) in every placement M2N takes,
- * alone and in a group, through the extension, then checks M2N's refusal of an unnamed dtype;
+ * alone and in a group, through the extension, then checks M2N's refusal of an unnamed dtype
+ * and of a stream of another CUDA context (made with cuCtxCreate on the same device);
  * every element is copied back and checked. Prints the count and exits 0 only when none is
  * wrong; 77 when there is no CUDA driver or NCCL here.
  *
@@ -121,6 +122,9 @@ int main(int argc, char **argv)
     int (*cu_retain)(void **, int) = sym(cu, "cuDevicePrimaryCtxRetain");
     int (*cu_set)(void *) = sym(cu, "cuCtxSetCurrent");
     int (*cu_stream)(void **, unsigned) = sym(cu, "cuStreamCreate");
+    int (*cu_stream_destroy)(void *) = sym(cu, "cuStreamDestroy_v2");
+    int (*cu_ctx_create)(void **, unsigned, int) = sym(cu, "cuCtxCreate_v2");
+    int (*cu_ctx_destroy)(void *) = sym(cu, "cuCtxDestroy_v2");
     cu_alloc = sym(cu, "cuMemAlloc_v2");
     cu_free = sym(cu, "cuMemFree_v2");
     cu_htod = sym(cu, "cuMemcpyHtoD_v2");
@@ -203,12 +207,26 @@ int main(int argc, char **argv)
     int refused = rc == ncclInvalidArgument &&
                   strstr(ncclM2nGetLastError(), "src.dtype is 12, a dtype NCCL M2N does not name");
     pair_check(&p, host);
+    /* a stream of another context on the same device: refused naming the stream, nothing runs */
+    void *other, *ostream;
+    CHECK(cu_ctx_create(&other, 0, dev), "cuCtxCreate");
+    CHECK(cu_stream(&ostream, 1), "cuStreamCreate (the other context)");
+    CHECK(cu_set(ctx), "cuCtxSetCurrent");
+    pair_make(&p, 2, shape3, pl[0], pl[0], host);
+    rc = ncclReshard(h, comm, &p.src, &p.dst, (cudaStream_t)ostream);
+    int ctx_refused =
+        rc == ncclInvalidArgument && strstr(ncclM2nGetLastError(), "not the communicator's");
+    pair_check(&p, host);
+    CHECK(cu_stream_destroy(ostream), "cuStreamDestroy");
+    CHECK(cu_ctx_destroy(other), "cuCtxDestroy");
+    CHECK(cu_set(ctx), "cuCtxSetCurrent");
     printf("m2n_check: %ld reshards through NCCL (2-D %ld MiB, 3-D, 4-D), %ld elements, "
-           "#wrong %ld, unnamed dtype %s\n",
-           calls, mib, elems, wrong, refused ? "refused" : "NOT refused");
+           "#wrong %ld, unnamed dtype %s, stream of another context %s\n",
+           calls, mib, elems, wrong, refused ? "refused" : "NOT refused",
+           ctx_refused ? "refused" : "NOT refused");
     CHECK(ncclM2nFinalize(h), "ncclM2nFinalize");
     CHECK(ncclM2nFinalize(NULL), "ncclM2nFinalize");
     nccl_destroy(ncomm);
     free(host);
-    return wrong || !refused ? 1 : 0;
+    return wrong || !refused || !ctx_refused ? 1 : 0;
 }

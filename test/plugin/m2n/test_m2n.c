@@ -11,6 +11,7 @@
 #include "test/tools/run_util.h"
 
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -421,8 +422,36 @@ Test(m2n, a_failing_group_entry_is_named_by_its_index_on_every_rank, .init = env
 
 /* ---- bad input: M2N's error, named, on every rank ---- */
 
-enum bad { DISAGREE, MESH_PAST, DTYPE_ALL, DTYPE_ONE, NULL_DATA, FOUR_DIMS, TWO_SHARD_AXES };
+enum bad {
+    DISAGREE,
+    MESH_PAST,
+    DTYPE_ALL,
+    DTYPE_ONE,
+    NULL_DATA,
+    FOUR_DIMS,
+    TWO_SHARD_AXES,
+    OTHER_CONTEXT
+};
 static enum bad bad_case;
+
+/* A stream of a second CUDA context, made as a program would with the driver API; the primary
+ * context is current again afterwards (the one the communicator runs in). NULL on failure. */
+static cudaStream_t other_context_stream(void)
+{
+    void *cu = dlopen(getenv("RESHARD_CUDA_LIB"), RTLD_NOW | RTLD_LOCAL);
+    if (!cu)
+        return NULL;
+    int (*retain)(void **, int) = (int (*)(void **, int))dlsym(cu, "cuDevicePrimaryCtxRetain");
+    int (*create)(void **, unsigned, int) =
+        (int (*)(void **, unsigned, int))dlsym(cu, "cuCtxCreate_v2");
+    int (*set)(void *) = (int (*)(void *))dlsym(cu, "cuCtxSetCurrent");
+    int (*stream)(void **, unsigned) = (int (*)(void **, unsigned))dlsym(cu, "cuStreamCreate");
+    void *primary = NULL, *other = NULL, *st = NULL;
+    if (!retain || !create || !set || !stream || retain(&primary, 0) || create(&other, 0, 0) ||
+        stream(&st, 0) || set(primary))
+        return NULL;
+    return (cudaStream_t)st;
+}
 
 static void bad_rank(ncclComm_t comm, int rank, struct out *o)
 {
@@ -455,8 +484,13 @@ static void bad_rank(ncclComm_t comm, int rank, struct out *o)
     case TWO_SHARD_AXES:
         ms.t.placements[1] = NCCL_RESHARD_SHARD(1);
         break;
+    case OTHER_CONTEXT:
+        break;
     }
-    note(o, ncclReshard(NULL, comm, &ms.t, &md.t, NULL));
+    cudaStream_t stream = NULL;
+    if (bad_case == OTHER_CONTEXT && rank == 5 && !(stream = other_context_stream()))
+        note(o, ncclInternalError); /* the stand-in driver could not make one */
+    note(o, ncclReshard(NULL, comm, &ms.t, &md.t, stream));
     o->calls++;
     /* the communicator is still good: the right call then works */
     struct side ok_s = s, ok_d = d;
@@ -520,6 +554,13 @@ Test(m2n, two_shard_axes_are_refused_as_m2n_refuses_them, .init = env_setup, .ti
     expect_bad(TWO_SHARD_AXES, "src.placements shards 2 mesh axes: NCCL M2N shards at most one");
 }
 
+Test(m2n, a_stream_of_another_cuda_context_fails_every_rank_naming_the_stream_and_rank,
+     .init = env_setup, .timeout = 120)
+{
+    expect_bad(OTHER_CONTEXT, "ncclReshard: rank 5: stream 0x");
+    cr_assert(strstr(outs[0].msg, "not the communicator's"), "%s", outs[0].msg);
+}
+
 /* ---- past M2N's limits, through the extension ---- */
 
 static void ext_rank(ncclComm_t comm, int rank, struct out *o)
@@ -536,11 +577,14 @@ static void ext_rank(ncclComm_t comm, int rank, struct out *o)
     struct side sn = {1, {10}, 2, {2, 2}, 2, {0, 0}};
     struct side dn = {1, {10}, 1, {8}, 0, {-1}};
     reshard_one(comm, rank, o, NULL, &sn, &dn, ncclUint8, 1);
-    /* 16,384 x 1,024 bytes from one rank to all eight (rows: strided boxes would go as one
-     * NCCL operation per row, more than the stand-in NCCL queues per pair) */
+    /* 16,384 x 1,024 bytes from one rank to all eight, by rows, then by columns: one NCCL
+     * operation per 128-byte row piece, 16,384 per pair, which go in groups that NCCL (and the
+     * stand-in, at NCCL_MAX_OPS per group) takes */
     struct side sb = {2, {16384, 1024}, 1, {1}, 3, {-1}};
     struct side db = {2, {16384, 1024}, 1, {8}, 0, {0}};
     reshard_one(comm, rank, o, NULL, &sb, &db, ncclInt8, 1);
+    struct side dc = {2, {16384, 1024}, 1, {8}, 0, {1}};
+    reshard_one(comm, rank, o, NULL, &sb, &dc, ncclInt8, 1);
     /* the shard helper agrees with the oracle on an uneven shard */
     reshard_m2n_tensor_t t;
     to_ext(&su, ncclInt64, NULL, &t);
@@ -555,7 +599,10 @@ static void ext_rank(ncclComm_t comm, int rank, struct out *o)
 Test(m2n, the_extension_reshards_past_m2n_limits_exactly, .init = env_setup, .timeout = 240)
 {
     run_ranks(ext_rank);
-    assert_all_ok(4);
+    assert_all_ok(5);
+    /* the column split went as more groups than two rounds: rank 0 receives 16,384 pieces */
+    cr_assert_geq(sh->ops[0], 16384, "rank 0 posted %d operations", sh->ops[0]);
+    cr_assert_geq(sh->groups[0], 16384 / 128, "rank 0 ended %d groups", sh->groups[0]);
 }
 
 /* ---- handles, on one rank ---- */

@@ -88,7 +88,7 @@ CUDA_ARCHS := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=
               -gencode arch=compute_100,code=[sm_100,compute_100]
 ifneq ($(NVCC),)
 FATBIN_OBJ := $(BUILD)/obj/cuda/pack_fatbin.o
-$(BUILD)/obj/cuda/pack.fatbin: cuda/pack.cu cuda/pack_desc.h cuda/quant.h
+$(BUILD)/obj/cuda/pack.fatbin: cuda/pack.cu cuda/pack_desc.h cuda/quant.h cuda/delta_desc.h
 	@mkdir -p $(@D)
 	$(NVCC) -fatbin $(CUDA_ARCHS) -O3 -I. -o $@ $<
 $(BUILD)/obj/cuda/pack_fatbin.c: $(BUILD)/obj/cuda/pack.fatbin scripts/embed.py
@@ -195,7 +195,7 @@ $(NET_DRIVER): $(BUILD)/obj/test/plugin/net/net_driver.o $(BUILD)/obj/test/plugi
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ -ldl -lpthread $(LDFLAGS_ALL)
 
-$(BUILD)/test/fake/libcuda.so.1: test/fake/fake_cuda.c cuda/pack_desc.h cuda/quant.h
+$(BUILD)/test/fake/libcuda.so.1: test/fake/fake_cuda.c cuda/pack_desc.h cuda/quant.h cuda/delta_desc.h
 	@mkdir -p $(@D)
 	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g -fPIC -shared -fvisibility=hidden $(SAN) -I. \
 	    -o $@ $<

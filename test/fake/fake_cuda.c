@@ -170,6 +170,8 @@ API int cuMemGetHandleForAddressRange(void *handle, uint64_t ptr, size_t size, i
 
 API int cuMemAlloc_v2(uint64_t *p, size_t n)
 {
+    if (fails("cuMemAlloc_v2"))
+        return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
     struct fake_alloc *a = slot();
     int fd = a ? memfd_create("fake-cuda", MFD_CLOEXEC) : -1;
     if (fd < 0 || ftruncate(fd, (off_t)(n ? n : 1))) {

@@ -109,8 +109,8 @@ static int dev_work(struct exec *x, uint64_t chunk)
         return 0;
     }
     uint64_t nw = (chunk + 63) / 64, ncnt = (nw > chunk / 8 ? nw : chunk / 8) + 1;
-    uint64_t size[W_N] = {chunk, chunk, nw * 8, ncnt * 4, (nw + 1) * 4,
-                          sizeof(struct rs_delta_info)};
+    uint64_t size[W_N] = {chunk,    chunk,        nw * 8,
+                          ncnt * 4, (nw + 1) * 4, sizeof(struct rs_delta_info)};
     uint64_t at[W_N + 1] = {0};
     for (int i = 0; i < W_N; i++)
         at[i + 1] = at[i] + ALIGN256(size[i]);
@@ -147,8 +147,9 @@ int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev)
             v = NULL;
         }
         if (!v) {
-            rs_log(RS_LOG_WARN, "rank %d: no memory for delta refits' device state: refits run "
-                                "in full",
+            rs_log(RS_LOG_WARN,
+                   "rank %d: no memory for delta refits' device state: refits run "
+                   "in full",
                    x->comm->rank);
             return 0;
         }

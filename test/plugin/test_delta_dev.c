@@ -77,8 +77,7 @@ static uint64_t value(int64_t g, int k)
 }
 
 /* Writes (put) or counts wrong elements of the rank's shard of l in buf, for refit k. */
-static void each_element(const reshard_layout_t *l, int rank, char *buf, int put, int k,
-                         int *wrong)
+static void each_element(const reshard_layout_t *l, int rank, char *buf, int put, int k, int *wrong)
 {
     reshard_layout_info_t info;
     int64_t shape[8], numel;
@@ -250,6 +249,7 @@ Test(delta_dev, device_buffers_registered_for_gpudirect_equal_the_source_too)
 
 struct two {
     uint64_t net[3], dtoh[3]; /* per refit: rank 0's network bytes out, bytes off its GPU */
+    uint64_t snap, snap_dev;  /* rank 0's stats after them: its snapshot, and on the device */
 };
 static struct two *seen;
 
@@ -295,13 +295,19 @@ static reshard_status_t three_refits(int rank, int size, reshard_comm_t *comm, u
             seen->dtoh[k] = dtoh() - d0;
         }
     }
+    reshard_plan_stats_t ps;
+    reshard_rank_stats_t rs[2];
+    if (st == RESHARD_OK && rank == 0 && reshard_plan_stats(plan, &ps, rs) == RESHARD_OK) {
+        seen->snap = rs[0].delta_snapshot;
+        seen->snap_dev = rs[0].delta_snapshot_device;
+    }
     if (st == RESHARD_OK && rank == 1) {
         uint16_t *got = malloc(n);
         f->memcpy_dtoh(got, p, n);
         for (size_t i = 0; i < BIG_N && st == RESHARD_OK; i++)
             if (got[i] != h[i])
-                st = rs_error(RESHARD_ERR_INTERNAL, "element %zu is 0x%04x, not 0x%04x", i,
-                              got[i], h[i]);
+                st = rs_error(RESHARD_ERR_INTERNAL, "element %zu is 0x%04x, not 0x%04x", i, got[i],
+                              h[i]);
         free(got);
     }
     f->mem_free(p);
@@ -340,6 +346,10 @@ static void check_bytes(unsigned pct)
     shared_seen();
     run_at(pct);
     uint64_t full = seen->net[0], part = seen->net[1], none = seen->net[2];
+    cr_assert_eq(seen->snap, (uint64_t)BIG_N * 2, "the plan's stats: a snapshot of %llu bytes",
+                 (unsigned long long)seen->snap);
+    cr_assert_eq(seen->snap_dev, seen->snap, "the plan's stats: %llu bytes of it on the device",
+                 (unsigned long long)seen->snap_dev);
     cr_assert_geq(full, (uint64_t)BIG_N * 2, "the first refit is in full: %llu",
                   (unsigned long long)full);
     cr_assert_leq(none * 100, full, "nothing changed, %llu of %llu bytes sent",
@@ -400,6 +410,8 @@ Test(delta_dev, a_device_snapshot_that_cannot_be_allocated_leaves_its_tensor_in_
         cr_assert_geq(seen->net[1], (uint64_t)BIG_N * 2,
                       "cuMemAlloc failing from call %d: the second refit sent %llu bytes",
                       fail_alloc_at, (unsigned long long)seen->net[1]);
+        cr_assert_eq(seen->snap_dev, 0, "no snapshot on the device, yet the stats say %llu",
+                     (unsigned long long)seen->snap_dev);
     }
     rank_setup = NULL;
     fail_alloc_at = 0;

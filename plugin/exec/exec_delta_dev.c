@@ -201,13 +201,20 @@ int exec_delta_dev_src(const struct exec_run *r, uint32_t t)
     return on_dev_src(r->dev, t);
 }
 
+/* Every chunk of out[o] goes through exec_delta_dev_out: none is packed with others (those are
+ * sent from the shadow). */
 int exec_delta_dev_owns(const struct exec_run *r, size_t o, int after)
 {
-    const struct exec_delta *d = &r->x->delta;
-    const struct xfer *xf = &r->x->xs.x[r->x->share.out[o]];
+    const struct exec *x = r->x;
+    const struct exec_delta *d = &x->delta;
+    const struct exec_share *s = &x->share;
+    const struct xfer *xf = &x->xs.x[s->out[o]];
     if (!d->ready || !d->dev || !d->out_enc[o] || !d->dev->snap[xf->tensor] ||
         !on_dev_src(r->dev, xf->tensor))
         return 0;
+    for (size_t c = s->out_off[o]; c < s->out_off[o + 1]; c++)
+        if (x->out_b.bundled[c])
+            return 0;
     return after ? r->delta : r->delta_can;
 }
 

@@ -17,14 +17,14 @@
 int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev);
 /* Is tensor t's source a device buffer in this run (its snapshot, if any, on the device)? */
 int exec_delta_dev_src(const struct exec_run *r, uint32_t t);
-/* Does the device path send out[o] from the device in this run (its source needs no staging)?
- * after as for exec_dev_stage_sources: before the vote, whether it may. */
+/* Does the device path send every chunk of out[o] from the device in this run (its source needs
+ * no staging)? after as for exec_dev_stage_sources: before the vote, whether it may. */
 int exec_delta_dev_owns(const struct exec_run *r, size_t o, int after);
 /* exec_delta_out for a device source: 1 and the message, or 0 with the chunk in its shadow. */
 int exec_delta_dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
                        size_t *len);
-/* Does a chunk of xf land on the device (an encoded transfer into a device destination in a
- * delta run), not in the destination's shadow? */
+/* Does a chunk of xf that is not packed with others land on the device (an encoded transfer
+ * into a device destination in a delta run), not in the destination's shadow? */
 int exec_delta_dev_lands(const struct exec_run *r, const struct xfer *xf);
 /* The chunk's message (bytes long, checked unless dense) onto the device destination. */
 reshard_status_t exec_delta_dev_land(struct exec_run *r, const struct xfer *xf, uint32_t chunk,

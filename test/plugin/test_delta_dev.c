@@ -236,6 +236,15 @@ Test(delta_dev, device_buffers_equal_the_source_after_every_refit)
     random_cases(9100, CASES);
 }
 
+/* Small chunks packed into one message per peer (RESHARD_COALESCE_BYTES): they travel dense,
+ * from the source's shadow into the destination's, beside the encoded chunks of the same
+ * transfers. */
+Test(delta_dev, device_buffers_with_packed_small_chunks_equal_the_source_too)
+{
+    setenv("RESHARD_COALESCE_BYTES", "65536", 1);
+    random_cases(9500, CASES / 2);
+}
+
 /* Device buffers registered for GPUDirect (the stand-in's are host memory): encoded chunks
  * still go through the compare and the device landing, the others straight off the wire. */
 Test(delta_dev, device_buffers_registered_for_gpudirect_equal_the_source_too)

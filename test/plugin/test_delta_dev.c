@@ -122,6 +122,13 @@ static cu_deviceptr dev_alloc(size_t n)
 
 static reshard_status_t refit_random(int rank, int size, reshard_comm_t *comm)
 {
+    /* Every rank asks (the same machine: the same answer), before anything collective. */
+    const struct cuda_fns *f = cuda_lib();
+    if (!f || cuda_current_context() != RESHARD_OK) {
+        char why[200];
+        snprintf(why, sizeof(why), "%s", rs_error_message());
+        return rs_error(RESHARD_ERR_UNAVAILABLE, "rank %d: no CUDA driver: %s", rank, why);
+    }
     reshard_layout_t *src = NULL, *dst = NULL;
     reshard_layout_parse(src_spec, size, &src);
     reshard_layout_parse(dst_spec, size, &dst);
@@ -135,9 +142,6 @@ static reshard_status_t refit_random(int rank, int size, reshard_comm_t *comm)
     reshard_layout_shard_bytes(dst, rank, &db);
     /* Device buffers on most ranks; host buffers on some (both kinds meet in one refit). */
     int on_dev = mix(case_seed * 13 + (uint64_t)rank) % 4 != 0;
-    const struct cuda_fns *f = on_dev ? cuda_lib() : NULL;
-    if (on_dev && (!f || cuda_current_context() != RESHARD_OK))
-        return rs_error(RESHARD_ERR_UNAVAILABLE, "rank %d: no stand-in driver", rank);
     char *s = calloc(1, sb + 1), *d = calloc(1, db + 1);
     cu_deviceptr ds = on_dev ? dev_alloc(sb) : 0, dd = on_dev ? dev_alloc(db) : 0;
     int wrong = 0;
@@ -177,9 +181,9 @@ static reshard_status_t refit_random(int rank, int size, reshard_comm_t *comm)
     if (st == RESHARD_OK && wrong)
         st = rs_error(RESHARD_ERR_INTERNAL, "rank %d: %d wrong element(s)", rank, wrong);
     reshard_plan_destroy(plan);
-    if (f && ds)
+    if (ds)
         f->mem_free(ds);
-    if (f && dd)
+    if (dd)
         f->mem_free(dd);
     free(s);
     free(d);
@@ -213,9 +217,10 @@ static void setup(void)
 
 TestSuite(delta_dev, .init = setup, .timeout = 240);
 
-static void random_cases(uint64_t seed, int cases)
+/* cases random cases from seed on (RESHARD_TEST_SEED: that one only). may_skip: without a
+ * driver the test skips (with a GPU, gpu-check's gpu-unit step; else the stand-in's). */
+static void random_cases(uint64_t seed, int cases, int may_skip)
 {
-    use_fake_cuda();
     const char *env = getenv("RESHARD_TEST_SEED");
     seed = env ? strtoull(env, NULL, 0) : seed;
     for (int k = 0; k < (env ? 1 : cases); k++, seed++) {
@@ -223,6 +228,8 @@ static void random_cases(uint64_t seed, int cases)
         case_seed = seed;
         setenv("RESHARD_DOMAIN_SIZE", k % 3 == 2 ? "2" : "1", 1);
         struct outcome *o = run_ranks(world, refit_random);
+        if (may_skip && o[0].status == RESHARD_ERR_UNAVAILABLE)
+            cr_skip_test("%s", o[0].msg);
         for (int r = 0; r < world; r++)
             cr_assert_eq(o[r].status, RESHARD_OK,
                          "seed %llu (RESHARD_TEST_SEED replays it), world %d, rank %d: %s\n"
@@ -233,7 +240,19 @@ static void random_cases(uint64_t seed, int cases)
 
 Test(delta_dev, device_buffers_equal_the_source_after_every_refit)
 {
-    random_cases(9100, CASES);
+    use_fake_cuda();
+    random_cases(9100, CASES, 0);
+}
+
+/* With a GPU (gpu-check's gpu-unit step): the kernels themselves inside the executor, the same
+ * random refits on device buffers. */
+Test(gpu, delta_refits_on_device_buffers_equal_the_source, .timeout = 240)
+{
+    size_t n;
+    if (!cuda_fatbin(&n))
+        cr_skip_test("this build had no nvcc: no delta kernels");
+    setup();
+    random_cases(9700, CASES, 1);
 }
 
 /* Small chunks packed into one message per peer (RESHARD_COALESCE_BYTES): they travel dense,
@@ -241,16 +260,18 @@ Test(delta_dev, device_buffers_equal_the_source_after_every_refit)
  * transfers. */
 Test(delta_dev, device_buffers_with_packed_small_chunks_equal_the_source_too)
 {
+    use_fake_cuda();
     setenv("RESHARD_COALESCE_BYTES", "65536", 1);
-    random_cases(9500, CASES / 2);
+    random_cases(9500, CASES / 2, 0);
 }
 
 /* Device buffers registered for GPUDirect (the stand-in's are host memory): encoded chunks
  * still go through the compare and the device landing, the others straight off the wire. */
 Test(delta_dev, device_buffers_registered_for_gpudirect_equal_the_source_too)
 {
+    use_fake_cuda();
     setenv("RESHARD_TEST_DEVICE_AS_HOST", "1", 1);
-    random_cases(9300, CASES / 2);
+    random_cases(9300, CASES / 2, 0);
 }
 
 /* Two domains of one rank: rank 0's device source, rank 1's device destination. */

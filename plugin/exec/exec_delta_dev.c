@@ -57,10 +57,25 @@ static int on_dev_dst(const reshard_buffers_t *dev, uint32_t t)
     return dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].dst && dev[t].dst_bytes;
 }
 
+static const void *dptr_void(cu_deviceptr p)
+{
+    return (const void *)(uintptr_t)p;
+}
+
+/* Frees a device allocation in the context that made it (not necessarily the current one). */
+static void dev_free(cu_deviceptr p)
+{
+    struct rs_saved_error saved; /* freeing is not failing */
+    rs_error_save(&saved);
+    if (p && cuda_context_of(dptr_void(p)) == RESHARD_OK)
+        cuda_lib()->mem_free(p);
+    rs_error_restore(&saved);
+}
+
 static void drop_dev_snap(struct exec_delta *d, uint32_t t)
 {
     struct exec_delta_dev *v = d->dev;
-    cuda_lib()->mem_free(v->snap[t]);
+    dev_free(v->snap[t]);
     v->snap[t] = 0;
     v->held -= d->snap_bytes[t];
     d->snap_state[t] = DELTA_SNAP_NONE;
@@ -114,8 +129,7 @@ static int dev_work(struct exec *x, uint64_t chunk)
     uint64_t at[W_N + 1] = {0};
     for (int i = 0; i < W_N; i++)
         at[i + 1] = at[i] + ALIGN256(size[i]);
-    if (v->work)
-        cuda_lib()->mem_free(v->work);
+    dev_free(v->work);
     v->work = 0;
     cu_result e = cuda_lib()->mem_alloc(&v->work, at[W_N]);
     if (e != CU_SUCCESS) {
@@ -385,12 +399,9 @@ void exec_delta_dev_fini(struct exec_delta *d, int ntensors)
     struct exec_delta_dev *v = d->dev;
     if (!v)
         return;
-    const struct cuda_fns *f = v->held || v->work ? cuda_lib() : NULL;
-    for (int t = 0; f && t < ntensors; t++)
-        if (v->snap[t])
-            f->mem_free(v->snap[t]);
-    if (f && v->work)
-        f->mem_free(v->work);
+    for (int t = 0; t < ntensors; t++)
+        dev_free(v->snap[t]);
+    dev_free(v->work);
     free(v->snap);
     free(v->warned);
     free(v);

@@ -7,13 +7,14 @@
 # Everything that needs a GPU, in one command, in a few minutes on one GPU: the GPU unit
 # tests (driver, pack/unpack kernels against the host, the FP8 quantization kernel's codes and
 # scales bit for bit against the host reference, and 4 ranks refitting bf16 into FP8 device
-# buffers, checked the same way), the pack kernels' bandwidth against
-# cuMemcpyDtoD (pack_bench), the compare-and-compact kernels of delta refits on device buffers
+# buffers, checked the same way), the pack kernels' bandwidth against cuMemcpyDtoD
+# (pack_bench), the compare-and-compact kernels of delta refits on device buffers
 # (delta-kernel: encode and apply GB/s per chunk size and changed fraction, every message the
-# host codec's byte for byte; delta_dev_bench), 4 processes refitting device buffers with the fan-out through
-# CUDA IPC (cuMemAlloc destinations), through cuMemCreate memory shared by POSIX descriptor,
-# and through host staging (RESHARD_CUDA_IPC=0), a refit through real NCCL
-# (RESHARD_EXECUTOR=nccl), real NCCL carrying its collectives over the plugin (net-plugin: two
+# host codec's byte for byte; delta_dev_bench), 4 processes refitting device buffers with the
+# fan-out through CUDA IPC (cuMemAlloc destinations), through cuMemCreate memory shared by
+# POSIX descriptor, through host staging (RESHARD_CUDA_IPC=0), and as delta refits with 5 %
+# changed between refits (refit-delta: device snapshots and the kernels inside the executor),
+# a refit through real NCCL (RESHARD_EXECUTOR=nccl), real NCCL carrying its collectives over the plugin (net-plugin: two
 # processes on the one GPU that NCCL_HOSTID makes two hosts, all_reduce, all_gather and
 # sendrecv from 8 B to 256 MiB with every element checked, the plugin's busbw beside NCCL's own
 # Socket network's, both on loopback; NCCL's log must say 'Using network Reshard'), the DTensor
@@ -39,8 +40,8 @@
 #                  checks every element but not the log, and says so)
 #   --budget S     stop starting steps after S seconds (default 450: all done in 8 minutes)
 #   --steps LIST   only these steps, comma separated (bundle and probe always run): device,
-#                  gpu-unit, pack, delta-kernel, refit-ipc, refit-vmm, refit-staged, nccl, net-plugin,
-#                  m2n, dtensor, python
+#                  gpu-unit, pack, delta-kernel, refit-ipc, refit-vmm, refit-staged, refit-delta,
+#                  nccl, net-plugin, m2n, dtensor, python
 # Environment: PYTHON (default: the first python3 that has numpy), NCCL_MIB, REFIT_MIB and
 # NET_MIB (256, or 8, 4 and 1 with --stand-in), NCCL_NET_GDR_LEVEL (net-plugin's, default SYS:
 # GPUDirect wherever the network offers it), NET_LOG_CHECK=1 (check NCCL's log on the stand-in
@@ -50,7 +51,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BUNDLE='' LOGS='' STAND_IN=0 BUDGET=450 STEPS=''
-ALL_STEPS=device,gpu-unit,pack,delta-kernel,refit-ipc,refit-vmm,refit-staged,nccl,net-plugin,m2n,dtensor,python
+ALL_STEPS=device,gpu-unit,pack,delta-kernel,refit-ipc,refit-vmm,refit-staged,refit-delta,nccl,net-plugin,m2n,dtensor,python
 die() { echo "gpu-check: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
@@ -366,6 +367,7 @@ step delta-kernel "cuda" 120 delta_kernel
 step refit-ipc "cuda cuda-ipc" 120 "$B/test/perf/device_refit" "$REFIT_MIB"
 step refit-vmm "cuda vmm-fd pidfd" 120 env DEVICE_REFIT_VMM=1 "$B/test/perf/device_refit" "$REFIT_MIB"
 step refit-staged "cuda cma" 120 env RESHARD_CUDA_IPC=0 "$B/test/perf/device_refit" "$REFIT_MIB"
+step refit-delta "cuda cuda-ipc" 120 env DEVICE_REFIT_CHANGED=5 "$B/test/perf/device_refit" "$REFIT_MIB"
 step nccl "cuda" 120 nccl
 step net-plugin "cuda" 150 net_plugin
 step m2n "cuda" 120 m2n

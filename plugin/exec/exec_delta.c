@@ -197,7 +197,7 @@ int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **
     const struct xfer *xf = &x->xs.x[x->share.out[o]];
     size_t i = x->share.out_off[o] + chunk, es = xfer_esize(x->plan, xf);
     uint32_t t = xf->tensor;
-    if (exec_delta_dev_src(r, t)) /* compared on the device */
+    if (exec_delta_dev_sends(r, xf)) /* compared on the device */
         return exec_delta_dev_out(r, o, chunk, buf, len);
     if (!d->snap[t]) /* no snapshot: dense, as always */
         return 0;

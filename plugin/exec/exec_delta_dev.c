@@ -88,8 +88,8 @@ static uint64_t dev_chunk(const struct exec *x, const reshard_buffers_t *dev)
     uint64_t most = 0;
     for (size_t o = 0; o < s->nout; o++) {
         const struct xfer *xf = &x->xs.x[s->out[o]];
-        for (size_t c = 0; x->delta.out_enc[o] && on_dev_src(dev, xf->tensor) &&
-                           c < s->out_off[o + 1] - s->out_off[o];
+        for (size_t c = 0; x->delta.out_enc[o] && xf->src_buf == XBUF_SRC &&
+                           on_dev_src(dev, xf->tensor) && c < s->out_off[o + 1] - s->out_off[o];
              c++) {
             uint64_t b = exec_chunk_bytes_of(&x->cut, xf, (uint32_t)c);
             most = b > most ? b : most;
@@ -210,9 +210,9 @@ int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev)
     return 1;
 }
 
-int exec_delta_dev_src(const struct exec_run *r, uint32_t t)
+int exec_delta_dev_sends(const struct exec_run *r, const struct xfer *xf)
 {
-    return on_dev_src(r->dev, t);
+    return xf->src_buf == XBUF_SRC && on_dev_src(r->dev, xf->tensor);
 }
 
 /* Every chunk of out[o] goes through exec_delta_dev_out: none is packed with others (those are
@@ -224,7 +224,7 @@ int exec_delta_dev_owns(const struct exec_run *r, size_t o, int after)
     const struct exec_share *s = &x->share;
     const struct xfer *xf = &x->xs.x[s->out[o]];
     if (!d->ready || !d->dev || !d->out_enc[o] || !d->dev->snap[xf->tensor] ||
-        !on_dev_src(r->dev, xf->tensor))
+        !exec_delta_dev_sends(r, xf))
         return 0;
     for (size_t c = s->out_off[o]; c < s->out_off[o + 1]; c++)
         if (x->out_b.bundled[c])

@@ -15,8 +15,9 @@
  * Makes the snapshot of each device source in device memory (one that cannot be made leaves its
  * tensor in full, with one WARN) and drops a snapshot kept where the tensor no longer is. */
 int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev);
-/* Is tensor t's source a device buffer in this run (its snapshot, if any, on the device)? */
-int exec_delta_dev_src(const struct exec_run *r, uint32_t t);
+/* Does xf leave from this rank's device source in this run (its snapshot, if any, on the
+ * device)? */
+int exec_delta_dev_sends(const struct exec_run *r, const struct xfer *xf);
 /* Does the device path send every chunk of out[o] from the device in this run (its source needs
  * no staging)? after as for exec_dev_stage_sources: before the vote, whether it may. */
 int exec_delta_dev_owns(const struct exec_run *r, size_t o, int after);

@@ -88,7 +88,7 @@ CUDA_ARCHS := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=
               -gencode arch=compute_100,code=[sm_100,compute_100]
 ifneq ($(NVCC),)
 FATBIN_OBJ := $(BUILD)/obj/cuda/pack_fatbin.o
-$(BUILD)/obj/cuda/pack.fatbin: cuda/pack.cu cuda/pack_desc.h cuda/quant.h
+$(BUILD)/obj/cuda/pack.fatbin: cuda/pack.cu cuda/pack_desc.h cuda/quant.h cuda/delta_desc.h
 	@mkdir -p $(@D)
 	$(NVCC) -fatbin $(CUDA_ARCHS) -O3 -I. -o $@ $<
 $(BUILD)/obj/cuda/pack_fatbin.c: $(BUILD)/obj/cuda/pack.fatbin scripts/embed.py
@@ -150,6 +150,12 @@ $(PACK_BENCH): $(BUILD)/obj/test/perf/pack_bench.o $(AR_LIB) $(FATBIN_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(FATBIN_OBJ) $(AR_LIB) -lpthread -ldl $(LDFLAGS_ALL)
 
+# delta_dev_bench: the compare-and-compact kernels' speed on a GPU (scripts/gpu-check.sh).
+DELTA_DEV_BENCH := $(BUILD)/test/perf/delta_dev_bench
+$(DELTA_DEV_BENCH): $(BUILD)/obj/test/perf/delta_dev_bench.o $(AR_LIB) $(FATBIN_OBJ)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(FATBIN_OBJ) $(AR_LIB) -lpthread -ldl $(LDFLAGS_ALL)
+
 # delta_bench: the delta encoding's speed on one core (docs/delta.md; internals).
 DELTA_BENCH := $(BUILD)/test/perf/delta_bench
 $(DELTA_BENCH): $(BUILD)/obj/test/perf/delta_bench.o $(AR_LIB)
@@ -195,7 +201,7 @@ $(NET_DRIVER): $(BUILD)/obj/test/plugin/net/net_driver.o $(BUILD)/obj/test/plugi
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ -ldl -lpthread $(LDFLAGS_ALL)
 
-$(BUILD)/test/fake/libcuda.so.1: test/fake/fake_cuda.c cuda/pack_desc.h cuda/quant.h
+$(BUILD)/test/fake/libcuda.so.1: test/fake/fake_cuda.c cuda/pack_desc.h cuda/quant.h cuda/delta_desc.h
 	@mkdir -p $(@D)
 	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -g -fPIC -shared -fvisibility=hidden $(SAN) -I. \
 	    -o $@ $<
@@ -212,7 +218,7 @@ check-layers:
 	@$(PYTHON) scripts/check-layers.py
 
 test: deps check-layers
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(NCCL_NET_CHECK) $(M2N_CHECK) $(PACK_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(NCCL_NET_CHECK) $(M2N_CHECK) $(PACK_BENCH) $(DELTA_DEV_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 ifeq ($(SAN),)
@@ -258,7 +264,7 @@ test-frameworks: deps
 # The verbs transport for real, on soft-RoCE in a qemu VM (scripts/rxe-test.sh, ~2 minutes);
 # make test runs it too, unless qemu cannot run here (it says so) or RESHARD_SKIP_RDMA=1.
 test-rdma: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(NCCL_NET_CHECK) $(PACK_BENCH) $(DEVICE_REFIT)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(NCCL_NET_CHECK) $(PACK_BENCH) $(DELTA_DEV_BENCH) $(DEVICE_REFIT)
 	BUILD=$(BUILD) scripts/rxe-test.sh
 
 demo: deps

@@ -200,6 +200,16 @@ struct rs_quant_desc;
 reshard_status_t cuda_quant(const struct rs_quant_desc *d, const void *src, void *dst,
                             float *scales, cu_stream stream);
 
+struct rs_delta_desc;
+/* Compare-and-compact (delta_desc.h): encodes the chunk d->cur against its snapshot d->snap
+ * into the message d->msg (the host codec's format), updates the snapshot, and writes which
+ * encoding and its length to d->info; device pointers (d->words, d->cnt, d->starts scratch of
+ * delta_desc.h's sizes), enqueued on stream. */
+reshard_status_t cuda_delta_encode(const struct rs_delta_desc *d, cu_stream stream);
+/* Applies a message of kind RS_DELTA_BITMAP or RS_DELTA_RUNS (d->nruns runs) that the host
+ * checked (delta_check), at d->msg, to the packed chunk d->snap; d->cnt scratch. */
+reshard_status_t cuda_delta_apply(const struct rs_delta_desc *d, int kind, cu_stream stream);
+
 /* Host memory for staging: pinned (cuMemAllocHost) when the driver is there, so that copies
  * to and from the device run at the copy engines' speed; else malloc. cuda_host_pinned tells
  * which; cuda_host_free frees either kind. */

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "cuda_lib.h"
+#include "delta_desc.h"
 #include "pack_desc.h"
 #include "base/error.h"
 
@@ -14,6 +15,8 @@ extern const size_t rs_pack_fatbin_size __attribute__((weak));
 #define MAX_GRID 4096
 
 static cu_function pack_fn, unpack_fn, quant_fn;
+static cu_function delta_mask_fn, delta_scan_fn, delta_compact_fn, delta_lengths_fn, delta_count_fn,
+    delta_apply_fn;
 static reshard_status_t load_status = RESHARD_ERR_UNAVAILABLE;
 static char load_error[256];
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
@@ -39,7 +42,15 @@ static void load(void)
     } else if ((r = f->module_load_data(&mod, image)) != CU_SUCCESS ||
                (r = f->module_get_function(&pack_fn, mod, "rs_pack")) != CU_SUCCESS ||
                (r = f->module_get_function(&unpack_fn, mod, "rs_unpack")) != CU_SUCCESS ||
-               (r = f->module_get_function(&quant_fn, mod, "rs_quant")) != CU_SUCCESS) {
+               (r = f->module_get_function(&quant_fn, mod, "rs_quant")) != CU_SUCCESS ||
+               (r = f->module_get_function(&delta_mask_fn, mod, "rs_delta_mask")) != CU_SUCCESS ||
+               (r = f->module_get_function(&delta_scan_fn, mod, "rs_delta_scan")) != CU_SUCCESS ||
+               (r = f->module_get_function(&delta_compact_fn, mod, "rs_delta_compact")) !=
+                   CU_SUCCESS ||
+               (r = f->module_get_function(&delta_lengths_fn, mod, "rs_delta_lengths")) !=
+                   CU_SUCCESS ||
+               (r = f->module_get_function(&delta_count_fn, mod, "rs_delta_count")) != CU_SUCCESS ||
+               (r = f->module_get_function(&delta_apply_fn, mod, "rs_delta_apply")) != CU_SUCCESS) {
         const char *s = NULL;
         f->get_error_string(r, &s);
         snprintf(load_error, sizeof(load_error), "cuda: loading the pack kernels: %s (%d)",
@@ -109,4 +120,70 @@ reshard_status_t cuda_quant(const struct rs_quant_desc *d, const void *src, void
     cu_result r = cuda_lib()->launch_kernel(quant_fn, grid, 1, 1, RS_QUANT_THREADS, 1, 1, 0, stream,
                                             params, NULL);
     return r == CU_SUCCESS ? RESHARD_OK : cuda_error("cuLaunchKernel", r);
+}
+
+/* ---- compare-and-compact (delta_desc.h) ---- */
+
+static unsigned grid_of(int64_t units, int per_block)
+{
+    int64_t g = (units + per_block - 1) / per_block;
+    return (unsigned)(g < 1 ? 1 : g > MAX_GRID ? MAX_GRID : g);
+}
+
+/* One launch of a delta kernel whose only parameter is the descriptor. */
+static reshard_status_t delta_launch(cu_function fn, unsigned grid, const struct rs_delta_desc *d,
+                                     cu_stream stream)
+{
+    struct rs_delta_desc desc = *d;
+    void *params[] = {&desc};
+    cu_result r = cuda_lib()->launch_kernel(fn, grid, 1, 1, BLOCK, 1, 1, 0, stream, params, NULL);
+    return r == CU_SUCCESS ? RESHARD_OK : cuda_error("cuLaunchKernel (delta)", r);
+}
+
+static reshard_status_t delta_scan(const struct rs_delta_desc *d, uint32_t *a, uint32_t *b,
+                                   int64_t m, int choose, cu_stream stream)
+{
+    struct rs_delta_desc desc = *d;
+    void *params[] = {&desc, &a, &b, &m, &choose};
+    cu_result r = cuda_lib()->launch_kernel(delta_scan_fn, 1, 1, 1, RS_DELTA_SCAN_THREADS, 1, 1, 0,
+                                            stream, params, NULL);
+    return r == CU_SUCCESS ? RESHARD_OK : cuda_error("cuLaunchKernel (delta scan)", r);
+}
+
+static int delta_desc_ok(const struct rs_delta_desc *d)
+{
+    return (d->esize == 1 || d->esize == 2 || d->esize == 4 || d->esize == 8) && d->n > 0 &&
+           d->n <= UINT32_MAX && d->nwords == rs_delta_nwords(d->n);
+}
+
+reshard_status_t cuda_delta_encode(const struct rs_delta_desc *d, cu_stream stream)
+{
+    if (!delta_desc_ok(d))
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "cuda: delta encoding of %lld elements of %d bytes: not a valid request",
+                        (long long)d->n, d->esize);
+    RS_CHECK(cuda_kernels());
+    unsigned words = grid_of(d->nwords, BLOCK);
+    RS_CHECK(delta_launch(delta_mask_fn, grid_of(d->nwords, BLOCK / 32), d, stream));
+    RS_CHECK(delta_scan(d, d->cnt, d->starts, d->nwords, 1, stream));
+    RS_CHECK(delta_launch(delta_compact_fn, words, d, stream));
+    return delta_launch(delta_lengths_fn, words, d, stream);
+}
+
+reshard_status_t cuda_delta_apply(const struct rs_delta_desc *d, int kind, cu_stream stream)
+{
+    if (!delta_desc_ok(d) || (kind != RS_DELTA_BITMAP && kind != RS_DELTA_RUNS))
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "cuda: applying a delta of kind %d to %lld elements of %d bytes: not a "
+                        "valid request",
+                        kind, (long long)d->n, d->esize);
+    RS_CHECK(cuda_kernels());
+    int64_t m = kind == RS_DELTA_BITMAP ? d->nwords : (int64_t)d->nruns;
+    if (m == 0)
+        return RESHARD_OK;
+    RS_CHECK(delta_launch(delta_count_fn, grid_of(m, BLOCK), d, stream));
+    RS_CHECK(delta_scan(d, d->cnt, NULL, m, 0, stream));
+    return delta_launch(delta_apply_fn,
+                        kind == RS_DELTA_BITMAP ? grid_of(m, BLOCK) : grid_of(m, BLOCK / 32), d,
+                        stream);
 }

@@ -234,8 +234,12 @@ typedef struct reshard_rank_stats {
      * transfers, small ones (RESHARD_COALESCE_BYTES) packed into one stream per peer. */
     uint64_t net_msgs;
     /* Delta refits (docs/delta.md): the bytes of the snapshot the rank keeps of what it sends
-     * over the network from its sources (unquantized tensors), made at its first delta refit. */
+     * over the network from its sources (unquantized tensors), made at its first delta refit:
+     * in host memory, or in device memory for sources that are device buffers. */
     uint64_t delta_snapshot;
+    /* Of those, the bytes it holds in device memory now (a communicator plan's own rank, once a
+     * delta refit ran on device sources; else 0). */
+    uint64_t delta_snapshot_device;
 } reshard_rank_stats_t;
 
 /* Fills *stats and, when ranks is not NULL, ranks[0 .. world_size). For a communicator plan,

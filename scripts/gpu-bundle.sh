@@ -11,8 +11,8 @@
 #   lib/libnccl-net-reshard.so     the library (with the pack kernels when nvcc was here)
 #   bin/                           reshard-plan, reshard_perf, reshard_net_perf
 #   test/unit, test/net_driver     the Criterion suites (gpu-check runs gpu/*)
-#   test/perf/                     pack_bench, device_refit, nccl_check, nccl_net_check,
-#                                  m2n_check
+#   test/perf/                     pack_bench, delta_dev_bench, device_refit, nccl_check,
+#                                  nccl_net_check, m2n_check
 #   test/fake/                     the stand-in libcuda and libnccl (gpu-check.sh --stand-in)
 #   lib/                           every library those need beyond glibc, from this machine:
 #                                  Criterion and its dependencies, UCX (libucp, loaded by
@@ -58,7 +58,7 @@ case $(realpath -m "$OUT") in
 esac
 
 PROGRAMS=(bin/reshard-plan bin/reshard_perf bin/reshard_net_perf test/unit test/net_driver
-    test/perf/pack_bench test/perf/device_refit test/perf/nccl_check test/perf/nccl_net_check
+    test/perf/pack_bench test/perf/delta_dev_bench test/perf/device_refit test/perf/nccl_check test/perf/nccl_net_check
     test/perf/m2n_check)
 FAKES=(test/fake/libcuda.so.1 test/fake/libnccl.so.2)
 if [ $NO_MAKE = 0 ]; then

@@ -7,11 +7,14 @@
 # Everything that needs a GPU, in one command, in a few minutes on one GPU: the GPU unit
 # tests (driver, pack/unpack kernels against the host, the FP8 quantization kernel's codes and
 # scales bit for bit against the host reference, and 4 ranks refitting bf16 into FP8 device
-# buffers, checked the same way), the pack kernels' bandwidth against
-# cuMemcpyDtoD (pack_bench), 4 processes refitting device buffers with the fan-out through
-# CUDA IPC (cuMemAlloc destinations), through cuMemCreate memory shared by POSIX descriptor,
-# and through host staging (RESHARD_CUDA_IPC=0), a refit through real NCCL
-# (RESHARD_EXECUTOR=nccl), real NCCL carrying its collectives over the plugin (net-plugin: two
+# buffers, checked the same way), the pack kernels' bandwidth against cuMemcpyDtoD
+# (pack_bench), the compare-and-compact kernels of delta refits on device buffers
+# (delta-kernel: encode and apply GB/s per chunk size and changed fraction, every message the
+# host codec's byte for byte; delta_dev_bench), 4 processes refitting device buffers with the
+# fan-out through CUDA IPC (cuMemAlloc destinations), through cuMemCreate memory shared by
+# POSIX descriptor, through host staging (RESHARD_CUDA_IPC=0), and as delta refits with 5 %
+# changed between refits (refit-delta: device snapshots and the kernels inside the executor),
+# a refit through real NCCL (RESHARD_EXECUTOR=nccl), real NCCL carrying its collectives over the plugin (net-plugin: two
 # processes on the one GPU that NCCL_HOSTID makes two hosts, all_reduce, all_gather and
 # sendrecv from 8 B to 256 MiB with every element checked, the plugin's busbw beside NCCL's own
 # Socket network's, both on loopback; NCCL's log must say 'Using network Reshard'), the DTensor
@@ -37,8 +40,8 @@
 #                  checks every element but not the log, and says so)
 #   --budget S     stop starting steps after S seconds (default 450: all done in 8 minutes)
 #   --steps LIST   only these steps, comma separated (bundle and probe always run): device,
-#                  gpu-unit, pack, refit-ipc, refit-vmm, refit-staged, nccl, net-plugin,
-#                  m2n, dtensor, python
+#                  gpu-unit, pack, delta-kernel, refit-ipc, refit-vmm, refit-staged, refit-delta,
+#                  nccl, net-plugin, m2n, dtensor, python
 # Environment: PYTHON (default: the first python3 that has numpy), NCCL_MIB, REFIT_MIB and
 # NET_MIB (256, or 8, 4 and 1 with --stand-in), NCCL_NET_GDR_LEVEL (net-plugin's, default SYS:
 # GPUDirect wherever the network offers it), NET_LOG_CHECK=1 (check NCCL's log on the stand-in
@@ -48,7 +51,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BUNDLE='' LOGS='' STAND_IN=0 BUDGET=450 STEPS=''
-ALL_STEPS=device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl,net-plugin,m2n,dtensor,python
+ALL_STEPS=device,gpu-unit,pack,delta-kernel,refit-ipc,refit-vmm,refit-staged,refit-delta,nccl,net-plugin,m2n,dtensor,python
 die() { echo "gpu-check: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
@@ -188,7 +191,7 @@ bundle() {
         echo "build folder $BUNDLE"
     elif command -v cc >/dev/null && command -v make >/dev/null; then
         make -j"$(nproc)" BUILD="$BUNDLE" all "$BUNDLE/test/unit" "$BUNDLE/test/perf/nccl_check" \
-            "$BUNDLE/test/perf/nccl_net_check" "$BUNDLE/test/perf/m2n_check" "$BUNDLE/test/perf/pack_bench" "$BUNDLE/test/perf/device_refit" \
+            "$BUNDLE/test/perf/nccl_net_check" "$BUNDLE/test/perf/m2n_check" "$BUNDLE/test/perf/pack_bench" "$BUNDLE/test/perf/delta_dev_bench" "$BUNDLE/test/perf/device_refit" \
             "$BUNDLE/test/fake/libcuda.so.1" "$BUNDLE/test/fake/libnccl.so.2" && echo "built $BUNDLE"
     else
         echo "no bundle at $BUNDLE and no compiler here: run scripts/gpu-bundle.sh where you build"
@@ -220,7 +223,7 @@ gpu_unit() {
     local out rc
     # (BXFI_MAP: set when this runs under Criterion itself, which the inner run would obey)
     out=$(env -u BXFI_MAP "$B/test/unit" --verbose -j1 \
-        --filter "gpu/$([ $STAND_IN = 1 ] && echo '@(pack|quant)_*' || echo '*')" 2>&1)
+        --filter "gpu/$([ $STAND_IN = 1 ] && echo '@(pack|quant|delta)_*' || echo '*')" 2>&1)
     rc=$?
     echo "$out"
     if [ $STAND_IN = 0 ] && grep -q '^\[SKIP\] gpu::' <<<"$out"; then
@@ -237,6 +240,25 @@ pack() {
         return 77
     fi
     "$B/test/perf/pack_bench"
+}
+
+# The compare-and-compact kernels (delta refits of device buffers): encode (with the size read
+# back, as the executor does per chunk) and apply, in GB/s of chunk bytes, beside DtoD, at 4
+# and 64 MiB chunks; every message checked against the host codec. On the stand-in: the checks
+# on a 1 MiB chunk (the kernels run emulated on the host: their speed means nothing).
+delta_kernel() {
+    local out rc
+    out=$("$B/test/perf/delta_dev_bench" $([ $STAND_IN = 1 ] && echo 1 || echo 4 64) 2>&1)
+    rc=$?
+    echo "$out"
+    [ $rc = 0 ] || return $rc
+    if [ $STAND_IN = 1 ]; then
+        echo "every message the host codec's, every chunk right (stand-in: kernels emulated, GB/s mean nothing)"
+        return 0
+    fi
+    awk '$3 == "5%" || $3 == "100%" || ($3 == "0%") { k = $1 " " $3; e[k] = $4; a[k] = $5 }
+         END { printf "encode GB/s at 64 MiB: 0%% %s, 5%% %s, 100%% %s; apply 5%% %s; at 4 MiB: 5%% %s; host codec bytes right\n",
+               e["64.0 0%"], e["64.0 5%"], e["64.0 100%"], a["64.0 5%"], e["4.0 5%"] }' <<<"$out"
 }
 
 have_nccl() {
@@ -326,7 +348,7 @@ python_tests() {
 }
 
 # Steps run under timeout in a child bash: it needs the functions and what they read.
-export -f bundle probe device gpu_unit pack have_nccl nccl net_plugin m2n python_tests
+export -f bundle probe device gpu_unit pack delta_kernel have_nccl nccl net_plugin m2n python_tests
 export B BUNDLE STAND_IN PY NCCL_MIB NET_MIB LOG CUDA_DETAIL=''
 echo "gpu-check: $BUNDLE, $([ $STAND_IN = 1 ] && echo "stand-in driver" || echo "the GPU"), python $PY, logs $LOG"
 : >"$LOG/summary.txt"
@@ -341,9 +363,11 @@ CUDA_DETAIL=${detail[cuda]:-}
 step device "cuda" 30 device
 step gpu-unit "cuda" 180 gpu_unit
 step pack "cuda" 120 pack
+step delta-kernel "cuda" 120 delta_kernel
 step refit-ipc "cuda cuda-ipc" 120 "$B/test/perf/device_refit" "$REFIT_MIB"
 step refit-vmm "cuda vmm-fd pidfd" 120 env DEVICE_REFIT_VMM=1 "$B/test/perf/device_refit" "$REFIT_MIB"
 step refit-staged "cuda cma" 120 env RESHARD_CUDA_IPC=0 "$B/test/perf/device_refit" "$REFIT_MIB"
+step refit-delta "cuda cuda-ipc" 120 env DEVICE_REFIT_CHANGED=5 "$B/test/perf/device_refit" "$REFIT_MIB"
 step nccl "cuda" 120 nccl
 step net-plugin "cuda" 150 net_plugin
 step m2n "cuda" 120 m2n

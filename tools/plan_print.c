@@ -69,8 +69,9 @@ void plan_print_table(const reshard_plan_stats_t *s, const reshard_rank_stats_t 
     if (s->world_size && r[most].delta_snapshot) {
         char b[32];
         human(b, sizeof(b), r[most].delta_snapshot);
-        printf("delta refits (RESHARD_DELTA=1): snapshots of at most %s per rank (rank %d)\n", b,
-               most);
+        printf("delta refits (RESHARD_DELTA=1): snapshots of at most %s per rank (rank %d; in "
+               "device memory where its sources are device buffers)\n",
+               b, most);
     }
     printf("\n");
 }

@@ -12,6 +12,8 @@
  */
 #include "exec_run.h"
 
+#include "exec_delta_dev.h"
+
 #include "exec_tag.h"
 #include "predict.h"
 #include "base/error.h"
@@ -186,6 +188,7 @@ void exec_own_stats(const struct exec *x, reshard_rank_stats_t *mine)
             *(xf->src == me ? &b.net_out : &b.net_in) += bytes;
     }
     b.delta_snapshot = exec_delta_snapshot_bytes(x);
+    b.delta_snapshot_device = exec_delta_dev_held(x);
     *mine = b;
 }
 

@@ -11,6 +11,7 @@
 #include "exec_run.h"
 
 #include "delta.h"
+#include "exec_delta_dev.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/param.h"
@@ -21,7 +22,7 @@
 
 #define ALIGN8(n) (((n) + 7) & ~(uint64_t)7)
 
-static int encoded(const struct exec *x, const struct xfer *xf)
+int exec_delta_encoded(const struct exec *x, const struct xfer *xf)
 {
     return xf->path == XFER_NET && xf->parent == XFER_NONE && xf->src_buf == XBUF_SRC &&
            xf->dst_buf == XBUF_DST && x->plan->tensors[xf->tensor].quant == PLAN_QUANT_NONE;
@@ -53,7 +54,7 @@ static reshard_status_t layout(struct exec *x)
     uint64_t at = 0;
     for (size_t o = 0; o < s->nout; o++) {
         const struct xfer *xf = &x->xs.x[s->out[o]];
-        if (!(d->out_enc[o] = (uint8_t)encoded(x, xf)))
+        if (!(d->out_enc[o] = (uint8_t)exec_delta_encoded(x, xf)))
             continue;
         uint64_t snap_at = d->snap_bytes[xf->tensor];
         d->snap_bytes[xf->tensor] += (uint64_t)xf->bytes;
@@ -70,7 +71,7 @@ static reshard_status_t layout(struct exec *x)
     at = 0;
     for (size_t k = 0; k < s->nin; k++) {
         const struct xfer *xf = &x->xs.x[s->in[k]];
-        if (!(d->in_enc[k] = (uint8_t)encoded(x, xf)))
+        if (!(d->in_enc[k] = (uint8_t)exec_delta_encoded(x, xf)))
             continue;
         for (size_t c = 0; c < s->in_off[k + 1] - s->in_off[k]; c++) {
             d->in_at[s->in_off[k] + c] = at;
@@ -95,12 +96,14 @@ static int make_buffers(struct exec_delta *d)
     return !d->max_chunk || d->words;
 }
 
-/* Each tensor's snapshot: one that cannot be made leaves that tensor dense, said once. */
-static void make_snapshots(struct exec *x)
+/* Each tensor's snapshot: one that cannot be made leaves that tensor dense, said once. A device
+ * source's is on the device (exec_delta_dev.c). */
+static void make_snapshots(struct exec *x, const reshard_buffers_t *dev)
 {
     struct exec_delta *d = &x->delta;
     for (int t = 0; t < x->plan->ntensors; t++) {
-        if (d->snap[t] || !d->snap_bytes[t])
+        if (d->snap[t] || !d->snap_bytes[t] ||
+            (dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].src && dev[t].src_bytes))
             continue;
         if (!(d->snap[t] = rs_calloc(d->snap_bytes[t], 1, "a delta snapshot"))) {
             if (!d->warned[t]++)
@@ -124,13 +127,6 @@ void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshar
     *version = 0;
     if (!d->on)
         return;
-    if (dev) {
-        if (!d->said++)
-            rs_log(RS_LOG_INFO,
-                   "rank %d: delta refits: device buffers are refit in full (no device snapshot)",
-                   x->comm->rank);
-        return;
-    }
     if (!d->ready && layout(x) != RESHARD_OK) {
         exec_delta_fini(d, x->plan->ntensors, x->comm);
         d->on = 1; /* tried again at the next refit */
@@ -145,12 +141,16 @@ void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshar
                    x->comm->rank);
         return;
     }
-    make_snapshots(x);
+    if (!exec_delta_dev_prepare(x, dev)) /* says why */
+        return;
+    make_snapshots(x, dev);
     *can = 1;
     *version = d->version;
-    for (int t = 0; t < x->plan->ntensors; t++)
-        if (bufs[t].dst != d->dst_seen[t] || bufs[t].dst_bytes != d->dst_len[t])
+    for (int t = 0; t < x->plan->ntensors; t++) {
+        const reshard_buffers_t *b = dev && dev[t].mem == RESHARD_MEM_CUDA ? &dev[t] : &bufs[t];
+        if (b->dst != d->dst_seen[t] || b->dst_bytes != d->dst_len[t])
             *version = 0; /* new destination buffers: what they hold is not known */
+    }
 }
 
 void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t hi)
@@ -197,6 +197,8 @@ int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **
     const struct xfer *xf = &x->xs.x[x->share.out[o]];
     size_t i = x->share.out_off[o] + chunk, es = xfer_esize(x->plan, xf);
     uint32_t t = xf->tensor;
+    if (exec_delta_dev_sends(r, xf)) /* compared on the device */
+        return exec_delta_dev_out(r, o, chunk, buf, len);
     if (!d->snap[t]) /* no snapshot: dense, as always */
         return 0;
     struct region rg;
@@ -242,7 +244,10 @@ reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, s
     exec_chunk_region(&x->cut, xf, chunk, 1, &rg);
     char *base = exec_post_base(r, xf, 1);
     uint64_t want = region_bytes(&rg);
-    if (bytes == want) { /* dense */
+    int on_dev = exec_delta_dev_lands(r, xf); /* a device destination: the chunk goes there */
+    if (bytes == want) {                      /* dense */
+        if (on_dev)
+            return exec_delta_dev_land(r, xf, chunk, msg, bytes);
         region_unpack(&rg, base, msg);
         return RESHARD_OK;
     }
@@ -255,6 +260,8 @@ reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, s
                         "rank %d: chunk %u of tensor '%s' from rank %d refused (%zu bytes): %s",
                         x->comm->rank, chunk, x->plan->tensors[xf->tensor].name, xf->src, bytes,
                         why);
+    if (on_dev)
+        return exec_delta_dev_land(r, xf, chunk, msg, bytes);
     delta_apply(msg, &rg, base);
     return RESHARD_OK;
 }
@@ -269,10 +276,12 @@ void exec_delta_done(struct exec *x, const struct exec_run *r, const reshard_buf
         return;
     d->version = ok && r && r->delta ? r->seq + 1 : 0; /* wraps to 0 once: a full refit */
     for (int t = 0; t < x->plan->ntensors; t++) {
+        const reshard_buffers_t *b =
+            r && r->dev && r->dev[t].mem == RESHARD_MEM_CUDA ? &r->dev[t] : &bufs[t];
         if (d->snap_state[t] != DELTA_SNAP_NONE) /* a plain run sent past the snapshot */
             d->snap_state[t] = d->version ? DELTA_SNAP_HELD : DELTA_SNAP_MADE;
-        d->dst_seen[t] = d->version ? bufs[t].dst : NULL;
-        d->dst_len[t] = d->version ? bufs[t].dst_bytes : 0;
+        d->dst_seen[t] = d->version ? b->dst : NULL;
+        d->dst_len[t] = d->version ? b->dst_bytes : 0;
     }
 }
 
@@ -281,18 +290,19 @@ uint64_t exec_delta_snapshot_bytes(const struct exec *x)
     uint64_t n = 0;
     for (size_t o = 0; o < x->share.nout; o++) {
         const struct xfer *xf = &x->xs.x[x->share.out[o]];
-        n += encoded(x, xf) ? (uint64_t)xf->bytes : 0;
+        n += exec_delta_encoded(x, xf) ? (uint64_t)xf->bytes : 0;
     }
     return n;
 }
 
 uint64_t exec_delta_held(const struct exec *x)
 {
-    return x->delta.held;
+    return x->delta.held + exec_delta_dev_held(x);
 }
 
 void exec_delta_fini(struct exec_delta *d, int ntensors, struct reshard_comm *c)
 {
+    exec_delta_dev_fini(d, ntensors);
     for (int t = 0; d->snap && t < ntensors; t++)
         free(d->snap[t]);
     exec_bufs_release(d->mem, DELTA_MEM_N, c); /* a failed run's requests may still use them */

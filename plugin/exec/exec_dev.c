@@ -10,6 +10,8 @@
  */
 #include "exec_run.h"
 
+#include "exec_delta_dev.h"
+
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -57,13 +59,14 @@ void *exec_dev_mh(const struct exec_run *r, const struct xfer *xf, int side)
     return r->x->regs.dev[2 * xf->tensor + (buf == XBUF_DST)].mh;
 }
 
-/* When the run registered its device buffers and the chunk is contiguous there. Both ends of a
- * message decide on their own. */
+/* When the run registered its device buffers and the chunk is contiguous there, and it is not
+ * encoded in a delta run (compared against a snapshot, it travels through host memory). Both
+ * ends of a message decide on their own. */
 char *exec_dev_gdr_at(const struct exec_run *r, const struct xfer *xf, int side,
                       const struct region *rg)
 {
     uint64_t off;
-    char *d = r->gdr ? dev_base(r, xf, side) : NULL;
+    char *d = r->gdr && !(r->delta && exec_delta_encoded(r->x, xf)) ? dev_base(r, xf, side) : NULL;
     return d && region_contiguous(rg, &off) ? d + off : NULL;
 }
 
@@ -110,12 +113,14 @@ reshard_status_t exec_dev_land(struct exec_run *r, long k, uint32_t chunk, const
     const struct exec_share *s = &x->share;
     struct region rg;
     exec_chunk_region(&x->cut, xf, chunk, 1, &rg);
-    int to_host = exec_dev_via_ipc(r, xf) ||
+    int delta = k >= 0 && !x->in_b.bundled[s->in_off[k] + chunk] &&
+                exec_delta_dev_lands(r, xf); /* put on the device by exec_delta_dev_land */
+    int to_host = delta || exec_dev_via_ipc(r, xf) ||
                   (xf->path == XFER_NET && k >= 0 && !x->in_b.bundled[s->in_off[k] + chunk] &&
                    exec_dev_gdr_at(r, xf, 1, &rg));
     if (to_host && (k < 0 || s->child_first[k] == s->child_first[k + 1]))
         return RESHARD_OK;
-    if (to_host && !exec_dev_via_ipc(r, xf)) /* the NIC's writes, visible before the copy reads */
+    if (to_host && !delta && !exec_dev_via_ipc(r, xf)) /* the NIC's writes, visible first */
         RS_CHECK(cuda_flush_rdma_writes());
     char *host = (char *)r->bufs[xf->tensor].dst;
     const struct cuda_fns *f = cuda_lib();
@@ -388,7 +393,7 @@ reshard_status_t exec_dev_stage_sources(struct exec_run *r, int after)
                    : xf->path == XFER_LOCAL
                        ? (after ? !exec_dev_via_ipc(r, xf) : !rs_param_int(RS_PARAM_CUDA_IPC))
                        : !net_direct(r, (size_t)o);
-        if (!host)
+        if (!host || exec_delta_dev_owns(r, o, after)) /* compared on the device, not staged */
             continue;
         cu_result e = cuda_lib()->memcpy_dtoh((void *)r->bufs[xf->tensor].src,
                                               (cu_deviceptr)(uintptr_t)d->src, d->src_bytes);

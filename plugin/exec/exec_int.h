@@ -281,8 +281,9 @@ struct exec_delta {
     uint64_t scratch_bytes, enc_bytes, max_chunk;
     uint64_t *words; /* scratch of the encoder */
     /* The run's own buffers, which a failed run's requests may still use (exec_bufs_release). */
-    char **mem;    /* [DELTA_MEM_N + 1] */
-    uint64_t held; /* bytes of the snapshots */
+    char **mem;                 /* [DELTA_MEM_N + 1] */
+    uint64_t held;              /* bytes of the snapshots in host memory */
+    struct exec_delta_dev *dev; /* device snapshots and scratch (exec_delta_dev.c), or NULL */
 };
 
 enum { DELTA_SNAP_NONE, DELTA_SNAP_MADE, DELTA_SNAP_HELD };

@@ -154,6 +154,9 @@ reshard_status_t exec_dev_run(struct exec *x, const reshard_buffers_t *bufs);
 
 /* ---- exec_delta.c ---- */
 
+/* Are xf's chunks encoded in a delta run (both ends answer alike, from the plan)? */
+int exec_delta_encoded(const struct exec *x, const struct xfer *xf);
+
 /* Before the start vote: whether this rank can encode this run (the plan asked for deltas,
  * host buffers, the buffers made) and the version it holds (0: none, or new destinations). */
 void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshard_buffers_t *dev,

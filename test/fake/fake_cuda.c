@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cuda/delta_desc.h"
 #include "cuda/pack_desc.h"
 
 #define API __attribute__((visibility("default")))
@@ -207,6 +208,8 @@ API int cuMemGetHandleForAddressRange(void *handle, uint64_t ptr, size_t size, i
 
 API int cuMemAlloc_v2(uint64_t *p, size_t n)
 {
+    if (fails("cuMemAlloc_v2"))
+        return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
     struct fake_alloc *a = slot();
     int fd = a ? memfd_create("fake-cuda", MFD_CLOEXEC) : -1;
     if (fd < 0 || ftruncate(fd, (off_t)(n ? n : 1))) {
@@ -700,6 +703,14 @@ API int cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, size_t n)
  * element through the index function the real kernels use (cuda/pack_desc.h), so the
  * executor's kernel path runs here; the kernels themselves are tested on a GPU. */
 static int module, pack_fn, unpack_fn, quant_fn, launches, quant_launches;
+static int delta_mask_fn, delta_scan_fn, delta_compact_fn, delta_lengths_fn, delta_count_fn,
+    delta_apply_fn, delta_launches;
+
+/* Launches of the delta kernels (counted in fake_cuda_launches too). */
+API int fake_cuda_delta_launches(void)
+{
+    return delta_launches;
+}
 
 API int fake_cuda_launches(void)
 {
@@ -725,10 +736,16 @@ API int cuModuleGetFunction(void **f, void *mod, const char *name)
 {
     if (mod != &module)
         return 400;
-    *f = !strcmp(name, "rs_pack")     ? (void *)&pack_fn
-         : !strcmp(name, "rs_unpack") ? &unpack_fn
-         : !strcmp(name, "rs_quant")  ? &quant_fn
-                                      : NULL;
+    *f = !strcmp(name, "rs_pack")            ? (void *)&pack_fn
+         : !strcmp(name, "rs_unpack")        ? &unpack_fn
+         : !strcmp(name, "rs_quant")         ? &quant_fn
+         : !strcmp(name, "rs_delta_mask")    ? &delta_mask_fn
+         : !strcmp(name, "rs_delta_scan")    ? &delta_scan_fn
+         : !strcmp(name, "rs_delta_compact") ? &delta_compact_fn
+         : !strcmp(name, "rs_delta_lengths") ? &delta_lengths_fn
+         : !strcmp(name, "rs_delta_count")   ? &delta_count_fn
+         : !strcmp(name, "rs_delta_apply")   ? &delta_apply_fn
+                                             : NULL;
     return *f ? 0 : 500; /* CUDA_ERROR_NOT_FOUND */
 }
 
@@ -763,16 +780,78 @@ static void quant_run(void **params)
     quant_launches++;
 }
 
+/* The delta kernels (cuda/delta_desc.h), one word, run or element after the other, through the
+ * steps the kernels run; the mask step builds each word bit by bit from the same compare the
+ * kernel's warp votes use. params: the descriptor (the scan's: the arrays, their length,
+ * whether it then chooses). */
+static int delta_run(void *f, void **params)
+{
+    const struct rs_delta_desc *d = params[0];
+    if (f == &delta_mask_fn) {
+        for (int64_t k = 0; k < d->nwords; k++) {
+            uint64_t w = 0;
+            for (int j = 0; j < 64; j++)
+                w |= (uint64_t)rs_delta_differs(d, 64 * k + j) << j;
+            rs_delta_mask_done(d, k, w);
+        }
+    } else if (f == &delta_scan_fn) {
+        uint32_t *a = *(uint32_t **)params[1], *b = *(uint32_t **)params[2];
+        int64_t m = *(int64_t *)params[3];
+        uint32_t ra = 0, rb = 0;
+        for (int64_t i = 0; i < m; i++) {
+            uint32_t va = a[i];
+            a[i] = ra;
+            ra += va;
+            if (b) {
+                uint32_t vb = b[i];
+                b[i] = rb;
+                rb += vb;
+            }
+        }
+        a[m] = ra;
+        if (b)
+            b[m] = rb;
+        if (*(int *)params[4])
+            rs_delta_choose(d);
+    } else if (f == &delta_compact_fn) {
+        for (int64_t k = 0; k < d->nwords; k++)
+            rs_delta_compact_word(d, k);
+    } else if (f == &delta_lengths_fn) {
+        for (int64_t r = 0; r < (int64_t)d->info->nruns; r++)
+            rs_delta_run_length(d, r);
+    } else if (f == &delta_count_fn) {
+        for (int64_t k = 0; k < rs_delta_count_n(d); k++)
+            rs_delta_count_one(d, k);
+    } else if (f == &delta_apply_fn) {
+        if (rs_delta_kind_of(d) == RS_DELTA_BITMAP)
+            for (int64_t k = 0; k < d->nwords; k++)
+                rs_delta_apply_word(d, k);
+        else
+            for (int64_t r = 0; r < (int64_t)d->nruns; r++)
+                for (int64_t e = 0; e < rs_delta_run_len(d, r); e++)
+                    rs_delta_apply_run(d, r, e);
+    } else {
+        return 0;
+    }
+    delta_launches++;
+    launches++;
+    return 1;
+}
+
 /* params: the descriptor, the buffer, the packed bytes, whether rows are contiguous. */
 API int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                        unsigned bz, unsigned shared, void *stream, void **params, void **extra)
 {
     (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)stream;
     (void)extra;
-    if (f != &pack_fn && f != &unpack_fn && f != &quant_fn)
+    if (f != &pack_fn && f != &unpack_fn && f != &quant_fn && f != &delta_mask_fn &&
+        f != &delta_scan_fn && f != &delta_compact_fn && f != &delta_lengths_fn &&
+        f != &delta_count_fn && f != &delta_apply_fn)
         return 400; /* CUDA_ERROR_INVALID_HANDLE */
     if (fails("cuLaunchKernel"))
         return FAKE_ERROR;
+    if (delta_run(f, params))
+        return 0;
     if (f == &quant_fn) {
         quant_run(params);
         launches++;

@@ -10,7 +10,10 @@
  * the last refit's time and the bytes each path moved; exit 0 when all are right, 77 without a
  * GPU stack. make test runs it on the stand-in driver of test/fake. DEVICE_REFIT_VMM=1 makes the
  * destinations cuMemCreate allocations shared by POSIX descriptor (as PyTorch's expandable
- * segments), so that IPC goes through the import path.
+ * segments), so that IPC goes through the import path. DEVICE_REFIT_CHANGED=PCT makes it a delta
+ * refit (RESHARD_DELTA=1): between refits PCT % of the source elements change and destinations
+ * keep what the last refit left; each refit is checked against the values it must leave, and
+ * the last one's network bytes and time are printed (the device snapshots and kernels at work).
  *
  *   device_refit [MiB]     (default 64; the tensor's size)
  */
@@ -35,6 +38,7 @@ struct result {
     long wrong;
     double ms;
     reshard_comm_counters_t n; /* per refit */
+    uint64_t last_net;         /* the last refit's network bytes out */
     char msg[200];
 };
 
@@ -48,10 +52,25 @@ static void *sym(void *h, const char *name)
     return p;
 }
 
-/* Element i of the whole tensor (row-major). */
-static float value(int64_t i)
+static int changed_pct; /* DEVICE_REFIT_CHANGED */
+
+static uint64_t mix(uint64_t z)
 {
-    return (float)(i % 999983) * 0.5f;
+    z += 0x9e3779b97f4a7c15u;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+/* Element i of the whole tensor (row-major) after refit `it`: changed at refit j > 0 when
+ * DEVICE_REFIT_CHANGED says so, to a value of j's. */
+static float value_at(int64_t i, int it)
+{
+    float v = (float)(i % 999983) * 0.5f;
+    for (int j = 1; j <= it; j++)
+        if (mix((uint64_t)i * 31 + (uint64_t)j) % 100 < (uint64_t)changed_pct)
+            v = (float)(i % 999983) * 0.5f + (float)j;
+    return v;
 }
 
 /* A cuMemCreate allocation of at least n bytes (2 MiB granules), mapped read-write on device
@@ -120,7 +139,7 @@ static int run_rank(const reshard_unique_id_t *id, int rank, long rows, void *cu
     float *host = malloc(db);
     int64_t first = (int64_t)rank * (rows / 2) * 1024; /* ranks 0-1: their row halves */
     for (size_t i = 0; i < sb / 4; i++)
-        host[i] = value(first + (int64_t)i);
+        host[i] = value_at(first + (int64_t)i, 0);
     const char *vmm = getenv("DEVICE_REFIT_VMM");
     int dst_failed = vmm && *vmm == '1' ? vmm_alloc(cu, &ddst, db) : cu_alloc(&ddst, db);
     if ((sb && (cu_alloc(&dsrc, sb) || cu_htod(dsrc, host, sb))) || dst_failed) {
@@ -129,19 +148,30 @@ static int run_rank(const reshard_unique_id_t *id, int rank, long rows, void *cu
     }
     reshard_buffers_t b = {sb ? (void *)(uintptr_t)dsrc : NULL, sb, (void *)(uintptr_t)ddst, db,
                            RESHARD_MEM_CUDA};
-    memset(host, 0, db);
+    if (!changed_pct)
+        memset(host, 0, db);
     for (int it = 0; it < ITERS && !out->status && !out->wrong; it++) {
         struct timespec t0, t1;
-        cu_htod(ddst, host, db); /* zeros: each refit must write everything again */
+        if (!changed_pct) {
+            cu_htod(ddst, host, db); /* zeros: each refit must write everything again */
+        } else if (it && sb) {       /* the source changes; the destination keeps the last refit */
+            for (size_t i = 0; i < sb / 4; i++)
+                host[i] = value_at(first + (int64_t)i, it);
+            cu_htod(dsrc, host, sb);
+        }
+        reshard_comm_counters_t c0, c1;
+        reshard_comm_counters(comm, &c0);
         clock_gettime(CLOCK_MONOTONIC, &t0);
         out->status = reshard_plan_execute(plan, &b);
         clock_gettime(CLOCK_MONOTONIC, &t1);
+        reshard_comm_counters(comm, &c1);
+        out->last_net = c1.net_out - c0.net_out;
         out->ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
         snprintf(out->msg, sizeof(out->msg), "%s", out->status ? reshard_last_error() : "");
         float *got = malloc(db);
         cu_dtoh(got, ddst, db);
         for (size_t i = 0; i < db / 4; i++)
-            out->wrong += got[i] != value((int64_t)i);
+            out->wrong += got[i] != value_at((int64_t)i, it);
         free(got);
     }
     reshard_comm_counters(comm, &out->n);
@@ -166,6 +196,14 @@ int main(int argc, char **argv)
         return 77;
     }
     setenv("RESHARD_DOMAIN_SIZE", "2", 0);
+    const char *pct = getenv("DEVICE_REFIT_CHANGED");
+    changed_pct = pct ? atoi(pct) : 0;
+    if (changed_pct < 0 || changed_pct > 100) {
+        fprintf(stderr, "device_refit: DEVICE_REFIT_CHANGED is a percentage, not '%s'\n", pct);
+        return 2;
+    }
+    if (changed_pct)
+        setenv("RESHARD_DELTA", "1", 1);
     long rows = mib * 256 / 2 * 2; /* even: two row halves */
     reshard_unique_id_t id;
     if (reshard_get_unique_id(&id)) {
@@ -179,7 +217,7 @@ int main(int argc, char **argv)
         if ((pid[r] = fork()) == 0)
             _exit(run_rank(&id, r, rows, cu, &res[r]));
     int bad = 0;
-    uint64_t ipc = 0;
+    uint64_t ipc = 0, last_net = 0;
     double slowest = 0;
     for (int r = 0; r < RANKS; r++) {
         int ws;
@@ -192,10 +230,16 @@ int main(int argc, char **argv)
                (double)n->net_out / ITERS / 1048576.0, (double)n->local_out / ITERS / 1048576.0,
                (double)n->ipc_out / ITERS / 1048576.0, res[r].msg[0] ? ": " : "", res[r].msg);
         ipc += res[r].n.ipc_out / ITERS;
+        last_net += res[r].last_net;
         slowest = res[r].ms > slowest ? res[r].ms : slowest;
     }
     printf("device_refit: %ld MiB, device to device across %d processes, %.2f MiB per refit "
            "through CUDA IPC: %s; slowest rank %.2f ms\n",
            mib, RANKS, (double)ipc / 1048576.0, bad ? "FAILED" : "#wrong 0 on every rank", slowest);
+    if (changed_pct)
+        printf("device_refit: delta refits, %d%% changed between refits: the last refit sent "
+               "%.2f MiB over the network in all (%.3f of the tensor), slowest rank %.2f ms\n",
+               changed_pct, (double)last_net / 1048576.0,
+               (double)last_net / (double)(mib * 1048576), slowest);
     return bad;
 }

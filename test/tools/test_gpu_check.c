@@ -60,19 +60,25 @@ static int check(const char *env, const char *steps)
 
 Test(gpu_check, the_stand_in_runs_the_device_steps)
 {
-    int rc = check("", "device,gpu-unit,pack,refit-ipc,refit-vmm,refit-staged,nccl,net-plugin,m2n");
+    int rc = check(
+        "", "device,gpu-unit,pack,delta-kernel,refit-ipc,refit-vmm,refit-staged,refit-delta,nccl,"
+            "net-plugin,m2n");
     cr_assert_eq(rc, 0, "%s", out);
     assert_result("probe", "PASS");
     assert_result("gpu-unit", "PASS");
     assert_result("pack", "SKIP");
+    assert_result("delta-kernel", "PASS");
     assert_result("refit-ipc", "PASS");
     assert_result("refit-vmm", "PASS");
     assert_result("refit-staged", "PASS");
+    assert_result("refit-delta", "PASS");
     assert_result("nccl", "PASS");
     assert_result("net-plugin", "PASS");
     assert_result("m2n", "PASS");
     cr_assert(strstr(row_of("refit-ipc"), "#wrong 0 on every rank"), "%s", out);
     cr_assert(strstr(row_of("m2n"), "#wrong 0, unnamed dtype refused"), "%s", out);
+    cr_assert(strstr(row_of("delta-kernel"), "every message the host codec's"), "%s", out);
+    cr_assert(strstr(row_of("refit-delta"), "delta refits, 5% changed"), "%s", out);
     cr_assert(strstr(out, "0 failed"), "%s", out);
 }
 
@@ -154,8 +160,10 @@ Test(gpu_check, net_plugin_fails_on_a_wrong_element_or_a_log_without_the_plugin)
 Test(gpu_check, bad_usage_is_one_line)
 {
     cr_assert_eq(run_capture("scripts/gpu-check.sh --steps pack,nope", out, sizeof(out)), 2);
-    cr_assert_str_eq(out, "gpu-check: --steps: no step 'nope' (steps: device,gpu-unit,pack,"
-                          "refit-ipc,refit-vmm,refit-staged,nccl,net-plugin,m2n,dtensor,python)\n");
+    cr_assert_str_eq(out,
+                     "gpu-check: --steps: no step 'nope' (steps: device,gpu-unit,pack,"
+                     "delta-kernel,refit-ipc,refit-vmm,refit-staged,refit-delta,nccl,net-plugin,"
+                     "m2n,dtensor,python)\n");
     cr_assert_eq(run_capture("scripts/gpu-check.sh --budget soon", out, sizeof(out)), 2);
     cr_assert_str_eq(out, "gpu-check: --budget needs a number of seconds\n");
 }
@@ -180,6 +188,7 @@ Test(gpu_check, the_bundle_finds_its_libraries_by_itself)
     cr_assert(strstr(out, "\ntest/perf/nccl_net_check "), "%s", out);
     cr_assert(strstr(out, "\nlib/libreshard-m2n.so "), "%s", out);
     cr_assert(strstr(out, "\ntest/perf/m2n_check "), "%s", out);
+    cr_assert(strstr(out, "\ntest/perf/delta_dev_bench "), "%s", out);
     cr_assert_null(strstr(out, "\nlib/libc.so.6 "), "glibc stays the image's:\n%s", out);
     /* every dependency resolves inside the bundle (or to glibc) */
     rc =

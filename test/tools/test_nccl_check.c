@@ -3,6 +3,7 @@
 #include "run_util.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 Test(nccl_check, moves_device_memory_through_nccl_on_the_stand_ins, .timeout = 60)
@@ -55,6 +56,28 @@ Test(device_refit, four_processes_refit_device_buffers_on_the_stand_in, .timeout
     cr_assert(strstr(out, "4 MiB, device to device across 4 processes, 8.00 MiB per refit "
                           "through CUDA IPC: #wrong 0 on every rank"),
               "%s", out);
+}
+
+/* Delta refits of device buffers end to end (gpu-check's refit-delta step): 5 % of the f32
+ * source changes between refits; the last refit sends its bitmap (1/32 of the bytes) and the
+ * changed elements, about 0.08 of the tensor, and every destination holds the new values. */
+Test(device_refit, delta_refits_of_device_buffers_on_the_stand_in, .timeout = 60)
+{
+    char out[4096];
+    const char *b = build_dir();
+    int rc = run_capturef(out, sizeof(out),
+                          "DEVICE_REFIT_CHANGED=5 RESHARD_CUDA_LIB=%s/test/fake/libcuda.so.1 "
+                          "%s/test/perf/device_refit 4",
+                          b, b);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "#wrong 0 on every rank"), "%s", out);
+    const char *at = strstr(out, "the last refit sent ");
+    cr_assert_not_null(at, "%s", out);
+    double mib = 0, share = 1;
+    cr_assert_eq(
+        sscanf(at, "the last refit sent %lf MiB over the network in all (%lf", &mib, &share), 2,
+        "%s", out);
+    cr_assert(share > 0.05 && share < 0.12, "5%% changed sent %.3f of the tensor:\n%s", share, out);
 }
 
 Test(m2n_check, the_m2n_api_moves_device_memory_through_nccl_on_the_stand_ins, .timeout = 120)

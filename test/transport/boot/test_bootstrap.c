@@ -130,7 +130,7 @@ Test(bootstrap, id_from_an_address_and_explicit_port_joins_ranks, .timeout = 30)
 {
     struct boot_id id;
     char addr[80], want[32];
-    int port = held_loopback_port();
+    int port = private_loopback_port();
     loopback_id(port, SECRET, &id);
     snprintf(want, sizeof(want), "127.0.0.1:%d", port);
     cr_assert_str_eq(boot_id_addr(&id, addr, sizeof(addr)), want);
@@ -141,7 +141,7 @@ Test(bootstrap, peers_started_before_rank_0_wait_for_it, .timeout = 30)
 {
     struct boot_id id;
     struct rank_run r[3];
-    loopback_id(held_loopback_port(), SECRET, &id);
+    loopback_id(private_loopback_port(), SECRET, &id);
     start(&r[1], &id, 1, 3, 10000, WORK_COLLECTIVES);
     start(&r[2], &id, 2, 3, 10000, WORK_COLLECTIVES);
     usleep(300 * 1000); /* their connects are refused meanwhile, and retried */
@@ -149,6 +149,37 @@ Test(bootstrap, peers_started_before_rank_0_wait_for_it, .timeout = 30)
     finish_all(r, 3);
     assert_all_ok(r, 3);
     close_all(r, 3);
+}
+
+/* The held port is bound, not listening, with SO_REUSEADDR: another program that binds the same
+ * number with SO_REUSEADDR (every address, as a launcher's rank 0 or torch's store do) and
+ * listens first used to make rank 0's bind fail with "Address already in use" (the flaky
+ * failures of the two tests above under parallel load). In a network namespace of the test's
+ * own, nobody else can. */
+Test(bootstrap, another_programs_listener_on_the_held_port_leaves_it_to_rank_0, .timeout = 30)
+{
+    int one = 1, outsider = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); /* the host's */
+    cr_assert_geq(outsider, 0);
+    int port = held_loopback_port(); /* a number free on the host, kept so while it binds */
+    if (private_net() != 0)
+        cr_skip_test("no network namespace of the test's own can be made here (%m): a held "
+                     "port is shared with every program on the host");
+    struct sockaddr_in mine = {.sin_family = AF_INET,
+                               .sin_port = htons((uint16_t)port),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)},
+                       any = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); /* the same port, held here */
+    cr_assert_geq(held, 0);
+    cr_assert_eq(setsockopt(held, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+    cr_assert_eq(bind(held, (struct sockaddr *)&mine, sizeof(mine)), 0, "%m");
+    cr_assert_eq(setsockopt(outsider, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+    cr_assert_eq(bind(outsider, (struct sockaddr *)&any, sizeof(any)), 0, "outsider: %m");
+    cr_assert_eq(listen(outsider, 4), 0, "outsider: %m");
+    struct boot_id id;
+    loopback_id(port, SECRET, &id);
+    run_job_ok(&id, 3);
+    close(outsider);
+    close(held);
 }
 
 Test(bootstrap, ipv6_loopback_works, .timeout = 30)
@@ -173,7 +204,7 @@ Test(bootstrap, configured_address_and_port_are_where_the_id_listens, .timeout =
     struct boot_id id;
     char got[80], want[32];
     char port_str[16];
-    int port = held_loopback_port();
+    int port = private_loopback_port();
     snprintf(port_str, sizeof(port_str), "%d", port);
     setenv("RESHARD_BOOT_ADDR", "127.0.0.1", 1);
     setenv("RESHARD_BOOT_PORT", port_str, 1);

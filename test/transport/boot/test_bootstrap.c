@@ -336,7 +336,7 @@ Test(bootstrap, absent_rank_0_makes_a_peer_time_out_naming_its_address, .timeout
     struct boot_id id;
     struct rank_run r;
     char want[32];
-    int port = held_loopback_port();
+    int port = private_loopback_port();
     loopback_id(port, SECRET, &id);
     start(&r, &id, 1, 2, 500, WORK_NONE);
     finish(&r);

@@ -377,11 +377,12 @@ class FromEnv(unittest.TestCase):
 
         # A port of the kernel's pick, held (bound, not listening, SO_REUSEADDR, as rank 0's
         # bind is) until the ranks are done: released at once, another test's pick could get
-        # the same number before rank 0 binds it, and one of them would fail with "Address
-        # already in use".
+        # the same number before rank 0 binds it. Bound on every address, as rank 0 binds it:
+        # a pick on 127.0.0.1 alone may be a port that a listener on another address of the
+        # host (UCX's, the NCCL plugin's) uses, where rank 0's bind fails.
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", 0))
+            s.bind(("0.0.0.0", 0))
             port = s.getsockname()[1]
             out = self.launch(port - 1)
         self.assertEqual([l.split()[0] for l in out], ["OK"] * 4, out)

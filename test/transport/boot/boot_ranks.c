@@ -26,16 +26,24 @@ int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* A port of the kernel's pick that nobody listens on, held until the test's process ends: the
- * socket bound to it (port 0, read back) never listens, so that a connect to it is refused
- * until the bootstrap listens there too (SO_REUSEADDR on both lets it). It keeps away every
- * bind without SO_REUSEADDR, and the kernel's picks (bind to port 0, connect), but not a bind
- * of that port number with SO_REUSEADDR: such a socket may listen there first, and the
- * bootstrap's bind then fails (private_loopback_port says who does that). */
-int held_port(int family)
+/* A port that nobody listens on, held until the test's process ends: the socket bound to it
+ * never listens, so that a connect to it is refused until the bootstrap listens there too
+ * (SO_REUSEADDR on both lets it). IPv4 ports are bound on every address, as rank 0 binds them:
+ * one bound on 127.0.0.1 alone may be a port that a listener on another address of the host
+ * uses (UCX's and the NCCL plugin's listen on the interfaces' addresses, at ports of the
+ * kernel's pick), where rank 0's bind then fails. It keeps away every bind without
+ * SO_REUSEADDR and the kernel's picks (bind to port 0, connect), but not a bind of that port
+ * number with SO_REUSEADDR: such a socket may listen there first, and the bootstrap's bind then
+ * fails (private_loopback_port says who does that). IPv6: the loopback itself, whose presence
+ * is what the IPv6 test asks. */
+int hold_port(int family, int port)
 {
-    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
-    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6,
+                              .sin6_port = htons((uint16_t)port),
+                              .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    struct sockaddr_in a4 = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_ANY)};
     struct sockaddr *a = family == AF_INET6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4;
     socklen_t len = family == AF_INET6 ? sizeof(a6) : sizeof(a4);
     int one = 1, fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -47,6 +55,11 @@ int held_port(int family)
         return -1;
     }
     return ntohs(family == AF_INET6 ? a6.sin6_port : a4.sin_port);
+}
+
+int held_port(int family)
+{
+    return hold_port(family, 0);
 }
 
 int held_loopback_port(void)

@@ -37,9 +37,12 @@ struct rank_run {
 };
 
 int64_t now_ms(void);
-/* A loopback port of the kernel's pick that nobody listens on, held until the process ends
- * (bound, not listening, SO_REUSEADDR: a bootstrap may listen there too); -1 if none. */
+/* A port of the kernel's pick that nobody listens on, held until the process ends (bound on
+ * every address, not listening, SO_REUSEADDR: a bootstrap may listen there too); -1 if none.
+ * Tests reach it at the loopback address. */
 int held_port(int family);
+/* The same at a given port (0: the kernel's pick); -1 when it cannot be held. */
+int hold_port(int family, int port);
 int held_loopback_port(void); /* held_port(AF_INET), asserted */
 /* Moves this thread, and the threads and processes it starts from then on, into a network
  * namespace of its own (as root, or through a user namespace) with loopback up, where no other

@@ -9,6 +9,8 @@
 
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <semaphore.h>
@@ -180,6 +182,37 @@ Test(bootstrap, another_programs_listener_on_the_held_port_leaves_it_to_rank_0, 
     run_job_ok(&id, 3);
     close(outsider);
     close(held);
+}
+
+/* A port that a listener on another address of this host uses (UCX's and the NCCL plugin's
+ * listen on the interfaces' addresses, at ports of the kernel's pick) is never held for rank 0,
+ * whose bind covers every address and would fail there. Before, the holder bound 127.0.0.1
+ * alone, so the kernel could pick such a port for it (the same "Address already in use"). */
+Test(bootstrap, a_port_a_listener_on_another_address_uses_is_never_held_for_rank_0)
+{
+    struct ifaddrs *all, *ifa;
+    struct sockaddr_in other = {0};
+    cr_assert_eq(getifaddrs(&all), 0);
+    for (ifa = all; ifa; ifa = ifa->ifa_next)
+        if (ifa->ifa_addr && ifa->ifa_addr->sa_family == AF_INET &&
+            !(ifa->ifa_flags & IFF_LOOPBACK) && (ifa->ifa_flags & IFF_UP)) {
+            memcpy(&other, ifa->ifa_addr, sizeof(other));
+            break;
+        }
+    freeifaddrs(all);
+    if (!other.sin_family)
+        cr_skip_test("no IPv4 address but the loopback on this host");
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    socklen_t len = sizeof(other);
+    other.sin_port = 0;
+    cr_assert_geq(l, 0);
+    cr_assert_eq(bind(l, (struct sockaddr *)&other, sizeof(other)), 0, "%m");
+    cr_assert_eq(listen(l, 4), 0, "%m");
+    cr_assert_eq(getsockname(l, (struct sockaddr *)&other, &len), 0);
+    int port = ntohs(other.sin_port);
+    cr_assert_eq(hold_port(AF_INET, port), -1, "port %d, on which %s listens, was held", port,
+                 inet_ntoa(other.sin_addr));
+    close(l);
 }
 
 Test(bootstrap, ipv6_loopback_works, .timeout = 30)

@@ -13,7 +13,9 @@
  *   reference says, with the values it says, and nothing else (the bytes between rows and every
  *   element not named keep their guard);
  *   with bit 0x20 of the first byte the message's magic, element size and element count are
- *   set to the chunk's, so that the fuzzer spends its time on the counts and the runs;
+ *   set to the chunk's, so that the fuzzer spends its time on the counts and the runs; with bit
+ *   0x10 a runs message is also built from the input (built_runs), so that runs overlapping,
+ *   empty, out of order or miscounted are a byte away;
  * - the first bytes also drive an encode of two chunks made from the input (changes spread or in
  *   runs, as the input's bits say; with the FLAG bit a chunk of 64 Ki one-byte elements so that
  *   the sampled "nearly all changed" path runs): what it encodes is shorter than dense, accepted
@@ -174,6 +176,51 @@ static void round_trip(const uint8_t *data, size_t len, size_t es, size_t n, siz
     free(old), free(cur), free(out), free(dst), free(words), free(hit), free(val);
 }
 
+/* A runs message built from the input (bit 0x10 of the first byte): byte 0 picks how many runs,
+ * byte 1 how far the count of elements is off their sum (-2 to 2), then each pair of bytes is a
+ * run: its start as a signed step from the previous run's end (back: overlapping, or before 0)
+ * and its length (0 to 15); the elements' bytes are the input's again. Overlapping, empty,
+ * out-of-order and miscounted runs are then one byte away instead of a whole header away. */
+static void built_runs(const uint8_t *data, size_t len, size_t es, size_t rows, size_t cols,
+                       size_t pitch, const struct region *rg)
+{
+    if (len < 4)
+        return;
+    size_t nruns = 1 + data[0] % 16, pairs = (len - 2) / 2;
+    nruns = nruns < pairs ? nruns : pairs;
+    uint32_t *run = calloc(2 * nruns, sizeof(*run));
+    if (!run)
+        abort();
+    int64_t end = 0, sum = 0;
+    for (size_t r = 0; r < nruns; r++) {
+        int64_t start = end + (int8_t)data[2 + 2 * r];
+        run[2 * r] = (uint32_t)start;
+        run[2 * r + 1] = data[3 + 2 * r] % 16;
+        end = start + run[2 * r + 1];
+        sum += run[2 * r + 1];
+    }
+    int64_t changed = sum + (int64_t)(data[1] % 5) - 2;
+    if (changed < 0)
+        changed = 0;
+    size_t blen = HDR + nruns * 8 + (size_t)changed * es;
+    uint8_t *msg = malloc(blen);
+    if (!msg)
+        abort();
+    struct delta_hdr h = {.magic = DELTA_MAGIC,
+                          .kind = DELTA_RUNS,
+                          .esize = (uint8_t)es,
+                          .nelem = (uint32_t)(rows * cols),
+                          .nchanged = (uint32_t)changed,
+                          .nruns = (uint32_t)nruns};
+    memcpy(msg, &h, HDR);
+    memcpy(msg + HDR, run, nruns * 8);
+    for (size_t i = HDR + nruns * 8; i < blen; i++)
+        msg[i] = data[i % len];
+    hostile(msg, blen, es, rows, cols, pitch, rg, 0);
+    free(msg);
+    free(run);
+}
+
 #define FLAG_BIG 0x80 /* data[1]: a chunk of 64 Ki one-byte elements (the sampled path) */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -182,7 +229,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     size_t es = (size_t)1 << (data[0] % 4), rows = 1 + data[1] % 8, cols = 1 + data[2] % 200;
     size_t pitch = cols + data[3] % 3;
-    int runs = data[0] >> 2 & 1, big = data[1] & FLAG_BIG && data[0] & 0x40, fix = data[0] & 0x20;
+    int runs = data[0] >> 2 & 1, big = data[1] & FLAG_BIG && data[0] & 0x40, fix = data[0] & 0x20,
+        build = data[0] & 0x10;
     if (big)
         es = 1, rows = 1, cols = pitch = 65536;
     size_t n = rows * cols;
@@ -193,6 +241,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         .shape = {(int64_t)rows, (int64_t)pitch},
                         .len = {(int64_t)rows, (int64_t)cols}};
     hostile(data, len, es, rows, cols, pitch, &rg, fix);
+    if (build)
+        built_runs(data, len, es, rows, cols, pitch, &rg);
     round_trip(data, len, es, n, rows, pitch, &rg, runs && !big, big);
     return 0;
 }

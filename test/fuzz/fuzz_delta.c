@@ -15,7 +15,8 @@
  *   with bit 0x20 of the first byte the message's magic, element size and element count are
  *   set to the chunk's, so that the fuzzer spends its time on the counts and the runs; with bit
  *   0x10 a runs message is also built from the input (built_runs), so that runs overlapping,
- *   empty, out of order or miscounted are a byte away;
+ *   empty, out of order or miscounted are a byte away, and with bit 0x08 a bitmap message
+ *   (built_bitmap: bits past the chunk, miscounted elements);
  * - the first bytes also drive an encode of two chunks made from the input (changes spread or in
  *   runs, as the input's bits say; with the FLAG bit a chunk of 64 Ki one-byte elements so that
  *   the sampled "nearly all changed" path runs): what it encodes is shorter than dense, accepted
@@ -221,6 +222,44 @@ static void built_runs(const uint8_t *data, size_t len, size_t es, size_t rows, 
     free(run);
 }
 
+/* A bitmap message built from the input (bit 0x08 of the first byte): the words are the input's
+ * bytes (so bits past the chunk's last element are as likely as any), the count of elements
+ * their population off by -2 to 2 (byte 0), the elements the input's bytes again. */
+static void built_bitmap(const uint8_t *data, size_t len, size_t es, size_t rows, size_t cols,
+                         size_t pitch, const struct region *rg)
+{
+    size_t n = rows * cols, words = (n + 63) / 64;
+    if (len < 2)
+        return;
+    uint8_t *bits = malloc(words * 8);
+    if (!bits)
+        abort();
+    int64_t set = 0;
+    for (size_t i = 0; i < words * 8; i++) {
+        bits[i] = data[1 + i % (len - 1)];
+        set += __builtin_popcount(bits[i]);
+    }
+    int64_t changed = set + (int64_t)(data[0] % 5) - 2;
+    if (changed < 0)
+        changed = 0;
+    size_t blen = HDR + words * 8 + (size_t)changed * es;
+    uint8_t *msg = malloc(blen);
+    if (!msg)
+        abort();
+    struct delta_hdr h = {.magic = DELTA_MAGIC,
+                          .kind = DELTA_BITMAP,
+                          .esize = (uint8_t)es,
+                          .nelem = (uint32_t)n,
+                          .nchanged = (uint32_t)changed};
+    memcpy(msg, &h, HDR);
+    memcpy(msg + HDR, bits, words * 8);
+    for (size_t i = HDR + words * 8; i < blen; i++)
+        msg[i] = data[i % len];
+    hostile(msg, blen, es, rows, cols, pitch, rg, 0);
+    free(msg);
+    free(bits);
+}
+
 #define FLAG_BIG 0x80 /* data[1]: a chunk of 64 Ki one-byte elements (the sampled path) */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -230,7 +269,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t es = (size_t)1 << (data[0] % 4), rows = 1 + data[1] % 8, cols = 1 + data[2] % 200;
     size_t pitch = cols + data[3] % 3;
     int runs = data[0] >> 2 & 1, big = data[1] & FLAG_BIG && data[0] & 0x40, fix = data[0] & 0x20,
-        build = data[0] & 0x10;
+        build = data[0] & 0x10, build_bitmap = data[0] & 0x08;
     if (big)
         es = 1, rows = 1, cols = pitch = 65536;
     size_t n = rows * cols;
@@ -243,6 +282,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     hostile(data, len, es, rows, cols, pitch, &rg, fix);
     if (build)
         built_runs(data, len, es, rows, cols, pitch, &rg);
+    if (build_bitmap)
+        built_bitmap(data, len, es, rows, cols, pitch, &rg);
     round_trip(data, len, es, n, rows, pitch, &rg, runs && !big, big);
     return 0;
 }

@@ -12,6 +12,20 @@
 /* One lock for every table: loads are rare and short, and a table's own check (ready) may not
  * load another, so nothing waits on itself. */
 static pthread_mutex_t dl_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+/* A child forked while another thread of its parent loaded a library (dlopen and a check such
+ * as cuInit take long) has a copy of the lock that nobody will release: it starts free. A load
+ * that was under way stays not done in the child, which loads it again if it needs it. */
+static void dl_fork_child(void)
+{
+    pthread_mutex_init(&dl_lock, NULL);
+}
+
+static void dl_hook_fork(void)
+{
+    (void)pthread_atfork(NULL, NULL, dl_fork_child); /* fails only when memory is out */
+}
 
 /* The handle to resolve symbols in (RTLD_DEFAULT, which is NULL in glibc, for the process's
  * own copy) and the file it names; -1 with dl->error set when none opens. */
@@ -74,6 +88,7 @@ static void dl_load_locked(struct rs_dl *dl)
 void *rs_dl_load(struct rs_dl *dl)
 {
     if (!atomic_load_explicit(&dl->done, memory_order_acquire)) {
+        pthread_once(&fork_once, dl_hook_fork);
         pthread_mutex_lock(&dl_lock);
         if (!atomic_load_explicit(&dl->done, memory_order_relaxed)) {
             dl_load_locked(dl);

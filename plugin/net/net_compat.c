@@ -22,6 +22,22 @@
 static pthread_mutex_t legacy_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *legacy_ctx;
 static int unload_hooked;
+static pthread_once_t legacy_fork_once = PTHREAD_ONCE_INIT;
+
+/* A child forked while another thread of its parent held legacy_lock (in an init, which may
+ * take long) holds a copy that nobody will release: it starts with the lock free (the context
+ * it names is the parent's, which legacy_init makes again in the child). */
+static void legacy_fork_child(void)
+{
+    pthread_mutex_init(&legacy_lock, NULL);
+}
+
+static void legacy_hook_fork(void)
+{
+    if (pthread_atfork(NULL, NULL, legacy_fork_child) != 0)
+        rs_log(RS_LOG_WARN, "NET/Reshard: pthread_atfork failed: a child forked during an init "
+                            "may wait for ever in its own");
+}
 
 /* Runs at dlclose of this library, or at the process's exit, before any library's destructor
  * (an atexit handler of a shared object runs at whichever comes first, and the loader's own
@@ -39,6 +55,7 @@ static ncclResult_t legacy_init(ncclDebugLogger_t logger)
 {
     net_use_logger(logger);
     reshard_status_t st = RESHARD_OK;
+    pthread_once(&legacy_fork_once, legacy_hook_fork);
     pthread_mutex_lock(&legacy_lock);
     /* A forked child finds its parent's context here, which it may not use (net_dev.c). */
     if (!legacy_ctx || !net_live_get(legacy_ctx, NET_KINDS(NET_KIND_CTX), NULL))

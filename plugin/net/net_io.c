@@ -350,13 +350,22 @@ static void sub_done(struct tp_req *t, reshard_status_t st, size_t got)
     struct net_sub *s = container_of(t, struct net_sub, tp);
     struct net_req *r = s->req;
     struct net_comm *c = r->comm;
+    int i = (int)(s - r->sub) / c->dev->nrails; /* the buffer, whatever the rail */
     c->in_transport--;
     r->pending--;
     if (c->kind == NET_KIND_RECV) /* a striped message's parts add up; a send's size is known */
-        r->sizes[(s - r->sub) / c->dev->nrails] += got;
+        r->sizes[i] += got;
+    /* Each rail offers the whole buffer, so a peer that sends more than its share on each
+     * (every rail the whole message) brings more parts than the receive holds: its size would
+     * reach NCCL larger than what it posted (and past an int on 8 rails of 1 GiB). */
+    if (st == RESHARD_OK && c->kind == NET_KIND_RECV &&
+        r->sizes[i] > r->sub[i * c->dev->nrails].tp.len) {
+        st = RESHARD_ERR_TOO_LARGE;
+        t->why = "the parts of a striped message add up to more than the receive";
+    }
     if (st != RESHARD_OK && r->st == RESHARD_OK) {
         r->st = st;
-        r->failed_sub = (int)(s - r->sub) / c->dev->nrails; /* the buffer, whatever the rail */
+        r->failed_sub = i;
         r->tp_why = t->why;
     }
     if (r->state == REQ_ABANDONED && !r->pending) { /* its handle went when it was abandoned */

@@ -375,10 +375,16 @@ class FromEnv(unittest.TestCase):
     def test_ranks_meet_at_master_port_plus_one(self):
         import socket
 
-        with socket.socket() as s:  # a free port, bound and read back, then released
-            s.bind(("127.0.0.1", 0))
+        # A port of the kernel's pick, held (bound, not listening, SO_REUSEADDR, as rank 0's
+        # bind is) until the ranks are done: released at once, another test's pick could get
+        # the same number before rank 0 binds it. Bound on every address, as rank 0 binds it:
+        # a pick on 127.0.0.1 alone may be a port that a listener on another address of the
+        # host (UCX's, the NCCL plugin's) uses, where rank 0's bind fails.
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("0.0.0.0", 0))
             port = s.getsockname()[1]
-        out = self.launch(port - 1)
+            out = self.launch(port - 1)
         self.assertEqual([l.split()[0] for l in out], ["OK"] * 4, out)
 
     def test_rank_0s_bind_failure_reaches_every_rank(self):

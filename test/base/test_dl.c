@@ -10,8 +10,12 @@
 
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <semaphore.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 struct m_fns {
     double (*cos)(double);
@@ -196,4 +200,60 @@ Test(dl, threads_racing_the_first_use_load_once)
     cr_assert_eq(ready_calls, 1);
     for (int i = 0; i < 8; i++)
         cr_assert_eq(seen[i], &fns, "thread %d", i);
+}
+
+/* ---- a fork while another thread loads a library ---- */
+
+static sem_t loading, forked;
+
+static int wait_for_the_fork(void *table, char *why, size_t cap)
+{
+    (void)table, (void)why, (void)cap;
+    sem_post(&loading); /* the loader's lock is held now */
+    while (sem_wait(&forked) != 0)
+        ;
+    return 0;
+}
+
+static void *load_slowly(void *arg)
+{
+    return rs_dl_load(arg);
+}
+
+/* A library's load (dlopen, its check: cuInit may take seconds) holds the loader's lock; a
+ * child forked meanwhile by another thread has a copy of it that nobody will release. Before,
+ * the child's first load of any other library waited for ever (here: its alarm). */
+Test(dl, a_child_forked_while_another_thread_loads_a_library_can_load_one, .timeout = 60)
+{
+    use_file("libm.so.6");
+    struct rs_dl slow = make_dl(with_optional, NSYMS(with_optional));
+    slow.ready = wait_for_the_fork;
+    cr_assert_eq(sem_init(&loading, 0, 0), 0);
+    cr_assert_eq(sem_init(&forked, 0, 0), 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, load_slowly, &slow), 0);
+    while (sem_wait(&loading) != 0)
+        ;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        alarm(10);
+        static struct m_fns mine;
+        struct rs_dl other = make_dl(libc_only, NSYMS(libc_only));
+        other.fallback = "libc.so.6";
+        other.table = &mine;
+        other.table_size = sizeof(mine);
+        use_file("libc.so.6");
+        struct m_fns *f = rs_dl_load(&other);
+        _exit(f && f->strlen("four") == 4 ? 0 : 1);
+    }
+    sem_post(&forked);
+    cr_assert_not_null(pthread_join(t, NULL) == 0 ? slow.table : NULL);
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(!WIFSIGNALED(status),
+              "the child died of signal %d (SIGALRM: it waited for the "
+              "loader's lock)",
+              WTERMSIG(status));
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %#x", status);
 }

@@ -52,6 +52,7 @@ static reshard_status_t flush_qp_make(struct ib_ctx *x)
     };
     if (!(x->flush_qp = x->f->create_qp(x->pd, &ia)))
         return flush_fail(x, "ibv_create_qp");
+    x->cq_need += FLUSH_DEPTH; /* from here on ib_flush_close gives them back */
     struct ibv_qp_attr a = {
         .qp_state = IBV_QPS_INIT,
         .port_num = (uint8_t)x->port.port,
@@ -84,7 +85,6 @@ static reshard_status_t flush_qp_make(struct ib_ctx *x)
                         IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                             IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
         return flush_fail(x, "ibv_modify_qp(RTS)");
-    x->cq_need += FLUSH_DEPTH;
     return RESHARD_OK;
 }
 

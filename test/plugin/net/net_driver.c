@@ -46,6 +46,7 @@ int failures;
 char last_warn[1024];
 int warns;
 void *driver_ctx;
+void (*log_hook)(const char *msg);
 
 /* ---- reporting ---- */
 
@@ -83,6 +84,8 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char *fil
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    if (log_hook)
+        log_hook(msg);
     if (level == NCCL_LOG_WARN) {
         snprintf(last_warn, sizeof(last_warn), "%s", msg);
         warns++;
@@ -1482,6 +1485,8 @@ int main(int argc, char **argv)
         return 1;
     if (cname && !strcmp(cname, "no-devices")) /* before start, which wants a device */
         return case_no_devices() || failures;
+    if (cname && !strcmp(cname, "fork-in-init")) /* init is what it tests */
+        return case_fork_in_init() || failures;
     void *ctx;
     int ndev;
     if (start(&ctx, &ndev))

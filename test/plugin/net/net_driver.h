@@ -23,6 +23,8 @@ extern int failures;         /* steps that failed */
 extern char last_warn[1024]; /* the last WARN NCCL's logger got */
 extern int warns;
 extern void *driver_ctx; /* the context main finalizes at the end (a case may replace it) */
+/* Called with each line NCCL's logger gets, in the thread that logs it, when set. */
+extern void (*log_hook)(const char *msg);
 
 #define T(v) ((const ncclNet_v##v##_t *)table)
 
@@ -105,7 +107,8 @@ int case_stale_handles(void *ctx);
 int case_idle_connection(void *ctx);
 int case_connector_gave_up(void *ctx);
 int case_flood(void *ctx);
-int case_no_devices(void); /* before start: expects no device at all */
+int case_no_devices(void);   /* before start: expects no device at all */
+int case_fork_in_init(void); /* before start: a fork while init holds the plugin's locks */
 int case_devices(void *ctx);
 int case_reload(void *ctx);
 

@@ -9,6 +9,9 @@
 #include "net_driver.h"
 
 #include <dirent.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -417,5 +420,82 @@ int case_truncated(void *ctx)
     NCCL_OK("closeSend", d_close_send(sc));
     NCCL_OK("closeRecv", d_close_recv(rc));
     NCCL_OK("closeListen", d_close_listen(lc));
+    return 0;
+}
+
+/* ---- a fork while init holds the plugin's locks ---- */
+
+/* NCCL's init runs in one thread while another may fork (a data loader's worker): the child
+ * then holds copies of whatever locks the init held, locked for good, and its own init must not
+ * wait on them. The logger stands in for that moment: at init's first device line (the device
+ * table's lock held, and on v8-v10 the process-wide context's too) it lets another thread fork
+ * and waits until it has; the child inits the plugin at once, under an alarm. */
+static sem_t fork_go, fork_done;
+static pid_t init_child = -1;
+static int fork_fired;
+
+static void fork_while_logging(const char *msg)
+{
+    if (fork_fired || !strstr(msg, "NET/Reshard: device 0"))
+        return;
+    fork_fired = 1;
+    sem_post(&fork_go);
+    while (sem_wait(&fork_done) != 0)
+        ;
+}
+
+static void *forker(void *arg)
+{
+    (void)arg;
+    while (sem_wait(&fork_go) != 0)
+        ;
+    pid_t pid = fork();
+    if (pid == 0) {
+        log_hook = NULL;
+        alarm(60); /* a child that waits on a lock nobody will release dies of SIGALRM */
+        void *ctx = NULL;
+        ncclResult_t r = d_init(&ctx);
+        if (r != ncclSuccess) {
+            printf("FAIL child init: returned %d (last WARN: %s)\n", (int)r, last_warn);
+            fflush(stdout);
+            _exit(1);
+        }
+        printf("ok the child forked during init made its own init\n");
+        fflush(stdout);
+        d_finalize(ctx);
+        _exit(0);
+    }
+    init_child = pid;
+    sem_post(&fork_done);
+    return NULL;
+}
+
+int case_fork_in_init(void)
+{
+    pthread_t t;
+    CHECK("fork in init", sem_init(&fork_go, 0, 0) == 0 && sem_init(&fork_done, 0, 0) == 0,
+          "sem_init: %s", strerror(errno));
+    CHECK("fork in init", pthread_create(&t, NULL, forker, NULL) == 0, "pthread_create failed");
+    log_hook = fork_while_logging;
+    void *ctx = NULL;
+    ncclResult_t r = d_init(&ctx);
+    log_hook = NULL;
+    if (!fork_fired) { /* no device line: let the thread go, and say so */
+        init_child = 0;
+        sem_post(&fork_go);
+    }
+    pthread_join(t, NULL);
+    NCCL_OK("init", r);
+    CHECK("fork in init", fork_fired, "init logged no device line to fork at");
+    CHECK("fork in init", init_child > 0, "fork failed");
+    int status = 0;
+    CHECK("fork in init", waitpid(init_child, &status, 0) == init_child, "waitpid: %s",
+          strerror(errno));
+    CHECK("fork in init", WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child %s",
+          WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM
+              ? "hung in its init (on a lock the parent's init held at the fork)"
+              : "failed");
+    ok("the child forked while init held the plugin's locks exited cleanly");
+    NCCL_OK("finalize", d_finalize(ctx));
     return 0;
 }

@@ -101,3 +101,14 @@ Test(net_lifecycle, a_message_larger_than_its_receive_names_both_sizes, .timeout
             strstr(net_out, "a receive of 1000 bytes (buffer 0 of 1; ucx: Message truncated)"),
             "%s", net_out);
 }
+
+/* A fork in another thread while init holds the plugin's locks (the driver's logger forks at
+ * init's first device line). Before: on v8-v10 the child's init waited for ever on the copy of
+ * the process-wide context's lock (net_compat.c), which the parent's init held at the fork. */
+Test(net_lifecycle, a_child_forked_while_init_holds_the_plugins_locks_can_init, .timeout = 600)
+{
+    const char *expect[] = {"ok the child forked during init made its own init",
+                            "ok the child forked while init held the plugin's locks exited cleanly",
+                            NULL};
+    net_each_version("RESHARD_TIMEOUT=60", "fork-in-init", expect);
+}

@@ -6,10 +6,15 @@
 
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,14 +26,24 @@ int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* A port of the kernel's pick that nobody listens on, held until the test's process ends: the
- * socket bound to it (port 0, read back) never listens, so that a connect to it is refused
- * until the bootstrap listens there too (SO_REUSEADDR on both lets it), and no other process
- * can take the port meanwhile. */
-int held_port(int family)
+/* A port that nobody listens on, held until the test's process ends: the socket bound to it
+ * never listens, so that a connect to it is refused until the bootstrap listens there too
+ * (SO_REUSEADDR on both lets it). IPv4 ports are bound on every address, as rank 0 binds them:
+ * one bound on 127.0.0.1 alone may be a port that a listener on another address of the host
+ * uses (UCX's and the NCCL plugin's listen on the interfaces' addresses, at ports of the
+ * kernel's pick), where rank 0's bind then fails. It keeps away every bind without
+ * SO_REUSEADDR and the kernel's picks (bind to port 0, connect), but not a bind of that port
+ * number with SO_REUSEADDR: such a socket may listen there first, and the bootstrap's bind then
+ * fails (private_loopback_port says who does that). IPv6: the loopback itself, whose presence
+ * is what the IPv6 test asks. */
+int hold_port(int family, int port)
 {
-    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
-    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6,
+                              .sin6_port = htons((uint16_t)port),
+                              .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    struct sockaddr_in a4 = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_ANY)};
     struct sockaddr *a = family == AF_INET6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4;
     socklen_t len = family == AF_INET6 ? sizeof(a6) : sizeof(a4);
     int one = 1, fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -42,11 +57,63 @@ int held_port(int family)
     return ntohs(family == AF_INET6 ? a6.sin6_port : a4.sin_port);
 }
 
+int held_port(int family)
+{
+    return hold_port(family, 0);
+}
+
 int held_loopback_port(void)
 {
     int port = held_port(AF_INET);
     cr_assert_gt(port, 0, "no loopback port to hold: %m");
     return port;
+}
+
+static int write_file(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, text, strlen(text));
+    close(fd);
+    return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+
+int private_net(void)
+{
+    static int made; /* criterion runs each test in a process of its own */
+    if (made)
+        return 0;
+    if (unshare(CLONE_NEWNET) != 0) { /* not root: a user namespace of our own first */
+        char map[64];
+        unsigned uid = (unsigned)getuid(), gid = (unsigned)getgid();
+        if (errno != EPERM || unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0)
+            return -1;
+        snprintf(map, sizeof(map), "0 %u 1", uid);
+        if (write_file("/proc/thread-self/uid_map", map) != 0 ||
+            write_file("/proc/thread-self/setgroups", "deny") != 0)
+            return -1;
+        snprintf(map, sizeof(map), "0 %u 1", gid);
+        if (write_file("/proc/thread-self/gid_map", map) != 0)
+            return -1;
+    }
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct ifreq ifr = {0};
+    snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "lo");
+    int ok = s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0 &&
+             (ifr.ifr_flags |= IFF_UP, ioctl(s, SIOCSIFFLAGS, &ifr) == 0);
+    if (s >= 0)
+        close(s);
+    made = ok;
+    return ok ? 0 : -1;
+}
+
+int private_loopback_port(void)
+{
+    if (private_net() != 0)
+        fprintf(stderr, "boot tests: no network namespace of our own (%m): the held port is shared "
+                        "with every program on this host\n");
+    return held_loopback_port();
 }
 
 /* The tunables the bootstrap reads, back to their defaults whatever the test's environment. */

@@ -37,10 +37,22 @@ struct rank_run {
 };
 
 int64_t now_ms(void);
-/* A loopback port of the kernel's pick that nobody listens on, held until the process ends
- * (bound, not listening, SO_REUSEADDR: a bootstrap may listen there too); -1 if none. */
+/* A port of the kernel's pick that nobody listens on, held until the process ends (bound on
+ * every address, not listening, SO_REUSEADDR: a bootstrap may listen there too); -1 if none.
+ * Tests reach it at the loopback address. */
 int held_port(int family);
+/* The same at a given port (0: the kernel's pick); -1 when it cannot be held. */
+int hold_port(int family, int port);
 int held_loopback_port(void); /* held_port(AF_INET), asserted */
+/* Moves this thread, and the threads and processes it starts from then on, into a network
+ * namespace of its own (as root, or through a user namespace) with loopback up, where no other
+ * program can bind a port; 0, or -1 with errno when none can be made. Once per process. */
+int private_net(void);
+/* held_loopback_port in a namespace of our own (private_net) where one can be made: there a
+ * program that binds the same port number with SO_REUSEADDR (a bootstrap's rank 0 of another
+ * job, torch's store, a launcher that picked the port and released it) cannot listen on it
+ * before rank 0 does. Where none can be made it says so and shares the host's ports. */
+int private_loopback_port(void);
 /* The tunables the bootstrap reads, back to their defaults whatever the test's environment. */
 void clear_boot_params(void);
 void loopback_id(int port, const char *secret, struct boot_id *id);

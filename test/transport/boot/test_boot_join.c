@@ -520,7 +520,7 @@ static int outsider_joins(void)
     struct boot_id outsider;
     struct rank_run r[2];
     char public[256];
-    int port = held_loopback_port();
+    int port = private_loopback_port();
     torchrun_at(port, 1);
     cr_assert_eq(boot_env_read(&e), RESHARD_OK, "%s", rs_error_message());
     snprintf(public, sizeof(public), "reshard|torchrun|job-a|127.0.0.1|%d|2", port);

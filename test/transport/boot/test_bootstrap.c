@@ -9,6 +9,8 @@
 
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <semaphore.h>
@@ -130,7 +132,7 @@ Test(bootstrap, id_from_an_address_and_explicit_port_joins_ranks, .timeout = 30)
 {
     struct boot_id id;
     char addr[80], want[32];
-    int port = held_loopback_port();
+    int port = private_loopback_port();
     loopback_id(port, SECRET, &id);
     snprintf(want, sizeof(want), "127.0.0.1:%d", port);
     cr_assert_str_eq(boot_id_addr(&id, addr, sizeof(addr)), want);
@@ -141,7 +143,7 @@ Test(bootstrap, peers_started_before_rank_0_wait_for_it, .timeout = 30)
 {
     struct boot_id id;
     struct rank_run r[3];
-    loopback_id(held_loopback_port(), SECRET, &id);
+    loopback_id(private_loopback_port(), SECRET, &id);
     start(&r[1], &id, 1, 3, 10000, WORK_COLLECTIVES);
     start(&r[2], &id, 2, 3, 10000, WORK_COLLECTIVES);
     usleep(300 * 1000); /* their connects are refused meanwhile, and retried */
@@ -149,6 +151,68 @@ Test(bootstrap, peers_started_before_rank_0_wait_for_it, .timeout = 30)
     finish_all(r, 3);
     assert_all_ok(r, 3);
     close_all(r, 3);
+}
+
+/* The held port is bound, not listening, with SO_REUSEADDR: another program that binds the same
+ * number with SO_REUSEADDR (every address, as a launcher's rank 0 or torch's store do) and
+ * listens first used to make rank 0's bind fail with "Address already in use" (the flaky
+ * failures of the two tests above under parallel load). In a network namespace of the test's
+ * own, nobody else can. */
+Test(bootstrap, another_programs_listener_on_the_held_port_leaves_it_to_rank_0, .timeout = 30)
+{
+    int one = 1, outsider = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); /* the host's */
+    cr_assert_geq(outsider, 0);
+    int port = held_loopback_port(); /* a number free on the host, kept so while it binds */
+    if (private_net() != 0)
+        cr_skip_test("no network namespace of the test's own can be made here (%m): a held "
+                     "port is shared with every program on the host");
+    struct sockaddr_in mine = {.sin_family = AF_INET,
+                               .sin_port = htons((uint16_t)port),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)},
+                       any = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); /* the same port, held here */
+    cr_assert_geq(held, 0);
+    cr_assert_eq(setsockopt(held, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+    cr_assert_eq(bind(held, (struct sockaddr *)&mine, sizeof(mine)), 0, "%m");
+    cr_assert_eq(setsockopt(outsider, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+    cr_assert_eq(bind(outsider, (struct sockaddr *)&any, sizeof(any)), 0, "outsider: %m");
+    cr_assert_eq(listen(outsider, 4), 0, "outsider: %m");
+    struct boot_id id;
+    loopback_id(port, SECRET, &id);
+    run_job_ok(&id, 3);
+    close(outsider);
+    close(held);
+}
+
+/* A port that a listener on another address of this host uses (UCX's and the NCCL plugin's
+ * listen on the interfaces' addresses, at ports of the kernel's pick) is never held for rank 0,
+ * whose bind covers every address and would fail there. Before, the holder bound 127.0.0.1
+ * alone, so the kernel could pick such a port for it (the same "Address already in use"). */
+Test(bootstrap, a_port_a_listener_on_another_address_uses_is_never_held_for_rank_0)
+{
+    struct ifaddrs *all, *ifa;
+    struct sockaddr_in other = {0};
+    cr_assert_eq(getifaddrs(&all), 0);
+    for (ifa = all; ifa; ifa = ifa->ifa_next)
+        if (ifa->ifa_addr && ifa->ifa_addr->sa_family == AF_INET &&
+            !(ifa->ifa_flags & IFF_LOOPBACK) && (ifa->ifa_flags & IFF_UP)) {
+            memcpy(&other, ifa->ifa_addr, sizeof(other));
+            break;
+        }
+    freeifaddrs(all);
+    if (!other.sin_family)
+        cr_skip_test("no IPv4 address but the loopback on this host");
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    socklen_t len = sizeof(other);
+    other.sin_port = 0;
+    cr_assert_geq(l, 0);
+    cr_assert_eq(bind(l, (struct sockaddr *)&other, sizeof(other)), 0, "%m");
+    cr_assert_eq(listen(l, 4), 0, "%m");
+    cr_assert_eq(getsockname(l, (struct sockaddr *)&other, &len), 0);
+    int port = ntohs(other.sin_port);
+    cr_assert_eq(hold_port(AF_INET, port), -1, "port %d, on which %s listens, was held", port,
+                 inet_ntoa(other.sin_addr));
+    close(l);
 }
 
 Test(bootstrap, ipv6_loopback_works, .timeout = 30)
@@ -173,7 +237,7 @@ Test(bootstrap, configured_address_and_port_are_where_the_id_listens, .timeout =
     struct boot_id id;
     char got[80], want[32];
     char port_str[16];
-    int port = held_loopback_port();
+    int port = private_loopback_port();
     snprintf(port_str, sizeof(port_str), "%d", port);
     setenv("RESHARD_BOOT_ADDR", "127.0.0.1", 1);
     setenv("RESHARD_BOOT_PORT", port_str, 1);
@@ -305,7 +369,7 @@ Test(bootstrap, absent_rank_0_makes_a_peer_time_out_naming_its_address, .timeout
     struct boot_id id;
     struct rank_run r;
     char want[32];
-    int port = held_loopback_port();
+    int port = private_loopback_port();
     loopback_id(port, SECRET, &id);
     start(&r, &id, 1, 2, 500, WORK_NONE);
     finish(&r);

@@ -37,7 +37,7 @@ static void flood_env(void)
 {
     char s[16];
     clear_boot_params();
-    port = held_loopback_port();
+    port = private_loopback_port();
     snprintf(s, sizeof(s), "%d", port);
     setenv("RESHARD_BOOT_ADDR", "127.0.0.1", 1);
     setenv("RESHARD_BOOT_PORT", s, 1);

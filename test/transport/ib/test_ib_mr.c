@@ -7,6 +7,7 @@
 #include "transport/ib/ib_int.h"
 
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,4 +270,55 @@ Test(ib_cq, a_peer_the_device_cannot_fit_is_refused_with_the_knob_to_turn, .init
     cr_assert_eq(ctx.cq_cap, 4096);
     cr_assert_not_null(strstr(rs_error_message(), "RESHARD_IB_QPS_PER_PEER"), "%s",
                        rs_error_message());
+}
+
+/* The flush's loopback queue pair (ib_flush.c) on stand-in verbs whose modify_qp fails at the
+ * given step (1 INIT, 2 RTR, 3 RTS). */
+static struct ibv_qp flush_qp;
+static int modify_calls, fail_modify_at, destroyed_qps;
+
+static struct ibv_qp *fake_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
+{
+    (void)pd, (void)a;
+    return &flush_qp;
+}
+
+static int fake_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
+{
+    (void)qp, (void)a, (void)mask;
+    return ++modify_calls == fail_modify_at ? EINVAL : 0;
+}
+
+static int fake_destroy_qp(struct ibv_qp *qp)
+{
+    (void)qp;
+    destroyed_qps++;
+    return 0;
+}
+
+/* The completion queue's reckoning (cq_need) counts the flush queue pair's entries once it is
+ * made: a queue pair that could not reach RTS used to be taken off it all the same, so each
+ * failed flush left the queue sized for 64 entries fewer than the peers' queue pairs use, and
+ * a later peer could overrun it. */
+Test(ib_cq, a_flush_queue_pair_that_cannot_be_made_leaves_the_queue_reckoning_as_it_was,
+     .init = fake_context, .fini = drop_registrations)
+{
+    fns.create_qp = fake_create_qp;
+    fns.modify_qp = fake_modify_qp;
+    fns.destroy_qp = fake_destroy_qp;
+    ctx.cq_cap = 4096;
+    ctx.max_cqe = 10000;
+    ctx.cq_need = 1000;
+    struct ib_reg g = {.base = mem, .len = sizeof(mem), .fd = -1};
+    for (int step = 1; step <= 3; step++) {
+        struct tp_req req = {0};
+        modify_calls = 0;
+        fail_modify_at = step;
+        cr_assert_eq(ib_flush(&ctx.super, &g, mem, 64, &req), RESHARD_ERR_NETWORK, "step %d", step);
+        cr_assert(strstr(rs_error_message(), "flush queue pair"), "%s", rs_error_message());
+        cr_assert_null(ctx.flush_qp, "step %d: the queue pair was kept", step);
+        cr_assert_eq(destroyed_qps, step, "step %d: the queue pair was not destroyed", step);
+        cr_assert_eq(ctx.cq_need, 1000, "step %d: the queue's reckoning went to %d", step,
+                     ctx.cq_need);
+    }
 }

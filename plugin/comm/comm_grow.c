@@ -8,7 +8,10 @@
  * an earlier growth) has held since the communicator formed, under the communicator's secret
  * salted with the growth (boot_group_id), as a shrink does. A joiner learns where and
  * under which secret from a join id that any member computes (comm_grow_id) and the
- * application hands to it, as it hands the first unique id to the first ranks.
+ * application hands to it, as it hands the first unique id to the first ranks. The members keep
+ * their network context: the grown communicator shares it (counted references), so their
+ * connections to each other and their registrations outlive the growth, and only connections
+ * to and from the joiners are new.
  */
 #include "comm.h"
 #include "comm_int.h"
@@ -167,25 +170,33 @@ static reshard_status_t agree_on_joiners(struct reshard_comm *c, uint64_t h)
     return RESHARD_OK;
 }
 
-/* Everyone's number in the new bootstrap's order: the members check it is what they expect, a
- * joiner learns the membership from it. */
+/* Everyone's number in the new bootstrap's order, and the members' count of executions: the
+ * members check both are what they expect, a joiner learns the membership from it and counts
+ * on from the members' count (message tags carry it, and the members' transports outlive the
+ * growth). */
+struct grow_entry {
+    int32_t rank;
+    uint32_t seq;
+};
+
 static reshard_status_t gather_members(struct reshard_comm *c, int dense, int n, int joiner)
 {
-    int *got = rs_calloc((size_t)n, sizeof(int), "members");
+    struct grow_entry *got = rs_calloc((size_t)n, sizeof(*got), "members");
     if (!got)
         return RESHARD_ERR_NO_MEMORY;
-    got[dense] = c->rank;
-    reshard_status_t st = boot_allgather(c->boot, got, sizeof(int));
+    got[dense] = (struct grow_entry){c->rank, c->seq};
+    reshard_status_t st = boot_allgather(c->boot, got, sizeof(*got));
     for (int k = 0; st == RESHARD_OK && k < n; k++)
-        if (got[k] < 0 || got[k] >= c->size || (!joiner && got[k] != c->member[k]) ||
-            (joiner && k > 0 && comm_has(c, got[k]) && c->boot_of[got[k]] != k))
+        if (got[k].rank < 0 || got[k].rank >= c->size || (!joiner && got[k].rank != c->member[k]) ||
+            (joiner && k > 0 && comm_has(c, got[k].rank) && c->boot_of[got[k].rank] != k))
             st = rs_error(RESHARD_ERR_INTERNAL,
                           "grow: the new bootstrap's rank %d goes by %d, not the number expected",
-                          k, got[k]);
+                          k, got[k].rank);
         else if (joiner)
-            c->boot_of[got[k]] = k, c->member[k] = got[k];
+            c->boot_of[got[k].rank] = k, c->member[k] = got[k].rank;
     if (st == RESHARD_OK && joiner) {
         c->nmembers = n;
+        c->seq = got[0].seq; /* the first member's: every member counts the same */
         boot_set_labels(c->boot, c->member);
     }
     free(got);
@@ -204,6 +215,7 @@ reshard_status_t comm_grow(struct reshard_comm *old, const int *joiners, int n,
     if (!c)
         goto err_free_list;
     c->shrinks = old->shrinks + 1;
+    c->seq = old->seq;
     for (int r = 0; r < size; r++)
         c->boot_of[r] = -1;
     c->nmembers = 0;
@@ -218,10 +230,17 @@ reshard_status_t comm_grow(struct reshard_comm *old, const int *joiners, int n,
     boot_id_release(&id);
     RS_CHECK_GOTO(st, st, err_destroy_comm);
     RS_CHECK_GOTO(gather_members(c, c->boot_of[c->rank], c->nmembers, 0), st, err_destroy_comm);
-    RS_CHECK_GOTO(comm_join(c, NULL), st, err_destroy_comm);
+    /* The members' connections to each other and their registrations carry over: only the
+     * joiners become new peers of the context. */
+    RS_CHECK_GOTO(comm_join(c, NULL, old), st, err_forget_joiners);
+    old->grown_into = c->shrinks;
     free(s);
     *out = c;
     return RESHARD_OK;
+err_forget_joiners:
+    /* The old communicator stays as it was: no joiner remains its context's peer. */
+    for (int i = 0; c->net && i < n; i++)
+        c->net->ops->close_peer(c->net, s[i]);
 err_destroy_comm:
     comm_destroy(c);
 err_free_list:
@@ -278,7 +297,7 @@ reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const 
     RS_CHECK_GOTO(boot_init_labeled(&id, dense, total, NULL, comm_timeout_ms(), &c->boot), st,
                   err_destroy_comm);
     RS_CHECK_GOTO(gather_members(c, dense, total, 1), st, err_destroy_comm);
-    RS_CHECK_GOTO(comm_join(c, NULL), st, err_destroy_comm);
+    RS_CHECK_GOTO(comm_join(c, NULL, NULL), st, err_destroy_comm);
     *out = c;
     return RESHARD_OK;
 err_destroy_comm:

@@ -8,6 +8,7 @@
 #include "ranks.h"
 #include "side.h"
 #include "base/param.h"
+#include "plugin/comm/comm.h"
 #include "plugin/reshard.h"
 
 #include <criterion/criterion.h>
@@ -319,6 +320,91 @@ Test(elastic, a_new_rank_joins_past_the_size_and_refits)
     open_mailbox();
     joiner_rank = 4;
     all_ok(run_ranks(4, leave_then_rejoin), 4);
+}
+
+/* Sharded over the three members one way, then the other: every member needs a piece of every
+ * other's, so rank 2 (alone in its domain of two) and ranks 0-1 talk over the network. */
+#define MEMBERS_SRC "shape=48x40 dtype=i32 ranks=0-2 mesh=3 place=S(0)"
+#define MEMBERS_DST "shape=48x40 dtype=i32 ranks=0-2 mesh=3 place=S(1)"
+
+static reshard_status_t refit_members(reshard_comm_t *c, int rank)
+{
+    struct side x;
+    reshard_status_t st = side_open(&x, c, rank, MEMBERS_SRC, MEMBERS_DST);
+    if (st == RESHARD_OK)
+        st = reshard_plan_execute(x.plan, &x.b);
+    if (st == RESHARD_OK && count_wrong(x.dst, rank, x.d))
+        st = RESHARD_ERR_INTERNAL;
+    side_close(&x);
+    return st;
+}
+
+/* The members refit among themselves (their connections are up), grow by rank 3 and refit
+ * among themselves again: the grown communicator runs on the same network context, which made
+ * no connection for it. The old communicator refuses to run, is destroyed first, and the grown
+ * one still works (then everyone refits with the joiner). */
+static reshard_status_t grow_keeps_connections(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_status_t st;
+    int three = 3, joiners[1] = {3};
+    reshard_comm_t *c1 = NULL, *c2 = NULL;
+    if (rank == 3) {
+        if ((st = reshard_comm_leave(comm)) != RESHARD_OK)
+            return fail(st, "leave", rank);
+        while (!box->ready)
+            usleep(10 * 1000);
+        if ((st = reshard_comm_join(&box->id, 3, joiners, 1, &c2)) != RESHARD_OK)
+            return fail(st, "join", rank);
+        if ((st = refit_members(c2, 3)) == RESHARD_OK && (st = refit_grown(c2, 3)) == RESHARD_OK &&
+            (st = reshard_comm_barrier(c2)) == RESHARD_OK)
+            reshard_comm_destroy(c2);
+        return st != RESHARD_OK ? fail(st, "refit on the grown comm", rank) : st;
+    }
+    (void)reshard_comm_barrier(comm); /* fails: rank 3 left */
+    if ((st = reshard_comm_shrink(comm, &three, 1, &c1)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    if ((st = refit_members(c1, rank)) != RESHARD_OK)
+        return fail(st, "refit before the growth", rank);
+    uint64_t before = c1->net->counters.connects;
+    if (before == 0)
+        return fail(RESHARD_ERR_INTERNAL, "the refit before the growth made no connection", rank);
+    if (rank == 0) {
+        if ((st = reshard_comm_grow_id(c1, joiners, 1, &box->id)) != RESHARD_OK)
+            return fail(st, "grow id", rank);
+        __sync_synchronize();
+        box->ready = 1;
+    }
+    if ((st = reshard_comm_grow(c1, joiners, 1, &c2)) != RESHARD_OK)
+        return fail(st, "grow", rank);
+    if (c2->net != c1->net)
+        return fail(RESHARD_ERR_INTERNAL, "the grown comm has a network context of its own", rank);
+    if ((st = refit_members(c2, rank)) != RESHARD_OK)
+        return fail(st, "refit among the members after the growth", rank);
+    uint64_t after = c2->net->counters.connects;
+    fprintf(stderr,
+            "elastic: rank %d: connections %llu before the growth, %llu after a refit "
+            "among the members on the grown comm\n",
+            rank, (unsigned long long)before, (unsigned long long)after);
+    if (after != before)
+        return fail(RESHARD_ERR_INTERNAL, "the members connected to each other again", rank);
+    if (reshard_comm_barrier(c1) != RESHARD_ERR_INVALID_ARG ||
+        !strstr(reshard_last_error(), "grew into the one of epoch"))
+        return fail(RESHARD_ERR_INTERNAL, "the old comm still ran after the growth", rank);
+    reshard_comm_destroy(c1); /* first: the grown comm keeps the context */
+    if ((st = refit_grown(c2, rank)) != RESHARD_OK)
+        return fail(st, "refit with the joiner", rank);
+    if ((st = reshard_comm_barrier(c2)) != RESHARD_OK)
+        return fail(st, "barrier on the grown comm", rank);
+    reshard_comm_destroy(c2);
+    return RESHARD_OK;
+}
+
+Test(elastic, a_growth_keeps_the_members_connections_and_the_old_comm_may_go_first)
+{
+    open_mailbox();
+    joiner_rank = 3;
+    all_ok(run_ranks(4, grow_keeps_connections), 4);
 }
 
 /* A member's number, a number twice, or a list other than the others': refused on every

@@ -17,6 +17,7 @@
 #include "comm_int.h"
 
 #include "base/error.h"
+#include "base/log.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -225,8 +226,8 @@ reshard_status_t comm_grow(struct reshard_comm *old, const int *joiners, int n,
         c->boot_of[s[i]] = c->nmembers, c->member[c->nmembers++] = s[i];
     struct boot_id id;
     RS_CHECK_GOTO(grow_group_id(old, c->shrinks, size, s, n, &id), st, err_destroy_comm);
-    st = boot_init_labeled(&id, c->boot_of[c->rank], c->nmembers, c->member, comm_timeout_ms(),
-                           &c->boot);
+    st = boot_init_grow(&id, c->boot_of[c->rank], c->nmembers, c->member, old->nmembers,
+                        comm_timeout_ms(), &c->boot);
     boot_id_release(&id);
     RS_CHECK_GOTO(st, st, err_destroy_comm);
     RS_CHECK_GOTO(gather_members(c, c->boot_of[c->rank], c->nmembers, 0), st, err_destroy_comm);
@@ -248,6 +249,22 @@ err_free_list:
     return st;
 }
 
+/* A joiner refused here tells the members why (they would time out on it otherwise), then
+ * fails with its own message. */
+static reshard_status_t decline(const struct boot_id *join_id, int total, int rank,
+                                enum boot_decline_reason why)
+{
+    struct rs_saved_error mine;
+    rs_error_save(&mine);
+    struct boot_id id = *join_id;
+    memset(id.bytes + JOIN_TAIL, 0, BOOT_ID_BYTES - JOIN_TAIL);
+    if (boot_decline(&id, total, rank, why, comm_timeout_ms()) != RESHARD_OK)
+        rs_log(RS_LOG_INFO, "join: the members did not hear why this rank does not join: %s",
+               rs_error_message());
+    rs_error_restore(&mine);
+    return RESHARD_ERR_INVALID_ARG;
+}
+
 reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const int *joiners, int n,
                                  struct reshard_comm **out)
 {
@@ -260,15 +277,18 @@ reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const 
     uint64_t h = (uint64_t)get_be32(w + 20) << 32 | get_be32(w + 24);
     if (size < 1 || size > INT32_MAX / 2 || m < 1 || m >= size + 1u || nj < 1 || m + nj > size)
         return rs_error(RESHARD_ERR_INVALID_ARG, "join: a malformed join id");
-    if (n < 1 || (uint32_t)n != nj)
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "join: %d joiners passed, the members admit %u: pass the same list", n, nj);
+    if (n < 1 || (uint32_t)n != nj) {
+        rs_error(RESHARD_ERR_INVALID_ARG,
+                 "join: %d joiners passed, the members admit %u: pass the same list", n, nj);
+        return decline(join_id, (int)(m + nj), rank, BOOT_DECLINE_COUNT);
+    }
     int *s = rs_calloc((size_t)n, sizeof(int), "joiners");
     if (!s)
         return RESHARD_ERR_NO_MEMORY;
     memcpy(s, joiners, (size_t)n * sizeof(int));
     qsort(s, (size_t)n, sizeof(int), cmp_int);
     reshard_status_t st = RESHARD_OK;
+    enum boot_decline_reason why = BOOT_DECLINE_LIST;
     int k = -1;
     for (int i = 0; i < n; i++)
         if (s[i] == rank)
@@ -276,14 +296,14 @@ reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const 
     if (list_hash(s, n) != h)
         st = rs_error(RESHARD_ERR_INVALID_ARG,
                       "join: the joiner list differs from the one the members grow by");
-    else if (k < 0)
+    else if (k < 0 || rank < 0 || rank >= (int)size)
+        why = BOOT_DECLINE_NOT_LISTED,
         st = rs_error(RESHARD_ERR_INVALID_ARG,
-                      "join: rank %d is not among the joiners the members admit", rank);
-    else if (rank < 0 || rank >= (int)size)
-        st = rs_error(RESHARD_ERR_INVALID_ARG, "join: rank %d is outside 0..%u", rank, size - 1);
+                      "join: rank %d is not among the joiners the members admit (0..%u)", rank,
+                      size - 1);
     free(s);
     if (st != RESHARD_OK)
-        return st;
+        return decline(join_id, (int)(m + nj), rank, why);
     struct reshard_comm *c = comm_alloc(rank, (int)size, -1);
     if (!c)
         return RESHARD_ERR_NO_MEMORY;
@@ -294,7 +314,7 @@ reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const 
     c->boot_of[rank] = dense;
     struct boot_id id = *join_id;
     memset(id.bytes + JOIN_TAIL, 0, BOOT_ID_BYTES - JOIN_TAIL);
-    RS_CHECK_GOTO(boot_init_labeled(&id, dense, total, NULL, comm_timeout_ms(), &c->boot), st,
+    RS_CHECK_GOTO(boot_init_grow(&id, dense, total, NULL, (int)m, comm_timeout_ms(), &c->boot), st,
                   err_destroy_comm);
     RS_CHECK_GOTO(gather_members(c, dense, total, 1), st, err_destroy_comm);
     RS_CHECK_GOTO(comm_join(c, NULL, NULL), st, err_destroy_comm);

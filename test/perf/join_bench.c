@@ -106,8 +106,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: join_bench W [J]   (W >= 1, J >= 1, W + J <= %d)\n", JOIN_MAX);
         return 2;
     }
-    setenv("RESHARD_DOMAIN_SIZE", getenv("RESHARD_DOMAIN_SIZE") ? getenv("RESHARD_DOMAIN_SIZE") : "4",
-           1);
+    setenv("RESHARD_DOMAIN_SIZE",
+           getenv("RESHARD_DOMAIN_SIZE") ? getenv("RESHARD_DOMAIN_SIZE") : "4", 1);
     setenv("UCX_LOG_LEVEL", getenv("UCX_LOG_LEVEL") ? getenv("UCX_LOG_LEVEL") : "error", 1);
     struct shared *sh =
         mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -10,7 +10,9 @@
 #include "base/param.h"
 #include "plugin/comm/comm.h"
 #include "plugin/reshard.h"
+#include "transport/boot/boot_int.h"
 
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <pthread.h>
@@ -435,14 +437,23 @@ Test(elastic, grow_refuses_bad_lists_on_every_member_and_the_comm_stays_usable)
     all_ok(run_ranks(3, grow_bad_lists), 3);
 }
 
-/* Before joining for real, the joiner tries: an id whose secret it does not hold (an outsider:
- * refused by the lowest member), a number not in the list (a live member's), and another list
- * (both refused at once). The members' growth still completes with it. */
-static reshard_status_t join_after_refusals(int rank, int size, reshard_comm_t *comm)
+/* The join id as a bootstrap id (its tail zeroed, as the joiners' side does). */
+static struct boot_id boot_of_join_id(const reshard_unique_id_t *jid)
+{
+    struct boot_id id;
+    memcpy(id.bytes, jid->internal, BOOT_ID_BYTES);
+    memset(id.bytes + 64, 0, BOOT_ID_BYTES - 64);
+    return id;
+}
+
+/* Before joining for real, outsiders try: an id whose secret they do not hold (refused by the
+ * lowest member), and a decline under that id, which would stop the members' growth if it were
+ * believed. The members' growth completes with the real joiner. */
+static reshard_status_t join_after_outsiders(int rank, int size, reshard_comm_t *comm)
 {
     (void)size;
     reshard_status_t st;
-    int three = 3, joiners[1] = {3}, other[2] = {3, 4};
+    int three = 3, joiners[1] = {3};
     reshard_comm_t *c1 = NULL, *c2 = NULL;
     if (rank == 3) {
         if ((st = reshard_comm_leave(comm)) != RESHARD_OK)
@@ -453,11 +464,10 @@ static reshard_status_t join_after_refusals(int rank, int size, reshard_comm_t *
         forged.internal[40] ^= 0x5a; /* in the secret */
         if ((st = reshard_comm_join(&forged, 3, joiners, 1, &c2)) != RESHARD_ERR_REFUSED)
             return fail(RESHARD_ERR_INTERNAL, "an outsider was not refused", rank);
-        if (reshard_comm_join(&box->id, 1, joiners, 1, &c2) != RESHARD_ERR_INVALID_ARG ||
-            !strstr(reshard_last_error(), "rank 1 is not among the joiners"))
-            return fail(RESHARD_ERR_INTERNAL, "a live rank's number was claimed", rank);
-        if (reshard_comm_join(&box->id, 3, other, 2, &c2) != RESHARD_ERR_INVALID_ARG || c2)
-            return fail(RESHARD_ERR_INTERNAL, "another list was taken", rank);
+        struct boot_id bad = boot_of_join_id(&forged);
+        if (boot_decline(&bad, 4, 3, BOOT_DECLINE_LIST, 20000) != RESHARD_ERR_REFUSED ||
+            !strstr(reshard_last_error(), "wrong secret"))
+            return fail(RESHARD_ERR_INTERNAL, "an outsider's decline was not refused", rank);
         if ((st = reshard_comm_join(&box->id, 3, joiners, 1, &c2)) != RESHARD_OK)
             return fail(st, "join", rank);
         st = reshard_comm_barrier(c2);
@@ -481,10 +491,88 @@ static reshard_status_t join_after_refusals(int rank, int size, reshard_comm_t *
     return st;
 }
 
-Test(elastic, outsiders_and_wrong_claims_are_refused_and_the_growth_still_completes)
+Test(elastic, outsiders_are_refused_and_cannot_stop_the_growth)
 {
     open_mailbox();
-    all_ok(run_ranks(4, join_after_refusals), 4);
+    all_ok(run_ranks(4, join_after_outsiders), 4);
+}
+
+/* A joiner refused at its own side, round by round: a live rank's number, another list of the
+ * same length, a list of another length. Each time every member's growth fails at once (far
+ * below RESHARD_TIMEOUT) with the reason in the lowest member's words, the communicator stays
+ * usable, and in the end the real join completes. */
+static const struct wrong_join {
+    int rank, n, list[2];
+    const char *heard; /* in every member's message */
+} wrong_joins[] = {
+    {1, 1, {3}, "claiming rank 1 (it holds the secret) declined: the number it claims is not"},
+    {3, 1, {5}, "claiming rank 3 (it holds the secret) declined: its list of joiners differs"},
+    {3, 2, {3, 4}, "declined: it was passed another number of joiners"},
+};
+#define NWRONG ((int)(sizeof(wrong_joins) / sizeof(wrong_joins[0])))
+
+static reshard_status_t wrong_joiners_are_heard(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_status_t st;
+    int three = 3, joiners[1] = {3};
+    reshard_comm_t *c1 = NULL, *c2 = NULL;
+    if (rank == 3) {
+        if ((st = reshard_comm_leave(comm)) != RESHARD_OK)
+            return fail(st, "leave", rank);
+        for (int i = 0; i < NWRONG; i++) {
+            const struct wrong_join *w = &wrong_joins[i];
+            while (box->ready < i + 1)
+                usleep(10 * 1000);
+            if (reshard_comm_join(&box->id, w->rank, w->list, w->n, &c2) !=
+                    RESHARD_ERR_INVALID_ARG ||
+                c2 || !strstr(reshard_last_error(), "join: "))
+                return fail(RESHARD_ERR_INTERNAL, "a wrong join was not refused here", rank);
+        }
+        while (box->ready < NWRONG + 1)
+            usleep(10 * 1000);
+        if ((st = reshard_comm_join(&box->id, 3, joiners, 1, &c2)) != RESHARD_OK)
+            return fail(st, "join", rank);
+        st = reshard_comm_barrier(c2);
+        reshard_comm_destroy(c2);
+        return st;
+    }
+    (void)reshard_comm_barrier(comm); /* fails: rank 3 left */
+    if ((st = reshard_comm_shrink(comm, &three, 1, &c1)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    for (int i = 0; i <= NWRONG; i++) {
+        if (rank == 0) {
+            if ((st = reshard_comm_grow_id(c1, joiners, 1, &box->id)) != RESHARD_OK)
+                return fail(st, "grow id", rank);
+            __sync_synchronize();
+            box->ready = i + 1;
+        }
+        double t0 = now_s();
+        st = reshard_comm_grow(c1, joiners, 1, &c2);
+        double took = now_s() - t0;
+        if (i == NWRONG)
+            break;
+        fprintf(stderr, "elastic: rank %d: round %d failed after %.2f s: %s\n", rank, i, took,
+                reshard_last_error());
+        if (st == RESHARD_OK || !strstr(reshard_last_error(), wrong_joins[i].heard))
+            return fail(RESHARD_ERR_INTERNAL, "the members did not hear why", rank);
+        if (took > HEARD_WITHIN_S)
+            return fail(RESHARD_ERR_TIMEOUT, "the members heard why only late", rank);
+        if ((st = reshard_comm_barrier(c1)) != RESHARD_OK) /* still usable */
+            return fail(st, "barrier after a refused growth", rank);
+    }
+    if (st != RESHARD_OK)
+        return fail(st, "grow", rank);
+    st = reshard_comm_barrier(c2);
+    reshard_comm_destroy(c2);
+    reshard_comm_destroy(c1);
+    return st;
+}
+
+Test(elastic, a_joiner_refused_at_its_side_fails_every_member_at_once_with_its_reason)
+{
+    open_mailbox();
+    all_ok(run_ranks(4, wrong_joiners_are_heard), 4);
 }
 
 /* ---- a growth racing a failure ---- */

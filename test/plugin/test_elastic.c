@@ -7,6 +7,7 @@
  */
 #include "ranks.h"
 #include "side.h"
+#include "base/clock.h"
 #include "base/param.h"
 #include "plugin/comm/comm.h"
 #include "plugin/reshard.h"
@@ -15,11 +16,14 @@
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -573,6 +577,119 @@ Test(elastic, a_joiner_refused_at_its_side_fails_every_member_at_once_with_its_r
 {
     open_mailbox();
     all_ok(run_ranks(4, wrong_joiners_are_heard), 4);
+}
+
+/* ---- a joiner of another library version ---- */
+
+static int read_all(int fd, void *p, size_t n)
+{
+    for (size_t got = 0; got < n;) {
+        ssize_t k = read(fd, (char *)p + got, n - got);
+        if (k <= 0)
+            return -1;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+/* Speaks first as a bootstrap of version BOOT_VERSION + 1 would, at the listener of the join
+ * id, and returns the refusal it hears ("" when none). */
+static void join_as_another_version(const reshard_unique_id_t *jid, char *text, size_t cap)
+{
+    struct boot_id id = boot_of_join_id(jid);
+    union sock_addr a;
+    unsigned char w[SOCK_FRAME_HDR_BYTES + BOOT_OPEN_BYTES] = {0}, p[SOCK_FRAME_TEXT_MAX + 1];
+    struct sock_frame_hdr h = {.type = SOCK_FRAME_OPEN, .len = BOOT_OPEN_BYTES};
+    struct timeval tv = {.tv_sec = 20};
+    int fd = -1;
+    text[0] = '\0';
+    if (boot_id_decode(&id, &a, NULL, NULL) != 0 ||
+        sock_connect(&a, "rank 0", rs_now_ms() + 20000, 20000, &fd) != RESHARD_OK)
+        return;
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK); /* sock_connect's is not blocking */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    sock_frame_put_hdr(w, &h);
+    sock_wire_put(w + SOCK_FRAME_HDR_BYTES, BOOT_VERSION + 1, 4);
+    if (write(fd, w, sizeof(w)) == (ssize_t)sizeof(w) &&
+        read_all(fd, w, SOCK_FRAME_HDR_BYTES) == 0 && sock_frame_get_hdr(w, &h) == 0 &&
+        h.type == SOCK_FRAME_REFUSE && h.len <= SOCK_FRAME_TEXT_MAX &&
+        read_all(fd, p, (size_t)h.len) == 0)
+        snprintf(text, cap, "%.*s", (int)h.len, (char *)p);
+    sock_close(&fd);
+}
+
+#define VERSION_TIMEOUT_S 4
+
+/* The joiner first speaks as another version: the lowest member refuses it at once (its
+ * hello cannot be checked, so nothing it says is relayed), and the members' growth ends at
+ * RESHARD_TIMEOUT naming the missing joiner and what was refused. The communicator stays
+ * usable and the real join completes. */
+static reshard_status_t another_version_joins(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    reshard_status_t st;
+    int three = 3, joiners[1] = {3};
+    reshard_comm_t *c1 = NULL, *c2 = NULL;
+    if (rank == 3) {
+        char text[SOCK_FRAME_TEXT_MAX + 1];
+        if ((st = reshard_comm_leave(comm)) != RESHARD_OK)
+            return fail(st, "leave", rank);
+        while (box->ready < 1)
+            usleep(10 * 1000);
+        join_as_another_version(&box->id, text, sizeof(text));
+        if (!strstr(text, "bootstrap version"))
+            return fail(RESHARD_ERR_INTERNAL, "another version was not refused", rank);
+        while (box->ready < 2)
+            usleep(10 * 1000);
+        if ((st = reshard_comm_join(&box->id, 3, joiners, 1, &c2)) != RESHARD_OK)
+            return fail(st, "join", rank);
+        st = reshard_comm_barrier(c2);
+        reshard_comm_destroy(c2);
+        return st;
+    }
+    (void)reshard_comm_barrier(comm); /* fails: rank 3 left */
+    if ((st = reshard_comm_shrink(comm, &three, 1, &c1)) != RESHARD_OK)
+        return fail(st, "shrink", rank);
+    for (int round = 1; round <= 2; round++) {
+        if (rank == 0) {
+            if ((st = reshard_comm_grow_id(c1, joiners, 1, &box->id)) != RESHARD_OK)
+                return fail(st, "grow id", rank);
+            __sync_synchronize();
+            box->ready = round;
+        }
+        double t0 = now_s();
+        st = reshard_comm_grow(c1, joiners, 1, &c2);
+        if (round == 2)
+            break;
+        double took = now_s() - t0;
+        fprintf(stderr, "elastic: rank %d: growth with another version failed after %.2f s: %s\n",
+                rank, took, reshard_last_error());
+        if (st == RESHARD_OK || !strstr(reshard_last_error(), "rank 3") ||
+            !strstr(reshard_last_error(), "bootstrap version"))
+            return fail(RESHARD_ERR_INTERNAL, "the growth did not name the joiner's version", rank);
+        if (took > VERSION_TIMEOUT_S + 2 + 4) /* 4 s of slack for a loaded host */
+            return fail(RESHARD_ERR_TIMEOUT, "the growth failed too late", rank);
+        if ((st = reshard_comm_barrier(c1)) != RESHARD_OK)
+            return fail(st, "barrier after a refused growth", rank);
+    }
+    if (st != RESHARD_OK)
+        return fail(st, "grow", rank);
+    st = reshard_comm_barrier(c2);
+    reshard_comm_destroy(c2);
+    reshard_comm_destroy(c1);
+    return st;
+}
+
+static void reload_params(int rank);
+
+Test(elastic, a_joiner_of_another_version_is_refused_and_every_member_names_it)
+{
+    open_mailbox();
+    setenv("RESHARD_TIMEOUT", "4", 1);
+    rank_setup = reload_params;
+    struct outcome *o = run_ranks(4, another_version_joins);
+    rank_setup = NULL;
+    all_ok(o, 4);
 }
 
 /* ---- a growth racing a failure ---- */

@@ -249,6 +249,11 @@ err_free_list:
     return st;
 }
 
+/* How long a joiner refused here waits for the lowest member to hear why: the members grow
+ * about when the joiners join, and a joiner that tries a wrong claim after a growth completed
+ * (nobody serves the listener then) must not hang for RESHARD_TIMEOUT. */
+#define DECLINE_WAIT_MS 3000
+
 /* A joiner refused here tells the members why (they would time out on it otherwise), then
  * fails with its own message. */
 static reshard_status_t decline(const struct boot_id *join_id, int total, int rank,
@@ -258,7 +263,8 @@ static reshard_status_t decline(const struct boot_id *join_id, int total, int ra
     rs_error_save(&mine);
     struct boot_id id = *join_id;
     memset(id.bytes + JOIN_TAIL, 0, BOOT_ID_BYTES - JOIN_TAIL);
-    if (boot_decline(&id, total, rank, why, comm_timeout_ms()) != RESHARD_OK)
+    int ms = comm_timeout_ms() < DECLINE_WAIT_MS ? comm_timeout_ms() : DECLINE_WAIT_MS;
+    if (boot_decline(&id, total, rank, why, ms) != RESHARD_OK)
         rs_log(RS_LOG_INFO, "join: the members did not hear why this rank does not join: %s",
                rs_error_message());
     rs_error_restore(&mine);

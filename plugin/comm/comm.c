@@ -203,7 +203,6 @@ struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
     return c;
 }
 
-/* With the bootstrap up: the network context, then the exchange that forms the communicator. */
 /* A network context of c's own, or kept's, shared (one more reference). */
 static reshard_status_t comm_net_open(struct reshard_comm *c, const struct reshard_comm *kept)
 {
@@ -238,6 +237,7 @@ static void comm_net_close(struct reshard_comm *c)
     c->net_refs = NULL;
 }
 
+/* With the bootstrap up: the network context, then the exchange that forms the communicator. */
 reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent,
                            const struct reshard_comm *kept)
 {

@@ -302,11 +302,13 @@ reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const 
     if (list_hash(s, n) != h)
         st = rs_error(RESHARD_ERR_INVALID_ARG,
                       "join: the joiner list differs from the one the members grow by");
-    else if (k < 0 || rank < 0 || rank >= (int)size)
-        why = BOOT_DECLINE_NOT_LISTED,
-        st = rs_error(RESHARD_ERR_INVALID_ARG,
-                      "join: rank %d is not among the joiners the members admit (0..%u)", rank,
-                      size - 1);
+    else if (k < 0 || rank < 0 || rank >= (int)size) {
+        why = BOOT_DECLINE_NOT_LISTED;
+        st = k < 0 ? rs_error(RESHARD_ERR_INVALID_ARG,
+                              "join: rank %d is not among the joiners the members admit", rank)
+                   : rs_error(RESHARD_ERR_INVALID_ARG, "join: rank %d is outside 0..%u", rank,
+                              size - 1);
+    }
     free(s);
     if (st != RESHARD_OK)
         return decline(join_id, (int)(m + nj), rank, why);

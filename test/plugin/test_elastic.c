@@ -246,6 +246,18 @@ static void open_mailbox(void)
     memset(box, 0, sizeof(*box));
 }
 
+/* The joiner waits for the members' round n; 0 when they never get there (they failed): it
+ * then gives up instead of outliving the test. */
+static int wait_round(int n)
+{
+    for (int ms = 0; box->ready < n; ms += 10) {
+        if (ms > 120 * 1000)
+            return 0;
+        usleep(10 * 1000);
+    }
+    return 1;
+}
+
 static int joiner_rank = 3; /* the number the fourth process joins as */
 /* Replicated on ranks 0-2, wanted by all the ranks of the grown communicator. */
 #define GROWN_SRC "shape=48x40 dtype=i32 ranks=0-2 mesh=3 place=R"
@@ -526,15 +538,15 @@ static reshard_status_t wrong_joiners_are_heard(int rank, int size, reshard_comm
             return fail(st, "leave", rank);
         for (int i = 0; i < NWRONG; i++) {
             const struct wrong_join *w = &wrong_joins[i];
-            while (box->ready < i + 1)
-                usleep(10 * 1000);
+            if (!wait_round(i + 1))
+                return fail(RESHARD_ERR_TIMEOUT, "the members never grew again", rank);
             if (reshard_comm_join(&box->id, w->rank, w->list, w->n, &c2) !=
                     RESHARD_ERR_INVALID_ARG ||
                 c2 || !strstr(reshard_last_error(), "join: "))
                 return fail(RESHARD_ERR_INTERNAL, "a wrong join was not refused here", rank);
         }
-        while (box->ready < NWRONG + 1)
-            usleep(10 * 1000);
+        if (!wait_round(NWRONG + 1))
+            return fail(RESHARD_ERR_TIMEOUT, "the members never grew again", rank);
         if ((st = reshard_comm_join(&box->id, 3, joiners, 1, &c2)) != RESHARD_OK)
             return fail(st, "join", rank);
         st = reshard_comm_barrier(c2);
@@ -639,8 +651,8 @@ static reshard_status_t another_version_joins(int rank, int size, reshard_comm_t
         join_as_another_version(&box->id, text, sizeof(text));
         if (!strstr(text, "bootstrap version"))
             return fail(RESHARD_ERR_INTERNAL, "another version was not refused", rank);
-        while (box->ready < 2)
-            usleep(10 * 1000);
+        if (!wait_round(2))
+            return fail(RESHARD_ERR_TIMEOUT, "the members never grew again", rank);
         if ((st = reshard_comm_join(&box->id, 3, joiners, 1, &c2)) != RESHARD_OK)
             return fail(st, "join", rank);
         st = reshard_comm_barrier(c2);

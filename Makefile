@@ -60,6 +60,7 @@ M2N_CHECK := $(BUILD)/test/perf/m2n_check
 PACK_BENCH := $(BUILD)/test/perf/pack_bench
 DEVICE_REFIT := $(BUILD)/test/perf/device_refit
 BOOT_SCALE := $(BUILD)/test/perf/boot_scale
+JOIN_BENCH := $(BUILD)/test/perf/join_bench
 # Stand-ins for libcuda and libnccl (test/fake/), so the NCCL paths run on hosts without a GPU.
 FAKE_LIBS := $(BUILD)/test/fake/libcuda.so.1 $(BUILD)/test/fake/libnccl.so.2
 
@@ -167,6 +168,11 @@ $(BOOT_SCALE): $(BUILD)/obj/test/perf/boot_scale.o $(AR_LIB)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(AR_LIB) -lpthread -ldl $(LDFLAGS_ALL)
 
+# join_bench: what a join costs rank 0 at W local ranks (scripts/bench-scale.sh d; internals).
+$(JOIN_BENCH): $(BUILD)/obj/test/perf/join_bench.o $(AR_LIB)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(AR_LIB) -lpthread -ldl $(LDFLAGS_ALL)
+
 # device_refit: 4 processes refit device buffers on one GPU (scripts/gpu-check.sh).
 $(DEVICE_REFIT): $(BUILD)/obj/test/perf/device_refit.o $(SO)
 	@mkdir -p $(@D)
@@ -218,7 +224,7 @@ check-layers:
 	@$(PYTHON) scripts/check-layers.py
 
 test: deps check-layers
-	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(NCCL_NET_CHECK) $(M2N_CHECK) $(PACK_BENCH) $(DELTA_DEV_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE)
+	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(NCCL_NET_CHECK) $(M2N_CHECK) $(PACK_BENCH) $(DELTA_DEV_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE) $(JOIN_BENCH)
 	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) $(TEST_ARGS)
 ifeq ($(SAN),)

@@ -385,13 +385,17 @@ RESHARD_API reshard_status_t reshard_comm_shrink(reshard_comm_t *comm, const int
  * lowest member listens and a secret derived from comm's for this growth, so a joiner is
  * admitted exactly as at creation (anyone without it is refused). The members call
  * reshard_comm_grow, the joiners reshard_comm_join, all with the same joiners[n]: they get a
- * new communicator of the next membership epoch (comm stays as it was: destroy it after, on
- * the members). Refused at once on every member, with comm unchanged and usable: a joiner
- * list naming a live member, a number twice, or one member passing another list than the
- * others (RESHARD_ERR_INVALID_ARG naming the ranks). Refused at the joiner: a rank not in the
- * list, or a list other than the members'. A joiner that never arrives (or a member that dies
- * during the growth) fails the others within RESHARD_TIMEOUT naming it. comm must be healthy
- * (after a failure, shrink first). Network connections are made anew in the new communicator. */
+ * new communicator of the next membership epoch (destroy comm after, on the members). Refused at
+ * once on every member, with comm unchanged and usable: a joiner list naming a live member, a
+ * number twice, or one member passing another list than the others (RESHARD_ERR_INVALID_ARG naming
+ * the ranks). Refused at the joiner: a rank not in the list, or a list other than the members'
+ * (RESHARD_ERR_INVALID_ARG there); the joiner tells the members, who then fail at once with
+ * RESHARD_ERR_INVALID_ARG (the lowest member) or RESHARD_ERR_REMOTE saying why, comm unchanged and
+ * usable. A joiner that never arrives (or a member that dies during the growth) fails the others
+ * within RESHARD_TIMEOUT naming it. comm must be healthy (after a failure, shrink first). The
+ * members keep comm's network connections and registrations in the new communicator (only the
+ * joiners' are new); once the growth succeeded comm only refuses calls, saying it grew, and its
+ * destroy, before or after the new one's, waits for nobody. */
 RESHARD_API reshard_status_t reshard_comm_grow_id(reshard_comm_t *comm, const int *joiners, int n,
                                                   reshard_unique_id_t *id);
 RESHARD_API reshard_status_t reshard_comm_grow(reshard_comm_t *comm, const int *joiners, int n,

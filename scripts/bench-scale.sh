@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # How the per-rank costs grow with the job (README's scale table).
 #
-# usage: scripts/bench-scale.sh [a] [b] [c]      (default: all three)
+# usage: scripts/bench-scale.sh [a] [b] [c] [d]      (default: all four)
 #
 #   a  per-rank plans: DeepSeek-V3, Qwen3-235B and Kimi-K2 manifests (scripts/gen-manifest.py)
 #      at 512, 2,048 and 8,192 ranks, data parallelism scaled; reshard-plan --manifest F
@@ -12,6 +12,10 @@
 #   b  control bytes per rank per refit, communicator and plan creation times, over 8 to 64
 #      local ranks (scripts/bench-control.sh).
 #   c  a bootstrap alone over 256 and 1,024 local processes (scripts/bench-boot.sh).
+#   d  a join of 2 ranks at 8 and 64 local ranks (build/test/perf/join_bench, RESHARD_DOMAIN_SIZE
+#      4): rank 0's reshard_comm_grow time and the control bytes it sent and received for the
+#      join (the members' vote, the new bootstrap's forming, its collectives), median of RUNS
+#      (3) runs each. The issue's target: at 64, within 2x of those at 8.
 #
 # BUILD=build (default). Each part prints a markdown table; part a takes a few minutes here,
 # most of it writing the 8,192-rank manifests.
@@ -23,13 +27,13 @@ PLAN=$BUILD/reshard-plan
 [ -x "$BUILD/bin/reshard-plan" ] && PLAN=$BUILD/bin/reshard-plan
 
 usage() {
-    sed -n '3,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '3,21p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 case "${1:-}" in -h | --help) usage; exit 0 ;; esac
-PARTS=${*:-a b c}
+PARTS=${*:-a b c d}
 for p in $PARTS; do
-    case $p in a | b | c) ;; *) echo "bench-scale: unknown part '$p' (a, b or c)" >&2; exit 2 ;; esac
+    case $p in a | b | c | d) ;; *) echo "bench-scale: unknown part '$p' (a, b, c or d)" >&2; exit 2 ;; esac
 done
 
 tmp=$(mktemp -d)
@@ -88,9 +92,33 @@ part_a() {
     done
 }
 
+# One row per world: the run of median rank-0 time among RUNS (the bytes hardly vary).
+part_d() {
+    JOIN=$BUILD/test/perf/join_bench
+    [ -x "$JOIN" ] || { echo "bench-scale: $JOIN missing: run make test or make $JOIN" >&2; exit 1; }
+    echo "| world | joiners | rank 0: grow time | rank 0: control bytes (vote + forming + collectives) | vs world 8 |"
+    echo "|---|---|---|---|---|"
+    base_ms=
+    base_b=
+    for w in 8 64; do
+        : >"$tmp/join"
+        for _ in $(seq "${RUNS:-3}"); do
+            "$JOIN" "$w" 2 >>"$tmp/join" 2>"$tmp/join.err" || { cat "$tmp/join.err" >&2; exit 1; }
+        done
+        set -- $(awk '{ print $6, $14, $8, $10, $12 }' "$tmp/join" | sort -n -k1 |
+            awk -v n="${RUNS:-3}" 'NR == int((n + 1) / 2)')
+        ms=$1 total=$2
+        [ -n "$base_ms" ] || { base_ms=$ms; base_b=$total; }
+        awk -v w="$w" -v ms="$ms" -v t="$total" -v v="$3" -v f="$4" -v c="$5" -v bm="$base_ms" \
+            -v bb="$base_b" 'BEGIN { printf "| %d | 2 | %.1f ms | %d B (%d + %d + %d) | time %.2fx, bytes %.2fx |\n",
+            w, ms, t, v, f, c, ms / bm, t / bb }'
+    done
+}
+
 for p in $PARTS; do
     case $p in
     a) part_a ;;
+    d) part_d ;;
     b)
         if [ -x "$HERE/bench-control.sh" ]; then "$HERE/bench-control.sh"; else
             echo "bench-scale: part b needs scripts/bench-control.sh" >&2; exit 1; fi

@@ -51,6 +51,7 @@ struct tp_counters {
     uint64_t bytes_out, bytes_in; /* completed data sends / receives */
     uint64_t ctrl_out;            /* control messages sent */
     uint64_t msgs_out;            /* data messages sent */
+    uint64_t connects;            /* connections this context made or took (endpoints, QP sets) */
 };
 
 struct tp_config {

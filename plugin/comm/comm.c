@@ -127,7 +127,8 @@ static reshard_status_t my_hello(struct reshard_comm *c, struct comm_hello *me)
 /* Everyone's hello and network address, in one allgather of records as long as the longest
  * address (an allreduce finds it): what crosses per rank is its address and 48 bytes; then the
  * local peers verify each other. */
-static reshard_status_t comm_exchange_hellos(struct reshard_comm *c, const struct rs_topo *parent)
+static reshard_status_t comm_exchange_hellos(struct reshard_comm *c, const struct rs_topo *parent,
+                                             const struct reshard_comm *kept)
 {
     struct comm_hello *h = rs_calloc((size_t)c->size, sizeof(*h), "hello");
     const unsigned char **addr = h ? rs_calloc((size_t)c->size, sizeof(*addr), "hello") : NULL;
@@ -158,8 +159,8 @@ static reshard_status_t comm_exchange_hellos(struct reshard_comm *c, const struc
     for (int r = 0; r < c->size; r++)
         present[r] = comm_has(c, r) != 0;
     RS_CHECK_GOTO(comm_hello_decode(all, rec, c->size, present, h, addr), st, free_all);
-    for (int r = 0; r < c->size; r++)
-        if (r != c->rank && comm_has(c, r))
+    for (int r = 0; r < c->size; r++) /* a kept context knows the members of its communicator */
+        if (r != c->rank && comm_has(c, r) && !(kept && r < kept->size && comm_has(kept, r)))
             RS_CHECK_GOTO(c->net->ops->set_peer(c->net, r, addr[r], h[r].addr_len), st, free_all);
     number_hosts(c, h, c->node);
     st = parent ? inherit_topo(c, parent) : make_topo(c, h);
@@ -202,19 +203,46 @@ struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
     return c;
 }
 
-/* With the bootstrap up: the network context, then the exchange that forms the communicator. */
-reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent)
+/* A network context of c's own, or kept's, shared (one more reference). */
+static reshard_status_t comm_net_open(struct reshard_comm *c, const struct reshard_comm *kept)
 {
-    boot_set_cancel(c->boot, &c->abort_req);
+    if (kept) {
+        c->net = kept->net;
+        c->net_refs = kept->net_refs;
+        atomic_fetch_add(c->net_refs, 1);
+        return RESHARD_OK;
+    }
     struct tp_config cfg = {.rank = c->rank,
                             .size = c->size,
                             .tls = rs_param_str(RS_PARAM_NET_TLS),
                             .peer_errors = rs_param_int(RS_PARAM_NET_PEER_ERRORS) != 0,
                             .local_rank = c->local_rank};
     const struct tp_ops *ops;
-    reshard_status_t st = tp_pick(&ops);
-    if (st == RESHARD_OK)
-        st = ops->init(&cfg, &c->net);
+    if (!(c->net_refs = rs_calloc(1, sizeof(*c->net_refs), "network context references")))
+        return RESHARD_ERR_NO_MEMORY;
+    atomic_init(c->net_refs, 1);
+    RS_CHECK(tp_pick(&ops));
+    return ops->init(&cfg, &c->net);
+}
+
+/* Gives c's reference to its network context up: the last one closes it. */
+static void comm_net_close(struct reshard_comm *c)
+{
+    if (!c->net_refs || atomic_fetch_sub(c->net_refs, 1) == 1) {
+        if (c->net)
+            c->net->ops->close(c->net);
+        free(c->net_refs);
+    }
+    c->net = NULL;
+    c->net_refs = NULL;
+}
+
+/* With the bootstrap up: the network context, then the exchange that forms the communicator. */
+reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent,
+                           const struct reshard_comm *kept)
+{
+    boot_set_cancel(c->boot, &c->abort_req);
+    reshard_status_t st = comm_net_open(c, kept);
     /* The local path names its sockets after the bootstrap's listeners. */
     for (int r = 0; st == RESHARD_OK && r < c->size; r++)
         if (comm_has(c, r))
@@ -226,7 +254,7 @@ reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent)
         boot_abort(c->boot, st, rs_error_message());
         return st;
     }
-    RS_CHECK(comm_exchange_hellos(c, parent));
+    RS_CHECK(comm_exchange_hellos(c, parent, kept));
     rs_log(RS_LOG_INFO, "comm: rank %d of %d (%d present), %d domains, network transport %s",
            c->rank, c->size, c->nmembers, c->topo.t.ndomains, c->net->ops->name);
     return RESHARD_OK;
@@ -243,7 +271,7 @@ reshard_status_t comm_create(const struct boot_id *id, int rank, int size, int l
         return RESHARD_ERR_NO_MEMORY;
     reshard_status_t st;
     RS_CHECK_GOTO(boot_init(id, rank, size, comm_timeout_ms(), &c->boot), st, err_destroy_comm);
-    RS_CHECK_GOTO(comm_join(c, NULL), st, err_destroy_comm);
+    RS_CHECK_GOTO(comm_join(c, NULL, NULL), st, err_destroy_comm);
     *out = c;
     return RESHARD_OK;
 err_destroy_comm:
@@ -397,6 +425,12 @@ reshard_status_t comm_usable(const struct reshard_comm *c)
                         "the communicator was destroyed (reshard_comm_destroy): its plans can "
                         "only be destroyed, which closes its connections once the last is gone");
     RS_CHECK(comm_owned(c));
+    if (c->grown_into)
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "the communicator grew into the one of epoch %u (reshard_comm_grow), "
+                        "which its network context now serves: use that one (a plan made on "
+                        "this one cannot run there: make it again), and destroy this one",
+                        c->grown_into);
     if (c->broken == RESHARD_OK)
         return RESHARD_OK;
     return rs_error(c->broken, "the communicator failed earlier and must be destroyed: %s",
@@ -501,8 +535,9 @@ void comm_destroy(struct reshard_comm *c)
         return;
     }
     /* Nobody closes connections a peer may still be using (a broken communicator does not
-     * wait: its peers may be gone). */
-    if (c->boot && c->net && c->broken == RESHARD_OK)
+     * wait: its peers may be gone; one that grew closes nothing the grown one uses, and the
+     * joiners would never meet it). */
+    if (c->boot && c->net && c->broken == RESHARD_OK && !c->grown_into)
         (void)boot_barrier(c->boot);
     cuda_ipc_free(c->ipc); /* every rank is done writing through its mappings */
     comm_local_close(c);   /* after the barrier: no peer writes this rank any more */
@@ -514,8 +549,8 @@ void comm_destroy(struct reshard_comm *c)
         for (int i = 0; i < c->nkept_mh; i++)
             c->net->ops->mem_dereg(c->net, c->kept_mh[i]);
         c->net->ops->mem_dereg(c->net, c->staging_mh);
-        c->net->ops->close(c->net);
     }
+    comm_net_close(c);
     free(c->kept_mh);
     for (int i = 0; i < c->nkept; i++) /* their requests completed as the context closed */
         c->kept[i].free(c->kept[i].p);

@@ -35,6 +35,13 @@ struct reshard_comm {
     int nccl_executor;
     struct reshard_topo topo;
     struct tp_ctx *net;
+    /* A growth's members keep their network context (connections, registrations) in the
+     * communicator it makes: how many communicators hold net; the last one to go closes it. */
+    atomic_int *net_refs;
+    /* The epoch a successful growth made from this communicator (0: none). Its network context
+     * now serves that one, so this one may only be destroyed, which neither waits for the
+     * others nor closes what the grown one holds. */
+    uint32_t grown_into;
     /* The process that made it: a child forked from that one may not use it (its transport
      * context, connections and bootstrap are the parent's), only destroy it, which leaves
      * them to the parent. */
@@ -92,7 +99,9 @@ reshard_status_t comm_shrink(struct reshard_comm *c, const int *exclude, int n,
 #define COMM_GROW_MAX 65536
 /* Collective over c's members (c healthy): a communicator of c's members and the joiners
  * (joiners[n], each the number of an absent rank or one past c's size; the size grows to the
- * largest plus one), of the next membership epoch, with a new bootstrap and network context.
+ * largest plus one), of the next membership epoch, with a new bootstrap. The members keep c's
+ * network context (connections to each other and registrations stay; only the joiners are new
+ * peers) and c becomes grown_into: it may only be destroyed, before or after the new one.
  * The members first agree on the list over c's bootstrap (RESHARD_ERR_INVALID_ARG on every
  * member naming two that differ, c unchanged); the joiners then meet them at the listener c's
  * lowest member holds, under c's secret salted with the growth. */

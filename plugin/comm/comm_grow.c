@@ -8,12 +8,16 @@
  * an earlier growth) has held since the communicator formed, under the communicator's secret
  * salted with the growth (boot_group_id), as a shrink does. A joiner learns where and
  * under which secret from a join id that any member computes (comm_grow_id) and the
- * application hands to it, as it hands the first unique id to the first ranks.
+ * application hands to it, as it hands the first unique id to the first ranks. The members keep
+ * their network context: the grown communicator shares it (counted references), so their
+ * connections to each other and their registrations outlive the growth, and only connections
+ * to and from the joiners are new.
  */
 #include "comm.h"
 #include "comm_int.h"
 
 #include "base/error.h"
+#include "base/log.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -167,25 +171,33 @@ static reshard_status_t agree_on_joiners(struct reshard_comm *c, uint64_t h)
     return RESHARD_OK;
 }
 
-/* Everyone's number in the new bootstrap's order: the members check it is what they expect, a
- * joiner learns the membership from it. */
+/* Everyone's number in the new bootstrap's order, and the members' count of executions: the
+ * members check both are what they expect, a joiner learns the membership from it and counts
+ * on from the members' count (message tags carry it, and the members' transports outlive the
+ * growth). */
+struct grow_entry {
+    int32_t rank;
+    uint32_t seq;
+};
+
 static reshard_status_t gather_members(struct reshard_comm *c, int dense, int n, int joiner)
 {
-    int *got = rs_calloc((size_t)n, sizeof(int), "members");
+    struct grow_entry *got = rs_calloc((size_t)n, sizeof(*got), "members");
     if (!got)
         return RESHARD_ERR_NO_MEMORY;
-    got[dense] = c->rank;
-    reshard_status_t st = boot_allgather(c->boot, got, sizeof(int));
+    got[dense] = (struct grow_entry){c->rank, c->seq};
+    reshard_status_t st = boot_allgather(c->boot, got, sizeof(*got));
     for (int k = 0; st == RESHARD_OK && k < n; k++)
-        if (got[k] < 0 || got[k] >= c->size || (!joiner && got[k] != c->member[k]) ||
-            (joiner && k > 0 && comm_has(c, got[k]) && c->boot_of[got[k]] != k))
+        if (got[k].rank < 0 || got[k].rank >= c->size || (!joiner && got[k].rank != c->member[k]) ||
+            (joiner && k > 0 && comm_has(c, got[k].rank) && c->boot_of[got[k].rank] != k))
             st = rs_error(RESHARD_ERR_INTERNAL,
                           "grow: the new bootstrap's rank %d goes by %d, not the number expected",
-                          k, got[k]);
+                          k, got[k].rank);
         else if (joiner)
-            c->boot_of[got[k]] = k, c->member[k] = got[k];
+            c->boot_of[got[k].rank] = k, c->member[k] = got[k].rank;
     if (st == RESHARD_OK && joiner) {
         c->nmembers = n;
+        c->seq = got[0].seq; /* the first member's: every member counts the same */
         boot_set_labels(c->boot, c->member);
     }
     free(got);
@@ -204,6 +216,7 @@ reshard_status_t comm_grow(struct reshard_comm *old, const int *joiners, int n,
     if (!c)
         goto err_free_list;
     c->shrinks = old->shrinks + 1;
+    c->seq = old->seq;
     for (int r = 0; r < size; r++)
         c->boot_of[r] = -1;
     c->nmembers = 0;
@@ -213,20 +226,49 @@ reshard_status_t comm_grow(struct reshard_comm *old, const int *joiners, int n,
         c->boot_of[s[i]] = c->nmembers, c->member[c->nmembers++] = s[i];
     struct boot_id id;
     RS_CHECK_GOTO(grow_group_id(old, c->shrinks, size, s, n, &id), st, err_destroy_comm);
-    st = boot_init_labeled(&id, c->boot_of[c->rank], c->nmembers, c->member, comm_timeout_ms(),
-                           &c->boot);
+    st = boot_init_grow(&id, c->boot_of[c->rank], c->nmembers, c->member, old->nmembers,
+                        comm_timeout_ms(), &c->boot);
     boot_id_release(&id);
     RS_CHECK_GOTO(st, st, err_destroy_comm);
     RS_CHECK_GOTO(gather_members(c, c->boot_of[c->rank], c->nmembers, 0), st, err_destroy_comm);
-    RS_CHECK_GOTO(comm_join(c, NULL), st, err_destroy_comm);
+    /* The members' connections to each other and their registrations carry over: only the
+     * joiners become new peers of the context. */
+    RS_CHECK_GOTO(comm_join(c, NULL, old), st, err_forget_joiners);
+    old->grown_into = c->shrinks;
     free(s);
     *out = c;
     return RESHARD_OK;
+err_forget_joiners:
+    /* The old communicator stays as it was: no joiner remains its context's peer. */
+    for (int i = 0; c->net && i < n; i++)
+        c->net->ops->close_peer(c->net, s[i]);
 err_destroy_comm:
     comm_destroy(c);
 err_free_list:
     free(s);
     return st;
+}
+
+/* How long a joiner refused here waits for the lowest member to hear why: the members grow
+ * about when the joiners join, and a joiner that tries a wrong claim after a growth completed
+ * (nobody serves the listener then) must not hang for RESHARD_TIMEOUT. */
+#define DECLINE_WAIT_MS 3000
+
+/* A joiner refused here tells the members why (they would time out on it otherwise), then
+ * fails with its own message. */
+static reshard_status_t decline(const struct boot_id *join_id, int total, int rank,
+                                enum boot_decline_reason why)
+{
+    struct rs_saved_error mine;
+    rs_error_save(&mine);
+    struct boot_id id = *join_id;
+    memset(id.bytes + JOIN_TAIL, 0, BOOT_ID_BYTES - JOIN_TAIL);
+    int ms = comm_timeout_ms() < DECLINE_WAIT_MS ? comm_timeout_ms() : DECLINE_WAIT_MS;
+    if (boot_decline(&id, total, rank, why, ms) != RESHARD_OK)
+        rs_log(RS_LOG_INFO, "join: the members did not hear why this rank does not join: %s",
+               rs_error_message());
+    rs_error_restore(&mine);
+    return RESHARD_ERR_INVALID_ARG;
 }
 
 reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const int *joiners, int n,
@@ -241,15 +283,18 @@ reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const 
     uint64_t h = (uint64_t)get_be32(w + 20) << 32 | get_be32(w + 24);
     if (size < 1 || size > INT32_MAX / 2 || m < 1 || m >= size + 1u || nj < 1 || m + nj > size)
         return rs_error(RESHARD_ERR_INVALID_ARG, "join: a malformed join id");
-    if (n < 1 || (uint32_t)n != nj)
-        return rs_error(RESHARD_ERR_INVALID_ARG,
-                        "join: %d joiners passed, the members admit %u: pass the same list", n, nj);
+    if (n < 1 || (uint32_t)n != nj) {
+        rs_error(RESHARD_ERR_INVALID_ARG,
+                 "join: %d joiners passed, the members admit %u: pass the same list", n, nj);
+        return decline(join_id, (int)(m + nj), rank, BOOT_DECLINE_COUNT);
+    }
     int *s = rs_calloc((size_t)n, sizeof(int), "joiners");
     if (!s)
         return RESHARD_ERR_NO_MEMORY;
     memcpy(s, joiners, (size_t)n * sizeof(int));
     qsort(s, (size_t)n, sizeof(int), cmp_int);
     reshard_status_t st = RESHARD_OK;
+    enum boot_decline_reason why = BOOT_DECLINE_LIST;
     int k = -1;
     for (int i = 0; i < n; i++)
         if (s[i] == rank)
@@ -257,14 +302,16 @@ reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const 
     if (list_hash(s, n) != h)
         st = rs_error(RESHARD_ERR_INVALID_ARG,
                       "join: the joiner list differs from the one the members grow by");
-    else if (k < 0)
-        st = rs_error(RESHARD_ERR_INVALID_ARG,
-                      "join: rank %d is not among the joiners the members admit", rank);
-    else if (rank < 0 || rank >= (int)size)
-        st = rs_error(RESHARD_ERR_INVALID_ARG, "join: rank %d is outside 0..%u", rank, size - 1);
+    else if (k < 0 || rank < 0 || rank >= (int)size) {
+        why = BOOT_DECLINE_NOT_LISTED;
+        st = k < 0 ? rs_error(RESHARD_ERR_INVALID_ARG,
+                              "join: rank %d is not among the joiners the members admit", rank)
+                   : rs_error(RESHARD_ERR_INVALID_ARG, "join: rank %d is outside 0..%u", rank,
+                              size - 1);
+    }
     free(s);
     if (st != RESHARD_OK)
-        return st;
+        return decline(join_id, (int)(m + nj), rank, why);
     struct reshard_comm *c = comm_alloc(rank, (int)size, -1);
     if (!c)
         return RESHARD_ERR_NO_MEMORY;
@@ -275,10 +322,10 @@ reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const 
     c->boot_of[rank] = dense;
     struct boot_id id = *join_id;
     memset(id.bytes + JOIN_TAIL, 0, BOOT_ID_BYTES - JOIN_TAIL);
-    RS_CHECK_GOTO(boot_init_labeled(&id, dense, total, NULL, comm_timeout_ms(), &c->boot), st,
+    RS_CHECK_GOTO(boot_init_grow(&id, dense, total, NULL, (int)m, comm_timeout_ms(), &c->boot), st,
                   err_destroy_comm);
     RS_CHECK_GOTO(gather_members(c, dense, total, 1), st, err_destroy_comm);
-    RS_CHECK_GOTO(comm_join(c, NULL), st, err_destroy_comm);
+    RS_CHECK_GOTO(comm_join(c, NULL, NULL), st, err_destroy_comm);
     *out = c;
     return RESHARD_OK;
 err_destroy_comm:

@@ -14,8 +14,11 @@
  * when out of memory. */
 struct reshard_comm *comm_alloc(int rank, int size, int local_rank);
 /* With the bootstrap up: the network context, then the exchange that forms the communicator
- * (its topology from the hellos, or parent's when not NULL). */
-reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent);
+ * (its topology from the hellos, or parent's when not NULL). kept: the communicator whose
+ * network context c shares (a growth's members), whose members are its peers already; NULL:
+ * a new context. */
+reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent,
+                           const struct reshard_comm *kept);
 
 /* ---- the hello (comm_hello.c) ---- */
 

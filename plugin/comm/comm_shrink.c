@@ -60,7 +60,7 @@ reshard_status_t comm_shrink(struct reshard_comm *old, const int *exclude, int n
                            &c->boot);
     boot_id_release(&id); /* the lowest member's listener, if its rendezvous did not take it */
     RS_CHECK_GOTO(st, st, err_destroy_comm);
-    RS_CHECK_GOTO(comm_join(c, &old->topo.t), st, err_destroy_comm);
+    RS_CHECK_GOTO(comm_join(c, &old->topo.t, NULL), st, err_destroy_comm);
     *out = c;
     return RESHARD_OK;
 err_destroy_comm:

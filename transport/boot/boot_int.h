@@ -69,7 +69,8 @@ struct boot {
     int *label;               /* [size]: the number each rank goes by in messages and reports */
     const atomic_int *cancel; /* collectives end when it turns non-zero (NULL: never) */
     reshard_status_t failed;  /* RESHARD_OK while usable */
-    int left; /* the label of a rank heard to leave on purpose (boot_leave), or -1 */
+    int left;    /* the label of a rank heard to leave on purpose (boot_leave), or -1 */
+    int members; /* a growth's: ranks below it are members, whom a decline waits for */
     char fail_msg[RS_ERROR_MAX];
     char refusal[RS_ERROR_MAX];
     uint64_t sent, received;           /* bytes of collectives, headers included */
@@ -157,7 +158,9 @@ void boot_heard(struct boot *b, const struct sock_frame_error *err);
 
 /* ---- admission at a listener (boot_admit.c) ---- */
 
-enum boot_hello_kind { BOOT_JOIN = 1, BOOT_ATTACH = 2 };
+/* BOOT_DECLINE: a rank that holds the secret but will not join (boot_decline): its hello
+ * carries the number it claims in rank and the reason (BOOT_DECLINE_*) in slot. */
+enum boot_hello_kind { BOOT_JOIN = 1, BOOT_ATTACH = 2, BOOT_DECLINE = 3 };
 
 #define BOOT_OPEN_BYTES      8
 #define BOOT_CHALLENGE_BYTES (8 + BOOT_NONCE_BYTES)

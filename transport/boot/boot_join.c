@@ -123,7 +123,7 @@ static enum boot_try boot_call_hello(struct boot_call *c, int fd, const unsigned
                            .kind = (unsigned)c->kind,
                            .rank = b->rank,
                            .size = b->size,
-                           .slot = c->kind == BOOT_ATTACH ? b->slot : 0};
+                           .slot = c->kind == BOOT_JOIN ? 0 : b->slot};
     unsigned char w[BOOT_HELLO_BYTES], a[BOOT_ADMIT_BYTES], mac[BOOT_MAC_BYTES];
     union sock_addr mine;
     struct sock_xfer x;
@@ -224,4 +224,32 @@ reshard_status_t boot_dial(struct boot *b, const union sock_addr *a, const char 
                             c.name, sock_ms_str(b->timeout_ms, ms, sizeof(ms)), tries);
         boot_call_backoff(&backoff, deadline);
     }
+}
+
+reshard_status_t boot_decline(const struct boot_id *id, int size, int rank,
+                              enum boot_decline_reason reason, int timeout_ms)
+{
+    union sock_addr a;
+    unsigned flags = 0;
+    struct boot_admit ad;
+    int fd = -1;
+    struct boot *b = boot_alloc(0, 1, NULL, timeout_ms);
+    if (!b)
+        return RESHARD_ERR_NO_MEMORY;
+    reshard_status_t st = RESHARD_ERR_INVALID_ARG;
+    if (boot_id_decode(id, &a, b->secret, &flags) != 0) {
+        rs_error(st, "bootstrap: not a bootstrap id of this version: nobody to tell");
+        goto out_close;
+    }
+    b->rank = rank; /* what the hello carries: the number claimed, the reason in the slot */
+    b->size = size;
+    b->slot = (int)reason;
+    st = boot_dial(b, &a, "rank 0", BOOT_DECLINE, flags & BOOT_ID_PROMPT, rs_now_ms() + timeout_ms,
+                   &fd, &ad);
+    sock_close(&fd); /* admitted (a MACed answer): rank 0 heard it */
+out_close:
+    b->rank = 0;
+    b->size = 1;
+    boot_close(b);
+    return st;
 }

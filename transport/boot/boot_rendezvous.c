@@ -41,7 +41,24 @@ struct boot_form {
     int attached, readied, sent_ready, welcomed;
     struct pollfd *pf;
     int *pf_nb; /* [poll entry]: the nb index it watches, or -1 (the door) */
+    /* rank 0: a rank that proved it holds the secret declined (boot_decline): the number it
+     * claimed and why (0: none did). */
+    int declined, decline_rank;
 };
+
+/* Rank 0's words for a decline: the reason is a code, never text from the decliner. */
+static const char *boot_decline_why(int code)
+{
+    static const char *const why[] = {
+        [BOOT_DECLINE_LIST] = "its list of joiners differs from the one the members grow by",
+        [BOOT_DECLINE_NOT_LISTED] = "the number it claims is not among the joiners the members "
+                                    "admit",
+        [BOOT_DECLINE_COUNT] = "it was passed another number of joiners than the members admit",
+    };
+    return code > 0 && code < (int)(sizeof(why) / sizeof(why[0])) && why[code]
+               ? why[code]
+               : "for a reason this version does not know";
+}
 
 /* ---- admission ---- */
 
@@ -72,6 +89,23 @@ static int boot_form_join(void *arg, int fd, const char *addr, const struct boot
     struct boot_form *f = arg;
     struct boot *b = f->b;
     union sock_addr la;
+    if (h->kind == BOOT_DECLINE) { /* its MAC is checked: it holds the secret */
+        if (!f->declined) {
+            f->declined = h->slot > 0 ? h->slot : -1;
+            f->decline_rank = h->rank;
+            snprintf(b->refusal, sizeof(b->refusal),
+                     "bootstrap: a joiner at %s claiming rank %d declined: %s", addr, h->rank,
+                     boot_decline_why(h->slot));
+        }
+        /* An admission (MACed) tells it rank 0 heard; it takes no slot. */
+        struct boot_admit a = {.slot = 0, .fanout = b->fanout, .parent = 0};
+        struct rs_saved_error saved;
+        rs_error_save(&saved);
+        (void)boot_admit_send(b, fd, addr, h, nonce_l, &a);
+        rs_error_restore(&saved);
+        sock_close(&fd);
+        return 1;
+    }
     if (h->kind != BOOT_JOIN) {
         snprintf(why, n, "rank 0 admits joins, not attaches to a tree parent");
         return 0;
@@ -247,6 +281,24 @@ static reshard_status_t boot_form_timeout(struct boot_form *f)
                     list, ms);
 }
 
+static reshard_status_t boot_form_declined(const struct boot_form *f)
+{
+    return rs_error(RESHARD_ERR_INVALID_ARG,
+                    "bootstrap: a joiner claiming rank %d (it holds the secret) declined: %s; the "
+                    "rendezvous stops",
+                    f->decline_rank, boot_decline_why(f->declined));
+}
+
+/* Rank 0 acts on a decline once the members (ranks below b->members) are all in the tree, so
+ * that each hears it instead of waiting at a listener nobody serves any more. */
+static int boot_form_members_in(const struct boot_form *f)
+{
+    for (int r = 1; r < f->b->members; r++)
+        if (!f->arrived[r])
+            return 0;
+    return 1;
+}
+
 static int boot_form_done(const struct boot_form *f)
 {
     const struct boot *b = f->b;
@@ -315,6 +367,8 @@ static reshard_status_t boot_form_run(struct boot_form *f)
             return boot_fail(b, boot_form_timeout(f), NULL, -1);
         if (f->gate_open && (st = boot_gate_serve(&f->gate, f->pf, gate_n)) != RESHARD_OK)
             return boot_fail(b, st, NULL, -1);
+        if (f->declined && boot_form_members_in(f))
+            return boot_fail(b, boot_form_declined(f), NULL, -1);
         for (int k = gate_n; k < n; k++)
             if (f->pf[k].revents)
                 RS_CHECK(boot_form_step(f, f->pf_nb[k]));
@@ -482,6 +536,12 @@ reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int tim
 reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size, const int *label,
                                    int timeout_ms, struct boot **out)
 {
+    return boot_init_grow(id, rank, size, label, 0, timeout_ms, out);
+}
+
+reshard_status_t boot_init_grow(const struct boot_id *id, int rank, int size, const int *label,
+                                int members, int timeout_ms, struct boot **out)
+{
     union sock_addr a;
     unsigned flags = 0;
     struct boot *b;
@@ -493,6 +553,7 @@ reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size,
                         rank, size, timeout_ms);
     if (!(b = boot_alloc(rank, size, label, timeout_ms)))
         return RESHARD_ERR_NO_MEMORY;
+    b->members = members;
     if (boot_id_decode(id, &a, b->secret, &flags) != 0) {
         boot_close(b);
         return rs_error(RESHARD_ERR_INVALID_ARG,

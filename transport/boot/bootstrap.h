@@ -83,6 +83,28 @@ reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int tim
  * reports (NULL: r): for a bootstrap over a subset of another job's ranks. */
 reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size, const int *label,
                                    int timeout_ms, struct boot **out);
+/* The same for a growth: ranks below `members` are the members (the rest join them). Rank 0
+ * acts on a joiner's decline (boot_decline) once every member has arrived, so that each hears
+ * it; boot_init_labeled acts on one at once. */
+reshard_status_t boot_init_grow(const struct boot_id *id, int rank, int size, const int *label,
+                                int members, int timeout_ms, struct boot **out);
+/* A rank that was handed an id but will not join, because what it was told differs from what the
+ * id says, tells the id's rank 0 why (boot_decline), proving that it holds the id's secret: rank
+ * 0's rendezvous then fails at once with RESHARD_ERR_INVALID_ARG, in words of its own naming the
+ * number the rank claims and the reason, and tells the others (RESHARD_ERR_REMOTE), instead of
+ * timing out on it. Nobody without the secret can stop a rendezvous this way, nor choose the
+ * words: a reason is one of these codes. */
+enum boot_decline_reason {
+    BOOT_DECLINE_LIST = 1,       /* its list of joiners differs from the one the id was made for */
+    BOOT_DECLINE_NOT_LISTED = 2, /* the number it claims is not among them */
+    BOOT_DECLINE_COUNT = 3,      /* it was passed another number of joiners */
+};
+/* Returns RESHARD_OK once rank 0 answered that it heard it (an admission MACed under the secret;
+ * waiting for rank 0 to serve its listener at most timeout_ms), else why not (a rank 0 that
+ * does not hold the secret refuses it: RESHARD_ERR_REFUSED). size: the size the id's bootstrap
+ * has; rank: the number claimed. */
+reshard_status_t boot_decline(const struct boot_id *id, int size, int rank,
+                              enum boot_decline_reason reason, int timeout_ms);
 /* The numbers ranks go by from now on (label[size], copied): for a rank that learnt them only
  * once the bootstrap formed (a joiner). */
 void boot_set_labels(struct boot *b, const int *label);

@@ -137,6 +137,7 @@ static void peer_up(struct ib_ctx *x, struct ib_peer *p)
 {
     p->state = P_UP;
     x->handshakes--;
+    x->super.counters.connects++;
     rs_log(RS_LOG_TRACE, "ib: rank %d connected over %d QPs on %s", p->index, p->nqp, x->port.name);
 }
 

@@ -278,6 +278,7 @@ static reshard_status_t get_ep(struct ucx_ctx *u, int peer, ucp_ep_h *ep)
     if (st != UCS_OK)
         return rs_error(ucx_status(st), "UCX ucp_ep_create to rank %d: %s", peer,
                         u->f->ucs_status_string(st));
+    u->super.counters.connects++;
     *ep = p->ep;
     return RESHARD_OK;
 }

@@ -3,10 +3,14 @@
  * Delta refits on the executor (docs/delta.md): which chunks are encoded, the senders'
  * snapshots, the buffers an encoded run uses, and the versions the start vote compares.
  *
- * A run encodes only when every rank can (the plan asked for deltas, host buffers, its buffers
- * made): the start vote says so. It sends changed elements only when every rank also holds the
- * same version, the last delta run, with the destinations it wrote: otherwise every chunk
- * travels dense, and refreshes the snapshots. A delta is never applied on an unknown state.
+ * A rank encodes what it sends when it can (the plan asked for deltas, host buffers, its
+ * buffers made). Versions are per (tensor, destination): a chunk carries changes only when the
+ * sender's snapshot of its tensor and the destination both hold the plan's last refit, which
+ * every rank agrees on in the start vote. Each rank adds the destinations that do not (new
+ * buffers, a run in full there, a refit found wrong, a rank that cannot encode) to the vote's
+ * stale filter; their senders send them dense, into the destination itself, and refresh the
+ * snapshots. A delta is never applied on an unknown state: a destination that is not known to
+ * hold the last refit takes no scratch, so a short message to it is refused by its length.
  */
 #include "exec_run.h"
 
@@ -37,18 +41,22 @@ static reshard_status_t layout(struct exec *x)
     size_t nout_c = s->out_off[s->nout], nin_c = s->in_off[s->nin];
     d->dst_seen = rs_calloc((size_t)nt + 1, sizeof(*d->dst_seen), "delta state");
     d->dst_len = rs_calloc((size_t)nt + 1, sizeof(*d->dst_len), "delta state");
+    d->dst_ver = rs_calloc((size_t)nt + 1, sizeof(*d->dst_ver), "delta state");
+    d->dst_why = rs_calloc((size_t)nt + 1, 1, "delta state");
+    d->in_t = rs_calloc((size_t)nt + 1, 1, "delta state");
+    d->snap_ver = rs_calloc((size_t)nt + 1, sizeof(*d->snap_ver), "delta state");
     d->out_enc = rs_calloc(s->nout + 1, 1, "delta state");
     d->in_enc = rs_calloc(s->nin + 1, 1, "delta state");
     d->snap = rs_calloc((size_t)nt + 1, sizeof(char *), "delta state");
     d->snap_at = rs_calloc(nout_c + 1, sizeof(uint64_t), "delta state");
     d->snap_bytes = rs_calloc((size_t)nt + 1, sizeof(uint64_t), "delta state");
-    d->snap_state = rs_calloc((size_t)nt + 1, 1, "delta state");
     d->warned = rs_calloc((size_t)nt + 1, 1, "delta state");
     d->enc_at = rs_calloc(nout_c + 1, sizeof(uint64_t), "delta state");
     d->in_at = rs_calloc(nin_c + 1, sizeof(uint64_t), "delta state");
     d->mem = rs_calloc(DELTA_MEM_N + 1, sizeof(char *), "delta state");
-    if (!d->dst_seen || !d->dst_len || !d->out_enc || !d->in_enc || !d->snap || !d->snap_at ||
-        !d->snap_bytes || !d->snap_state || !d->warned || !d->enc_at || !d->in_at || !d->mem)
+    if (!d->dst_seen || !d->dst_len || !d->dst_ver || !d->dst_why || !d->in_t || !d->snap_ver ||
+        !d->out_enc || !d->in_enc || !d->snap || !d->snap_at || !d->snap_bytes || !d->warned ||
+        !d->enc_at || !d->in_at || !d->mem)
         return RESHARD_ERR_NO_MEMORY;
     uint64_t at = 0;
     for (size_t o = 0; o < s->nout; o++) {
@@ -72,6 +80,7 @@ static reshard_status_t layout(struct exec *x)
         const struct xfer *xf = &x->xs.x[s->in[k]];
         if (!(d->in_enc[k] = (uint8_t)encoded(x, xf)))
             continue;
+        d->in_t[xf->tensor] = 1;
         for (size_t c = 0; c < s->in_off[k + 1] - s->in_off[k]; c++) {
             d->in_at[s->in_off[k] + c] = at;
             at += ALIGN8(exec_chunk_bytes_of(&x->cut, xf, (uint32_t)c));
@@ -111,19 +120,89 @@ static void make_snapshots(struct exec *x)
                        (unsigned long long)d->snap_bytes[t]);
             continue;
         }
-        d->snap_state[t] = DELTA_SNAP_MADE;
+        d->snap_ver[t] = 0; /* holds nothing yet */
         d->held += d->snap_bytes[t];
     }
 }
 
-void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshard_buffers_t *dev,
-                     int *can, uint32_t *version)
+/* ---- the stale filter ---- */
+
+/* A destination (tensor t, rank) sets two of the filter's bits; DELTA_ALL in place of t: every
+ * tensor of that rank. */
+#define DELTA_ALL  UINT32_MAX
+#define STALE_BITS (EXEC_STALE_WORDS * 64)
+/* Past this many stale tensors, a rank says "all of mine" (keeps the filter sparse). */
+#define STALE_MAX_NAMED 8
+
+static uint64_t stale_hash(uint32_t t, int rank)
+{
+    uint64_t z = ((uint64_t)t << 32 | (uint32_t)rank) + 0x9e3779b97f4a7c15u;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+static void stale_add(uint64_t *f, uint32_t t, int rank)
+{
+    uint64_t h = stale_hash(t, rank);
+    f[(h % STALE_BITS) / 64] |= UINT64_C(1) << (h % 64);
+    h >>= 16;
+    f[(h % STALE_BITS) / 64] |= UINT64_C(1) << (h % 64);
+}
+
+static int stale_one(const uint64_t *f, uint32_t t, int rank)
+{
+    uint64_t h = stale_hash(t, rank), g = h >> 16;
+    return (f[(h % STALE_BITS) / 64] >> (h % 64) & 1) && (f[(g % STALE_BITS) / 64] >> (g % 64) & 1);
+}
+
+/* Does the world's filter say that rank's destination of tensor t does not hold the last refit
+ * (or may not: a false positive sends it in full)? */
+static int stale(const struct exec_run *r, uint32_t t, int rank)
+{
+    return stale_one(r->delta_stale, t, rank) || stale_one(r->delta_stale, DELTA_ALL, rank);
+}
+
+static const char *const why_text[] = {
+    [DELTA_WHY_FIRST] = "its first refit",
+    [DELTA_WHY_BUFFERS] = "new destination buffers",
+    [DELTA_WHY_FULL] = "the last refit went to it in full",
+    [DELTA_WHY_VERIFY] = "a verified refit found a destination wrong",
+};
+
+/* This rank's destinations that do not hold the last refit, into f; how many. */
+static int stale_mine(struct exec *x, const reshard_buffers_t *bufs, uint64_t *f)
 {
     struct exec_delta *d = &x->delta;
-    *can = 0;
-    *version = 0;
+    int me = x->comm->rank, n = 0;
+    for (int t = 0; t < x->plan->ntensors; t++) {
+        if (!d->in_t[t])
+            continue;
+        if (bufs[t].dst != d->dst_seen[t] || bufs[t].dst_bytes != d->dst_len[t]) {
+            if (d->dst_ver[t]) /* what the new buffer holds is not known */
+                d->dst_why[t] = DELTA_WHY_BUFFERS;
+            d->dst_ver[t] = 0;
+        }
+        if (d->dst_ver[t] == d->last && d->last)
+            continue;
+        if (++n <= STALE_MAX_NAMED)
+            stale_add(f, (uint32_t)t, me);
+    }
+    if (n > STALE_MAX_NAMED)
+        stale_add(f, DELTA_ALL, me);
+    return n;
+}
+
+void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshard_buffers_t *dev,
+                     struct exec_run *r)
+{
+    struct exec_delta *d = &x->delta;
+    r->delta_can = 0;
+    r->delta_version = d->last;
+    memset(r->delta_stale, 0, sizeof(r->delta_stale));
     if (!d->on)
         return;
+    stale_add(r->delta_stale, DELTA_ALL, x->comm->rank); /* until it can encode */
     if (dev) {
         if (!d->said++)
             rs_log(RS_LOG_INFO,
@@ -146,31 +225,53 @@ void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshar
         return;
     }
     make_snapshots(x);
-    *can = 1;
-    *version = d->version;
-    for (int t = 0; t < x->plan->ntensors; t++)
-        if (bufs[t].dst != d->dst_seen[t] || bufs[t].dst_bytes != d->dst_len[t])
-            *version = 0; /* new destination buffers: what they hold is not known */
+    r->delta_can = 1;
+    memset(r->delta_stale, 0, sizeof(r->delta_stale));
+    stale_mine(x, bufs, r->delta_stale);
 }
 
-void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t hi)
+/* The tensors that come here in full in a run that carries changes, and why (INFO). */
+static void say_stale(const struct exec_run *r)
+{
+    const struct exec *x = r->x;
+    const struct exec_delta *d = &x->delta;
+    int me = x->comm->rank, n = 0, first = -1;
+    for (int t = 0; t < x->plan->ntensors; t++)
+        if (d->in_t[t] && d->dst_ver[t] != d->last && n++ == 0)
+            first = t;
+    if (n)
+        rs_log(RS_LOG_INFO,
+               "rank %d: delta refit %u: %d tensor(s) come here in full, '%s' the first (%s)", me,
+               r->seq, n, x->plan->tensors[first].name, why_text[d->dst_why[first]]);
+}
+
+void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t hi,
+                      const uint64_t *stale_world)
 {
     struct exec *x = r->x;
-    r->delta = x->delta.on && plain_rank == INT32_MAX;
+    r->delta = x->delta.on && r->delta_can;
     r->sparse = r->delta && lo == hi && lo != 0;
-    if (!x->delta.on || r->sparse)
+    memcpy(r->delta_stale, stale_world, sizeof(r->delta_stale));
+    if (!x->delta.on)
         return;
-    if (!r->delta)
-        rs_log(RS_LOG_INFO, "rank %d: delta refit %u in full: rank %d cannot encode", x->comm->rank,
-               r->seq, plain_rank);
-    else if (hi == 0)
+    if (r->sparse) {
+        say_stale(r);
+        if (plain_rank != INT32_MAX && plain_rank != x->comm->rank)
+            rs_log(RS_LOG_INFO,
+                   "rank %d: delta refit %u: rank %d cannot encode: what it sends and gets goes "
+                   "in full",
+                   x->comm->rank, r->seq, plain_rank);
+    } else if (!r->delta) {
+        rs_log(RS_LOG_INFO, "rank %d: delta refit %u in full here: this rank cannot encode",
+               x->comm->rank, r->seq);
+    } else if (hi == 0) {
         rs_log(RS_LOG_INFO, "rank %d: delta refit %u in full: no rank holds a previous refit",
                x->comm->rank, r->seq);
-    else
+    } else {
         rs_log(RS_LOG_INFO,
-               "rank %d: delta refit %u in full: some rank's destinations do not hold the last "
-               "refit (a first refit, new buffers, or one that did not complete)",
-               x->comm->rank, r->seq);
+               "rank %d: delta refit %u in full: the ranks hold different last refits (%u..%u)",
+               x->comm->rank, r->seq, lo, hi);
+    }
 }
 
 /* ---- the sender ---- */
@@ -209,7 +310,7 @@ int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **
     else
         region_pack(&rg, base, (char *)(cur = d->mem[DELTA_MEM_PACK]));
     char *snap = d->snap[t] + d->snap_at[i], *out = d->mem[DELTA_MEM_ENC] + d->enc_at[i];
-    if (!r->sparse || d->snap_state[t] != DELTA_SNAP_HELD) {
+    if (!r->sparse || d->snap_ver[t] != d->last || stale(r, t, xf->dst)) {
         memcpy(snap, cur, bytes); /* dense this time: the snapshot is what it sends */
         return 0;
     }
@@ -227,10 +328,16 @@ int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **
 
 char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk)
 {
-    const struct exec_delta *d = &r->x->delta;
-    if (!r->delta || !d->in_enc[k])
+    const struct exec *x = r->x;
+    const struct exec_delta *d = &x->delta;
+    if (!r->sparse || !d->in_enc[k])
         return NULL;
-    return d->mem[DELTA_MEM_SCRATCH] + d->in_at[r->x->share.in_off[k] + chunk];
+    /* Not known to hold the last refit (by this rank or by the filter, as its senders see it):
+     * in full, straight into the destination. */
+    uint32_t t = x->xs.x[x->share.in[k]].tensor;
+    if (d->dst_ver[t] != d->last || stale(r, t, x->comm->rank))
+        return NULL;
+    return d->mem[DELTA_MEM_SCRATCH] + d->in_at[x->share.in_off[k] + chunk];
 }
 
 reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, size_t bytes)
@@ -265,15 +372,47 @@ void exec_delta_done(struct exec *x, const struct exec_run *r, const reshard_buf
                      int ok)
 {
     struct exec_delta *d = &x->delta;
+    uint32_t v = ok ? r->seq + 1 : 0; /* wraps to 0 once: a full refit */
+    d->last = v;
     if (!d->ready)
         return;
-    d->version = ok && r && r->delta ? r->seq + 1 : 0; /* wraps to 0 once: a full refit */
     for (int t = 0; t < x->plan->ntensors; t++) {
-        if (d->snap_state[t] != DELTA_SNAP_NONE) /* a plain run sent past the snapshot */
-            d->snap_state[t] = d->version ? DELTA_SNAP_HELD : DELTA_SNAP_MADE;
-        d->dst_seen[t] = d->version ? bufs[t].dst : NULL;
-        d->dst_len[t] = d->version ? bufs[t].dst_bytes : 0;
+        /* A snapshot holds this refit when every chunk of it went through exec_delta_out. */
+        d->snap_ver[t] = v && r->delta && d->snap[t] ? v : 0;
+        if (v && r->delta) { /* every chunk landed here: dense, or applied on the last refit */
+            d->dst_ver[t] = v;
+            d->dst_seen[t] = bufs[t].dst;
+            d->dst_len[t] = bufs[t].dst_bytes;
+        } else {
+            d->dst_ver[t] = 0;
+            d->dst_why[t] = v ? DELTA_WHY_FULL : DELTA_WHY_FIRST;
+        }
     }
+}
+
+/* What the destinations hold is not known (an execution on NCCL's stream, a verified refit that
+ * found one wrong): each goes in full next. */
+static void forget(struct exec *x, enum delta_why why)
+{
+    struct exec_delta *d = &x->delta;
+    for (int t = 0; d->ready && t < x->plan->ntensors; t++) {
+        d->dst_ver[t] = 0;
+        d->dst_why[t] = (uint8_t)why;
+    }
+}
+
+void exec_delta_forget_dst(struct exec *x)
+{
+    forget(x, DELTA_WHY_VERIFY);
+}
+
+void exec_delta_nccl(struct exec *x)
+{
+    struct exec_delta *d = &x->delta;
+    forget(x, DELTA_WHY_FULL);
+    for (int t = 0; d->ready && t < x->plan->ntensors; t++)
+        d->snap_ver[t] = 0;
+    d->last = 0;
 }
 
 uint64_t exec_delta_snapshot_bytes(const struct exec *x)
@@ -303,7 +442,10 @@ void exec_delta_fini(struct exec_delta *d, int ntensors, struct reshard_comm *c)
     free(d->in_enc);
     free(d->snap_at);
     free(d->snap_bytes);
-    free(d->snap_state);
+    free(d->dst_ver);
+    free(d->dst_why);
+    free(d->in_t);
+    free(d->snap_ver);
     free(d->warned);
     free(d->enc_at);
     free(d->in_at);

@@ -10,6 +10,7 @@
  */
 #include "ranks.h"
 #include "base/error.h"
+#include "base/param.h"
 #include "planner/spec.h"
 #include "plugin/reshard.h"
 #include "test/planner/oracle.h"
@@ -311,4 +312,151 @@ Test(delta_exec, a_snapshot_that_cannot_be_made_leaves_its_tensor_in_full)
     }
     cr_assert_gt(swept->full_second, 0, "no n hit the snapshot (%d of 120 ran clean)", ran_clean);
     arm_at = 0;
+}
+
+/* ---- versions per (tensor, destination) ---- */
+
+/* Rank 0 holds tensors "a" and "b" whole; ranks 1 and 2 each want half of each. Domains of
+ * one rank: every chunk crosses the network, encoded. */
+#define PAIR_N      (1 << 18)
+#define PAIR_REFITS 4
+
+/* What a case does, and what its ranks saw (a shared page: the ranks are forked). */
+struct pair_run {
+    int new_a_at;  /* before this refit, rank 1 gets a new destination buffer for "a" */
+    int flip_at;   /* this refit is verified, rank 1 flipping a bit of what landed */
+    int replan_at; /* before this refit, the plan is made anew on the same buffers */
+    uint64_t in[3][PAIR_REFITS]; /* net bytes in, per rank and refit */
+    int wrong[3][PAIR_REFITS];   /* elements that differ from the source after each refit */
+    int st[3][PAIR_REFITS];
+};
+static struct pair_run *pr;
+
+static reshard_status_t pair_plan(reshard_comm_t *comm, reshard_layout_t **l, int verify,
+                                  reshard_plan_t **plan)
+{
+    reshard_tensor_t t[2] = {{"a", l[0], l[1]}, {"b", l[0], l[1]}};
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cfg.delta = 1;
+    cfg.verify = verify;
+    return reshard_comm_plan_create(comm, t, 2, &cfg, plan);
+}
+
+static reshard_status_t pair_refits(int rank, int size, reshard_comm_t *comm)
+{
+    reshard_layout_t *l[2] = {NULL, NULL};
+    char spec[96];
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=0 place=R", PAIR_N);
+    reshard_layout_parse(spec, size, &l[0]);
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=1-2 mesh=2 place=S(0)", PAIR_N);
+    reshard_layout_parse(spec, size, &l[1]);
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = pair_plan(comm, l, pr->flip_at >= 0, &plan);
+    size_t sb = 0, db = 0, half = PAIR_N / 2, off = rank ? (size_t)(rank - 1) * half : 0;
+    reshard_layout_shard_bytes(l[0], rank, &sb);
+    reshard_layout_shard_bytes(l[1], rank, &db);
+    uint16_t *want[2], *d[2];
+    for (int t = 0; t < 2; t++) {
+        want[t] = calloc(PAIR_N, 2); /* the source, as every rank can compute it */
+        d[t] = calloc(1, db + 2);
+    }
+    for (int k = 0; k < PAIR_REFITS && st == RESHARD_OK; k++) {
+        for (int t = 0; t < 2; t++) /* refit 0 sets every element, then 5% change each time */
+            for (size_t i = 0; i < PAIR_N; i++)
+                if (!k || mix(i * 5 + (uint64_t)(k * 2 + t)) % 100 < 5)
+                    want[t][i] = (uint16_t)mix(i + (uint64_t)(k * 2 + t) * 1000003u);
+        if (k == pr->new_a_at && rank == 1) { /* made before the old goes: another address */
+            uint16_t *fresh = malloc(db + 2);
+            memset(fresh, 0xa5, db + 2);
+            free(d[0]);
+            d[0] = fresh;
+        }
+        if (k == pr->replan_at) {
+            reshard_plan_destroy(plan);
+            plan = NULL;
+            if ((st = pair_plan(comm, l, 0, &plan)) != RESHARD_OK)
+                break;
+        }
+        if (k == pr->flip_at) {
+            setenv("RESHARD_TEST_CORRUPT", "2", 1); /* rank 1 */
+            rs_param_reload();
+        }
+        reshard_buffers_t b[2];
+        for (int t = 0; t < 2; t++)
+            b[t] = (reshard_buffers_t){sb ? want[t] : NULL, sb, db ? d[t] : NULL, db,
+                                       RESHARD_MEM_HOST};
+        reshard_comm_counters_t c0, c1;
+        reshard_comm_counters(comm, &c0);
+        st = reshard_plan_execute(plan, b);
+        reshard_comm_counters(comm, &c1);
+        pr->st[rank][k] = st;
+        pr->in[rank][k] = c1.net_in - c0.net_in;
+        if (k == pr->flip_at) {
+            unsetenv("RESHARD_TEST_CORRUPT");
+            rs_param_reload();
+            st = st == RESHARD_ERR_VERIFY ? RESHARD_OK : RESHARD_ERR_INTERNAL;
+            continue;
+        }
+        for (int t = 0; t < 2 && rank && st == RESHARD_OK; t++)
+            for (size_t i = 0; i < half; i++)
+                pr->wrong[rank][k] += d[t][i] != want[t][off + i];
+    }
+    reshard_plan_destroy(plan);
+    for (int t = 0; t < 2; t++) {
+        free(want[t]);
+        free(d[t]);
+    }
+    reshard_layout_destroy(l[0]);
+    reshard_layout_destroy(l[1]);
+    return st;
+}
+
+/* Runs the case c on three ranks: every refit that ran lands exactly. */
+static void pair_case(struct pair_run c)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "1", 1);
+    setenv("RESHARD_CHUNK_BYTES", "65536", 1);
+    pr = mmap(NULL, sizeof(*pr), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(pr != MAP_FAILED);
+    *pr = c;
+    all_ok(run_ranks(3, pair_refits), 3);
+    for (int r = 1; r < 3; r++)
+        for (int k = 0; k < PAIR_REFITS; k++)
+            cr_assert_eq(pr->wrong[r][k], 0, "rank %d, refit %d: %d wrong", r, k, pr->wrong[r][k]);
+}
+
+/* A full refit brings a rank 2 * PAIR_N bytes (half of each of two bf16 tensors); 5% changed,
+ * a delta about 0.11 of that. */
+#define FULL_IN  ((uint64_t)PAIR_N * 2)
+#define DELTA_IN (FULL_IN * 15 / 100)
+
+Test(delta_exec, a_new_buffer_on_one_rank_brings_only_that_tensor_there_in_full)
+{
+    pair_case((struct pair_run){.new_a_at = 2, .flip_at = -1, .replan_at = -1});
+    cr_assert_lt(pr->in[1][1], DELTA_IN, "refit 1 is a delta: %llu",
+                 (unsigned long long)pr->in[1][1]);
+    /* rank 1: "a" in full (half of FULL_IN), "b" a delta */
+    cr_assert_geq(pr->in[1][2], FULL_IN / 2, "%llu", (unsigned long long)pr->in[1][2]);
+    cr_assert_lt(pr->in[1][2], FULL_IN / 2 + DELTA_IN, "%llu", (unsigned long long)pr->in[1][2]);
+    /* rank 2 kept its buffers: deltas of both */
+    cr_assert_lt(pr->in[2][2], DELTA_IN, "rank 2 got %llu bytes", (unsigned long long)pr->in[2][2]);
+    cr_assert_lt(pr->in[1][3], DELTA_IN, "and deltas again after: %llu",
+                 (unsigned long long)pr->in[1][3]);
+}
+
+Test(delta_exec, a_refit_that_verification_found_wrong_is_followed_by_one_in_full)
+{
+    pair_case((struct pair_run){.new_a_at = -1, .flip_at = 1, .replan_at = -1});
+    cr_assert_eq(pr->st[2][1], RESHARD_ERR_VERIFY, "every rank hears of the flip");
+    cr_assert_geq(pr->in[1][2], FULL_IN, "the next goes in full: %llu",
+                  (unsigned long long)pr->in[1][2]);
+    cr_assert_lt(pr->in[1][3], DELTA_IN, "then deltas: %llu", (unsigned long long)pr->in[1][3]);
+}
+
+Test(delta_exec, a_new_plan_on_the_same_buffers_starts_in_full)
+{
+    pair_case((struct pair_run){.new_a_at = -1, .flip_at = -1, .replan_at = 2});
+    cr_assert_lt(pr->in[2][1], DELTA_IN, "%llu", (unsigned long long)pr->in[2][1]);
+    cr_assert_geq(pr->in[2][2], FULL_IN, "%llu", (unsigned long long)pr->in[2][2]);
+    cr_assert_lt(pr->in[2][3], DELTA_IN, "%llu", (unsigned long long)pr->in[2][3]);
 }

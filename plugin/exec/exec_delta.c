@@ -170,27 +170,23 @@ static const char *const why_text[] = {
     [DELTA_WHY_VERIFY] = "a verified refit found a destination wrong",
 };
 
-/* This rank's destinations that do not hold the last refit, into f; how many. */
-static int stale_mine(struct exec *x, const reshard_buffers_t *bufs, uint64_t *f)
+/* Does this rank's destination of tensor t, in bufs, hold the last refit? */
+static int holds_last(const struct exec_delta *d, const reshard_buffers_t *bufs, int t)
 {
-    struct exec_delta *d = &x->delta;
+    return d->last && d->dst_ver[t] == d->last && bufs[t].dst == d->dst_seen[t] &&
+           bufs[t].dst_bytes == d->dst_len[t];
+}
+
+/* This rank's destinations that do not hold the last refit, into f. */
+static void stale_mine(const struct exec *x, const reshard_buffers_t *bufs, uint64_t *f)
+{
+    const struct exec_delta *d = &x->delta;
     int me = x->comm->rank, n = 0;
-    for (int t = 0; t < x->plan->ntensors; t++) {
-        if (!d->in_t[t])
-            continue;
-        if (bufs[t].dst != d->dst_seen[t] || bufs[t].dst_bytes != d->dst_len[t]) {
-            if (d->dst_ver[t]) /* what the new buffer holds is not known */
-                d->dst_why[t] = DELTA_WHY_BUFFERS;
-            d->dst_ver[t] = 0;
-        }
-        if (d->dst_ver[t] == d->last && d->last)
-            continue;
-        if (++n <= STALE_MAX_NAMED)
+    for (int t = 0; t < x->plan->ntensors; t++)
+        if (d->in_t[t] && !holds_last(d, bufs, t) && ++n <= STALE_MAX_NAMED)
             stale_add(f, (uint32_t)t, me);
-    }
     if (n > STALE_MAX_NAMED)
         stale_add(f, DELTA_ALL, me);
-    return n;
 }
 
 void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshard_buffers_t *dev,
@@ -235,14 +231,17 @@ static void say_stale(const struct exec_run *r)
 {
     const struct exec *x = r->x;
     const struct exec_delta *d = &x->delta;
-    int me = x->comm->rank, n = 0, first = -1;
+    int n = 0, first = -1;
     for (int t = 0; t < x->plan->ntensors; t++)
-        if (d->in_t[t] && d->dst_ver[t] != d->last && n++ == 0)
+        if (d->in_t[t] && !holds_last(d, r->bufs, t) && n++ == 0)
             first = t;
-    if (n)
-        rs_log(RS_LOG_INFO,
-               "rank %d: delta refit %u: %d tensor(s) come here in full, '%s' the first (%s)", me,
-               r->seq, n, x->plan->tensors[first].name, why_text[d->dst_why[first]]);
+    if (!n)
+        return;
+    int moved = d->dst_ver[first] && !holds_last(d, r->bufs, first);
+    rs_log(RS_LOG_INFO,
+           "rank %d: delta refit %u: %d tensor(s) come here in full, '%s' the first (%s)",
+           x->comm->rank, r->seq, n, x->plan->tensors[first].name,
+           why_text[moved ? DELTA_WHY_BUFFERS : d->dst_why[first]]);
 }
 
 void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t hi,
@@ -335,7 +334,7 @@ char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk)
     /* Not known to hold the last refit (by this rank or by the filter, as its senders see it):
      * in full, straight into the destination. */
     uint32_t t = x->xs.x[x->share.in[k]].tensor;
-    if (d->dst_ver[t] != d->last || stale(r, t, x->comm->rank))
+    if (!holds_last(d, r->bufs, (int)t) || stale(r, t, x->comm->rank))
         return NULL;
     return d->mem[DELTA_MEM_SCRATCH] + d->in_at[x->share.in_off[k] + chunk];
 }

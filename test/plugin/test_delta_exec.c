@@ -36,9 +36,14 @@ static uint64_t mix(uint64_t z)
 }
 
 /* Refit k's share of changed elements (percent) and whether they come in runs of 64. */
+static int event_of(int k);
+static int with_events; /* the failures' test: below */
+
 static unsigned pct_of(int k)
 {
     static const unsigned pcts[] = {0, 1, 5, 30, 100};
+    if (with_events && k > 0 && event_of(k - 1) == 2 /* EV_FLIP */)
+        return 0; /* nothing changes after a flip: only a full refit mends it */
     return k == 0 ? 100 : pcts[mix(case_seed ^ (uint64_t)k * 77) % 5];
 }
 
@@ -180,6 +185,214 @@ Test(delta_exec, every_destination_equals_the_source_after_every_refit)
                          "  src: %s\n  dst: %s",
                          (unsigned long long)seed, world, r, o[r].msg, src_spec, dst_spec);
     }
+}
+
+/* ---- refits that fail between them ---- */
+
+#define FAIL_CASES  16
+#define FAIL_REFITS 8
+
+/* What happens before refit k (the same on every rank), to rank victim_of(k):
+ *   FLIP:    it flips a bit of what landed (RESHARD_TEST_CORRUPT): verification fails the refit
+ *            on every rank, the communicator stays;
+ *   REFUSED: it passes a destination a byte short: the start vote refuses, nothing moves;
+ *   TORN:    it forges its first encoded chunk (RESHARD_TEST_DELTA_FORGE): its receiver refuses
+ *            it part-way, the communicator breaks; every rank makes a new one (a shrink
+ *            excluding nobody) and a new plan, on the buffers the torn refit left;
+ *   SHRINK:  it leaves (when it holds no source shard); the others shrink it away and plan
+ *            anew. */
+enum event { EV_NONE, EV_NEW_BUFFERS, EV_FLIP, EV_REFUSED, EV_TORN, EV_SHRINK, EV_N };
+_Static_assert(EV_FLIP == 2, "pct_of names EV_FLIP as 2");
+
+static int event_of(int k)
+{
+    return k == 0 ? EV_NONE : (int)(mix(case_seed * 131 + (uint64_t)k) % EV_N);
+}
+
+static int victim_of(int k, int size)
+{
+    return (int)(mix(case_seed * 977 + (uint64_t)k) % (uint64_t)size);
+}
+
+static void test_param(const char *name, int value)
+{
+    char v[16];
+    snprintf(v, sizeof(v), "%d", value);
+    if (value)
+        setenv(name, v, 1);
+    else
+        unsetenv(name);
+    rs_param_reload();
+}
+
+/* How often each failure took effect, over the ranks of every case (a shared page). */
+struct fail_seen {
+    int torn, shrunk, flipped, refused;
+};
+static struct fail_seen *seen;
+
+struct through {
+    reshard_comm_t *comm, *own; /* own: one this rank made (a shrink), destroyed here */
+    reshard_plan_t *plan;
+    reshard_tensor_t t;
+};
+
+static reshard_status_t replan(struct through *h, reshard_comm_t *nc)
+{
+    if (h->own)
+        reshard_comm_destroy(h->own);
+    h->comm = h->own = nc;
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cfg.delta = 1;
+    cfg.verify = 1; /* the check of every refit, on top of this test's own */
+    return reshard_comm_plan_create(h->comm, &h->t, 1, &cfg, &h->plan);
+}
+
+/* Refit k's outcome st, given its event: RESHARD_OK to check the destination, 1 to go on
+ * without checking, else the failure. */
+static int expected(struct through *h, int ev, reshard_status_t *st)
+{
+    if ((*st == RESHARD_ERR_VERIFY && ev == EV_FLIP) ||
+        (*st == RESHARD_ERR_BUFFER && ev == EV_REFUSED)) {
+        __atomic_fetch_add(ev == EV_FLIP ? &seen->flipped : &seen->refused, 1, __ATOMIC_RELAXED);
+        *st = RESHARD_OK; /* the failure it was to have; the communicator stays */
+        return 1;
+    }
+    if (ev != EV_TORN)
+        return 0;
+    /* A torn refit may have ended well here and not elsewhere: the barrier says. */
+    reshard_status_t heard = *st == RESHARD_OK ? reshard_comm_barrier(h->comm) : *st;
+    if (heard == RESHARD_OK)
+        return 0;
+    __atomic_fetch_add(&seen->torn, 1, __ATOMIC_RELAXED);
+    reshard_plan_destroy(h->plan);
+    h->plan = NULL;
+    reshard_comm_t *nc = NULL;
+    if ((*st = reshard_comm_shrink(h->comm, NULL, 0, &nc)) == RESHARD_OK)
+        *st = replan(h, nc);
+    return 1;
+}
+
+/* SHRINK: the victim leaves (1: this rank is gone), the others shrink it away. */
+static int shrink_away(struct through *h, int rank, int v, reshard_status_t *st)
+{
+    reshard_plan_destroy(h->plan);
+    h->plan = NULL;
+    if (rank == v) {
+        *st = reshard_comm_leave(h->comm);
+        return 1;
+    }
+    if (reshard_comm_barrier(h->comm) == RESHARD_OK) { /* the leaver never joins it */
+        *st = RESHARD_ERR_INTERNAL;
+        return 0;
+    }
+    reshard_comm_t *nc = NULL;
+    if ((*st = reshard_comm_shrink(h->comm, &v, 1, &nc)) == RESHARD_OK)
+        *st = replan(h, nc);
+    __atomic_fetch_add(&seen->shrunk, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static reshard_status_t refit_through_failures(int rank, int size, reshard_comm_t *comm)
+{
+    reshard_layout_t *src = NULL, *dst = NULL;
+    reshard_layout_parse(src_spec, size, &src);
+    reshard_layout_parse(dst_spec, size, &dst);
+    struct through h = {.comm = comm, .t = {"w", src, dst}};
+    reshard_status_t st = replan(&h, comm);
+    h.own = NULL;
+    size_t sb = 0, db = 0;
+    reshard_layout_shard_bytes(src, rank, &sb);
+    reshard_layout_shard_bytes(dst, rank, &db);
+    char *s = calloc(1, sb + 1), *d = calloc(1, db + 1);
+    int wrong = 0, gone = 0, live = size;
+    for (refit_no = 0; refit_no < FAIL_REFITS && st == RESHARD_OK && !wrong; refit_no++) {
+        int ev = event_of(refit_no), v = victim_of(refit_no, size);
+        size_t vsb = 0;
+        reshard_layout_shard_bytes(src, v, &vsb);
+        for (int i = 1; ev == EV_TORN && !vsb && i < size; i++) /* a rank that sends */
+            reshard_layout_shard_bytes(src, v = (v + 1) % size, &vsb);
+        size_t vdb = 0; /* FLIP: a rank that only receives, so all it gets crosses a link */
+        reshard_layout_shard_bytes(dst, v, &vdb);
+        for (int i = 1; ev == EV_FLIP && (vsb || !vdb) && i < size; i++) {
+            reshard_layout_shard_bytes(src, v = (v + 1) % size, &vsb);
+            reshard_layout_shard_bytes(dst, v, &vdb);
+        }
+        if (ev == EV_SHRINK && (vsb || live < 3 || !reshard_comm_has_rank(h.comm, v)))
+            ev = EV_NONE; /* its shards would be lost, or too few would stay */
+        if (ev == EV_SHRINK) {
+            live--;
+            if ((gone = shrink_away(&h, rank, v, &st)) || st != RESHARD_OK)
+                break;
+        }
+        if (ev == EV_NEW_BUFFERS &&
+            mix(case_seed * 31 + (uint64_t)rank * 7 + (uint64_t)refit_no) & 1) {
+            char *fresh = malloc(db + 1); /* made before the old goes: at another address */
+            memset(fresh, 0xa5, db + 1);
+            free(d);
+            d = fresh;
+        }
+        each_element(src, rank, s, 1, &wrong);
+        size_t dbytes = ev == EV_REFUSED && rank == v && db ? db - 1 : db;
+        test_param("RESHARD_TEST_CORRUPT", ev == EV_FLIP ? v + 1 : 0);
+        test_param("RESHARD_TEST_DELTA_FORGE", ev == EV_TORN ? v + 1 : 0);
+        reshard_buffers_t b = {sb ? s : NULL, sb, db ? d : NULL, dbytes, RESHARD_MEM_HOST};
+        st = reshard_plan_execute(h.plan, &b);
+        test_param("RESHARD_TEST_CORRUPT", 0);
+        test_param("RESHARD_TEST_DELTA_FORGE", 0);
+        int skip = expected(&h, ev, &st);
+        if (!skip && st == RESHARD_OK)
+            each_element(dst, rank, d, 0, &wrong);
+        if (st != RESHARD_OK || wrong)
+            fprintf(stderr, "rank %d: refit %d (event %d on rank %d, %u%% changed): %s, %d wrong\n",
+                    rank, refit_no, ev, v, pct_of(refit_no), rs_status_name(st), wrong);
+    }
+    if (st == RESHARD_OK && wrong)
+        st = RESHARD_ERR_INTERNAL;
+    reshard_plan_destroy(h.plan);
+    if (h.own && !gone)
+        reshard_comm_destroy(h.own);
+    free(s);
+    free(d);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+/* Random layout pairs, random changes, and between refits random failures (enum event): after
+ * every refit that succeeds, every destination equals the source exactly. */
+Test(delta_exec, every_destination_equals_the_source_through_failed_refits_and_shrinks,
+     .timeout = 600)
+{
+    const char *env = getenv("RESHARD_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 0) : 7500;
+    with_events = 1;
+    seen = mmap(NULL, sizeof(*seen), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(seen != MAP_FAILED);
+    memset(seen, 0, sizeof(*seen));
+    int events[EV_N] = {0};
+    for (int k = 0; k < (env ? 1 : FAIL_CASES); k++, seed++) {
+        int world = draw(&seed);
+        case_seed = seed;
+        for (int j = 0; j < FAIL_REFITS; j++)
+            events[event_of(j)]++;
+        setenv("RESHARD_DOMAIN_SIZE", k % 2 ? "2" : "1", 1);
+        struct outcome *o = run_ranks(world, refit_through_failures);
+        for (int r = 0; r < world; r++)
+            cr_assert_eq(o[r].status, RESHARD_OK,
+                         "seed %llu (RESHARD_TEST_SEED replays it), world %d, rank %d: %s\n"
+                         "  src: %s\n  dst: %s",
+                         (unsigned long long)seed, world, r, o[r].msg, src_spec, dst_spec);
+    }
+    for (int e = 1; e < EV_N && !env; e++)
+        cr_assert_gt(events[e], 0, "no case drew event %d", e);
+    /* and each failure took effect somewhere (counted once per rank that saw it) */
+    cr_assert(env || (seen->torn && seen->shrunk && seen->flipped && seen->refused),
+              "torn %d, shrunk %d, flipped %d, refused %d", seen->torn, seen->shrunk, seen->flipped,
+              seen->refused);
+    fprintf(stderr, "delta_exec: torn %d, shrunk %d, flipped %d, refused %d (rank-refits)\n",
+            seen->torn, seen->shrunk, seen->flipped, seen->refused);
+    with_events = 0;
 }
 
 /* Two domains of one rank: rank 0 holds the source, rank 1 the destination. */

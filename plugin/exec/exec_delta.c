@@ -31,6 +31,31 @@ static int encoded(const struct exec *x, const struct xfer *xf)
            xf->dst_buf == XBUF_DST && x->plan->tensors[xf->tensor].quant == PLAN_QUANT_NONE;
 }
 
+/* A local transfer out of a forwarder's destination into a peer's, unquantized: what the
+ * receiving end knows of a forward (its parent is the forwarder's alone). Its chunks may come as
+ * the encoding its forwarder got, in a message instead of a cross-memory write. */
+static int forwarded(const struct exec *x, const struct xfer *xf)
+{
+    return xf->path == XFER_LOCAL && xf->src_buf == XBUF_DST && xf->dst_buf == XBUF_DST &&
+           x->plan->tensors[xf->tensor].quant == PLAN_QUANT_NONE;
+}
+
+/* The forwarder's side: a forward of the very box (and chunks) its parent brought encoded, so
+ * that its parent's encoding applies to the child's chunks element for element. -1: none. */
+static long forward_of(const struct exec *x, const struct xfer *xf, size_t nchunks)
+{
+    if (!forwarded(x, xf) || xf->parent >= XFER_AFTER_INPUTS)
+        return -1;
+    const struct xfer *p = &x->xs.x[xf->parent];
+    long k = exec_share_in_pos(&x->share, xf->parent);
+    int nd = x->plan->tensors[xf->tensor].dst.ndim;
+    if (k < 0 || !encoded(x, p) || p->bytes != xf->bytes ||
+        x->share.in_off[k + 1] - x->share.in_off[k] != nchunks ||
+        memcmp(x->xs.coords + p->box, x->xs.coords + xf->box, 2 * (size_t)nd * sizeof(int64_t)))
+        return -1;
+    return k;
+}
+
 /* What stays the same for the plan: which transfers are encoded, where their snapshots and
  * their chunks go. */
 static reshard_status_t layout(struct exec *x)
@@ -53,14 +78,17 @@ static reshard_status_t layout(struct exec *x)
     d->warned = rs_calloc((size_t)nt + 1, 1, "delta state");
     d->enc_at = rs_calloc(nout_c + 1, sizeof(uint64_t), "delta state");
     d->in_at = rs_calloc(nin_c + 1, sizeof(uint64_t), "delta state");
+    d->in_len = rs_calloc(nin_c + 1, sizeof(uint32_t), "delta state");
+    d->fwd_of = rs_calloc(s->nout + 1, sizeof(long), "delta state");
     d->mem = rs_calloc(DELTA_MEM_N + 1, sizeof(char *), "delta state");
     if (!d->dst_seen || !d->dst_len || !d->dst_ver || !d->dst_why || !d->in_t || !d->snap_ver ||
         !d->out_enc || !d->in_enc || !d->snap || !d->snap_at || !d->snap_bytes || !d->warned ||
-        !d->enc_at || !d->in_at || !d->mem)
+        !d->enc_at || !d->in_at || !d->in_len || !d->fwd_of || !d->mem)
         return RESHARD_ERR_NO_MEMORY;
     uint64_t at = 0;
     for (size_t o = 0; o < s->nout; o++) {
         const struct xfer *xf = &x->xs.x[s->out[o]];
+        d->fwd_of[o] = forward_of(x, xf, s->out_off[o + 1] - s->out_off[o]);
         if (!(d->out_enc[o] = (uint8_t)encoded(x, xf)))
             continue;
         uint64_t snap_at = d->snap_bytes[xf->tensor];
@@ -78,7 +106,8 @@ static reshard_status_t layout(struct exec *x)
     at = 0;
     for (size_t k = 0; k < s->nin; k++) {
         const struct xfer *xf = &x->xs.x[s->in[k]];
-        if (!(d->in_enc[k] = (uint8_t)encoded(x, xf)))
+        d->in_enc[k] = encoded(x, xf) ? DELTA_IN_NET : forwarded(x, xf) ? DELTA_IN_FWD : 0;
+        if (!d->in_enc[k])
             continue;
         d->in_t[xf->tensor] = 1;
         for (size_t c = 0; c < s->in_off[k + 1] - s->in_off[k]; c++) {
@@ -325,12 +354,15 @@ int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **
 
 /* ---- the receiver ---- */
 
-char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk)
+/* Where chunk `chunk` of in[k] lands when it may come encoded (kind: DELTA_IN_*), or NULL: it
+ * comes in full, straight into the destination. */
+static char *scratch(const struct exec_run *r, size_t k, uint32_t chunk, int kind)
 {
     const struct exec *x = r->x;
-    const struct exec_delta *d = &x->delta;
-    if (!r->sparse || !d->in_enc[k])
+    struct exec_delta *d = &r->x->delta;
+    if (!r->sparse || d->in_enc[k] != kind)
         return NULL;
+    d->in_len[x->share.in_off[k] + chunk] = 0; /* until it lands encoded */
     /* Not known to hold the last refit (by this rank or by the filter, as its senders see it):
      * in full, straight into the destination. */
     uint32_t t = x->xs.x[x->share.in[k]].tensor;
@@ -339,11 +371,23 @@ char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk)
     return d->mem[DELTA_MEM_SCRATCH] + d->in_at[x->share.in_off[k] + chunk];
 }
 
+char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk)
+{
+    return scratch(r, k, chunk, DELTA_IN_NET);
+}
+
+char *exec_delta_fwd_in(const struct exec_run *r, size_t k, uint32_t chunk)
+{
+    return scratch(r, k, chunk, DELTA_IN_FWD);
+}
+
 reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, size_t bytes)
 {
     struct exec *x = r->x;
+    struct exec_delta *d = &x->delta;
     const struct xfer *xf = &x->xs.x[x->share.in[k]];
-    const char *msg = exec_delta_in(r, k, chunk);
+    size_t i = x->share.in_off[k] + chunk;
+    const char *msg = d->mem[DELTA_MEM_SCRATCH] + d->in_at[i];
     struct region rg;
     exec_chunk_region(&x->cut, xf, chunk, 1, &rg);
     char *base = exec_post_base(r, xf, 1);
@@ -362,7 +406,25 @@ reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, s
                         x->comm->rank, chunk, x->plan->tensors[xf->tensor].name, xf->src, bytes,
                         why);
     delta_apply(msg, &rg, base);
+    d->in_len[i] = (uint32_t)bytes; /* a forward of it may pass the encoding on */
     return RESHARD_OK;
+}
+
+int exec_delta_fwd_out(const struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
+                       size_t *len)
+{
+    const struct exec *x = r->x;
+    const struct exec_delta *d = &x->delta;
+    long k = r->sparse ? d->fwd_of[o] : -1;
+    if (k < 0)
+        return 0;
+    size_t i = x->share.in_off[k] + chunk;
+    const struct xfer *xf = &x->xs.x[x->share.out[o]];
+    if (!d->in_len[i] || stale(r, xf->tensor, xf->dst)) /* it came dense, or the peer needs it */
+        return 0;
+    *buf = d->mem[DELTA_MEM_SCRATCH] + d->in_at[i];
+    *len = d->in_len[i];
+    return 1;
 }
 
 /* ---- after the run ---- */
@@ -448,6 +510,8 @@ void exec_delta_fini(struct exec_delta *d, int ntensors, struct reshard_comm *c)
     free(d->warned);
     free(d->enc_at);
     free(d->in_at);
+    free(d->in_len);
+    free(d->fwd_of);
     free(d->words);
     *d = (struct exec_delta){0};
 }

@@ -280,19 +280,25 @@ struct exec_delta {
     uint8_t *in_t;         /* [ntensors]: some chunk of it comes in encoded */
     uint32_t *snap_ver;    /* [ntensors] */
     uint8_t *out_enc;      /* [nout]: out[o] is encoded */
-    uint8_t *in_enc;       /* [nin]: in[k] is encoded */
+    uint8_t *in_enc;       /* [nin]: in[k] may come encoded (DELTA_IN_*) */
     char **snap;           /* [ntensors + 1] */
     uint64_t *snap_at;     /* [out chunks]: where each chunk's snapshot is in its tensor's */
     uint64_t *snap_bytes;  /* [ntensors] */
     uint8_t *warned;       /* [ntensors]: its snapshot could not be made, said once */
     uint64_t *enc_at;      /* [out chunks]: where each chunk's encoding is in mem[DELTA_MEM_ENC] */
     uint64_t *in_at;       /* [in chunks]: where each chunk lands in mem[DELTA_MEM_SCRATCH] */
+    uint32_t *in_len;      /* [in chunks]: its encoding's length, as it landed (0: dense) */
+    long *fwd_of;          /* [nout]: a forward of what in[k] brought encoded (k), or -1 */
     uint64_t scratch_bytes, enc_bytes, max_chunk;
     uint64_t *words; /* scratch of the encoder */
     /* The run's own buffers, which a failed run's requests may still use (exec_bufs_release). */
     char **mem;    /* [DELTA_MEM_N + 1] */
     uint64_t held; /* bytes of the snapshots */
 };
+
+/* in_enc[k]: how in[k] may come encoded: over the network from its source, or passed on by
+ * a forwarder in its domain (exec_delta_fwd_out). */
+enum { DELTA_IN_NET = 1, DELTA_IN_FWD = 2 };
 
 /* Why a destination does not hold the last refit. */
 enum delta_why { DELTA_WHY_FIRST, DELTA_WHY_BUFFERS, DELTA_WHY_FULL, DELTA_WHY_VERIFY };

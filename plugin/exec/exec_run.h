@@ -171,8 +171,15 @@ void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t 
 int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf, size_t *len);
 /* Where chunk `chunk` of in[k] is received, or NULL (into the destination, as always). */
 char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk);
+/* The same for a local in[k] out of a forwarder's destination: where a forwarded encoding
+ * lands (its notice carries it), or NULL (the forwarder writes the chunk, the notice is empty). */
+char *exec_delta_fwd_in(const struct exec_run *r, size_t k, uint32_t chunk);
+/* The forwarder's side: 1 and the encoding to pass on when chunk `chunk` of out[o] forwards
+ * what came encoded to a peer that holds the last refit; 0: write the applied chunk. */
+int exec_delta_fwd_out(const struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
+                       size_t *len);
 /* Chunk `chunk` of in[k] arrived (bytes long) in its scratch: checked, then applied to the
- * destination; a message that does not fit is refused naming its sender. */
+ * destination; a message that does not fit is refused naming its sender (or forwarder). */
 reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, size_t bytes);
 /* After a run that moved bytes; ok: it succeeded here (and so everywhere: a failure in flight
  * breaks the communicator). */

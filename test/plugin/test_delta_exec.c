@@ -673,3 +673,63 @@ Test(delta_exec, a_new_plan_on_the_same_buffers_starts_in_full)
     cr_assert_geq(pr->in[2][2], FULL_IN, "%llu", (unsigned long long)pr->in[2][2]);
     cr_assert_lt(pr->in[2][3], DELTA_IN, "%llu", (unsigned long long)pr->in[2][3]);
 }
+
+/* ---- forwarders pass the encoding on ---- */
+
+/* Rank 0 holds "w" whole; ranks 2 and 3, one domain, each want all of it: one of them gets it
+ * over the network and forwards it to the other. Three refits, the last two 5% changed: the
+ * forward carries the encoding the forwarder got, so the fan-out shrinks as the network did. */
+static uint64_t (*fan)[3]; /* [rank][refit]: local bytes out (a shared page) */
+
+static reshard_status_t fan_out(int rank, int size, reshard_comm_t *comm)
+{
+    reshard_layout_t *src = NULL, *dst = NULL;
+    char spec[96];
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=0 place=R", BIG_N);
+    reshard_layout_parse(spec, size, &src);
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=2-3 mesh=2 place=R", BIG_N);
+    reshard_layout_parse(spec, size, &dst);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cfg.delta = 1;
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, &cfg, &plan);
+    uint16_t *want = calloc(BIG_N, 2), *d = calloc(BIG_N, 2);
+    int wrong = 0;
+    for (int k = 0; k < 3 && st == RESHARD_OK; k++) {
+        for (size_t i = 0; i < BIG_N; i++)
+            if (!k || mix(i * 7 + (uint64_t)k) % 100 < 5)
+                want[i] = (uint16_t)mix(i + (uint64_t)k * 1000003u);
+        reshard_buffers_t b = {rank == 0 ? want : NULL, rank == 0 ? BIG_N * 2 : 0,
+                               rank >= 2 ? d : NULL, rank >= 2 ? BIG_N * 2 : 0, RESHARD_MEM_HOST};
+        reshard_comm_counters_t c0, c1;
+        reshard_comm_counters(comm, &c0);
+        st = reshard_plan_execute(plan, &b);
+        reshard_comm_counters(comm, &c1);
+        fan[rank][k] = c1.local_out - c0.local_out;
+        for (size_t i = 0; rank >= 2 && i < BIG_N; i++)
+            wrong += d[i] != want[i];
+    }
+    if (st == RESHARD_OK && wrong)
+        st = RESHARD_ERR_INTERNAL;
+    reshard_plan_destroy(plan);
+    free(want);
+    free(d);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+Test(delta_exec, a_forwarder_passes_the_encoding_on_so_the_fan_out_shrinks_too)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "2", 1); /* {0, 1} {2, 3} */
+    setenv("RESHARD_CHUNK_BYTES", "65536", 1);
+    fan = mmap(NULL, 4 * sizeof(*fan), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(fan != MAP_FAILED);
+    memset(fan, 0, 4 * sizeof(*fan));
+    all_ok(run_ranks(4, fan_out), 4);
+    uint64_t first = fan[2][0] + fan[3][0], then = fan[2][2] + fan[3][2];
+    cr_assert_eq(first, (uint64_t)BIG_N * 2, "the first refit forwards the tensor whole");
+    cr_assert_lt(then * 100, first * 15, "5%% changed: %llu of %llu bytes forwarded",
+                 (unsigned long long)then, (unsigned long long)first);
+}

@@ -79,11 +79,15 @@ static reshard_status_t layout(struct exec *x)
     d->enc_at = rs_calloc(nout_c + 1, sizeof(uint64_t), "delta state");
     d->in_at = rs_calloc(nin_c + 1, sizeof(uint64_t), "delta state");
     d->in_len = rs_calloc(nin_c + 1, sizeof(uint32_t), "delta state");
+    d->in_streak = rs_calloc(nin_c + 1, 1, "delta state");
+    d->out_streak = rs_calloc(nout_c + 1, 1, "delta state");
+    d->snap_ok = rs_calloc(nout_c + 1, 1, "delta state");
     d->fwd_of = rs_calloc(s->nout + 1, sizeof(long), "delta state");
     d->mem = rs_calloc(DELTA_MEM_N + 1, sizeof(char *), "delta state");
     if (!d->dst_seen || !d->dst_len || !d->dst_ver || !d->dst_why || !d->in_t || !d->snap_ver ||
         !d->out_enc || !d->in_enc || !d->snap || !d->snap_at || !d->snap_bytes || !d->warned ||
-        !d->enc_at || !d->in_at || !d->in_len || !d->fwd_of || !d->mem)
+        !d->enc_at || !d->in_at || !d->in_len || !d->in_streak || !d->out_streak || !d->snap_ok ||
+        !d->fwd_of || !d->mem)
         return RESHARD_ERR_NO_MEMORY;
     uint64_t at = 0;
     for (size_t o = 0; o < s->nout; o++) {
@@ -160,6 +164,8 @@ static void make_snapshots(struct exec *x)
  * tensor of that rank. */
 #define DELTA_ALL  UINT32_MAX
 #define STALE_BITS (EXEC_STALE_WORDS * 64)
+/* In place of t: this rank sends nothing encoded (it cannot encode this run). */
+#define DELTA_SEND (UINT32_MAX - 1)
 /* Past this many stale tensors, a rank says "all of mine" (keeps the filter sparse). */
 #define STALE_MAX_NAMED 8
 
@@ -190,6 +196,24 @@ static int stale_one(const uint64_t *f, uint32_t t, int rank)
 static int stale(const struct exec_run *r, uint32_t t, int rank)
 {
     return stale_one(r->delta_stale, t, rank) || stale_one(r->delta_stale, DELTA_ALL, rank);
+}
+
+/* Do both ends of a chunk of tensor t from src to dst follow it (its streak below) this run?
+ * Both compute it alike from the vote; when not, both start its streak again. */
+static int tracks(const struct exec_run *r, uint32_t t, int src, int dst)
+{
+    return r->agreed && !stale(r, t, dst) && !stale_one(r->delta_stale, DELTA_SEND, src);
+}
+
+/* A chunk that travelled dense `streak` runs in a row (both ends count alike) travels dense
+ * again, received in place and sent without a snapshot, except every DELTA_PROBE-th run, when
+ * the encoder looks again (and the run before it, when the sender refreshes the snapshot). At
+ * 100% changed that spares the compare, the snapshot and the receiver's copy 6 runs in 8; a
+ * chunk whose changes drop to a few goes back to deltas within DELTA_PROBE runs. */
+#define DELTA_PROBE 8
+static int forced(uint8_t streak)
+{
+    return streak >= 2 && streak % DELTA_PROBE != 0;
 }
 
 static const char *const why_text[] = {
@@ -228,6 +252,7 @@ void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshar
     if (!d->on)
         return;
     stale_add(r->delta_stale, DELTA_ALL, x->comm->rank); /* until it can encode */
+    stale_add(r->delta_stale, DELTA_SEND, x->comm->rank);
     if (dev) {
         if (!d->said++)
             rs_log(RS_LOG_INFO,
@@ -277,8 +302,9 @@ void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t 
                       const uint64_t *stale_world)
 {
     struct exec *x = r->x;
+    r->agreed = x->delta.on && lo == hi && lo != 0;
     r->delta = x->delta.on && r->delta_can;
-    r->sparse = r->delta && lo == hi && lo != 0;
+    r->sparse = r->delta && r->agreed;
     memcpy(r->delta_stale, stale_world, sizeof(r->delta_stale));
     if (!x->delta.on)
         return;
@@ -321,34 +347,51 @@ int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **
 {
     struct exec *x = r->x;
     struct exec_delta *d = &x->delta;
-    if (!r->delta || !d->out_enc[o])
+    if (!d->ready || !d->out_enc[o])
         return 0;
     const struct xfer *xf = &x->xs.x[x->share.out[o]];
     size_t i = x->share.out_off[o] + chunk, es = xfer_esize(x->plan, xf);
     uint32_t t = xf->tensor;
-    if (!d->snap[t]) /* no snapshot: dense, as always */
+    int track = tracks(r, t, x->comm->rank, xf->dst);
+    uint8_t streak = track ? d->out_streak[i] : 0, dense = (uint8_t)(streak + 1);
+    if (!r->delta || !d->snap[t]) { /* no snapshot: dense, as always */
+        d->out_streak[i] = track ? dense : 0;
+        d->snap_ok[i] = 0;
         return 0;
+    }
     struct region rg;
     uint64_t off;
     exec_chunk_region(&x->cut, xf, chunk, 0, &rg);
     uint64_t bytes = region_bytes(&rg);
-    const char *base = exec_post_base(r, xf, 0), *cur = base;
-    if (region_contiguous(&rg, &off))
-        cur += off;
-    else
-        region_pack(&rg, base, (char *)(cur = d->mem[DELTA_MEM_PACK]));
+    const char *base = exec_post_base(r, xf, 0), *cur;
     char *snap = d->snap[t] + d->snap_at[i], *out = d->mem[DELTA_MEM_ENC] + d->enc_at[i];
-    if (!r->sparse || d->snap_ver[t] != d->last || stale(r, t, xf->dst)) {
-        memcpy(snap, cur, bytes); /* dense this time: the snapshot is what it sends */
+    int contiguous = region_contiguous(&rg, &off);
+    cur = base + (contiguous ? off : 0);
+    if (track && r->sparse && !forced(streak) && d->snap_ver[t] == d->last && d->snap_ok[i]) {
+        if (!contiguous)
+            region_pack(&rg, base, (char *)(cur = d->mem[DELTA_MEM_PACK]));
+        size_t n;
+        delta_encode(cur, snap, bytes / es, es, out, &n, d->words); /* snap holds cur now */
+        d->out_streak[i] = n ? 0 : dense;
+        if (n)
+            forge(x, out);
+        *buf = n ? out : snap; /* dense after all: from the snapshot, packed already */
+        *len = n ? n : bytes;
+        return 1;
+    }
+    d->out_streak[i] = track ? dense : 0;
+    if (forced(d->out_streak[i])) { /* dense next time too: no snapshot, sent as always */
+        d->snap_ok[i] = 0;
         return 0;
     }
-    size_t n;
-    delta_encode(cur, snap, bytes / es, es, out, &n, d->words);
-    if (!n)
-        return 0; /* dense after all: len stays the chunk's */
-    forge(x, out);
-    *buf = out;
-    *len = n;
+    /* The next run may encode: the snapshot holds what is sent, and is what is sent. */
+    if (contiguous)
+        memcpy(snap, cur, bytes);
+    else
+        region_pack(&rg, base, snap);
+    d->snap_ok[i] = 1;
+    *buf = snap;
+    *len = bytes;
     return 1;
 }
 
@@ -365,10 +408,13 @@ static char *scratch(const struct exec_run *r, size_t k, uint32_t chunk, int kin
     d->in_len[x->share.in_off[k] + chunk] = 0; /* until it lands encoded */
     /* Not known to hold the last refit (by this rank or by the filter, as its senders see it):
      * in full, straight into the destination. */
-    uint32_t t = x->xs.x[x->share.in[k]].tensor;
-    if (!holds_last(d, r->bufs, (int)t) || stale(r, t, x->comm->rank))
+    const struct xfer *xf = &x->xs.x[x->share.in[k]];
+    size_t i = x->share.in_off[k] + chunk;
+    if (!holds_last(d, r->bufs, (int)xf->tensor) || !tracks(r, xf->tensor, xf->src, x->comm->rank))
         return NULL;
-    return d->mem[DELTA_MEM_SCRATCH] + d->in_at[x->share.in_off[k] + chunk];
+    if (kind == DELTA_IN_NET && forced(d->in_streak[i])) /* comes dense: the sender knows too */
+        return NULL;
+    return d->mem[DELTA_MEM_SCRATCH] + d->in_at[i];
 }
 
 char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk)
@@ -408,6 +454,20 @@ reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, s
     delta_apply(msg, &rg, base);
     d->in_len[i] = (uint32_t)bytes; /* a forward of it may pass the encoding on */
     return RESHARD_OK;
+}
+
+void exec_delta_arrived(const struct exec_run *r, size_t k, uint32_t chunk, size_t bytes)
+{
+    const struct exec *x = r->x;
+    struct exec_delta *d = &r->x->delta;
+    if (!d->ready || d->in_enc[k] != DELTA_IN_NET)
+        return;
+    const struct xfer *xf = &x->xs.x[x->share.in[k]];
+    size_t i = x->share.in_off[k] + chunk;
+    int dense = bytes == exec_chunk_bytes_of(&x->cut, xf, chunk);
+    d->in_streak[i] = !tracks(r, xf->tensor, xf->src, x->comm->rank) || !dense
+                          ? 0
+                          : (uint8_t)(d->in_streak[i] + 1); /* as its sender counts */
 }
 
 int exec_delta_fwd_out(const struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
@@ -511,6 +571,9 @@ void exec_delta_fini(struct exec_delta *d, int ntensors, struct reshard_comm *c)
     free(d->enc_at);
     free(d->in_at);
     free(d->in_len);
+    free(d->in_streak);
+    free(d->out_streak);
+    free(d->snap_ok);
     free(d->fwd_of);
     free(d->words);
     *d = (struct exec_delta){0};

@@ -288,6 +288,9 @@ struct exec_delta {
     uint64_t *enc_at;      /* [out chunks]: where each chunk's encoding is in mem[DELTA_MEM_ENC] */
     uint64_t *in_at;       /* [in chunks]: where each chunk lands in mem[DELTA_MEM_SCRATCH] */
     uint32_t *in_len;      /* [in chunks]: its encoding's length, as it landed (0: dense) */
+    uint8_t *in_streak;    /* [in chunks]: runs in a row it came dense (exec_delta.c's forced) */
+    uint8_t *out_streak;   /* [out chunks]: the same, as its sender counts */
+    uint8_t *snap_ok;      /* [out chunks]: its snapshot holds what it last sent */
     long *fwd_of;          /* [nout]: a forward of what in[k] brought encoded (k), or -1 */
     uint64_t scratch_bytes, enc_bytes, max_chunk;
     uint64_t *words; /* scratch of the encoder */

@@ -175,6 +175,8 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
         exec_run_fail(r, st); /* before a byte of it is written */
         return;
     }
+    if (c->kind == EXEC_REQ_RECV_DATA)
+        exec_delta_arrived(r, c->pos, c->chunk, bytes);
     exec_post_arrived(r, (long)c->pos, c->chunk, xf);
 }
 
@@ -517,12 +519,12 @@ static int do_net(struct exec_run *r, uint32_t o, uint32_t chunk)
     void *mh;
     size_t len = region_bytes(&a);
     char *direct = exec_dev_gdr_at(r, xf, 0, &a);
-    if (direct) { /* GPUDirect: straight from the device buffer */
+    if (exec_delta_out(r, o, chunk, &buf, &len)) { /* a delta refit: encoded, or its snapshot */
+        mh = NULL;
+    } else if (direct) { /* GPUDirect: straight from the device buffer */
         buf = direct;
         mh = exec_dev_mh(r, xf, 0);
         comm->gdr_out += region_bytes(&a);
-    } else if (exec_delta_out(r, o, chunk, &buf, &len)) { /* a delta refit: shorter */
-        mh = NULL;
     } else if (contiguous) {
         buf = exec_post_base(r, xf, 0) + off;
         mh = my_mh(r, xf, 0);

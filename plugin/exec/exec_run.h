@@ -84,6 +84,7 @@ struct exec_run {
     int delta_can;
     uint32_t delta_version;
     uint64_t delta_stale[EXEC_STALE_WORDS];
+    int agreed; /* every rank holds the same last refit: the chunks' streaks go on */
     int delta, sparse;
 };
 
@@ -166,8 +167,9 @@ void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshar
  * largest last refits, the world's stale filter; what goes in full says why at INFO. */
 void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t hi,
                       const uint64_t *stale);
-/* As chunk `chunk` of out[o] is sent: compared with its snapshot (which then holds it), and
- * when an encoding is shorter, 1 and the message; 0: it travels dense, as always. */
+/* As chunk `chunk` of out[o] is sent: compared with its snapshot (which then holds it) unless it
+ * travels dense anyway; 1 and the message (its encoding, or the dense chunk from the snapshot),
+ * or 0: it travels dense from the source, as always. */
 int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf, size_t *len);
 /* Where chunk `chunk` of in[k] is received, or NULL (into the destination, as always). */
 char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk);
@@ -178,6 +180,8 @@ char *exec_delta_fwd_in(const struct exec_run *r, size_t k, uint32_t chunk);
  * what came encoded to a peer that holds the last refit; 0: write the applied chunk. */
 int exec_delta_fwd_out(const struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
                        size_t *len);
+/* Chunk `chunk` of in[k] arrived over the network, bytes long: its streak goes on. */
+void exec_delta_arrived(const struct exec_run *r, size_t k, uint32_t chunk, size_t bytes);
 /* Chunk `chunk` of in[k] arrived (bytes long) in its scratch: checked, then applied to the
  * destination; a message that does not fit is refused naming its sender (or forwarder). */
 reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, size_t bytes);

@@ -733,3 +733,76 @@ Test(delta_exec, a_forwarder_passes_the_encoding_on_so_the_fan_out_shrinks_too)
     cr_assert_lt(then * 100, first * 15, "5%% changed: %llu of %llu bytes forwarded",
                  (unsigned long long)then, (unsigned long long)first);
 }
+
+/* ---- chunks that keep changing whole ---- */
+
+#define STREAK_REFITS 24
+static uint64_t *streak_net; /* [refit]: net bytes rank 0 sent (a shared page) */
+
+/* Rank 0 sends "w" to rank 1: 12 refits with every element changed, then 12 with 5%. */
+static reshard_status_t whole_then_few(int rank, int size, reshard_comm_t *comm)
+{
+    reshard_layout_t *src = NULL, *dst = NULL;
+    char spec[96];
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=0 place=R", BIG_N);
+    reshard_layout_parse(spec, size, &src);
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=1 place=R", BIG_N);
+    reshard_layout_parse(spec, size, &dst);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cfg.delta = 1;
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, &cfg, &plan);
+    uint16_t *want = calloc(BIG_N, 2), *d = calloc(BIG_N, 2);
+    int wrong = 0;
+    for (int k = 0; k < STREAK_REFITS && st == RESHARD_OK && !wrong; k++) {
+        for (size_t i = 0; i < BIG_N; i++)
+            if (k < STREAK_REFITS / 2 || mix(i * 7 + (uint64_t)k) % 100 < 5)
+                want[i] = (uint16_t)mix(i + (uint64_t)k * 1000003u);
+        reshard_buffers_t b = {rank == 0 ? want : NULL, rank == 0 ? BIG_N * 2 : 0,
+                               rank == 1 ? d : NULL, rank == 1 ? BIG_N * 2 : 0, RESHARD_MEM_HOST};
+        reshard_comm_counters_t c0, c1;
+        reshard_comm_counters(comm, &c0);
+        st = reshard_plan_execute(plan, &b);
+        reshard_comm_counters(comm, &c1);
+        if (rank == 0)
+            streak_net[k] = c1.net_out - c0.net_out;
+        for (size_t i = 0; rank == 1 && i < BIG_N; i++)
+            wrong += d[i] != want[i];
+        if (wrong)
+            fprintf(stderr, "refit %d: %d wrong\n", k, wrong);
+    }
+    if (st == RESHARD_OK && wrong)
+        st = RESHARD_ERR_INTERNAL;
+    reshard_plan_destroy(plan);
+    free(want);
+    free(d);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+/* Chunks that came dense two runs in a row stay dense without a compare for a while (no
+ * snapshot at the sender, received in place), both ends counting alike; when the changes drop,
+ * the next look finds it and deltas resume within DELTA_PROBE (8) refits. Every element of
+ * every refit is checked. */
+Test(delta_exec, chunks_changed_whole_go_dense_and_come_back_to_deltas_when_changes_drop)
+{
+    setenv("RESHARD_DOMAIN_SIZE", "1", 1);
+    setenv("RESHARD_CHUNK_BYTES", "65536", 1);
+    streak_net = mmap(NULL, STREAK_REFITS * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(streak_net != MAP_FAILED);
+    all_ok(run_ranks(2, whole_then_few), 2);
+    for (int k = 0; k < STREAK_REFITS / 2; k++)
+        cr_assert_eq(streak_net[k], (uint64_t)BIG_N * 2, "refit %d: %llu", k,
+                     (unsigned long long)streak_net[k]);
+    int back = -1;
+    for (int k = STREAK_REFITS / 2; k < STREAK_REFITS && back < 0; k++)
+        if (streak_net[k] * 100 < (uint64_t)BIG_N * 2 * 15)
+            back = k - STREAK_REFITS / 2;
+    cr_assert(back >= 0 && back <= 8, "deltas came back %d refits after the drop", back);
+    for (int k = STREAK_REFITS / 2 + back; k < STREAK_REFITS; k++)
+        cr_assert_lt(streak_net[k] * 100, (uint64_t)BIG_N * 2 * 15, "refit %d: %llu", k,
+                     (unsigned long long)streak_net[k]);
+}

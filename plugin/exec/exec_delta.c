@@ -164,8 +164,9 @@ static void make_snapshots(struct exec *x)
  * tensor of that rank. */
 #define DELTA_ALL  UINT32_MAX
 #define STALE_BITS (EXEC_STALE_WORDS * 64)
-/* In place of t: this rank sends nothing encoded (it cannot encode this run). */
-#define DELTA_SEND (UINT32_MAX - 1)
+/* In place of t: this rank cannot encode this run (it sends nothing encoded, gets everything in
+ * full, and may keep no count of its chunks). */
+#define DELTA_PLAIN (UINT32_MAX - 1)
 /* Past this many stale tensors, a rank says "all of mine" (keeps the filter sparse). */
 #define STALE_MAX_NAMED 8
 
@@ -198,11 +199,13 @@ static int stale(const struct exec_run *r, uint32_t t, int rank)
     return stale_one(r->delta_stale, t, rank) || stale_one(r->delta_stale, DELTA_ALL, rank);
 }
 
-/* Do both ends of a chunk of tensor t from src to dst follow it (its streak below) this run?
- * Both compute it alike from the vote; when not, both start its streak again. */
-static int tracks(const struct exec_run *r, uint32_t t, int src, int dst)
+/* Do both ends of a chunk from src to dst count its streak (below) this run? Both read it alike
+ * from the vote's filter; when not (one of them cannot encode, so may keep no count), both start
+ * the count again. */
+static int tracks(const struct exec_run *r, int src, int dst)
 {
-    return r->agreed && !stale(r, t, dst) && !stale_one(r->delta_stale, DELTA_SEND, src);
+    return !stale_one(r->delta_stale, DELTA_PLAIN, src) &&
+           !stale_one(r->delta_stale, DELTA_PLAIN, dst);
 }
 
 /* A chunk that travelled dense `streak` runs in a row (both ends count alike) travels dense
@@ -252,7 +255,7 @@ void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshar
     if (!d->on)
         return;
     stale_add(r->delta_stale, DELTA_ALL, x->comm->rank); /* until it can encode */
-    stale_add(r->delta_stale, DELTA_SEND, x->comm->rank);
+    stale_add(r->delta_stale, DELTA_PLAIN, x->comm->rank);
     if (dev) {
         if (!d->said++)
             rs_log(RS_LOG_INFO,
@@ -302,9 +305,8 @@ void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t 
                       const uint64_t *stale_world)
 {
     struct exec *x = r->x;
-    r->agreed = x->delta.on && lo == hi && lo != 0;
     r->delta = x->delta.on && r->delta_can;
-    r->sparse = r->delta && r->agreed;
+    r->sparse = r->delta && lo == hi && lo != 0;
     memcpy(r->delta_stale, stale_world, sizeof(r->delta_stale));
     if (!x->delta.on)
         return;
@@ -352,7 +354,7 @@ int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **
     const struct xfer *xf = &x->xs.x[x->share.out[o]];
     size_t i = x->share.out_off[o] + chunk, es = xfer_esize(x->plan, xf);
     uint32_t t = xf->tensor;
-    int track = tracks(r, t, x->comm->rank, xf->dst);
+    int track = tracks(r, x->comm->rank, xf->dst);
     uint8_t streak = track ? d->out_streak[i] : 0, dense = (uint8_t)(streak + 1);
     if (!r->delta || !d->snap[t]) { /* no snapshot: dense, as always */
         d->out_streak[i] = track ? dense : 0;
@@ -367,7 +369,8 @@ int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **
     char *snap = d->snap[t] + d->snap_at[i], *out = d->mem[DELTA_MEM_ENC] + d->enc_at[i];
     int contiguous = region_contiguous(&rg, &off);
     cur = base + (contiguous ? off : 0);
-    if (track && r->sparse && !forced(streak) && d->snap_ver[t] == d->last && d->snap_ok[i]) {
+    if (track && r->sparse && !forced(streak) && !stale(r, t, xf->dst) &&
+        d->snap_ver[t] == d->last && d->snap_ok[i]) {
         if (!contiguous)
             region_pack(&rg, base, (char *)(cur = d->mem[DELTA_MEM_PACK]));
         size_t n;
@@ -410,7 +413,8 @@ static char *scratch(const struct exec_run *r, size_t k, uint32_t chunk, int kin
      * in full, straight into the destination. */
     const struct xfer *xf = &x->xs.x[x->share.in[k]];
     size_t i = x->share.in_off[k] + chunk;
-    if (!holds_last(d, r->bufs, (int)xf->tensor) || !tracks(r, xf->tensor, xf->src, x->comm->rank))
+    if (!holds_last(d, r->bufs, (int)xf->tensor) || stale(r, xf->tensor, x->comm->rank) ||
+        !tracks(r, xf->src, x->comm->rank))
         return NULL;
     if (kind == DELTA_IN_NET && forced(d->in_streak[i])) /* comes dense: the sender knows too */
         return NULL;
@@ -465,7 +469,7 @@ void exec_delta_arrived(const struct exec_run *r, size_t k, uint32_t chunk, size
     const struct xfer *xf = &x->xs.x[x->share.in[k]];
     size_t i = x->share.in_off[k] + chunk;
     int dense = bytes == exec_chunk_bytes_of(&x->cut, xf, chunk);
-    d->in_streak[i] = !tracks(r, xf->tensor, xf->src, x->comm->rank) || !dense
+    d->in_streak[i] = !tracks(r, xf->src, x->comm->rank) || !dense
                           ? 0
                           : (uint8_t)(d->in_streak[i] + 1); /* as its sender counts */
 }

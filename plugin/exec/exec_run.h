@@ -84,7 +84,6 @@ struct exec_run {
     int delta_can;
     uint32_t delta_version;
     uint64_t delta_stale[EXEC_STALE_WORDS];
-    int agreed; /* every rank holds the same last refit: the chunks' streaks go on */
     int delta, sparse;
 };
 

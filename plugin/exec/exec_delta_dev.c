@@ -78,7 +78,7 @@ static void drop_dev_snap(struct exec_delta *d, uint32_t t)
     dev_free(v->snap[t]);
     v->snap[t] = 0;
     v->held -= d->snap_bytes[t];
-    d->snap_state[t] = DELTA_SNAP_NONE;
+    d->snap_ver[t] = 0;
 }
 
 /* The largest encoded chunk this rank compares or applies on the device (0: none). */
@@ -186,8 +186,8 @@ int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev)
             free(d->snap[t]);
             d->snap[t] = NULL;
             d->held -= d->snap_bytes[t];
-            d->snap_state[t] = DELTA_SNAP_NONE;
         }
+        d->snap_ver[t] = 0; /* holds nothing yet */
         if (cuda_lib()->mem_alloc(&v->snap[t], d->snap_bytes[t]) != CU_SUCCESS) {
             v->snap[t] = 0;
             if (!v->warned[t]++)
@@ -198,7 +198,6 @@ int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev)
                        (unsigned long long)d->snap_bytes[t]);
             continue;
         }
-        d->snap_state[t] = DELTA_SNAP_MADE;
         v->held += d->snap_bytes[t];
         made += d->snap_bytes[t];
     }
@@ -232,9 +231,14 @@ int exec_delta_dev_owns(const struct exec_run *r, size_t o, int after)
     return after ? r->delta : r->delta_can;
 }
 
+int exec_delta_dev_snap(const struct exec *x, uint32_t t)
+{
+    return x->delta.dev && x->delta.dev->snap[t];
+}
+
 int exec_delta_dev_lands(const struct exec_run *r, const struct xfer *xf)
 {
-    return r->delta && on_dev_dst(r->dev, xf->tensor) && exec_delta_encoded(r->x, xf);
+    return r->delta && on_dev_dst(r->dev, xf->tensor);
 }
 
 static cu_deviceptr dptr(const void *p)
@@ -278,8 +282,8 @@ static reshard_status_t to_shadow(struct exec_run *r, const struct xfer *xf,
                            : cuda_error("a dense delta chunk to its host shadow (cuMemcpyDtoH)", e);
 }
 
-static reshard_status_t dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
-                                size_t *len, int *sent)
+static reshard_status_t dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, int how,
+                                const char **buf, size_t *len, int *sent)
 {
     struct exec *x = r->x;
     struct exec_delta *d = &x->delta;
@@ -302,7 +306,9 @@ static reshard_status_t dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, 
         cur = w_at(v, W_PACK);
     }
     char *snap = (char *)(uintptr_t)(v->snap[t] + d->snap_at[i]);
-    if (!r->sparse || d->snap_state[t] != DELTA_SNAP_HELD) { /* dense: the snapshot is it */
+    if (how == DELTA_DEV_SHADOW) /* dense again next run: no snapshot kept */
+        return to_shadow(r, xf, &rg, cur);
+    if (how == DELTA_DEV_SNAPSHOT) { /* dense: the snapshot is it */
         cu_result e = f->memcpy_dtod(dptr(snap), dptr(cur), bytes);
         if (e != CU_SUCCESS)
             return cuda_error("a chunk into its delta snapshot (cuMemcpyDtoD)", e);
@@ -311,7 +317,7 @@ static reshard_status_t dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, 
     struct rs_delta_desc dd = desc_of(v, bytes / es, es);
     dd.cur = cur;
     dd.snap = snap;
-    RS_CHECK(cuda_delta_encode(&dd, NULL));
+    RS_CHECK(cuda_delta_encode(&dd, NULL)); /* snap holds cur now */
     struct rs_delta_info in;
     cu_result e = f->memcpy_dtoh(&in, dptr(dd.info), sizeof(in));
     if (e != CU_SUCCESS)
@@ -327,14 +333,11 @@ static reshard_status_t dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, 
     return RESHARD_OK;
 }
 
-int exec_delta_dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
+int exec_delta_dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, int how, const char **buf,
                        size_t *len)
 {
-    const struct exec_delta_dev *v = r->x->delta.dev;
-    if (!v || !v->snap[r->x->xs.x[r->x->share.out[o]].tensor])
-        return 0; /* no snapshot: staged as always, sent dense */
     int sent = 0;
-    reshard_status_t st = dev_out(r, o, chunk, buf, len, &sent);
+    reshard_status_t st = dev_out(r, o, chunk, how, buf, len, &sent);
     if (st != RESHARD_OK)
         exec_run_fail(r, st); /* what goes out now is never applied: the run fails */
     return sent;

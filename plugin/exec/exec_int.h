@@ -259,25 +259,40 @@ reshard_status_t exec_links_announce(struct exec *x, const reshard_buffers_t *bu
  * source straight into the caller's destination, unquantized, and the chunk is not packed
  * with others: both ends decide alike. The sender keeps, per tensor, a snapshot of what it last
  * sent of such transfers (chunk i of out[] at snap_at[i] in snap[tensor]); the receiver takes each
- * such chunk into scratch (at in_at[chunk]) and applies it in place. version: seq + 1 of the last
- * delta run that succeeded here, with the destinations it wrote (dst_seen); 0: none. */
+ * such chunk into scratch (at in_at[chunk]) and applies it in place.
+ *
+ * Versions (docs/delta.md): `last` is seq + 1 of this plan's last refit that succeeded (the same
+ * on every rank: a refit that fails in flight breaks the communicator). Each of this rank's
+ * destinations holds a version (dst_ver: seq + 1 of the refit that last wrote it whole, into
+ * the buffer dst_seen), each snapshot too (snap_ver). A chunk to (tensor, destination) carries
+ * changes only when both hold `last`; the start vote tells every sender which destinations do
+ * not (exec_vote.h's stale filter). */
 struct exec_delta {
     int on; /* the plan asked for delta refits */
     int ready;
     int said;   /* why this rank cannot encode, said once */
     int forged; /* RESHARD_TEST_DELTA_FORGE did its one forgery */
-    uint32_t version;
+    uint32_t last;
     const void **dst_seen; /* [ntensors] */
     size_t *dst_len;       /* [ntensors] */
+    uint32_t *dst_ver;     /* [ntensors] */
+    uint8_t *dst_why;      /* [ntensors]: why dst_ver is not `last` (enum delta_why) */
+    uint8_t *in_t;         /* [ntensors]: some chunk of it comes in encoded */
+    uint32_t *snap_ver;    /* [ntensors] */
     uint8_t *out_enc;      /* [nout]: out[o] is encoded */
-    uint8_t *in_enc;       /* [nin]: in[k] is encoded */
+    uint8_t *in_enc;       /* [nin]: in[k] may come encoded (DELTA_IN_*) */
     char **snap;           /* [ntensors + 1] */
     uint64_t *snap_at;     /* [out chunks]: where each chunk's snapshot is in its tensor's */
     uint64_t *snap_bytes;  /* [ntensors] */
-    uint8_t *snap_state;   /* [ntensors]: DELTA_SNAP_* */
     uint8_t *warned;       /* [ntensors]: its snapshot could not be made, said once */
     uint64_t *enc_at;      /* [out chunks]: where each chunk's encoding is in mem[DELTA_MEM_ENC] */
     uint64_t *in_at;       /* [in chunks]: where each chunk lands in mem[DELTA_MEM_SCRATCH] */
+    uint32_t *in_len;      /* [in chunks]: its encoding's length, as it landed (0: dense) */
+    uint8_t *in_streak;    /* [in chunks]: runs in a row it came dense (exec_delta.c's forced) */
+    uint8_t *out_streak;   /* [out chunks]: the same, as its sender counts */
+    uint8_t *snap_ok;      /* [out chunks]: its snapshot holds what it last sent */
+    uint8_t *in_dev;       /* [in chunks]: this run applied it on the device destination */
+    long *fwd_of;          /* [nout]: a forward of what in[k] brought encoded (k), or -1 */
     uint64_t scratch_bytes, enc_bytes, max_chunk;
     uint64_t *words; /* scratch of the encoder */
     /* The run's own buffers, which a failed run's requests may still use (exec_bufs_release). */
@@ -286,7 +301,12 @@ struct exec_delta {
     struct exec_delta_dev *dev; /* device snapshots and scratch (exec_delta_dev.c), or NULL */
 };
 
-enum { DELTA_SNAP_NONE, DELTA_SNAP_MADE, DELTA_SNAP_HELD };
+/* in_enc[k]: how in[k] may come encoded: over the network from its source, or passed on by
+ * a forwarder in its domain (exec_delta_fwd_out). */
+enum { DELTA_IN_NET = 1, DELTA_IN_FWD = 2 };
+
+/* Why a destination does not hold the last refit. */
+enum delta_why { DELTA_WHY_FIRST, DELTA_WHY_BUFFERS, DELTA_WHY_FULL, DELTA_WHY_VERIFY };
 enum { DELTA_MEM_SCRATCH, DELTA_MEM_ENC, DELTA_MEM_PACK, DELTA_MEM_N };
 
 /* ---- what the last execution left (stage_land.c records it) ---- */

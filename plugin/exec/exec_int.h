@@ -144,7 +144,8 @@ reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard
 void exec_quant_dev_fini(struct exec_quant *q, int ntensors);
 
 /* What a verified refit compares CAST weight w's destinations with, made where its blocks are
- * quantized (exec_quant.c): fingerprints in the weight's and its scales' global index space. */
+ * quantized (exec_quant_expect.c): fingerprints in the weight's and its scales' global index space.
+ */
 struct exec_quant_fp {
     /* the blocks of this rank's source shard, when src_counts (it is the replica that counts):
      * codes and scales of those whole in it, the elements of those it holds part of */

@@ -216,6 +216,8 @@ static reshard_status_t execute(const char *fn, reshard_plan_t *plan, const resh
     if (st == RESHARD_OK && plan->verify &&
         (st = exec_settle(plan->x, on_stream, stream)) == RESHARD_OK)
         st = check(plan, bufs, EXEC_VERIFY_REFIT);
+    if (st == RESHARD_ERR_VERIFY) /* a destination is wrong: no delta on top of it */
+        exec_delta_forget(plan->x);
     api_plan_release(plan);
     return api_leave(fn, st);
 }

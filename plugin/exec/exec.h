@@ -48,6 +48,9 @@ reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *stat
 void exec_own_stats(const struct exec *x, reshard_rank_stats_t *mine);
 /* Delta refits on (docs/delta.md): set once, before the first execution. */
 void exec_delta_enable(struct exec *x, int on);
+/* What the destinations hold is not what the last refit left (its verification failed): the
+ * next refit runs in full, never a delta on top of it. */
+void exec_delta_forget(struct exec *x);
 /* The local pairs and their paths as this rank sees them, for the plan vote (exec_link.c). */
 uint64_t exec_local_fp(const struct exec *x);
 /* The world's figures, as the plan vote summed them. */

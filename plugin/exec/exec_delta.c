@@ -21,10 +21,15 @@
 
 #define ALIGN8(n) (((n) + 7) & ~(uint64_t)7)
 
+/* FP8 destinations quantized on the way (exec_quant.c): a box quantized at its sender travels
+ * as the FP8 codes (and scales) of the sender's copy, a box quantized where it lands as the
+ * source dtype into the staged copy, whose changed blocks alone are quantized again. */
 static int encoded(const struct exec *x, const struct xfer *xf)
 {
-    return xf->path == XFER_NET && xf->parent == XFER_NONE && xf->src_buf == XBUF_SRC &&
-           xf->dst_buf == XBUF_DST && x->plan->tensors[xf->tensor].quant == PLAN_QUANT_NONE;
+    (void)x;
+    return xf->path == XFER_NET && xf->parent == XFER_NONE &&
+           (xf->src_buf == XBUF_SRC || xf->src_buf == XBUF_QSRC) &&
+           (xf->dst_buf == XBUF_DST || xf->dst_buf == XBUF_STAGE);
 }
 
 /* What stays the same for the plan: which transfers are encoded, where their snapshots and
@@ -244,6 +249,8 @@ reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, s
     uint64_t want = region_bytes(&rg);
     if (bytes == want) { /* dense */
         region_unpack(&rg, base, msg);
+        if (xf->dst_buf == XBUF_STAGE && r->sparse) /* every block of it changed */
+            exec_quant_touched(x, x->share.in[k], &rg, NULL);
         return RESHARD_OK;
     }
     char why[96];
@@ -256,6 +263,8 @@ reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, s
                         x->comm->rank, chunk, x->plan->tensors[xf->tensor].name, xf->src, bytes,
                         why);
     delta_apply(msg, &rg, base);
+    if (xf->dst_buf == XBUF_STAGE) /* the blocks it changed, quantized again */
+        exec_quant_touched(x, x->share.in[k], &rg, msg);
     return RESHARD_OK;
 }
 

@@ -115,6 +115,14 @@ struct exec_quant {
     uint64_t *landed_fp;
     uint8_t *landed_ok, *landed_tmp;
     int64_t landed_tmp_n;
+    /* Delta refits (exec_delta.c), by CAST weight w quantized where it lands: blk_fp[w] the
+     * fingerprints of each cut block's codes and scale as last made ([2k], [2k + 1]), kept
+     * across runs, since a delta run quantizes again only the blocks it changed; blk_ok[w]
+     * once they are all there; dirty[w] the blocks a delta changed this run. By transfer:
+     * via_delta[i], the chunks of a staged transfer a delta run applied (exec_quant_touched). */
+    uint64_t **blk_fp;
+    uint8_t **dirty, *blk_ok;
+    uint32_t *via_delta;
 };
 
 reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,
@@ -131,9 +139,14 @@ reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs
 /* Once everything bound for this rank landed: its staged blocks quantized into the
  * destinations, with their scales. left (or NULL: every tensor): after a failure, the chunks
  * of each tensor still to land: only the tensors with none left, which the outcome calls
- * complete (nothing writes into them any more). */
+ * complete (nothing writes into them any more). sparse: a delta run where only changes
+ * travelled: of the transfers it applied whole (exec_quant_touched), the blocks it changed. */
 reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs,
-                                   const reshard_buffers_t *dev, const size_t *left);
+                                   const reshard_buffers_t *dev, const size_t *left, int sparse);
+/* A delta run (sparse: only changes travel) landed chunk `chunk` (region rg of the staged
+ * copy) of staged transfer xs index i: msg, the encoded message, changed some of its elements,
+ * or NULL: it came dense. Its weight's blocks that changed are quantized again, no others. */
+void exec_quant_touched(struct exec *x, size_t i, const struct region *rg, const void *msg);
 /* The same on device buffers, with the kernels (exec_quant_dev.c), for CAST weight w. */
 reshard_status_t exec_quant_dev_check(const struct exec *x, const reshard_buffers_t *bufs,
                                       uint32_t w);

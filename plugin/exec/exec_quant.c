@@ -16,6 +16,8 @@
  */
 #include "exec_quant_geo.h"
 
+#include "delta.h"
+
 #include "base/error.h"
 #include "base/log.h"
 #include "planner/fingerprint.h"
@@ -84,8 +86,12 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
     q->dev = rs_calloc(3 * (size_t)nt + 1, sizeof(*q->dev), "quantization buffers");
     q->landed_fp = rs_calloc(2 * (size_t)nt + 1, sizeof(uint64_t), "quantization fingerprints");
     q->landed_ok = rs_calloc((size_t)nt + 1, 1, "quantization fingerprints");
+    q->blk_fp = rs_calloc((size_t)nt + 1, sizeof(uint64_t *), "quantization fingerprints");
+    q->dirty = rs_calloc((size_t)nt + 1, sizeof(uint8_t *), "quantized blocks");
+    q->blk_ok = rs_calloc((size_t)nt + 1, 1, "quantization fingerprints");
+    q->via_delta = rs_calloc(xs->n + 1, sizeof(uint32_t), "quantized transfers");
     if (!q->qsrc || !q->stage || !q->done || !q->geo || !q->first || !q->xfer || !q->dev ||
-        !q->landed_fp || !q->landed_ok)
+        !q->landed_fp || !q->landed_ok || !q->blk_fp || !q->dirty || !q->blk_ok || !q->via_delta)
         return RESHARD_ERR_NO_MEMORY;
     /* Each weight's list: counted into first[w + 2], summed so that first[w + 1] is where
      * w's list starts, then filled with first[w + 1] as the cursor, which leaves it where the
@@ -136,6 +142,11 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
             if (!q->geo[2 * pw->scales + 1])
                 RS_CHECK(geo_make(&ps->dst_map, rank, &q->geo[2 * pw->scales + 1]));
             RS_CHECK(tmp_grow(q, pw->dst.shape[pw->dst.ndim - 1]));
+            if (!q->blk_fp[w] &&
+                !(q->blk_fp[w] = rs_calloc(2 * nscales + 1, sizeof(uint64_t), "quantized blocks")))
+                return RESHARD_ERR_NO_MEMORY;
+            if (!q->dirty[w] && !(q->dirty[w] = rs_calloc(nscales + 1, 1, "quantized blocks")))
+                return RESHARD_ERR_NO_MEMORY;
         }
     }
     if (q->bytes)
@@ -152,6 +163,14 @@ void exec_quant_fini(struct exec_quant *q, int ntensors, struct reshard_comm *c)
         free(q->done[t]);
     for (int t = 0; q->geo && t < 2 * ntensors; t++)
         geo_free(q->geo[t]);
+    for (int t = 0; q->blk_fp && q->dirty && t < ntensors; t++) {
+        free(q->blk_fp[t]);
+        free(q->dirty[t]);
+    }
+    free(q->blk_fp);
+    free(q->dirty);
+    free(q->blk_ok);
+    free(q->via_delta);
     free(q->done);
     free(q->geo);
     free(q->first);
@@ -281,19 +300,29 @@ reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs
 }
 
 /* ---- the receiver ---- */
-/* The codes of block b just cast into out (geometry g) and its scale, into fp[0], fp[1]. */
-static void landed_fp(struct exec *x, uint32_t w, const int64_t *b, float scale, const uint8_t *out,
-                      const struct qgeo *g, uint64_t *fp)
+/* The codes of block b (k its index) just cast into out (geometry g) and its scale, into
+ * fp[2k], fp[2k + 1]. */
+static void landed_fp(struct exec *x, uint32_t w, const int64_t *b, int64_t k, float scale,
+                      const uint8_t *out, const struct qgeo *g, uint64_t *fp)
 {
     const struct plan_tensor *pw = &x->plan->tensors[w];
-    const struct rs_layout *sl = &x->plan->tensors[pw->scales].dst;
-    fp[0] += block_fp(&pw->dst, b, (const char *)out, g, 1, NULL, x->quant.landed_tmp,
-                      codes_grouped(pw));
-    fp[1] += fp_mix((uint64_t)row_major(sl->ndim, sl->shape, b), rs_f32_bits(scale));
+    fp[2 * k] = block_fp(&pw->dst, b, (const char *)out, g, 1, NULL, x->quant.landed_tmp,
+                         codes_grouped(pw));
+    fp[2 * k + 1] = fp_mix((uint64_t)k, rs_f32_bits(scale));
+}
+
+/* The blocks of staged transfer xs index i to quantize again: in a delta run that applied all
+ * its chunks (sparse), only those the deltas changed. */
+static const uint8_t *only_changed(struct exec *x, uint32_t w, size_t i, int sparse)
+{
+    const struct xfer *xf = &x->xs.x[i];
+    uint32_t n = x->quant.via_delta[i];
+    x->quant.via_delta[i] = 0;
+    return sparse && n == (uint64_t)exec_nchunks(&x->cut, xf) ? x->quant.dirty[w] : NULL;
 }
 
 /* Whether the codes and scales of the cut blocks were fingerprinted as made (landed_fp). */
-static int quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t *bufs)
+static int quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t *bufs, int sparse)
 {
     const struct rs_plan *p = x->plan;
     int me = x->comm->rank;
@@ -307,18 +336,20 @@ static int quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t *
     int64_t nscales = layout_numel(&ps->dst);
     uint8_t *done = x->quant.done[pw->scales] + nscales;
     memset(done, 0, (size_t)nscales);
-    uint64_t *fp = x->quant.landed_fp ? x->quant.landed_fp + 2 * w : NULL;
+    uint64_t *fp = x->quant.blk_fp[w];
     struct qwhole wh; /* the blocks cut between sources, which the check takes from here */
     if (fp && whole_make(pw, &wh) != RESHARD_OK)
-        fp = NULL; /* the check quantizes them again */
-    if (fp)
-        fp[0] = fp[1] = 0;
+        fp = NULL;     /* the check quantizes them again */
+    if (fp && !sparse) /* every block made again: those of other runs are gone */
+        memset(fp, 0, 2 * (size_t)nscales * sizeof(*fp));
     int nd = pw->dst.ndim;
     struct qgeo flat = geo_flat(gd); /* the staging copy */
+    int64_t made = 0;
     for (size_t i = x->quant.first[w]; i < x->quant.first[w + 1]; i++) {
         const struct xfer *xf = &x->xs.x[x->quant.xfer[i]];
         if (xf->dst != me || xf->dst_buf != XBUF_STAGE || xf->tensor != w)
             continue;
+        const uint8_t *changed = only_changed(x, w, x->quant.xfer[i], sparse);
         const int64_t *start = x->xs.coords + xf->box, *len = start + nd;
         int64_t blo[RS_MAX_DIMS], bhi[RS_MAX_DIMS], b[RS_MAX_DIMS];
         blocks_of(&pw->dst, start, len, blo, bhi);
@@ -329,23 +360,100 @@ static int quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t *
             int64_t k = row_major(nd, ps->dst.shape, b);
             if (done[k])
                 continue;
+            if (changed && !changed[k])
+                continue; /* unchanged: its codes and scale are there */
             done[k] = 1;
+            made++;
             float scale = block_scale(&pw->dst, b, stage, &flat, pw->src.dtype);
             memcpy(sout + geo_at(gs, b) * (int64_t)sizeof(float), &scale, sizeof(scale));
             int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS];
             block_box(&pw->dst, b, NULL, NULL, lo, hi);
             cast_box(&pw->dst, lo, hi, scale, stage, &flat, pw->src.dtype, out, gd);
             if (fp && !whole_block(&wh, b)) /* fingerprinted as made (exec_quant_expect) */
-                landed_fp(x, w, b, scale, out, gd, fp);
+                landed_fp(x, w, b, k, scale, out, gd, fp);
         } while (box_next(nd, blo, bhi, b));
     }
-    if (fp)
-        whole_free(&wh);
-    return fp != NULL;
+    memset(x->quant.dirty[w], 0, (size_t)nscales);
+    if (sparse)
+        rs_log(RS_LOG_INFO,
+               "rank %d: delta refit: %lld staged block(s) of tensor '%s' changed and quantized "
+               "again",
+               me, (long long)made, pw->name);
+    if (!fp)
+        return x->quant.blk_ok[w] = 0;
+    whole_free(&wh);
+    /* blocks not made this run: as they were made in the last, whose result they still are */
+    x->quant.blk_ok[w] = (uint8_t)(!sparse || x->quant.blk_ok[w]);
+    uint64_t *sum = x->quant.landed_fp + 2 * w;
+    sum[0] = sum[1] = 0;
+    for (int64_t k = 0; k < nscales; k++) {
+        sum[0] += fp[2 * k];
+        sum[1] += fp[2 * k + 1];
+    }
+    return x->quant.blk_ok[w];
+}
+
+/* ---- delta refits: which staged blocks changed ---- */
+
+struct touch {
+    const struct region *rg;
+    const struct rs_layout *w;
+    int64_t gstart[RS_MAX_DIMS]; /* the chunk's first element, global */
+    uint8_t *dirty;
+    const int64_t *sshape; /* the scales' shape: one per block */
+};
+
+/* Elements [first, first + n) of the chunk, in its row-major order, changed. */
+static void touch_run(void *arg, uint64_t first, uint64_t n)
+{
+    struct touch *t = arg;
+    int nd = t->rg->ndim;
+    const int64_t *len = t->rg->len;
+    int64_t e_last = quant_extent(t->w, nd - 1);
+    while (n) {
+        int64_t o[RS_MAX_DIMS] = {0}, rest = (int64_t)first, b[RS_MAX_DIMS] = {0};
+        for (int d = nd - 1; d >= 0; d--) {
+            o[d] = rest % len[d];
+            rest /= len[d];
+        }
+        uint64_t k = (uint64_t)(len[nd - 1] - o[nd - 1]); /* to the end of the row */
+        k = k < n ? k : n;
+        for (int d = 0; d + 1 < nd; d++)
+            b[d] = (t->gstart[d] + o[d]) / quant_extent(t->w, d);
+        int64_t c0 = t->gstart[nd - 1] + o[nd - 1], c1 = c0 + (int64_t)k - 1;
+        for (b[nd - 1] = c0 / e_last; b[nd - 1] <= c1 / e_last; b[nd - 1]++)
+            t->dirty[row_major(nd, t->sshape, b)] = 1;
+        first += k;
+        n -= k;
+    }
+}
+
+void exec_quant_touched(struct exec *x, size_t i, const struct region *rg, const void *msg)
+{
+    const struct xfer *xf = &x->xs.x[i];
+    uint32_t w = xf->tensor;
+    const struct plan_tensor *pw = &x->plan->tensors[w];
+    const struct qgeo *g = x->quant.geo ? x->quant.geo[2 * w + 1] : NULL;
+    if (!is_cast(x->plan, w) || !g || !x->quant.dirty[w])
+        return;
+    struct touch t = {.rg = rg,
+                      .w = &pw->dst,
+                      .dirty = x->quant.dirty[w],
+                      .sshape = x->plan->tensors[pw->scales].dst.shape};
+    /* the transfer's box lies in one segment per dim: its chunk's local start, offset from the
+     * box's, is as far from the box's global start */
+    const int64_t *start = x->xs.coords + xf->box;
+    for (int d = 0; d < rg->ndim; d++)
+        t.gstart[d] = start[d] + (rg->start[d] - g->loc[d][start[d]]);
+    x->quant.via_delta[i]++;
+    if (msg)
+        delta_each_changed(msg, touch_run, &t);
+    else
+        touch_run(&t, 0, region_bytes(rg) / rg->esize);
 }
 
 reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs,
-                                   const reshard_buffers_t *dev, const size_t *left)
+                                   const reshard_buffers_t *dev, const size_t *left, int sparse)
 {
     for (int t = 0; x->quant.stage && t < x->plan->ntensors; t++) {
         if (!is_cast(x->plan, (uint32_t)t) || !x->quant.stage[t] || (left && left[t]))
@@ -355,7 +463,7 @@ reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs
         if (exec_quant_dev_dst(dev, (uint32_t)t)) {
             RS_CHECK(exec_quant_dev_landed(x, (uint32_t)t, dev));
         } else {
-            int made = quantize_landed(x, (uint32_t)t, bufs);
+            int made = quantize_landed(x, (uint32_t)t, bufs, sparse);
             if (x->quant.landed_ok)
                 x->quant.landed_ok[t] = (uint8_t)made;
         }

@@ -139,6 +139,7 @@ reshard_status_t reshard_comm_plan_create(reshard_comm_t *comm, const reshard_te
     }
     exec_set_world(h->x, &world);
     exec_delta_enable(h->x, delta);
+    exec_verify_enable(h->x, verify);
     h->verify = verify;
     api_plan_given(h);
     *plan = h;

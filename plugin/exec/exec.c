@@ -194,6 +194,11 @@ void exec_delta_enable(struct exec *x, int on)
     x->delta.on = on != 0;
 }
 
+void exec_verify_enable(struct exec *x, int on)
+{
+    x->quant.verify = on != 0;
+}
+
 void exec_delta_forget(struct exec *x)
 {
     x->delta.version = 0; /* the next start vote sees it: that refit runs in full */

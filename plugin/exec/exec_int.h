@@ -109,20 +109,27 @@ struct exec_quant {
     /* [3 * ntensors]: device memory for device buffers (exec_quant_dev.c), made at first use:
      * a sender's FP8 copy and scales, a receiver's staged shard; 0 where none */
     uint64_t *dev;
-    /* By CAST weight w, for a verified refit (exec_quant_expect): the fingerprints of the codes
-     * and scales this rank quantized where they landed on the host this run ([2w], [2w + 1]),
-     * landed_ok[w] once they are; landed_tmp a row of codes */
+    /* By CAST weight w, for a verified refit (exec_quant_expect; verify: the plan verifies, so
+     * they are made): the fingerprints of the cut blocks this rank quantizes where they land on
+     * the host, made as each is quantized: its codes and scale, and its staged elements for the
+     * transit check ([3w], [3w + 1], [3w + 2]), landed_ok[w] once they are; landed_tmp a row */
+    int verify;
     uint64_t *landed_fp;
     uint8_t *landed_ok, *landed_tmp;
     int64_t landed_tmp_n;
     /* Delta refits (exec_delta.c), by CAST weight w quantized where it lands: blk_fp[w] the
-     * fingerprints of each cut block's codes and scale as last made ([2k], [2k + 1]), kept
+     * fingerprints of each cut block as last made ([3k] .. [3k + 2], as landed_fp's), kept
      * across runs, since a delta run quantizes again only the blocks it changed; blk_ok[w]
      * once they are all there; dirty[w] the blocks a delta changed this run. By transfer:
      * via_delta[i], the chunks of a staged transfer a delta run applied (exec_quant_touched). */
     uint64_t **blk_fp;
     uint8_t **dirty, *blk_ok;
     uint32_t *via_delta;
+    /* By CAST weight w this rank quantizes as a sender on the host, for a verified refit:
+     * sent_fp[w][k] the fingerprint of block k's codes as cast this run (the cast flags say
+     * which), sent_ok[w] once they are made. */
+    uint64_t **sent_fp;
+    uint8_t *sent_ok;
 };
 
 reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,

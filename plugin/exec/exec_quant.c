@@ -20,7 +20,10 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/param.h"
 #include "planner/fingerprint.h"
+
+#include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +65,7 @@ static reshard_status_t tmp_grow(struct exec_quant *q, int64_t n)
     if (n <= q->landed_tmp_n)
         return RESHARD_OK;
     free(q->landed_tmp);
-    if (!(q->landed_tmp = rs_calloc((size_t)n + 1, 1, "quantization fingerprints")))
+    if (!(q->landed_tmp = rs_calloc((size_t)n + 1, 8, "quantization fingerprints")))
         return RESHARD_ERR_NO_MEMORY;
     q->landed_tmp_n = n;
     return RESHARD_OK;
@@ -84,14 +87,17 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
     q->first = rs_calloc((size_t)nt + 2, sizeof(size_t), "quantized transfers");
     q->xfer = rs_calloc(xs->n + 1, sizeof(size_t), "quantized transfers");
     q->dev = rs_calloc(3 * (size_t)nt + 1, sizeof(*q->dev), "quantization buffers");
-    q->landed_fp = rs_calloc(2 * (size_t)nt + 1, sizeof(uint64_t), "quantization fingerprints");
+    q->landed_fp = rs_calloc(3 * (size_t)nt + 1, sizeof(uint64_t), "quantization fingerprints");
     q->landed_ok = rs_calloc((size_t)nt + 1, 1, "quantization fingerprints");
     q->blk_fp = rs_calloc((size_t)nt + 1, sizeof(uint64_t *), "quantization fingerprints");
     q->dirty = rs_calloc((size_t)nt + 1, sizeof(uint8_t *), "quantized blocks");
     q->blk_ok = rs_calloc((size_t)nt + 1, 1, "quantization fingerprints");
     q->via_delta = rs_calloc(xs->n + 1, sizeof(uint32_t), "quantized transfers");
+    q->sent_fp = rs_calloc((size_t)nt + 1, sizeof(uint64_t *), "quantization fingerprints");
+    q->sent_ok = rs_calloc((size_t)nt + 1, 1, "quantization fingerprints");
     if (!q->qsrc || !q->stage || !q->done || !q->geo || !q->first || !q->xfer || !q->dev ||
-        !q->landed_fp || !q->landed_ok || !q->blk_fp || !q->dirty || !q->blk_ok || !q->via_delta)
+        !q->landed_fp || !q->landed_ok || !q->blk_fp || !q->dirty || !q->blk_ok || !q->via_delta ||
+        !q->sent_fp || !q->sent_ok)
         return RESHARD_ERR_NO_MEMORY;
     /* Each weight's list: counted into first[w + 2], summed so that first[w + 1] is where
      * w's list starts, then filled with first[w + 1] as the cursor, which leaves it where the
@@ -132,6 +138,10 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
             RS_CHECK(alloc_buf(&q->qsrc[pw->scales], nscales * sizeof(float), &q->bytes));
             if (!q->geo[2 * w])
                 RS_CHECK(geo_make(&pw->src_map, rank, &q->geo[2 * w]));
+            RS_CHECK(tmp_grow(q, pw->dst.shape[pw->dst.ndim - 1]));
+            if (!q->sent_fp[w] &&
+                !(q->sent_fp[w] = rs_calloc(nscales + 1, sizeof(uint64_t), "quantized blocks")))
+                return RESHARD_ERR_NO_MEMORY;
         }
         if (stage) {
             RS_CHECK(alloc_buf(&q->stage[w],
@@ -143,7 +153,7 @@ reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *pla
                 RS_CHECK(geo_make(&ps->dst_map, rank, &q->geo[2 * pw->scales + 1]));
             RS_CHECK(tmp_grow(q, pw->dst.shape[pw->dst.ndim - 1]));
             if (!q->blk_fp[w] &&
-                !(q->blk_fp[w] = rs_calloc(2 * nscales + 1, sizeof(uint64_t), "quantized blocks")))
+                !(q->blk_fp[w] = rs_calloc(3 * nscales + 1, sizeof(uint64_t), "quantized blocks")))
                 return RESHARD_ERR_NO_MEMORY;
             if (!q->dirty[w] && !(q->dirty[w] = rs_calloc(nscales + 1, 1, "quantized blocks")))
                 return RESHARD_ERR_NO_MEMORY;
@@ -163,10 +173,13 @@ void exec_quant_fini(struct exec_quant *q, int ntensors, struct reshard_comm *c)
         free(q->done[t]);
     for (int t = 0; q->geo && t < 2 * ntensors; t++)
         geo_free(q->geo[t]);
-    for (int t = 0; q->blk_fp && q->dirty && t < ntensors; t++) {
+    for (int t = 0; q->blk_fp && q->dirty && q->sent_fp && t < ntensors; t++) {
         free(q->blk_fp[t]);
         free(q->dirty[t]);
+        free(q->sent_fp[t]);
     }
+    free(q->sent_fp);
+    free(q->sent_ok);
     free(q->blk_fp);
     free(q->dirty);
     free(q->blk_ok);
@@ -254,6 +267,7 @@ static void quantize_sends(struct exec *x, uint32_t w, const reshard_buffers_t *
     memset(cast, 0, (size_t)nscales);
     int nd = s.pw->dst.ndim;
     struct qgeo flat = geo_flat(s.src); /* the FP8 copy */
+    uint64_t *sent = x->quant.verify ? x->quant.sent_fp[w] : NULL;
     for (size_t i = x->quant.first[w]; i < x->quant.first[w + 1]; i++) {
         const struct xfer *xf = &x->xs.x[x->quant.xfer[i]];
         if (xf->src != me || xf->src_buf != XBUF_QSRC || (xf->tensor != w && xf->tensor != st))
@@ -281,8 +295,12 @@ static void quantize_sends(struct exec *x, uint32_t w, const reshard_buffers_t *
             block_box(&s.pw->dst, b, NULL, NULL, lo, hi);
             cast_box(&s.pw->dst, lo, hi, scale, s.base, s.src, s.pw->src.dtype,
                      (uint8_t *)x->quant.qsrc[w], &flat);
+            if (sent) /* while the codes are in the cache (exec_quant_expect) */
+                sent[k] = block_fp(&s.pw->dst, b, x->quant.qsrc[w], &flat, 1, NULL,
+                                   x->quant.landed_tmp, codes_grouped(s.pw), NULL, 0);
         } while (box_next(nd, blo, bhi, b));
     }
+    x->quant.sent_ok[w] = sent != NULL;
 }
 
 reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs,
@@ -291,6 +309,7 @@ reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs
     for (int t = 0; x->quant.qsrc && t < x->plan->ntensors; t++) {
         if (!is_cast(x->plan, (uint32_t)t) || !x->quant.qsrc[t])
             continue;
+        x->quant.sent_ok[t] = 0; /* until quantize_sends made them */
         if (exec_quant_dev_src(dev, (uint32_t)t))
             RS_CHECK(exec_quant_dev_at_src(x, (uint32_t)t, dev));
         else
@@ -300,15 +319,40 @@ reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs
 }
 
 /* ---- the receiver ---- */
-/* The codes of block b (k its index) just cast into out (geometry g) and its scale, into
- * fp[2k], fp[2k + 1]. */
+/* Block b (k its index), just cast into out (geometry g) from the staged copy (flat): the
+ * fingerprints of its codes, its scale and its staged elements, into fp[3k] .. fp[3k + 2], while
+ * the block is in the cache. The staged elements are checked against the sources' parts of the
+ * block (the transit check), as they were when quantized. */
 static void landed_fp(struct exec *x, uint32_t w, const int64_t *b, int64_t k, float scale,
-                      const uint8_t *out, const struct qgeo *g, uint64_t *fp)
+                      const uint8_t *out, const struct qgeo *g, const char *stage,
+                      const struct qgeo *flat, const struct qwhole *wh, uint64_t *fp)
 {
     const struct plan_tensor *pw = &x->plan->tensors[w];
-    fp[2 * k] = block_fp(&pw->dst, b, (const char *)out, g, 1, NULL, x->quant.landed_tmp,
-                         codes_grouped(pw));
-    fp[2 * k + 1] = fp_mix((uint64_t)k, rs_f32_bits(scale));
+    fp[3 * k] = block_fp(&pw->dst, b, (const char *)out, g, 1, NULL, x->quant.landed_tmp,
+                         codes_grouped(pw), NULL, 0);
+    fp[3 * k + 1] = fp_mix((uint64_t)k, rs_f32_bits(scale));
+    fp[3 * k + 2] = block_fp(&pw->dst, b, stage, flat, dtype_size(pw->src.dtype), NULL,
+                             x->quant.landed_tmp, 0, wh, 0);
+}
+
+/* RESHARD_TEST_FLIP=RANK:TENSOR@staged:BYTE: rank RANK flips the lowest bit of byte BYTE of its
+ * staged copy of TENSOR before quantizing it, as a fault on the way would (the transit check's
+ * test: the codes are made from the flipped value and agree with it). */
+static void test_flip_staged(const struct exec *x, uint32_t w, char *stage, uint64_t bytes)
+{
+    const char *spec = rs_param_str(RS_PARAM_TEST_FLIP);
+    char name[256];
+    int rank = -1;
+    long long byte = 0;
+    if (!*spec || sscanf(spec, "%d:%255[^:]:%lld", &rank, name, &byte) != 3 ||
+        rank != x->comm->rank || byte < 0 || (uint64_t)byte >= bytes)
+        return;
+    size_t n = strlen(x->plan->tensors[w].name);
+    if (strncmp(name, x->plan->tensors[w].name, n) || strcmp(name + n, "@staged"))
+        return;
+    stage[byte] ^= 1;
+    rs_log(RS_LOG_WARN, "rank %d: RESHARD_TEST_FLIP flipped a bit of byte %lld of the staged %s",
+           x->comm->rank, byte, x->plan->tensors[w].name);
 }
 
 /* The blocks of staged transfer xs index i to quantize again: in a delta run that applied all
@@ -336,12 +380,14 @@ static int quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t *
     int64_t nscales = layout_numel(&ps->dst);
     uint8_t *done = x->quant.done[pw->scales] + nscales;
     memset(done, 0, (size_t)nscales);
-    uint64_t *fp = x->quant.blk_fp[w];
+    uint64_t *fp = x->quant.verify ? x->quant.blk_fp[w] : NULL;
     struct qwhole wh; /* the blocks cut between sources, which the check takes from here */
     if (fp && whole_make(pw, &wh) != RESHARD_OK)
         fp = NULL;     /* the check quantizes them again */
     if (fp && !sparse) /* every block made again: those of other runs are gone */
-        memset(fp, 0, 2 * (size_t)nscales * sizeof(*fp));
+        memset(fp, 0, 3 * (size_t)nscales * sizeof(*fp));
+    test_flip_staged(x, w, x->quant.stage[w],
+                     shard_elems(&pw->dst_map, me) * dtype_size(pw->src.dtype));
     int nd = pw->dst.ndim;
     struct qgeo flat = geo_flat(gd); /* the staging copy */
     int64_t made = 0;
@@ -370,7 +416,7 @@ static int quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t *
             block_box(&pw->dst, b, NULL, NULL, lo, hi);
             cast_box(&pw->dst, lo, hi, scale, stage, &flat, pw->src.dtype, out, gd);
             if (fp && !whole_block(&wh, b)) /* fingerprinted as made (exec_quant_expect) */
-                landed_fp(x, w, b, k, scale, out, gd, fp);
+                landed_fp(x, w, b, k, scale, out, gd, stage, &flat, &wh, fp);
         } while (box_next(nd, blo, bhi, b));
     }
     memset(x->quant.dirty[w], 0, (size_t)nscales);
@@ -384,12 +430,11 @@ static int quantize_landed(struct exec *x, uint32_t w, const reshard_buffers_t *
     whole_free(&wh);
     /* blocks not made this run: as they were made in the last, whose result they still are */
     x->quant.blk_ok[w] = (uint8_t)(!sparse || x->quant.blk_ok[w]);
-    uint64_t *sum = x->quant.landed_fp + 2 * w;
-    sum[0] = sum[1] = 0;
-    for (int64_t k = 0; k < nscales; k++) {
-        sum[0] += fp[2 * k];
-        sum[1] += fp[2 * k + 1];
-    }
+    uint64_t *sum = x->quant.landed_fp + 3 * w;
+    sum[0] = sum[1] = sum[2] = 0;
+    for (int64_t k = 0; k < nscales; k++)
+        for (int i = 0; i < 3; i++)
+            sum[i] += fp[3 * k + i];
     return x->quant.blk_ok[w];
 }
 

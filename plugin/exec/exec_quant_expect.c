@@ -26,6 +26,8 @@ void whole_free(struct qwhole *q)
 {
     for (int d = 0; d < q->nd; d++)
         free(q->whole[d]);
+    free(q->grp);
+    q->grp = NULL;
 }
 
 reshard_status_t whole_make(const struct plan_tensor *pw, struct qwhole *q)
@@ -52,6 +54,22 @@ reshard_status_t whole_make(const struct plan_tensor *pw, struct qwhole *q)
             for (int64_t i = lo + 1; i < hi && one; i++)
                 one = owner[i] == owner[lo];
             q->whole[d][b] = one;
+        }
+        size_t es = dtype_size(pw->src.dtype);
+        q->G = d == w->ndim - 1 && es < 8 ? (int64_t)(8 / es) : q->G;
+        if (d == w->ndim - 1 && q->G > 1) {
+            int64_t ng = n / q->G;
+            if (!(q->grp = rs_calloc((size_t)ng + 1, 1, "verification"))) {
+                free(owner);
+                whole_free(q);
+                return RESHARD_ERR_NO_MEMORY;
+            }
+            for (int64_t m = 0; m < ng; m++) {
+                uint8_t one = 1;
+                for (int64_t i = m * q->G + 1; i < (m + 1) * q->G && one; i++)
+                    one = owner[i] == owner[m * q->G];
+                q->grp[m] = one;
+            }
         }
         free(owner);
     }
@@ -142,10 +160,84 @@ static uint64_t row_fp(const char *base, const struct qgeo *g, int64_t row, int6
     return sum;
 }
 
+/* The transit check's fingerprint of row `row` of g's shard, global columns [j0, j1) where the
+ * shard holds them: each group of plain->G elements (8 bytes) that one source holds whole
+ * (plain->grp) and that lies in [j0, j1), at the index of its first byte, the others one by
+ * one; tmp gathers a run that is not contiguous in base. */
+static uint64_t row_plain(const char *base, const struct qgeo *g, int64_t row, int64_t j0,
+                          int64_t j1, uint64_t gfirst, size_t es, const struct qwhole *plain,
+                          uint8_t *tmp, int src)
+{
+    const int64_t *loc = g->loc[g->ndim - 1];
+    int64_t G = plain->G;
+    int flat = !g->view && g->last_run; /* held columns are consecutive elements */
+    uint64_t sum = 0;
+    if (flat && src) {
+        /* A source shard of one run along the last dim is one source group there: it holds
+         * [a, e) of the row, and every group of G inside it whole; the elements of the groups
+         * that straddle its ends, one by one, as the other side takes them. */
+        int64_t a = j0 > g->run_lo ? j0 : g->run_lo, e = j1 < g->run_hi ? j1 : g->run_hi;
+        if (a >= e)
+            return 0;
+        int64_t m0 = a, m1 = a;
+        if (G > 1) {
+            m0 = (a + G - 1) / G * G;
+            m1 = e / G * G;
+            if (m1 <= m0)
+                m0 = m1 = e;
+        }
+        const uint8_t *p = (const uint8_t *)base + (row + loc[a] - a) * (int64_t)es;
+        for (int64_t j = a; j < m0; j++) {
+            uint64_t bits = 0;
+            memcpy(&bits, p + j * (int64_t)es, es);
+            sum += fp_mix(gfirst + (uint64_t)j, bits);
+        }
+        if (m1 > m0)
+            sum += fingerprint_run8(p + m0 * (int64_t)es, (gfirst + (uint64_t)m0) * es,
+                                    (m1 - m0) * (int64_t)es);
+        for (int64_t j = m1 > m0 ? m1 : m0; j < e; j++) {
+            uint64_t bits = 0;
+            memcpy(&bits, p + j * (int64_t)es, es);
+            sum += fp_mix(gfirst + (uint64_t)j, bits);
+        }
+        return sum;
+    }
+    for (int64_t j = j0; j < j1;) {
+        if (loc[j] < 0) {
+            j++;
+            continue;
+        }
+        int64_t k = j;
+        if (G > 1 && j % G == 0)
+            while (k + G <= j1 && plain->grp[k / G] && loc[k] >= 0)
+                k += G;
+        if (k > j) { /* whole groups [j, k) */
+            int64_t at;
+            const uint8_t *p = tmp;
+            if (flat)
+                p = (const uint8_t *)base + (row + loc[j]) * (int64_t)es;
+            else if (geo_run(g, row, j, k, &at))
+                p = (const uint8_t *)base + at * (int64_t)es;
+            else
+                for (int64_t i = j; i < k; i++)
+                    memcpy(tmp + (i - j) * (int64_t)es, base + geo_elem(g, row, i) * (int64_t)es,
+                           es);
+            sum += fingerprint_run8(p, (gfirst + (uint64_t)j) * es, (k - j) * (int64_t)es);
+            j = k;
+            continue;
+        }
+        uint64_t bits = 0;
+        memcpy(&bits, base + geo_elem(g, row, j) * (int64_t)es, es);
+        sum += fp_mix(gfirst + (uint64_t)j, bits);
+        j++;
+    }
+    return sum;
+}
+
 /* The fingerprint of the elements of block b of weight w that g's shard holds (in base). */
 uint64_t block_fp(const struct rs_layout *w, const int64_t *b, const char *base,
                   const struct qgeo *g, size_t esize, const struct qcast *cast, uint8_t *tmp,
-                  int group)
+                  int group, const struct qwhole *plain, int src)
 {
     int64_t lo[RS_MAX_DIMS], hi[RS_MAX_DIMS], at[RS_MAX_DIMS];
     int nd = w->ndim;
@@ -164,8 +256,12 @@ uint64_t block_fp(const struct rs_layout *w, const int64_t *b, const char *base,
         at[nd - 1] = 0;
         uint64_t gfirst = (uint64_t)row_major(nd, w->shape, at);
         at[nd - 1] = col;
-        sum += row_fp(base, g, geo_row(g, at), lo[nd - 1], hi[nd - 1], gfirst, esize, cast, tmp,
-                      group);
+        if (plain)
+            sum += row_plain(base, g, geo_row(g, at), lo[nd - 1], hi[nd - 1], gfirst, esize, plain,
+                             tmp, src);
+        else
+            sum += row_fp(base, g, geo_row(g, at), lo[nd - 1], hi[nd - 1], gfirst, esize, cast, tmp,
+                          group);
     } while (row_next(nd, lo, hi, at));
     return sum;
 }
@@ -290,25 +386,30 @@ static reshard_status_t expect_src(const struct exec *x, const reshard_buffers_t
                               ? x->quant.done[pw->scales] + 2 * nscales
                               : NULL;
     const float *sent = cast ? (const float *)(const void *)x->quant.qsrc[pw->scales] : NULL;
+    const uint64_t *sent_fp =
+        cast && x->quant.sent_ok && x->quant.sent_ok[w] ? x->quant.sent_fp[w] : NULL;
     enum rs_dtype dt = pw->src.dtype;
     size_t es = dtype_size(dt);
     int64_t idx[RS_MAX_DIMS], b[RS_MAX_DIMS];
     if (blocks_first(&held, idx, b))
         do {
             if (!whole_block(wh, b)) { /* it crosses in the source dtype: its part of it */
-                fp->src_plain += block_fp(&pw->dst, b, base, g, es, NULL, tmp, 0);
+                fp->src_plain += block_fp(&pw->dst, b, base, g, es, NULL, tmp, 0, wh, 1);
                 continue;
             }
             int64_t k = row_major(nd, ps->dst.shape, b);
             float scale;
-            if (cast && cast[k]) {
+            if (cast && cast[k] && sent_fp) { /* fingerprinted as cast (quantize_sends) */
                 scale = sent[k];
-                fp->src_codes +=
-                    block_fp(&pw->dst, b, x->quant.qsrc[w], &flat, 1, NULL, tmp, fp->grouped);
+                fp->src_codes += sent_fp[k];
+            } else if (cast && cast[k]) {
+                scale = sent[k];
+                fp->src_codes += block_fp(&pw->dst, b, x->quant.qsrc[w], &flat, 1, NULL, tmp,
+                                          fp->grouped, NULL, 0);
             } else {
                 struct qcast c = {block_scale(&pw->dst, b, base, g, dt), dt, fp8_of(pw->dst.dtype)};
                 scale = c.scale;
-                fp->src_codes += block_fp(&pw->dst, b, base, g, es, &c, tmp, fp->grouped);
+                fp->src_codes += block_fp(&pw->dst, b, base, g, es, &c, tmp, fp->grouped, NULL, 0);
             }
             fp->src_scales += fp_mix((uint64_t)k, rs_f32_bits(scale));
         } while (blocks_next(&held, idx, b));
@@ -349,32 +450,32 @@ static reshard_status_t expect_dst(const struct exec *x, const reshard_buffers_t
         else
             st = host_bytes(bufs[w].dst, span, bufs[w].mem, &out, &copy);
     }
-    /* quantized on the host this run: fingerprinted then (quantize_landed); on the device,
-     * quantized again here from the staged copy */
+    /* quantized on the host: fingerprinted as made, staged elements too (quantize_landed); on
+     * the device, quantized again here from the staged copy */
     int made = x->quant.landed_ok && x->quant.landed_ok[w];
     if (made) {
-        fp->dst_codes = x->quant.landed_fp[2 * w];
-        fp->dst_scales = x->quant.landed_fp[2 * w + 1];
+        fp->dst_codes = x->quant.landed_fp[3 * w];
+        fp->dst_scales = x->quant.landed_fp[3 * w + 1];
+        fp->dst_plain = x->quant.landed_fp[3 * w + 2];
     }
     int64_t idx[RS_MAX_DIMS], b[RS_MAX_DIMS];
     if (st == RESHARD_OK && blocks_first(&held, idx, b))
         do {
             if (out)
-                fp->dst_held += block_fp(&pw->dst, b, out, g, 1, NULL, tmp, 1);
-            if (whole_block(wh, b))
-                continue; /* quantized at its sender: the source side counts it */
+                fp->dst_held += block_fp(&pw->dst, b, out, g, 1, NULL, tmp, 1, NULL, 0);
+            if (whole_block(wh, b) || made)
+                continue; /* quantized at its sender (the source side counts it), or made here */
             if (!stage) {
                 st = rs_error(RESHARD_ERR_INTERNAL,
                               "a block quantized where it lands, and no staged copy of it");
                 break;
             }
-            fp->dst_plain += block_fp(&pw->dst, b, stage, &flat, dtype_size(dt), NULL, tmp, 0);
-            if (made)
-                continue; /* its codes and scale were fingerprinted as they were made */
+            fp->dst_plain +=
+                block_fp(&pw->dst, b, stage, &flat, dtype_size(dt), NULL, tmp, 0, wh, 0);
             struct qcast c = {block_scale(&pw->dst, b, stage, &flat, dt), dt,
                               fp8_of(pw->dst.dtype)};
             fp->dst_codes +=
-                block_fp(&pw->dst, b, stage, &flat, dtype_size(dt), &c, tmp, fp->grouped);
+                block_fp(&pw->dst, b, stage, &flat, dtype_size(dt), &c, tmp, fp->grouped, NULL, 0);
             fp->dst_scales +=
                 fp_mix((uint64_t)row_major(nd, ps->dst.shape, b), rs_f32_bits(c.scale));
         } while (blocks_next(&held, idx, b));
@@ -396,7 +497,7 @@ reshard_status_t exec_quant_expect(const struct exec *x, const reshard_buffers_t
         return RESHARD_OK;
     struct qwhole wh;
     RS_CHECK(whole_make(pw, &wh));
-    uint8_t *tmp = rs_calloc((size_t)pw->dst.shape[pw->dst.ndim - 1] + 1, 1, "verification");
+    uint8_t *tmp = rs_calloc((size_t)pw->dst.shape[pw->dst.ndim - 1] + 1, 8, "verification");
     reshard_status_t st = tmp ? RESHARD_OK : RESHARD_ERR_NO_MEMORY;
     if (st == RESHARD_OK && src)
         st = expect_src(x, bufs, w, &wh, tmp, fp);

@@ -56,6 +56,10 @@ reshard_status_t geo_make(const struct rs_shardmap *m, int rank, struct qgeo **o
                 g->loc[d][dm->segs[s].start + i] = dm->segs[s].pos + i;
         g->shape[d] = dimmap_group_len(dm, grp);
         g->last_run = dm->first[grp + 1] - dm->first[grp] == 1;
+        if (g->last_run) {
+            g->run_lo = dm->segs[dm->first[grp]].start;
+            g->run_hi = g->run_lo + dm->segs[dm->first[grp]].len;
+        }
     }
     *out = g;
     return RESHARD_OK;

@@ -22,6 +22,7 @@ struct qgeo {
     int64_t shape[RS_MAX_DIMS];
     const struct rs_view *view;
     int last_run; /* the last dim is one run of global indices: any part of it held is a run */
+    int64_t run_lo, run_hi; /* last_run: the global indices of that run, [run_lo, run_hi) */
 };
 
 /* Elements of rank's shard of m, 0 when it holds none. */
@@ -86,6 +87,12 @@ float block_scale(const struct rs_layout *w, const int64_t *b, const char *base,
 struct qwhole {
     int nd;
     uint8_t *whole[RS_MAX_DIMS];
+    /* Along the last dim, groups of G elements of the source dtype (8 bytes; G = 1: none):
+     * grp[m], elements [m G, m G + G) lie in one group of the source map, so the staged
+     * elements of cut blocks are fingerprinted a group at a time wherever a source holds it
+     * whole (block_fp with plain), the others one at a time, alike on both sides. */
+    uint8_t *grp;
+    int64_t G;
 };
 reshard_status_t whole_make(const struct plan_tensor *pw, struct qwhole *q);
 void whole_free(struct qwhole *q);
@@ -94,10 +101,13 @@ int whole_block(const struct qwhole *q, const int64_t *b);
 /* Whether weight w's codes are fingerprinted eight at a time (fingerprint_run8). */
 int codes_grouped(const struct plan_tensor *pw);
 /* The fingerprint of the elements of block b of weight w that g's shard holds (in base): raw
- * elements of esize bytes, or (cast, NULL here) their FP8 codes; tmp holds a row of codes. */
+ * elements of esize bytes, or (cast, NULL here) their FP8 codes; tmp holds a row of codes
+ * (8 bytes per element of a row). plain (with raw elements of the source dtype): the staged
+ * elements' transit check, a group of plain->G at a time where plain->grp says so; src: g is
+ * a source shard (one source group along each dim). */
 struct qcast;
 uint64_t block_fp(const struct rs_layout *w, const int64_t *b, const char *base,
                   const struct qgeo *g, size_t esize, const struct qcast *cast, uint8_t *tmp,
-                  int group);
+                  int group, const struct qwhole *plain, int src);
 
 #endif

@@ -276,11 +276,13 @@ TestSuite(delta_fp8, .init = setup, .fini = teardown, .timeout = 300);
 /* 512 x 512 bf16 by rows on 4 ranks into e4m3 128 x 128 blocks on a 2 x 2 mesh: every block
  * is whole at its sender, which quantizes it; the codes and scales travel. */
 #define AT_SRC_SRC "shape=512x512 dtype=bf16 ranks=0-3 place=S(0)"
-#define AT_SRC_DST "shape=512x512 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) quant=block(128,128)"
+#define AT_SRC_DST                                                                                 \
+    "shape=512x512 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=R,S(1) quant=block(128,128)"
 /* by columns on 3 ranks (171, 171, 170): the blocks of columns 128-383 are cut between
  * sources, cross in bf16 and are quantized where they land */
 #define AT_DST_SRC "shape=512x512 dtype=bf16 ranks=0-2 place=S(1)"
-#define AT_DST_DST "shape=512x512 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),S(1) quant=block(128,128)"
+#define AT_DST_DST                                                                                 \
+    "shape=512x512 dtype=fp8e4m3 ranks=0-3 mesh=2x2 place=S(0),S(1) quant=block(128,128)"
 /* the same from ranks 1, 4 and 0, none of which holds any of its own source's columns as a
  * destination: every staged box crosses the network, as a delta (a rank's copy of its own
  * source into its staged copy is not compared, and its blocks are quantized again) */
@@ -315,8 +317,8 @@ static void bytes_case(const char *src, const char *dst, int world, const char *
     /* 5% of the elements one step each: far less than the full refit */
     cr_assert_lt(rep[0].net[1] * 100, full * 30, "%s: 5%% changed sent %llu of %llu bytes", what,
                  (unsigned long long)rep[0].net[1], (unsigned long long)full);
-    cr_assert_lt(rep[0].net[2] * 100, full * 5, "%s: nothing changed sent %llu of %llu bytes",
-                 what, (unsigned long long)rep[0].net[2], (unsigned long long)full);
+    cr_assert_lt(rep[0].net[2] * 100, full * 5, "%s: nothing changed sent %llu of %llu bytes", what,
+                 (unsigned long long)rep[0].net[2], (unsigned long long)full);
 }
 
 Test(delta_fp8, codes_and_scales_quantized_at_the_sender_travel_as_changes)

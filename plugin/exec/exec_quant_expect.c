@@ -164,6 +164,8 @@ static uint64_t row_fp(const char *base, const struct qgeo *g, int64_t row, int6
  * shard holds them: each group of plain->G elements (8 bytes) that one source holds whole
  * (plain->grp) and that lies in [j0, j1), at the index of its first byte, the others one by
  * one; tmp gathers a run that is not contiguous in base. */
+#define PLAIN_AHEAD 8
+
 static uint64_t row_plain(const char *base, const struct qgeo *g, int64_t row, int64_t j0,
                           int64_t j1, uint64_t gfirst, size_t es, const struct qwhole *plain,
                           uint8_t *tmp, int src)
@@ -187,6 +189,12 @@ static uint64_t row_plain(const char *base, const struct qgeo *g, int64_t row, i
                 m0 = m1 = e;
         }
         const uint8_t *p = (const uint8_t *)base + (row + loc[a] - a) * (int64_t)es;
+        /* the same columns some rows on: a block walks its rows a shard row apart, too far for
+         * the hardware to guess across pages (prefetches do not fault) */
+        const char *ahead =
+            (const char *)(p + a * (int64_t)es) + PLAIN_AHEAD * g->shape[g->ndim - 1] * (int64_t)es;
+        for (int64_t off = 0; off < (e - a) * (int64_t)es + 63; off += 64)
+            __builtin_prefetch(ahead + off);
         for (int64_t j = a; j < m0; j++) {
             uint64_t bits = 0;
             memcpy(&bits, p + j * (int64_t)es, es);

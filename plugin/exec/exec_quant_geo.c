@@ -158,6 +158,12 @@ int geo_run(const struct qgeo *g, int64_t row, int64_t j0, int64_t j1, int64_t *
     const int64_t *l = g->loc[g->ndim - 1];
     if (g->view || j1 <= j0)
         return 0;
+    if (g->last_run) { /* what it holds of the row is one run: both ends held, all between */
+        if (l[j0] < 0 || l[j1 - 1] < 0)
+            return 0;
+        *first = row + l[j0];
+        return 1;
+    }
     for (int64_t j = j0 + 1; j < j1; j++)
         if (l[j] != l[j0] + (j - j0))
             return 0;

@@ -169,6 +169,7 @@ static reshard_status_t comm_plan_make(const char *fn, reshard_comm_t *comm,
     }
     exec_set_world(h->x, &world);
     exec_delta_enable(h->x, delta);
+    exec_verify_enable(h->x, verify);
     h->verify = verify;
     api_plan_given(h);
     *plan = h;

@@ -51,6 +51,9 @@ void exec_delta_enable(struct exec *x, int on);
 /* A verified refit found some destination wrong: this rank's destinations hold no known refit
  * now, so the next delta refit sends them in full. */
 void exec_delta_forget_dst(struct exec *x);
+/* The plan verifies its refits: blocks quantized where they land are fingerprinted as they are
+ * made (exec_quant.c), for the check. Set once, before the first execution. */
+void exec_verify_enable(struct exec *x, int on);
 /* The local pairs and their paths as this rank sees them, for the plan vote (exec_link.c). */
 uint64_t exec_local_fp(const struct exec *x);
 /* The world's figures, as the plan vote summed them. */

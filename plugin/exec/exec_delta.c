@@ -27,10 +27,15 @@
 
 #define ALIGN8(n) (((n) + 7) & ~(uint64_t)7)
 
+/* FP8 destinations quantized on the way (exec_quant.c): a box quantized at its sender travels
+ * as the FP8 codes (and scales) of the sender's copy, a box quantized where it lands as the
+ * source dtype into the staged copy, whose changed blocks alone are quantized again. */
 int exec_delta_encoded(const struct exec *x, const struct xfer *xf)
 {
-    return xf->path == XFER_NET && xf->parent == XFER_NONE && xf->src_buf == XBUF_SRC &&
-           xf->dst_buf == XBUF_DST && x->plan->tensors[xf->tensor].quant == PLAN_QUANT_NONE;
+    (void)x;
+    return xf->path == XFER_NET && xf->parent == XFER_NONE &&
+           (xf->src_buf == XBUF_SRC || xf->src_buf == XBUF_QSRC) &&
+           (xf->dst_buf == XBUF_DST || xf->dst_buf == XBUF_STAGE);
 }
 
 /* A local transfer out of a forwarder's destination into a peer's, unquantized: what the
@@ -149,7 +154,8 @@ static void make_snapshots(struct exec *x, const reshard_buffers_t *dev)
     struct exec_delta *d = &x->delta;
     for (int t = 0; t < x->plan->ntensors; t++) {
         if (d->snap[t] || !d->snap_bytes[t] ||
-            (dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].src && dev[t].src_bytes))
+            (dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].src && dev[t].src_bytes &&
+             x->plan->tensors[t].quant == PLAN_QUANT_NONE))
             continue;
         if (!(d->snap[t] = rs_calloc(d->snap_bytes[t], 1, "a delta snapshot"))) {
             if (!d->warned[t]++)
@@ -231,6 +237,7 @@ static const char *const why_text[] = {
     [DELTA_WHY_BUFFERS] = "new destination buffers",
     [DELTA_WHY_FULL] = "the last refit went to it in full",
     [DELTA_WHY_VERIFY] = "a verified refit found a destination wrong",
+    [DELTA_WHY_FP8_DEVICE] = "a quantized tensor's device destination",
 };
 
 /* The buffers of tensor t whose destination is compared: the caller's device buffer for a
@@ -241,14 +248,23 @@ static const reshard_buffers_t *dst_of(const reshard_buffers_t *bufs, const resh
     return dev && dev[t].mem == RESHARD_MEM_CUDA ? &dev[t] : &bufs[t];
 }
 
+/* A quantized tensor's device destination: its FP8 codes land in the host shadow and are
+ * copied whole to the device, so nothing on the device is known to hold a refit; it goes in
+ * full every refit (exec_delta_dev.c never applies quantized chunks on the device). */
+static int fp8_on_dev(const struct exec *x, const reshard_buffers_t *dev, int t)
+{
+    return dev && dev[t].mem == RESHARD_MEM_CUDA && x->plan->tensors[t].quant != PLAN_QUANT_NONE;
+}
+
 /* Does this rank's destination of tensor t (bufs, or dev for a device tensor) hold the last
  * refit? */
-static int holds_last(const struct exec_delta *d, const reshard_buffers_t *bufs,
+static int holds_last(const struct exec *x, const reshard_buffers_t *bufs,
                       const reshard_buffers_t *dev, int t)
 {
+    const struct exec_delta *d = &x->delta;
     const reshard_buffers_t *b = dst_of(bufs, dev, t);
-    return d->last && d->dst_ver[t] == d->last && b->dst == d->dst_seen[t] &&
-           b->dst_bytes == d->dst_len[t];
+    return !fp8_on_dev(x, dev, t) && d->last && d->dst_ver[t] == d->last &&
+           b->dst == d->dst_seen[t] && b->dst_bytes == d->dst_len[t];
 }
 
 /* This rank's destinations that do not hold the last refit, into f. */
@@ -258,7 +274,7 @@ static void stale_mine(const struct exec *x, const reshard_buffers_t *bufs,
     const struct exec_delta *d = &x->delta;
     int me = x->comm->rank, n = 0;
     for (int t = 0; t < x->plan->ntensors; t++)
-        if (d->in_t[t] && !holds_last(d, bufs, dev, t) && ++n <= STALE_MAX_NAMED)
+        if (d->in_t[t] && !holds_last(x, bufs, dev, t) && ++n <= STALE_MAX_NAMED)
             stale_add(f, (uint32_t)t, me);
     if (n > STALE_MAX_NAMED)
         stale_add(f, DELTA_ALL, me);
@@ -304,15 +320,17 @@ static void say_stale(const struct exec_run *r)
     const struct exec_delta *d = &x->delta;
     int n = 0, first = -1;
     for (int t = 0; t < x->plan->ntensors; t++)
-        if (d->in_t[t] && !holds_last(d, r->bufs, r->dev, t) && n++ == 0)
+        if (d->in_t[t] && !holds_last(x, r->bufs, r->dev, t) && n++ == 0)
             first = t;
     if (!n)
         return;
-    int moved = d->dst_ver[first] && !holds_last(d, r->bufs, r->dev, first);
+    int moved = d->dst_ver[first] && !holds_last(x, r->bufs, r->dev, first);
+    int why = fp8_on_dev(x, r->dev, first) ? DELTA_WHY_FP8_DEVICE
+              : moved                      ? DELTA_WHY_BUFFERS
+                                           : d->dst_why[first];
     rs_log(RS_LOG_INFO,
            "rank %d: delta refit %u: %d tensor(s) come here in full, '%s' the first (%s)",
-           x->comm->rank, r->seq, n, x->plan->tensors[first].name,
-           why_text[moved ? DELTA_WHY_BUFFERS : d->dst_why[first]]);
+           x->comm->rank, r->seq, n, x->plan->tensors[first].name, why_text[why]);
 }
 
 void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t hi,
@@ -442,7 +460,7 @@ static char *scratch(const struct exec_run *r, size_t k, uint32_t chunk, int kin
      * in full, straight into the destination. */
     const struct xfer *xf = &x->xs.x[x->share.in[k]];
     size_t i = x->share.in_off[k] + chunk;
-    if (!holds_last(d, r->bufs, r->dev, (int)xf->tensor) || stale(r, xf->tensor, x->comm->rank) ||
+    if (!holds_last(x, r->bufs, r->dev, (int)xf->tensor) || stale(r, xf->tensor, x->comm->rank) ||
         !tracks(r, xf->src, x->comm->rank))
         return NULL;
     if (kind == DELTA_IN_NET && forced(d->in_streak[i])) /* comes dense: the sender knows too */
@@ -473,12 +491,14 @@ reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, s
     uint64_t want = region_bytes(&rg);
     int on_dev = exec_delta_dev_lands(r, xf); /* a device destination: the chunk goes there */
     if (bytes == want) {                      /* dense */
-        if (!on_dev) {
-            region_unpack(&rg, base, msg);
+        if (on_dev) {
+            RS_CHECK(exec_delta_dev_land(r, xf, chunk, msg, bytes));
+            d->in_dev[i] = 1;
             return RESHARD_OK;
         }
-        RS_CHECK(exec_delta_dev_land(r, xf, chunk, msg, bytes));
-        d->in_dev[i] = 1;
+        region_unpack(&rg, base, msg);
+        if (xf->dst_buf == XBUF_STAGE && r->sparse) /* every block of it changed */
+            exec_quant_touched(x, x->share.in[k], &rg, NULL);
         return RESHARD_OK;
     }
     char why[96];
@@ -496,6 +516,8 @@ reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, s
     } else {
         delta_apply(msg, &rg, base);
     }
+    if (xf->dst_buf == XBUF_STAGE) /* the blocks it changed, quantized again */
+        exec_quant_touched(x, x->share.in[k], &rg, msg);
     d->in_len[i] = (uint32_t)bytes; /* a forward of it may pass the encoding on */
     return RESHARD_OK;
 }

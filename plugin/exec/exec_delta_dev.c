@@ -47,14 +47,19 @@ struct exec_delta_dev {
     uint64_t chunk, at[W_N + 1];
 };
 
-static int on_dev_src(const reshard_buffers_t *dev, uint32_t t)
+/* Quantized tensors (FP8 codes made on the host, from the staged source) are never compared or
+ * applied on the device: a device source of one is staged and compared on the host, and a device
+ * destination of one is refit in full (exec_delta.c's holds_last). */
+static int on_dev_src(const struct exec *x, const reshard_buffers_t *dev, uint32_t t)
 {
-    return dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].src && dev[t].src_bytes;
+    return dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].src && dev[t].src_bytes &&
+           x->plan->tensors[t].quant == PLAN_QUANT_NONE;
 }
 
-static int on_dev_dst(const reshard_buffers_t *dev, uint32_t t)
+static int on_dev_dst(const struct exec *x, const reshard_buffers_t *dev, uint32_t t)
 {
-    return dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].dst && dev[t].dst_bytes;
+    return dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].dst && dev[t].dst_bytes &&
+           x->plan->tensors[t].quant == PLAN_QUANT_NONE;
 }
 
 static const void *dptr_void(cu_deviceptr p)
@@ -89,7 +94,7 @@ static uint64_t dev_chunk(const struct exec *x, const reshard_buffers_t *dev)
     for (size_t o = 0; o < s->nout; o++) {
         const struct xfer *xf = &x->xs.x[s->out[o]];
         for (size_t c = 0; x->delta.out_enc[o] && xf->src_buf == XBUF_SRC &&
-                           on_dev_src(dev, xf->tensor) && c < s->out_off[o + 1] - s->out_off[o];
+                           on_dev_src(x, dev, xf->tensor) && c < s->out_off[o + 1] - s->out_off[o];
              c++) {
             uint64_t b = exec_chunk_bytes_of(&x->cut, xf, (uint32_t)c);
             most = b > most ? b : most;
@@ -97,8 +102,8 @@ static uint64_t dev_chunk(const struct exec *x, const reshard_buffers_t *dev)
     }
     for (size_t k = 0; k < s->nin; k++) {
         const struct xfer *xf = &x->xs.x[s->in[k]];
-        for (size_t c = 0; x->delta.in_enc[k] && on_dev_dst(dev, xf->tensor) &&
-                           c < s->in_off[k + 1] - s->in_off[k];
+        for (size_t c = 0; x->delta.in_enc[k] && xf->dst_buf == XBUF_DST &&
+                           on_dev_dst(x, dev, xf->tensor) && c < s->in_off[k + 1] - s->in_off[k];
              c++) {
             uint64_t b = exec_chunk_bytes_of(&x->cut, xf, (uint32_t)c);
             most = b > most ? b : most;
@@ -171,7 +176,7 @@ int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev)
     }
     struct exec_delta_dev *v = d->dev;
     for (int t = 0; t < nt; t++) /* a snapshot kept where its tensor no longer is */
-        if (v->snap[t] && !on_dev_src(dev, (uint32_t)t))
+        if (v->snap[t] && !on_dev_src(x, dev, (uint32_t)t))
             drop_dev_snap(d, (uint32_t)t);
     uint64_t chunk = dev ? dev_chunk(x, dev) : 0;
     if (!chunk)
@@ -180,7 +185,7 @@ int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev)
         return 0;
     uint64_t made = 0;
     for (int t = 0; t < nt; t++) {
-        if (!on_dev_src(dev, (uint32_t)t) || !d->snap_bytes[t] || v->snap[t])
+        if (!on_dev_src(x, dev, (uint32_t)t) || !d->snap_bytes[t] || v->snap[t])
             continue;
         if (d->snap[t]) { /* the host's snapshot of a source now on the device */
             free(d->snap[t]);
@@ -211,7 +216,7 @@ int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev)
 
 int exec_delta_dev_sends(const struct exec_run *r, const struct xfer *xf)
 {
-    return xf->src_buf == XBUF_SRC && on_dev_src(r->dev, xf->tensor);
+    return xf->src_buf == XBUF_SRC && on_dev_src(r->x, r->dev, xf->tensor);
 }
 
 /* Every chunk of out[o] goes through exec_delta_dev_out: none is packed with others (those are
@@ -238,7 +243,7 @@ int exec_delta_dev_snap(const struct exec *x, uint32_t t)
 
 int exec_delta_dev_lands(const struct exec_run *r, const struct xfer *xf)
 {
-    return r->delta && on_dev_dst(r->dev, xf->tensor);
+    return r->delta && xf->dst_buf == XBUF_DST && on_dev_dst(r->x, r->dev, xf->tensor);
 }
 
 static cu_deviceptr dptr(const void *p)

@@ -109,12 +109,27 @@ struct exec_quant {
     /* [3 * ntensors]: device memory for device buffers (exec_quant_dev.c), made at first use:
      * a sender's FP8 copy and scales, a receiver's staged shard; 0 where none */
     uint64_t *dev;
-    /* By CAST weight w, for a verified refit (exec_quant_expect): the fingerprints of the codes
-     * and scales this rank quantized where they landed on the host this run ([2w], [2w + 1]),
-     * landed_ok[w] once they are; landed_tmp a row of codes */
+    /* By CAST weight w, for a verified refit (exec_quant_expect; verify: the plan verifies, so
+     * they are made): the fingerprints of the cut blocks this rank quantizes where they land on
+     * the host, made as each is quantized: its codes and scale, and its staged elements for the
+     * transit check ([3w], [3w + 1], [3w + 2]), landed_ok[w] once they are; landed_tmp a row */
+    int verify;
     uint64_t *landed_fp;
     uint8_t *landed_ok, *landed_tmp;
     int64_t landed_tmp_n;
+    /* Delta refits (exec_delta.c), by CAST weight w quantized where it lands: blk_fp[w] the
+     * fingerprints of each cut block as last made ([3k] .. [3k + 2], as landed_fp's), kept
+     * across runs, since a delta run quantizes again only the blocks it changed; blk_ok[w]
+     * once they are all there; dirty[w] the blocks a delta changed this run. By transfer:
+     * via_delta[i], the chunks of a staged transfer a delta run applied (exec_quant_touched). */
+    uint64_t **blk_fp;
+    uint8_t **dirty, *blk_ok;
+    uint32_t *via_delta;
+    /* By CAST weight w this rank quantizes as a sender on the host, for a verified refit:
+     * sent_fp[w][k] the fingerprint of block k's codes as cast this run (the cast flags say
+     * which), sent_ok[w] once they are made. */
+    uint64_t **sent_fp;
+    uint8_t *sent_ok;
 };
 
 reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,
@@ -131,9 +146,14 @@ reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs
 /* Once everything bound for this rank landed: its staged blocks quantized into the
  * destinations, with their scales. left (or NULL: every tensor): after a failure, the chunks
  * of each tensor still to land: only the tensors with none left, which the outcome calls
- * complete (nothing writes into them any more). */
+ * complete (nothing writes into them any more). sparse: a delta run where only changes
+ * travelled: of the transfers it applied whole (exec_quant_touched), the blocks it changed. */
 reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs,
-                                   const reshard_buffers_t *dev, const size_t *left);
+                                   const reshard_buffers_t *dev, const size_t *left, int sparse);
+/* A delta run (sparse: only changes travel) landed chunk `chunk` (region rg of the staged
+ * copy) of staged transfer xs index i: msg, the encoded message, changed some of its elements,
+ * or NULL: it came dense. Its weight's blocks that changed are quantized again, no others. */
+void exec_quant_touched(struct exec *x, size_t i, const struct region *rg, const void *msg);
 /* The same on device buffers, with the kernels (exec_quant_dev.c), for CAST weight w. */
 reshard_status_t exec_quant_dev_check(const struct exec *x, const reshard_buffers_t *bufs,
                                       uint32_t w);
@@ -144,7 +164,8 @@ reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard
 void exec_quant_dev_fini(struct exec_quant *q, int ntensors);
 
 /* What a verified refit compares CAST weight w's destinations with, made where its blocks are
- * quantized (exec_quant.c): fingerprints in the weight's and its scales' global index space. */
+ * quantized (exec_quant_expect.c): fingerprints in the weight's and its scales' global index space.
+ */
 struct exec_quant_fp {
     /* the blocks of this rank's source shard, when src_counts (it is the replica that counts):
      * codes and scales of those whole in it, the elements of those it holds part of */
@@ -306,7 +327,13 @@ struct exec_delta {
 enum { DELTA_IN_NET = 1, DELTA_IN_FWD = 2 };
 
 /* Why a destination does not hold the last refit. */
-enum delta_why { DELTA_WHY_FIRST, DELTA_WHY_BUFFERS, DELTA_WHY_FULL, DELTA_WHY_VERIFY };
+enum delta_why {
+    DELTA_WHY_FIRST,
+    DELTA_WHY_BUFFERS,
+    DELTA_WHY_FULL,
+    DELTA_WHY_VERIFY,
+    DELTA_WHY_FP8_DEVICE
+};
 enum { DELTA_MEM_SCRATCH, DELTA_MEM_ENC, DELTA_MEM_PACK, DELTA_MEM_N };
 
 /* ---- what the last execution left (stage_land.c records it) ---- */

@@ -14,9 +14,11 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/param.h"
+#include "cuda/cuda_lib.h"
 #include "plugin/reshard.h"
 
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,7 @@ struct fcase {
     int fixed;     /* refit k changes fixed_pct[k] % (uniform, small steps): the bytes test */
     int flip_rank; /* >= 0: refit 3 flips a code of this rank's destination (verified) */
     long long flip_byte;
+    int dev; /* the delta plan's buffers are (stand-in) device buffers */
 };
 static struct fcase fc; /* set before the ranks fork */
 
@@ -196,11 +199,32 @@ static reshard_status_t refits(int rank, int size, reshard_comm_t *comm)
     reshard_status_t st = fside_open(&d, comm, rank, 1);
     if (st == RESHARD_OK)
         st = fside_open(&f, comm, rank, 0);
+    const struct cuda_fns *cu = fc.dev ? cuda_lib() : NULL;
+    cu_deviceptr dsrc = 0, ddst[2] = {0, 0};
+    if (st == RESHARD_OK && fc.dev) { /* the delta plan's buffers on the device */
+        if (!cu || cuda_current_context() != RESHARD_OK)
+            return rs_error(RESHARD_ERR_UNAVAILABLE, "rank %d: no stand-in driver", rank);
+        if (sb && cu->mem_alloc(&dsrc, sb) != CU_SUCCESS)
+            return rs_error(RESHARD_ERR_NO_MEMORY, "rank %d: device source", rank);
+        for (int k = 0; k < 2; k++)
+            if (d.b[k].dst_bytes && (cu->mem_alloc(&ddst[k], d.b[k].dst_bytes) != CU_SUCCESS ||
+                                     cu->memcpy_htod(ddst[k], d.b[k].dst, d.b[k].dst_bytes)))
+                return rs_error(RESHARD_ERR_NO_MEMORY, "rank %d: device destination", rank);
+    }
     for (refit_no = 0; refit_no < REFITS && st == RESHARD_OK; refit_no++) {
         fill_source(ls, rank, src);
         reshard_buffers_t bd[2] = {d.b[0], d.b[1]}, bf[2] = {f.b[0], f.b[1]};
         bd[0].src = bf[0].src = sb ? src : NULL;
         bd[0].src_bytes = bf[0].src_bytes = sb;
+        if (fc.dev) {
+            if (sb)
+                cu->memcpy_htod(dsrc, src, sb);
+            bd[0].src = sb ? (void *)(uintptr_t)dsrc : NULL;
+            for (int k = 0; k < 2; k++) {
+                bd[k].dst = d.b[k].dst_bytes ? (void *)(uintptr_t)ddst[k] : NULL;
+                bd[k].mem = RESHARD_MEM_CUDA;
+            }
+        }
         int flip = fc.flip_rank >= 0 && refit_no == 3;
         char spec[96];
         snprintf(spec, sizeof(spec), "%d:layer.w.weight:%lld", fc.flip_rank, fc.flip_byte);
@@ -228,6 +252,9 @@ static reshard_status_t refits(int rank, int size, reshard_comm_t *comm)
             rep[rank].net[refit_no] += all[r];
         if (st == RESHARD_OK)
             st = reshard_plan_execute(f.plan, bf);
+        for (int k = 0; k < 2 && st == RESHARD_OK && fc.dev; k++) /* for differs() */
+            if (d.b[k].dst_bytes)
+                cu->memcpy_dtoh(d.b[k].dst, ddst[k], d.b[k].dst_bytes);
         for (int k = 0; k < 2 && st == RESHARD_OK && !flip; k++) {
             long long at = differs(&d, &f, k);
             if (at >= 0)
@@ -239,6 +266,11 @@ static reshard_status_t refits(int rank, int size, reshard_comm_t *comm)
         }
     }
     rs_log_set_sink(NULL);
+    if (dsrc)
+        cu->mem_free(dsrc);
+    for (int k = 0; k < 2; k++)
+        if (ddst[k])
+            cu->mem_free(ddst[k]);
     fside_close(&d);
     fside_close(&f);
     free(src);
@@ -352,6 +384,30 @@ Test(delta_fp8, a_flipped_code_fails_the_verified_delta_refit_and_the_next_one_m
                             .flip_rank = 1 + k,
                             .flip_byte = 129 * 256 + 3};
         setenv("RESHARD_DOMAIN_SIZE", "2", 1);
+        run_case(4);
+    }
+}
+
+/* The delta plan on (stand-in) device buffers: a quantized tensor's device source is staged and
+ * compared on the host, its device destination gets the codes in full each refit (nothing on the
+ * device is known to hold a refit); every code and scale equals the plain host plan's. */
+Test(delta_fp8, device_buffers_get_every_code_and_scale_of_a_full_refit)
+{
+    size_t n;
+    if (!cuda_fatbin(&n))
+        cr_skip_test("this build had no nvcc: no quantization kernels");
+    char path[512];
+    const char *b = getenv("RESHARD_BUILD");
+    snprintf(path, sizeof(path), "%s/test/fake/libcuda.so.1", b && *b ? b : "build");
+    setenv("RESHARD_CUDA_LIB", path, 1);
+    const char *layouts[][2] = {{AT_SRC_SRC, AT_SRC_DST}, {AT_DST_SRC, AT_DST_DST}};
+    for (int k = 0; k < 4; k++) {
+        fc = (struct fcase){.src = layouts[k % 2][0],
+                            .dst = layouts[k % 2][1],
+                            .seed = 9300 + (uint64_t)k,
+                            .flip_rank = -1,
+                            .dev = 1};
+        setenv("RESHARD_DOMAIN_SIZE", k / 2 ? "2" : "1", 1);
         run_case(4);
     }
 }

@@ -169,6 +169,7 @@ static reshard_status_t comm_plan_make(const char *fn, reshard_comm_t *comm,
     }
     exec_set_world(h->x, &world);
     exec_delta_enable(h->x, delta);
+    exec_verify_enable(h->x, verify);
     h->verify = verify;
     api_plan_given(h);
     *plan = h;
@@ -329,8 +330,9 @@ static reshard_status_t execute(const char *fn, reshard_plan_t *plan, const resh
     free(mapped);
     /* A refit enqueued on NCCL's stream is waited for first: verification reads what landed. */
     if (st == RESHARD_OK && plan->verify &&
-        (st = exec_settle(plan->x, on_stream, stream)) == RESHARD_OK)
-        st = check(plan, bufs, EXEC_VERIFY_REFIT);
+        (st = exec_settle(plan->x, on_stream, stream)) == RESHARD_OK &&
+        (st = check(plan, bufs, EXEC_VERIFY_REFIT)) != RESHARD_OK)
+        exec_delta_forget_dst(plan->x); /* a delta on what it found is never applied */
     api_plan_release(plan);
     return api_leave(fn, st);
 }

@@ -334,3 +334,30 @@ void delta_apply(const void *msg, const struct region *rg, char *base)
         }
     }
 }
+
+void delta_each_changed(const void *msg, void (*fn)(void *arg, uint64_t first, uint64_t n),
+                        void *arg)
+{
+    struct delta_hdr h;
+    memcpy(&h, msg, HDR);
+    const char *body = (const char *)msg + HDR;
+    if (h.kind == DELTA_BITMAP) {
+        for (size_t k = 0; k < nwords(h.nelem); k++) {
+            uint64_t bits;
+            memcpy(&bits, body + 8 * k, 8);
+            while (bits) { /* each run of set bits at once */
+                unsigned lo = (unsigned)__builtin_ctzll(bits);
+                uint64_t from = bits >> lo;
+                unsigned n = ~from ? (unsigned)__builtin_ctzll(~from) : 64 - lo;
+                fn(arg, 64 * k + lo, n);
+                bits = n + lo >= 64 ? 0 : bits & ~(((UINT64_C(1) << n) - 1) << lo);
+            }
+        }
+    } else if (h.kind == DELTA_RUNS) {
+        for (uint32_t r = 0; r < h.nruns; r++) {
+            uint32_t p[2];
+            memcpy(p, body + 8 * (size_t)r, 8);
+            fn(arg, p[0], p[1]);
+        }
+    }
+}

@@ -58,5 +58,9 @@ reshard_status_t delta_check(const void *msg, size_t len, size_t n, size_t es, c
 /* Applies a checked encoded message (not dense) to the chunk at base over region rg (elements
  * in the region's order). */
 void delta_apply(const void *msg, const struct region *rg, char *base);
+/* The elements a checked encoded message (not dense) changes, in runs: fn(arg, first, n) for
+ * elements [first, first + n) of the chunk, in the region's order, ascending. */
+void delta_each_changed(const void *msg, void (*fn)(void *arg, uint64_t first, uint64_t n),
+                        void *arg);
 
 #endif

@@ -197,6 +197,11 @@ void exec_delta_enable(struct exec *x, int on)
     x->delta.on = on != 0;
 }
 
+void exec_verify_enable(struct exec *x, int on)
+{
+    x->quant.verify = on != 0;
+}
+
 uint64_t exec_local_fp(const struct exec *x)
 {
     return x->links.local_fp;

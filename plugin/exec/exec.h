@@ -48,6 +48,12 @@ reshard_status_t exec_outcome(const struct exec *x, reshard_tensor_state_t *stat
 void exec_own_stats(const struct exec *x, reshard_rank_stats_t *mine);
 /* Delta refits on (docs/delta.md): set once, before the first execution. */
 void exec_delta_enable(struct exec *x, int on);
+/* A verified refit found some destination wrong: this rank's destinations hold no known refit
+ * now, so the next delta refit sends them in full. */
+void exec_delta_forget_dst(struct exec *x);
+/* The plan verifies its refits: blocks quantized where they land are fingerprinted as they are
+ * made (exec_quant.c), for the check. Set once, before the first execution. */
+void exec_verify_enable(struct exec *x, int on);
 /* The local pairs and their paths as this rank sees them, for the plan vote (exec_link.c). */
 uint64_t exec_local_fp(const struct exec *x);
 /* The world's figures, as the plan vote summed them. */

@@ -47,14 +47,19 @@ struct exec_delta_dev {
     uint64_t chunk, at[W_N + 1];
 };
 
-static int on_dev_src(const reshard_buffers_t *dev, uint32_t t)
+/* Quantized tensors (FP8 codes made on the host, from the staged source) are never compared or
+ * applied on the device: a device source of one is staged and compared on the host, and a device
+ * destination of one is refit in full (exec_delta.c's holds_last). */
+static int on_dev_src(const struct exec *x, const reshard_buffers_t *dev, uint32_t t)
 {
-    return dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].src && dev[t].src_bytes;
+    return dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].src && dev[t].src_bytes &&
+           x->plan->tensors[t].quant == PLAN_QUANT_NONE;
 }
 
-static int on_dev_dst(const reshard_buffers_t *dev, uint32_t t)
+static int on_dev_dst(const struct exec *x, const reshard_buffers_t *dev, uint32_t t)
 {
-    return dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].dst && dev[t].dst_bytes;
+    return dev && dev[t].mem == RESHARD_MEM_CUDA && dev[t].dst && dev[t].dst_bytes &&
+           x->plan->tensors[t].quant == PLAN_QUANT_NONE;
 }
 
 static const void *dptr_void(cu_deviceptr p)
@@ -78,7 +83,7 @@ static void drop_dev_snap(struct exec_delta *d, uint32_t t)
     dev_free(v->snap[t]);
     v->snap[t] = 0;
     v->held -= d->snap_bytes[t];
-    d->snap_state[t] = DELTA_SNAP_NONE;
+    d->snap_ver[t] = 0;
 }
 
 /* The largest encoded chunk this rank compares or applies on the device (0: none). */
@@ -89,7 +94,7 @@ static uint64_t dev_chunk(const struct exec *x, const reshard_buffers_t *dev)
     for (size_t o = 0; o < s->nout; o++) {
         const struct xfer *xf = &x->xs.x[s->out[o]];
         for (size_t c = 0; x->delta.out_enc[o] && xf->src_buf == XBUF_SRC &&
-                           on_dev_src(dev, xf->tensor) && c < s->out_off[o + 1] - s->out_off[o];
+                           on_dev_src(x, dev, xf->tensor) && c < s->out_off[o + 1] - s->out_off[o];
              c++) {
             uint64_t b = exec_chunk_bytes_of(&x->cut, xf, (uint32_t)c);
             most = b > most ? b : most;
@@ -97,8 +102,8 @@ static uint64_t dev_chunk(const struct exec *x, const reshard_buffers_t *dev)
     }
     for (size_t k = 0; k < s->nin; k++) {
         const struct xfer *xf = &x->xs.x[s->in[k]];
-        for (size_t c = 0; x->delta.in_enc[k] && on_dev_dst(dev, xf->tensor) &&
-                           c < s->in_off[k + 1] - s->in_off[k];
+        for (size_t c = 0; x->delta.in_enc[k] && xf->dst_buf == XBUF_DST &&
+                           on_dev_dst(x, dev, xf->tensor) && c < s->in_off[k + 1] - s->in_off[k];
              c++) {
             uint64_t b = exec_chunk_bytes_of(&x->cut, xf, (uint32_t)c);
             most = b > most ? b : most;
@@ -171,7 +176,7 @@ int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev)
     }
     struct exec_delta_dev *v = d->dev;
     for (int t = 0; t < nt; t++) /* a snapshot kept where its tensor no longer is */
-        if (v->snap[t] && !on_dev_src(dev, (uint32_t)t))
+        if (v->snap[t] && !on_dev_src(x, dev, (uint32_t)t))
             drop_dev_snap(d, (uint32_t)t);
     uint64_t chunk = dev ? dev_chunk(x, dev) : 0;
     if (!chunk)
@@ -180,14 +185,14 @@ int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev)
         return 0;
     uint64_t made = 0;
     for (int t = 0; t < nt; t++) {
-        if (!on_dev_src(dev, (uint32_t)t) || !d->snap_bytes[t] || v->snap[t])
+        if (!on_dev_src(x, dev, (uint32_t)t) || !d->snap_bytes[t] || v->snap[t])
             continue;
         if (d->snap[t]) { /* the host's snapshot of a source now on the device */
             free(d->snap[t]);
             d->snap[t] = NULL;
             d->held -= d->snap_bytes[t];
-            d->snap_state[t] = DELTA_SNAP_NONE;
         }
+        d->snap_ver[t] = 0; /* holds nothing yet */
         if (cuda_lib()->mem_alloc(&v->snap[t], d->snap_bytes[t]) != CU_SUCCESS) {
             v->snap[t] = 0;
             if (!v->warned[t]++)
@@ -198,7 +203,6 @@ int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev)
                        (unsigned long long)d->snap_bytes[t]);
             continue;
         }
-        d->snap_state[t] = DELTA_SNAP_MADE;
         v->held += d->snap_bytes[t];
         made += d->snap_bytes[t];
     }
@@ -212,7 +216,7 @@ int exec_delta_dev_prepare(struct exec *x, const reshard_buffers_t *dev)
 
 int exec_delta_dev_sends(const struct exec_run *r, const struct xfer *xf)
 {
-    return xf->src_buf == XBUF_SRC && on_dev_src(r->dev, xf->tensor);
+    return xf->src_buf == XBUF_SRC && on_dev_src(r->x, r->dev, xf->tensor);
 }
 
 /* Every chunk of out[o] goes through exec_delta_dev_out: none is packed with others (those are
@@ -232,9 +236,14 @@ int exec_delta_dev_owns(const struct exec_run *r, size_t o, int after)
     return after ? r->delta : r->delta_can;
 }
 
+int exec_delta_dev_snap(const struct exec *x, uint32_t t)
+{
+    return x->delta.dev && x->delta.dev->snap[t];
+}
+
 int exec_delta_dev_lands(const struct exec_run *r, const struct xfer *xf)
 {
-    return r->delta && on_dev_dst(r->dev, xf->tensor) && exec_delta_encoded(r->x, xf);
+    return r->delta && xf->dst_buf == XBUF_DST && on_dev_dst(r->x, r->dev, xf->tensor);
 }
 
 static cu_deviceptr dptr(const void *p)
@@ -278,8 +287,8 @@ static reshard_status_t to_shadow(struct exec_run *r, const struct xfer *xf,
                            : cuda_error("a dense delta chunk to its host shadow (cuMemcpyDtoH)", e);
 }
 
-static reshard_status_t dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
-                                size_t *len, int *sent)
+static reshard_status_t dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, int how,
+                                const char **buf, size_t *len, int *sent)
 {
     struct exec *x = r->x;
     struct exec_delta *d = &x->delta;
@@ -302,7 +311,9 @@ static reshard_status_t dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, 
         cur = w_at(v, W_PACK);
     }
     char *snap = (char *)(uintptr_t)(v->snap[t] + d->snap_at[i]);
-    if (!r->sparse || d->snap_state[t] != DELTA_SNAP_HELD) { /* dense: the snapshot is it */
+    if (how == DELTA_DEV_SHADOW) /* dense again next run: no snapshot kept */
+        return to_shadow(r, xf, &rg, cur);
+    if (how == DELTA_DEV_SNAPSHOT) { /* dense: the snapshot is it */
         cu_result e = f->memcpy_dtod(dptr(snap), dptr(cur), bytes);
         if (e != CU_SUCCESS)
             return cuda_error("a chunk into its delta snapshot (cuMemcpyDtoD)", e);
@@ -311,7 +322,7 @@ static reshard_status_t dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, 
     struct rs_delta_desc dd = desc_of(v, bytes / es, es);
     dd.cur = cur;
     dd.snap = snap;
-    RS_CHECK(cuda_delta_encode(&dd, NULL));
+    RS_CHECK(cuda_delta_encode(&dd, NULL)); /* snap holds cur now */
     struct rs_delta_info in;
     cu_result e = f->memcpy_dtoh(&in, dptr(dd.info), sizeof(in));
     if (e != CU_SUCCESS)
@@ -327,14 +338,11 @@ static reshard_status_t dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, 
     return RESHARD_OK;
 }
 
-int exec_delta_dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
+int exec_delta_dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, int how, const char **buf,
                        size_t *len)
 {
-    const struct exec_delta_dev *v = r->x->delta.dev;
-    if (!v || !v->snap[r->x->xs.x[r->x->share.out[o]].tensor])
-        return 0; /* no snapshot: staged as always, sent dense */
     int sent = 0;
-    reshard_status_t st = dev_out(r, o, chunk, buf, len, &sent);
+    reshard_status_t st = dev_out(r, o, chunk, how, buf, len, &sent);
     if (st != RESHARD_OK)
         exec_run_fail(r, st); /* what goes out now is never applied: the run fails */
     return sent;

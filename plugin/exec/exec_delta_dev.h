@@ -21,11 +21,21 @@ int exec_delta_dev_sends(const struct exec_run *r, const struct xfer *xf);
 /* Does the device path send every chunk of out[o] from the device in this run (its source needs
  * no staging)? after as for exec_dev_stage_sources: before the vote, whether it may. */
 int exec_delta_dev_owns(const struct exec_run *r, size_t o, int after);
-/* exec_delta_out for a device source: 1 and the message, or 0 with the chunk in its shadow. */
-int exec_delta_dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
+/* Is tensor t's snapshot in device memory (its source is)? */
+int exec_delta_dev_snap(const struct exec *x, uint32_t t);
+/* How exec_delta_dev_out treats a chunk (exec_delta_out decides, as for a host source). */
+enum {
+    DELTA_DEV_COMPARE,  /* compared with its snapshot, which then holds it */
+    DELTA_DEV_SNAPSHOT, /* dense; the snapshot refreshed, so that the next run may compare */
+    DELTA_DEV_SHADOW,   /* dense again next run (a dense streak): no snapshot kept */
+};
+/* exec_delta_out for a device source whose snapshot is on the device: 1 and the message, or 0
+ * with the chunk in its shadow (sent dense from there). */
+int exec_delta_dev_out(struct exec_run *r, uint32_t o, uint32_t chunk, int how, const char **buf,
                        size_t *len);
-/* Does a chunk of xf that is not packed with others land on the device (an encoded transfer
- * into a device destination in a delta run), not in the destination's shadow? */
+/* Does a chunk of xf that came to exec_delta_land (a delta run's scratch: an encoded network
+ * transfer, or a forwarder's encoding in its notice) go to the device destination, not to the
+ * destination's shadow? */
 int exec_delta_dev_lands(const struct exec_run *r, const struct xfer *xf);
 /* The chunk's message (bytes long, checked unless dense) onto the device destination. */
 reshard_status_t exec_delta_dev_land(struct exec_run *r, const struct xfer *xf, uint32_t chunk,

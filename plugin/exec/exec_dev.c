@@ -113,8 +113,7 @@ reshard_status_t exec_dev_land(struct exec_run *r, long k, uint32_t chunk, const
     const struct exec_share *s = &x->share;
     struct region rg;
     exec_chunk_region(&x->cut, xf, chunk, 1, &rg);
-    int delta = k >= 0 && !x->in_b.bundled[s->in_off[k] + chunk] &&
-                exec_delta_dev_lands(r, xf); /* put on the device by exec_delta_dev_land */
+    int delta = k >= 0 && exec_delta_on_dev(r, (size_t)k, chunk); /* by exec_delta_dev_land */
     int to_host = delta || exec_dev_via_ipc(r, xf) ||
                   (xf->path == XFER_NET && k >= 0 && !x->in_b.bundled[s->in_off[k] + chunk] &&
                    exec_dev_gdr_at(r, xf, 1, &rg));

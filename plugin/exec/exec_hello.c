@@ -107,7 +107,7 @@ reshard_status_t exec_hello_exchange(struct exec *x, const reshard_buffers_t *bu
     struct exec_start_fold f;
     exec_start_fold_init(&f, c->rank, x->plan->hash, seq, !ok, changed);
     if (r && ok && !on_nccl)
-        exec_start_fold_delta(&f, c->rank, r->delta_can, r->delta_version);
+        exec_start_fold_delta(&f, c->rank, r->delta_can, r->delta_version, r->delta_stale);
     struct rs_saved_error why;
     rs_error_save(&why);
     reshard_status_t st = boot_allreduce(c->boot, &f, sizeof(f), exec_start_combine, NULL);
@@ -118,7 +118,7 @@ reshard_status_t exec_hello_exchange(struct exec *x, const reshard_buffers_t *bu
         return hear_failure(x, &f, &mine, local);
     RS_CHECK(exec_start_mismatch(&f, x->plan->hash, seq));
     if (r)
-        exec_delta_start(r, f.plain, f.ver_lo, f.ver_hi);
+        exec_delta_start(r, f.plain, f.ver_lo, f.ver_hi, f.stale);
     if (!f.changed || on_nccl)
         return RESHARD_OK;
     st = exec_links_announce(x, bufs, dev, seq);

@@ -109,12 +109,27 @@ struct exec_quant {
     /* [3 * ntensors]: device memory for device buffers (exec_quant_dev.c), made at first use:
      * a sender's FP8 copy and scales, a receiver's staged shard; 0 where none */
     uint64_t *dev;
-    /* By CAST weight w, for a verified refit (exec_quant_expect): the fingerprints of the codes
-     * and scales this rank quantized where they landed on the host this run ([2w], [2w + 1]),
-     * landed_ok[w] once they are; landed_tmp a row of codes */
+    /* By CAST weight w, for a verified refit (exec_quant_expect; verify: the plan verifies, so
+     * they are made): the fingerprints of the cut blocks this rank quantizes where they land on
+     * the host, made as each is quantized: its codes and scale, and its staged elements for the
+     * transit check ([3w], [3w + 1], [3w + 2]), landed_ok[w] once they are; landed_tmp a row */
+    int verify;
     uint64_t *landed_fp;
     uint8_t *landed_ok, *landed_tmp;
     int64_t landed_tmp_n;
+    /* Delta refits (exec_delta.c), by CAST weight w quantized where it lands: blk_fp[w] the
+     * fingerprints of each cut block as last made ([3k] .. [3k + 2], as landed_fp's), kept
+     * across runs, since a delta run quantizes again only the blocks it changed; blk_ok[w]
+     * once they are all there; dirty[w] the blocks a delta changed this run. By transfer:
+     * via_delta[i], the chunks of a staged transfer a delta run applied (exec_quant_touched). */
+    uint64_t **blk_fp;
+    uint8_t **dirty, *blk_ok;
+    uint32_t *via_delta;
+    /* By CAST weight w this rank quantizes as a sender on the host, for a verified refit:
+     * sent_fp[w][k] the fingerprint of block k's codes as cast this run (the cast flags say
+     * which), sent_ok[w] once they are made. */
+    uint64_t **sent_fp;
+    uint8_t *sent_ok;
 };
 
 reshard_status_t exec_quant_init(struct exec_quant *q, const struct rs_plan *plan,
@@ -131,9 +146,14 @@ reshard_status_t exec_quant_at_src(struct exec *x, const reshard_buffers_t *bufs
 /* Once everything bound for this rank landed: its staged blocks quantized into the
  * destinations, with their scales. left (or NULL: every tensor): after a failure, the chunks
  * of each tensor still to land: only the tensors with none left, which the outcome calls
- * complete (nothing writes into them any more). */
+ * complete (nothing writes into them any more). sparse: a delta run where only changes
+ * travelled: of the transfers it applied whole (exec_quant_touched), the blocks it changed. */
 reshard_status_t exec_quant_landed(struct exec *x, const reshard_buffers_t *bufs,
-                                   const reshard_buffers_t *dev, const size_t *left);
+                                   const reshard_buffers_t *dev, const size_t *left, int sparse);
+/* A delta run (sparse: only changes travel) landed chunk `chunk` (region rg of the staged
+ * copy) of staged transfer xs index i: msg, the encoded message, changed some of its elements,
+ * or NULL: it came dense. Its weight's blocks that changed are quantized again, no others. */
+void exec_quant_touched(struct exec *x, size_t i, const struct region *rg, const void *msg);
 /* The same on device buffers, with the kernels (exec_quant_dev.c), for CAST weight w. */
 reshard_status_t exec_quant_dev_check(const struct exec *x, const reshard_buffers_t *bufs,
                                       uint32_t w);
@@ -144,7 +164,8 @@ reshard_status_t exec_quant_dev_landed(struct exec *x, uint32_t w, const reshard
 void exec_quant_dev_fini(struct exec_quant *q, int ntensors);
 
 /* What a verified refit compares CAST weight w's destinations with, made where its blocks are
- * quantized (exec_quant.c): fingerprints in the weight's and its scales' global index space. */
+ * quantized (exec_quant_expect.c): fingerprints in the weight's and its scales' global index space.
+ */
 struct exec_quant_fp {
     /* the blocks of this rank's source shard, when src_counts (it is the replica that counts):
      * codes and scales of those whole in it, the elements of those it holds part of */
@@ -259,25 +280,40 @@ reshard_status_t exec_links_announce(struct exec *x, const reshard_buffers_t *bu
  * source straight into the caller's destination, unquantized, and the chunk is not packed
  * with others: both ends decide alike. The sender keeps, per tensor, a snapshot of what it last
  * sent of such transfers (chunk i of out[] at snap_at[i] in snap[tensor]); the receiver takes each
- * such chunk into scratch (at in_at[chunk]) and applies it in place. version: seq + 1 of the last
- * delta run that succeeded here, with the destinations it wrote (dst_seen); 0: none. */
+ * such chunk into scratch (at in_at[chunk]) and applies it in place.
+ *
+ * Versions (docs/delta.md): `last` is seq + 1 of this plan's last refit that succeeded (the same
+ * on every rank: a refit that fails in flight breaks the communicator). Each of this rank's
+ * destinations holds a version (dst_ver: seq + 1 of the refit that last wrote it whole, into
+ * the buffer dst_seen), each snapshot too (snap_ver). A chunk to (tensor, destination) carries
+ * changes only when both hold `last`; the start vote tells every sender which destinations do
+ * not (exec_vote.h's stale filter). */
 struct exec_delta {
     int on; /* the plan asked for delta refits */
     int ready;
     int said;   /* why this rank cannot encode, said once */
     int forged; /* RESHARD_TEST_DELTA_FORGE did its one forgery */
-    uint32_t version;
+    uint32_t last;
     const void **dst_seen; /* [ntensors] */
     size_t *dst_len;       /* [ntensors] */
+    uint32_t *dst_ver;     /* [ntensors] */
+    uint8_t *dst_why;      /* [ntensors]: why dst_ver is not `last` (enum delta_why) */
+    uint8_t *in_t;         /* [ntensors]: some chunk of it comes in encoded */
+    uint32_t *snap_ver;    /* [ntensors] */
     uint8_t *out_enc;      /* [nout]: out[o] is encoded */
-    uint8_t *in_enc;       /* [nin]: in[k] is encoded */
+    uint8_t *in_enc;       /* [nin]: in[k] may come encoded (DELTA_IN_*) */
     char **snap;           /* [ntensors + 1] */
     uint64_t *snap_at;     /* [out chunks]: where each chunk's snapshot is in its tensor's */
     uint64_t *snap_bytes;  /* [ntensors] */
-    uint8_t *snap_state;   /* [ntensors]: DELTA_SNAP_* */
     uint8_t *warned;       /* [ntensors]: its snapshot could not be made, said once */
     uint64_t *enc_at;      /* [out chunks]: where each chunk's encoding is in mem[DELTA_MEM_ENC] */
     uint64_t *in_at;       /* [in chunks]: where each chunk lands in mem[DELTA_MEM_SCRATCH] */
+    uint32_t *in_len;      /* [in chunks]: its encoding's length, as it landed (0: dense) */
+    uint8_t *in_streak;    /* [in chunks]: runs in a row it came dense (exec_delta.c's forced) */
+    uint8_t *out_streak;   /* [out chunks]: the same, as its sender counts */
+    uint8_t *snap_ok;      /* [out chunks]: its snapshot holds what it last sent */
+    uint8_t *in_dev;       /* [in chunks]: this run applied it on the device destination */
+    long *fwd_of;          /* [nout]: a forward of what in[k] brought encoded (k), or -1 */
     uint64_t scratch_bytes, enc_bytes, max_chunk;
     uint64_t *words; /* scratch of the encoder */
     /* The run's own buffers, which a failed run's requests may still use (exec_bufs_release). */
@@ -286,7 +322,18 @@ struct exec_delta {
     struct exec_delta_dev *dev; /* device snapshots and scratch (exec_delta_dev.c), or NULL */
 };
 
-enum { DELTA_SNAP_NONE, DELTA_SNAP_MADE, DELTA_SNAP_HELD };
+/* in_enc[k]: how in[k] may come encoded: over the network from its source, or passed on by
+ * a forwarder in its domain (exec_delta_fwd_out). */
+enum { DELTA_IN_NET = 1, DELTA_IN_FWD = 2 };
+
+/* Why a destination does not hold the last refit. */
+enum delta_why {
+    DELTA_WHY_FIRST,
+    DELTA_WHY_BUFFERS,
+    DELTA_WHY_FULL,
+    DELTA_WHY_VERIFY,
+    DELTA_WHY_FP8_DEVICE
+};
 enum { DELTA_MEM_SCRATCH, DELTA_MEM_ENC, DELTA_MEM_PACK, DELTA_MEM_N };
 
 /* ---- what the last execution left (stage_land.c records it) ---- */

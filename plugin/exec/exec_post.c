@@ -146,8 +146,23 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
                                   (unsigned long long)want));
         return;
     }
-    if (c->kind == EXEC_REQ_RECV_CTRL)
+    if (c->kind == EXEC_REQ_RECV_CTRL && bytes) { /* a forwarder passed its encoding on */
+        if (!exec_delta_fwd_in(r, c->pos, c->chunk) || bytes >= want) {
+            exec_run_fail(r, rs_error(RESHARD_ERR_INTERNAL,
+                                      "rank %d: notice of chunk %u of transfer %u from rank %d "
+                                      "carries %zu bytes, which it cannot",
+                                      x->comm->rank, c->chunk, s->in[c->pos], req->peer, bytes));
+            return;
+        }
+        x->comm->net->counters.bytes_in -= bytes; /* it crossed inside the domain */
+        x->comm->local_in += bytes;
+        if ((st = exec_delta_land(r, c->pos, c->chunk, bytes)) != RESHARD_OK) {
+            exec_run_fail(r, st);
+            return;
+        }
+    } else if (c->kind == EXEC_REQ_RECV_CTRL) {
         x->comm->local_in += want; /* the sender wrote it into our memory */
+    }
     if (c->kind == EXEC_REQ_RECV_DATA && r->gdr) {
         struct region rg;
         exec_chunk_region(&x->cut, xf, c->chunk, 1, &rg);
@@ -160,6 +175,8 @@ static void on_recv(struct tp_req *req, reshard_status_t st, size_t bytes)
         exec_run_fail(r, st); /* before a byte of it is written */
         return;
     }
+    if (c->kind == EXEC_REQ_RECV_DATA)
+        exec_delta_arrived(r, c->pos, c->chunk, bytes);
     exec_post_arrived(r, (long)c->pos, c->chunk, xf);
 }
 
@@ -253,10 +270,11 @@ static reshard_status_t post_recv(struct exec_run *r, size_t k, uint32_t chunk)
         .req.done = on_recv, .run = r, .pos = (uint32_t)k, .chunk = chunk, .slot = -1};
     struct tp_ctx *net = x->comm->net;
     reshard_status_t st;
-    if (xf->path == XFER_LOCAL) {
+    if (xf->path == XFER_LOCAL) { /* a notice, which may carry a forwarded encoding */
         c->kind = EXEC_REQ_RECV_CTRL;
-        st = net->ops->recv(net, xf->src, exec_tag(EXEC_TAG_NOTE, r->seq, s->in_tag[k], chunk),
-                            NULL, 0, NULL, &c->req);
+        char *fwd = exec_delta_fwd_in(r, k, chunk);
+        st = net->ops->recv(net, xf->src, exec_tag(EXEC_TAG_NOTE, r->seq, s->in_tag[k], chunk), fwd,
+                            fwd ? exec_chunk_bytes_of(&x->cut, xf, chunk) : 0, NULL, &c->req);
     } else {
         c->kind = EXEC_REQ_RECV_DATA;
         struct region rg;
@@ -358,7 +376,9 @@ static reshard_status_t send_acks(struct exec_run *r)
     return RESHARD_OK;
 }
 
-reshard_status_t exec_post_notify(struct exec_run *r, uint32_t o, uint32_t chunk)
+/* The notice of chunk `chunk` of out[o]: empty, or carrying a forwarded encoding. */
+static reshard_status_t notify(struct exec_run *r, uint32_t o, uint32_t chunk, const char *buf,
+                               size_t len)
 {
     struct exec *x = r->x;
     const struct exec_share *s = &x->share;
@@ -371,10 +391,15 @@ reshard_status_t exec_post_notify(struct exec_run *r, uint32_t o, uint32_t chunk
                            .kind = EXEC_REQ_SEND_CTRL};
     struct tp_ctx *net = x->comm->net;
     RS_CHECK(net->ops->send(net, x->xs.x[s->out[o]].dst,
-                            exec_tag(EXEC_TAG_NOTE, r->seq, s->out_tag[o], chunk), NULL, 0, NULL, 1,
-                            &c->req));
+                            exec_tag(EXEC_TAG_NOTE, r->seq, s->out_tag[o], chunk), buf, len, NULL,
+                            1, &c->req));
     r->posted++;
     return RESHARD_OK;
+}
+
+reshard_status_t exec_post_notify(struct exec_run *r, uint32_t o, uint32_t chunk)
+{
+    return notify(r, o, chunk, NULL, 0);
 }
 
 /* A local transfer: write the chunk into the peer's memory, then tell it. */
@@ -382,6 +407,12 @@ static reshard_status_t do_local(struct exec_run *r, uint32_t o, uint32_t chunk)
 {
     struct exec *x = r->x;
     const struct xfer *xf = &x->xs.x[x->share.out[o]];
+    const char *msg;
+    size_t msg_len;
+    if (exec_delta_fwd_out(r, o, chunk, &msg, &msg_len)) { /* the encoding it got, passed on */
+        x->comm->local_out += msg_len;
+        return notify(r, o, chunk, msg, msg_len);
+    }
     struct region a, b;
     exec_chunk_region(&x->cut, xf, chunk, 0, &a);
     exec_chunk_region(&x->cut, xf, chunk, 1, &b);
@@ -488,12 +519,12 @@ static int do_net(struct exec_run *r, uint32_t o, uint32_t chunk)
     void *mh;
     size_t len = region_bytes(&a);
     char *direct = exec_dev_gdr_at(r, xf, 0, &a);
-    if (direct) { /* GPUDirect: straight from the device buffer */
+    if (exec_delta_out(r, o, chunk, &buf, &len)) { /* a delta refit: encoded, or its snapshot */
+        mh = NULL;
+    } else if (direct) { /* GPUDirect: straight from the device buffer */
         buf = direct;
         mh = exec_dev_mh(r, xf, 0);
         comm->gdr_out += region_bytes(&a);
-    } else if (exec_delta_out(r, o, chunk, &buf, &len)) { /* a delta refit: shorter */
-        mh = NULL;
     } else if (contiguous) {
         buf = exec_post_base(r, xf, 0) + off;
         mh = my_mh(r, xf, 0);

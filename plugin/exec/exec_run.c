@@ -149,8 +149,8 @@ reshard_status_t exec_run_nccl(struct exec *x, const reshard_buffers_t *bufs, in
     reshard_status_t st = stage_vote(x, bufs, seq, local, NULL, 1);
     if (st != RESHARD_OK)
         return st;
-    x->last.on_nccl = 1;               /* no outcome: the stream owns completion */
-    exec_delta_done(x, NULL, bufs, 0); /* what the destinations hold is NCCL's now */
+    x->last.on_nccl = 1; /* no outcome: the stream owns completion */
+    exec_delta_nccl(x);  /* what the destinations hold is NCCL's now */
     st = nccl_lower(x->plan, &x->xs, c->rank, bufs, f, c->nccl, stream);
     if (st == RESHARD_OK && !on_stream) { /* reshard_plan_execute returns when it is done */
         const struct cuda_fns *cu = cuda_lib();

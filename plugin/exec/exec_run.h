@@ -8,6 +8,7 @@
 #define RS_EXEC_RUN_H
 
 #include "exec_int.h"
+#include "exec_vote.h"
 
 #include <sys/uio.h>
 
@@ -77,10 +78,12 @@ struct exec_run {
         uint32_t pos, chunk;
     } ipc_q[CUDA_IPC_EVENTS]; /* copies on the IPC stream, in order; event i % CUDA_IPC_EVENTS */
     size_t ipc_head, ipc_tail;
-    /* Delta refits (exec_delta.c): what this rank votes (it can encode, the version it holds),
-     * and the verdict: this run's chunks are encoded; they may carry changes only. */
+    /* Delta refits (exec_delta.c): what this rank votes (it can encode, the last refit it
+     * holds, its destinations that do not hold it), and the verdict: this rank's chunks are
+     * encoded; they may carry changes only (to destinations not in the world's stale filter). */
     int delta_can;
     uint32_t delta_version;
+    uint64_t delta_stale[EXEC_STALE_WORDS];
     int delta, sparse;
 };
 
@@ -157,24 +160,43 @@ reshard_status_t exec_dev_run(struct exec *x, const reshard_buffers_t *bufs);
 /* Are xf's chunks encoded in a delta run (both ends answer alike, from the plan)? */
 int exec_delta_encoded(const struct exec *x, const struct xfer *xf);
 
-/* Before the start vote: whether this rank can encode this run (the plan asked for deltas,
- * host buffers, the buffers made) and the version it holds (0: none, or new destinations). */
+/* Before the start vote, into r's delta_*: whether this rank can encode this run (the plan asked
+ * for deltas, the buffers made, and for device buffers the kernels and device scratch), the last
+ * refit it holds, and its destinations that do not hold it (new buffers, a run in full, a refit
+ * found wrong). A device tensor's destination is the caller's device buffer. */
 void exec_delta_vote(struct exec *x, const reshard_buffers_t *bufs, const reshard_buffers_t *dev,
-                     int *can, uint32_t *version);
-/* The vote's verdict: the lowest rank that cannot encode (INT32_MAX: none) and the smallest and
- * largest versions; a run in full says why at INFO. */
-void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t hi);
-/* As chunk `chunk` of out[o] is sent: compared with its snapshot (which then holds it), and
- * when an encoding is shorter, 1 and the message; 0: it travels dense, as always. */
+                     struct exec_run *r);
+/* The vote's verdict: the lowest rank that cannot encode (INT32_MAX: none), the smallest and
+ * largest last refits, the world's stale filter; what goes in full says why at INFO. */
+void exec_delta_start(struct exec_run *r, int plain_rank, uint32_t lo, uint32_t hi,
+                      const uint64_t *stale);
+/* As chunk `chunk` of out[o] is sent: compared with its snapshot (which then holds it) unless it
+ * travels dense anyway; 1 and the message (its encoding, or the dense chunk from the snapshot),
+ * or 0: it travels dense from the source, as always. */
 int exec_delta_out(struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf, size_t *len);
 /* Where chunk `chunk` of in[k] is received, or NULL (into the destination, as always). */
 char *exec_delta_in(const struct exec_run *r, size_t k, uint32_t chunk);
+/* The same for a local in[k] out of a forwarder's destination: where a forwarded encoding
+ * lands (its notice carries it), or NULL (the forwarder writes the chunk, the notice is empty). */
+char *exec_delta_fwd_in(const struct exec_run *r, size_t k, uint32_t chunk);
+/* The forwarder's side: 1 and the encoding to pass on when chunk `chunk` of out[o] forwards
+ * what came encoded to a peer that holds the last refit; 0: write the applied chunk. */
+int exec_delta_fwd_out(const struct exec_run *r, uint32_t o, uint32_t chunk, const char **buf,
+                       size_t *len);
+/* Did this run apply chunk `chunk` of in[k] on the device destination (exec_delta_dev_land), so
+ * that its host shadow does not hold it? */
+int exec_delta_on_dev(const struct exec_run *r, size_t k, uint32_t chunk);
+/* Chunk `chunk` of in[k] arrived over the network, bytes long: its streak goes on. */
+void exec_delta_arrived(const struct exec_run *r, size_t k, uint32_t chunk, size_t bytes);
 /* Chunk `chunk` of in[k] arrived (bytes long) in its scratch: checked, then applied to the
- * destination; a message that does not fit is refused naming its sender. */
+ * destination; a message that does not fit is refused naming its sender (or forwarder). */
 reshard_status_t exec_delta_land(struct exec_run *r, size_t k, uint32_t chunk, size_t bytes);
-/* After a run (r NULL: nothing moved), ok: it succeeded here. */
+/* After a run that moved bytes; ok: it succeeded here (and so everywhere: a failure in flight
+ * breaks the communicator). */
 void exec_delta_done(struct exec *x, const struct exec_run *r, const reshard_buffers_t *bufs,
                      int ok);
+/* After an execution on NCCL's stream: no destination or snapshot holds a known refit. */
+void exec_delta_nccl(struct exec *x);
 /* Bytes this rank holds in snapshots now, and what they come to once made (reshard_rank_stats's
  * delta_snapshot). */
 uint64_t exec_delta_held(const struct exec *x);

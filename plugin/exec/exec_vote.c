@@ -305,10 +305,12 @@ void exec_start_fold_init(struct exec_start_fold *f, int rank, uint64_t hash, ui
                                   .plain = rank};
 }
 
-void exec_start_fold_delta(struct exec_start_fold *f, int rank, int can, uint32_t version)
+void exec_start_fold_delta(struct exec_start_fold *f, int rank, int can, uint32_t version,
+                           const uint64_t *stale)
 {
     f->plain = can ? EXEC_VOTE_NONE : rank;
     f->ver_lo = f->ver_hi = version;
+    memcpy(f->stale, stale, sizeof(f->stale));
 }
 
 static int start_cmp(const struct exec_start_key *a, const struct exec_start_key *b)
@@ -336,6 +338,8 @@ void exec_start_combine(void *acc_, const void *in_, void *arg)
         a->plain = b->plain;
     a->ver_lo = b->ver_lo < a->ver_lo ? b->ver_lo : a->ver_lo;
     a->ver_hi = b->ver_hi > a->ver_hi ? b->ver_hi : a->ver_hi;
+    for (int i = 0; i < EXEC_STALE_WORDS; i++)
+        a->stale[i] |= b->stale[i];
 }
 
 reshard_status_t exec_start_mismatch(const struct exec_start_fold *f, uint64_t hash, uint32_t seq)

@@ -17,8 +17,9 @@
 
 #include <stdint.h>
 
-#define EXEC_VOTE_WHY  192 /* the failing rank's message, as the others repeat it */
-#define EXEC_VOTE_NONE INT32_MAX
+#define EXEC_VOTE_WHY    192 /* the failing rank's message, as the others repeat it */
+#define EXEC_VOTE_NONE   INT32_MAX
+#define EXEC_STALE_WORDS 4 /* the start vote's filter of stale destinations: 256 bits */
 
 /* ---- the plan vote (reshard_comm_plan_create) ---- */
 
@@ -60,16 +61,20 @@ struct exec_start_fold {
     } lo, hi;         /* the smallest and largest (hash, execution) and a rank holding each */
     int32_t fail;     /* the lowest rank that cannot run, or EXEC_VOTE_NONE */
     uint32_t changed; /* some rank's buffers (or way of writing) changed */
-    /* Delta refits: the lowest rank that cannot encode (EXEC_VOTE_NONE: every rank can), and
-     * the smallest and largest version the ranks hold (exec_delta.c). */
+    /* Delta refits: the lowest rank that cannot encode (EXEC_VOTE_NONE: every rank can), the
+     * smallest and largest last refit the ranks hold, and a filter (bits ORed) of the
+     * (tensor, rank) destinations that do not hold it (exec_delta.c): a pair in it gets its
+     * tensor in full; a false positive costs bytes, never a wrong element. */
     int32_t plain;
     uint32_t ver_lo, ver_hi, pad; /* pad: zero, so no stack byte crosses the bootstrap */
+    uint64_t stale[EXEC_STALE_WORDS];
 };
 
 void exec_start_fold_init(struct exec_start_fold *f, int rank, uint64_t hash, uint32_t seq,
                           int failed, int changed);
 /* This rank's part of the delta verdict (by default it cannot encode and holds no version). */
-void exec_start_fold_delta(struct exec_start_fold *f, int rank, int can, uint32_t version);
+void exec_start_fold_delta(struct exec_start_fold *f, int rank, int can, uint32_t version,
+                           const uint64_t *stale);
 /* boot_allreduce's combine for exec_start_fold. */
 void exec_start_combine(void *acc, const void *in, void *arg);
 

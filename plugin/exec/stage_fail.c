@@ -84,7 +84,8 @@ reshard_status_t stage_fail(struct exec_run *r, reshard_status_t st)
     remote_cause(x, r);
     /* A weight quantized where it lands, every chunk of it here: quantized now, so that the
      * outcome's "complete" holds the new values as for any tensor. */
-    (void)exec_quant_landed(x, r->bufs, r->dev, r->dst_left); /* the run's failure is told */
+    (void)exec_quant_landed(x, r->bufs, r->dev, r->dst_left,
+                            r->sparse); /* the run's failure is told */
     exec_run_record(x, r);
     exec_delta_done(x, r, r->bufs, 0); /* never a delta on what this run left */
     break_comm(x, r);

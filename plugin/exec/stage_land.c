@@ -63,7 +63,7 @@ reshard_status_t stage_land(struct exec_run *r)
 {
     struct exec *x = r->x;
     /* Weights quantized where they land (exec_quant.c): their staged blocks, now whole. */
-    RS_CHECK(exec_quant_landed(x, r->bufs, r->dev, NULL));
+    RS_CHECK(exec_quant_landed(x, r->bufs, r->dev, NULL, r->sparse));
     test_corrupt(x, r->bufs);
     if (r->gdr_landed) /* the caller's kernels see what the NIC wrote */
         RS_CHECK(cuda_flush_rdma_writes());

@@ -32,6 +32,6 @@ reshard_status_t stage_prepare(struct exec *x, const reshard_buffers_t *bufs,
     int gdr = dev && exec_dev_try_gdr(x, dev);
     RS_CHECK(exec_run_create(x, bufs, dev, seq, r));
     (*r)->gdr = gdr;
-    exec_delta_vote(x, bufs, dev, &(*r)->delta_can, &(*r)->delta_version);
+    exec_delta_vote(x, bufs, dev, *r);
     return dev ? exec_dev_stage_sources(*r, 0) : RESHARD_OK;
 }

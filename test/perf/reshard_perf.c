@@ -96,6 +96,7 @@ struct ctx {
     const struct model *model;  /* --manifest, else NULL */
     double max_msgs;            /* most data messages a rank sent per iteration */
     int max_msgs_rank;
+    double local_mb; /* bytes written into peers of the same domain, all ranks, per iteration */
     /* This rank's control plane per execute (bootstrap and control messages, both ways): the
      * most in a plan's first refit and in the others; and how long making things took. */
     struct ctrl_figures {
@@ -572,10 +573,11 @@ static int compare_plan(struct ctx *c, const struct row *row)
 
 static void row_finish(struct ctx *c, struct row *row, const reshard_plan_stats_t *ps)
 {
-    uint64_t net = 0, d[4];
+    uint64_t net = 0, local = 0, d[4];
     for (int r = 0; r < c->size; r++) {
         delta4(&c->before[r], &c->after[r], d);
         net += d[0];
+        local += d[2];
         row->wrong += c->wrong_all[r];
     }
     for (int r = 0; r < c->size; r++) {
@@ -584,6 +586,7 @@ static void row_finish(struct ctx *c, struct row *row, const reshard_plan_stats_
             c->max_msgs = msgs, c->max_msgs_rank = r;
     }
     row->time_us = median(c->times, c->o->iters);
+    c->local_mb = (double)local / c->o->iters / MIB;
     row->net_mb = (double)net / c->o->iters / MIB;
     row->min_mb = (double)ps->min_net_bytes / MIB;
     row->nic_mb = nic_bytes(c) / MIB;
@@ -917,6 +920,8 @@ static int print_footer(const struct ctx *c)
     printf("# Byte counts vs plan : %d ranks differ %s\n", c->differ, c->differ ? "FAILED" : "OK");
     printf("# Data messages        : at most %.0f per rank per iteration (rank %d)\n", c->max_msgs,
            c->max_msgs_rank);
+    printf("# Local bytes          : %.2f MB per iteration, all ranks (the last row)\n",
+           c->local_mb);
     printf("# Control bytes        : at most %.0f per rank per iteration (rank %d)\n", c->most[0],
            c->most_rank[0]);
     printf("# Control bytes, first : at most %.0f per rank in a plan's first refit (rank %d)\n",

@@ -277,13 +277,16 @@ Test(delta_dev, device_buffers_registered_for_gpudirect_equal_the_source_too)
 /* Two domains of one rank: rank 0's device source, rank 1's device destination. */
 #define BIG_N (1 << 18)
 
+#define MAX_REFITS 10
 struct two {
-    uint64_t net[3], dtoh[3]; /* per refit: rank 0's network bytes out, bytes off its GPU */
-    uint64_t snap, snap_dev;  /* rank 0's stats after them: its snapshot, and on the device */
+    /* per refit: rank 0's network bytes out, bytes off its GPU, delta kernels it launched */
+    uint64_t net[MAX_REFITS], dtoh[MAX_REFITS], launches[MAX_REFITS];
+    uint64_t snap, snap_dev; /* rank 0's stats after them: its snapshot, and on the device */
 };
 static struct two *seen;
 
-static reshard_status_t three_refits(int rank, int size, reshard_comm_t *comm, unsigned pct)
+/* Refit 0 in full, refit 1 with pct % changed, the rest (up to nrefits) with none. */
+static reshard_status_t refits(int rank, int size, reshard_comm_t *comm, unsigned pct, int nrefits)
 {
     reshard_layout_t *src = NULL, *dst = NULL;
     char spec[96];
@@ -301,6 +304,7 @@ static reshard_status_t three_refits(int rank, int size, reshard_comm_t *comm, u
         return rs_error(RESHARD_ERR_UNAVAILABLE, "rank %d: no stand-in driver", rank);
     unsigned long long (*dtoh)(void) =
         (unsigned long long (*)(void))fake_fn("fake_cuda_dtoh_bytes");
+    int (*launches)(void) = (int (*)(void))fake_fn("fake_cuda_delta_launches");
     size_t n = BIG_N * 2;
     uint16_t *h = calloc(BIG_N, 2);
     cu_deviceptr p = dev_alloc(n);
@@ -309,7 +313,7 @@ static reshard_status_t three_refits(int rank, int size, reshard_comm_t *comm, u
     reshard_buffers_t b = {rank == 0 ? (void *)(uintptr_t)p : NULL, rank == 0 ? n : 0,
                            rank == 1 ? (void *)(uintptr_t)p : NULL, rank == 1 ? n : 0,
                            RESHARD_MEM_CUDA};
-    for (int k = 0; k < 3 && st == RESHARD_OK; k++) {
+    for (int k = 0; k < nrefits && st == RESHARD_OK; k++) {
         for (size_t i = 0; k && i < BIG_N; i++) /* refit 1: pct % changed; refit 2: none */
             if (k == 1 && mix(i * 3 + 1) % 100 < pct)
                 h[i] ^= 0x100;
@@ -318,11 +322,13 @@ static reshard_status_t three_refits(int rank, int size, reshard_comm_t *comm, u
         reshard_comm_counters_t c0, c1;
         reshard_comm_counters(comm, &c0);
         unsigned long long d0 = dtoh();
+        int l0 = launches();
         st = reshard_plan_execute(plan, &b);
         reshard_comm_counters(comm, &c1);
         if (rank == 0) {
             seen->net[k] = c1.net_out - c0.net_out;
             seen->dtoh[k] = dtoh() - d0;
+            seen->launches[k] = (uint64_t)(launches() - l0);
         }
     }
     reshard_plan_stats_t ps;
@@ -349,9 +355,10 @@ static reshard_status_t three_refits(int rank, int size, reshard_comm_t *comm, u
 }
 
 static unsigned the_pct;
+static int the_refits = 3;
 static reshard_status_t refits_at_pct(int rank, int size, reshard_comm_t *comm)
 {
-    return three_refits(rank, size, comm, the_pct);
+    return refits(rank, size, comm, the_pct, the_refits);
 }
 
 static void run_at(unsigned pct)
@@ -374,6 +381,7 @@ static void check_bytes(unsigned pct)
     use_fake_cuda();
     setenv("RESHARD_CHUNK_BYTES", "65536", 1);
     shared_seen();
+    the_refits = 3;
     run_at(pct);
     uint64_t full = seen->net[0], part = seen->net[1], none = seen->net[2];
     cr_assert_eq(seen->snap, (uint64_t)BIG_N * 2, "the plan's stats: a snapshot of %llu bytes",
@@ -382,11 +390,11 @@ static void check_bytes(unsigned pct)
                  (unsigned long long)seen->snap_dev);
     cr_assert_geq(full, (uint64_t)BIG_N * 2, "the first refit is in full: %llu",
                   (unsigned long long)full);
-    cr_assert_leq(none * 100, full, "nothing changed, %llu of %llu bytes sent",
-                  (unsigned long long)none, (unsigned long long)full);
-    cr_assert_leq(seen->dtoh[2] * 100, full, "nothing changed, %llu bytes off the GPU",
-                  (unsigned long long)seen->dtoh[2]);
     if (pct == 5) {
+        cr_assert_leq(none * 100, full, "nothing changed, %llu of %llu bytes sent",
+                      (unsigned long long)none, (unsigned long long)full);
+        cr_assert_leq(seen->dtoh[2] * 100, full, "nothing changed, %llu bytes off the GPU",
+                      (unsigned long long)seen->dtoh[2]);
         cr_assert_leq(part * 100, full * 15, "5%% changed: %llu of %llu bytes sent",
                       (unsigned long long)part, (unsigned long long)full);
         cr_assert_leq(seen->dtoh[1] * 100, full * 15,
@@ -406,6 +414,31 @@ Test(delta_dev, five_percent_changed_on_device_sends_under_fifteen_percent)
 Test(delta_dev, all_changed_on_device_sends_no_more_than_a_full_refit)
 {
     check_bytes(100);
+}
+
+/* Chunks of a device source that travelled dense twice in a row (the first refit, then all
+ * changed) go on dense without the compare kernels, as host ones do (docs/delta.md: both ends
+ * count the streak alike, or the receiver would refuse an encoded chunk), until the 8th refit
+ * probes again; with nothing changed since, deltas are back there. */
+Test(delta_dev, a_device_chunk_changed_whole_goes_dense_without_a_compare_then_back_to_deltas)
+{
+    use_fake_cuda();
+    setenv("RESHARD_CHUNK_BYTES", "65536", 1);
+    shared_seen();
+    the_refits = MAX_REFITS;
+    run_at(100);
+    the_refits = 3;
+    uint64_t full = seen->net[0];
+    cr_assert_gt(seen->launches[1], 0, "the all-changed refit is compared on the device");
+    for (int k = 2; k < 8; k++) {
+        cr_assert_geq(seen->net[k], full, "refit %d (a dense streak) sent %llu of %llu bytes", k,
+                      (unsigned long long)seen->net[k], (unsigned long long)full);
+        cr_assert_eq(seen->launches[k], 0, "refit %d (a dense streak) launched %llu kernels", k,
+                     (unsigned long long)seen->launches[k]);
+    }
+    for (int k = 8; k < MAX_REFITS; k++)
+        cr_assert_leq(seen->net[k] * 100, full, "refit %d (nothing changed) sent %llu of %llu", k,
+                      (unsigned long long)seen->net[k], (unsigned long long)full);
 }
 
 /* With the buffers registered for GPUDirect, encoded chunks still go through the compare rather
@@ -447,4 +480,202 @@ Test(delta_dev, a_device_snapshot_that_cannot_be_allocated_leaves_its_tensor_in_
     fail_alloc_at = 0;
     run_at(5); /* and with the allocations, it is a delta again */
     cr_assert_lt(seen->net[1] * 100, seen->net[0] * 15);
+}
+
+/* Three ranks, two bf16 tensors: rank 0's device sources, ranks 1 and 2 each a device
+ * destination of half of each. Refit 0 sets every element, each later one changes 5 %. */
+#define NEW_N      (1 << 18)
+#define NEW_REFITS 4
+#define NEW_AT     2 /* before this refit, rank 1 gets a new device buffer for "a" */
+
+struct new_run {
+    uint64_t in[3][NEW_REFITS]; /* net bytes in, per rank and refit */
+    int wrong[3][NEW_REFITS];   /* device elements that differ from the source after each refit */
+};
+static struct new_run *nr;
+
+static reshard_status_t new_buffer_refits(int rank, int size, reshard_comm_t *comm)
+{
+    const struct cuda_fns *f = cuda_lib();
+    if (!f || cuda_current_context() != RESHARD_OK)
+        return rs_error(RESHARD_ERR_UNAVAILABLE, "rank %d: no stand-in driver", rank);
+    reshard_layout_t *l[2] = {NULL, NULL};
+    char spec[96];
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=0 place=R", NEW_N);
+    reshard_layout_parse(spec, size, &l[0]);
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=1-2 mesh=2 place=S(0)", NEW_N);
+    reshard_layout_parse(spec, size, &l[1]);
+    reshard_tensor_t ts[2] = {{"a", l[0], l[1]}, {"b", l[0], l[1]}};
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cfg.delta = 1;
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, ts, 2, &cfg, &plan);
+    size_t sb = 0, db = 0, half = NEW_N / 2, off = rank ? (size_t)(rank - 1) * half : 0;
+    reshard_layout_shard_bytes(l[0], rank, &sb);
+    reshard_layout_shard_bytes(l[1], rank, &db);
+    uint16_t *want[2], *got = malloc(db + 2);
+    cu_deviceptr s[2], d[2];
+    for (int t = 0; t < 2; t++) {
+        want[t] = calloc(NEW_N, 2); /* the source, as every rank can compute it */
+        s[t] = dev_alloc(sb);
+        d[t] = dev_alloc(db);
+    }
+    for (int k = 0; k < NEW_REFITS && st == RESHARD_OK; k++) {
+        for (int t = 0; t < 2; t++) /* refit 0 sets every element, then 5% change each time */
+            for (size_t i = 0; i < NEW_N; i++)
+                if (!k || mix(i * 5 + (uint64_t)(k * 2 + t)) % 100 < 5)
+                    want[t][i] = (uint16_t)mix(i + (uint64_t)(k * 2 + t) * 1000003u);
+        if (k == NEW_AT && rank == 1) { /* made before the old goes: another address */
+            cu_deviceptr fresh = dev_alloc(db);
+            memset(got, 0xa5, db);
+            f->memcpy_htod(fresh, got, db);
+            f->mem_free(d[0]);
+            d[0] = fresh;
+        }
+        reshard_buffers_t b[2];
+        for (int t = 0; t < 2; t++) {
+            if (sb)
+                f->memcpy_htod(s[t], want[t], sb);
+            b[t] = (reshard_buffers_t){sb ? (void *)(uintptr_t)s[t] : NULL, sb,
+                                       db ? (void *)(uintptr_t)d[t] : NULL, db, RESHARD_MEM_CUDA};
+        }
+        reshard_comm_counters_t c0, c1;
+        reshard_comm_counters(comm, &c0);
+        st = reshard_plan_execute(plan, b);
+        reshard_comm_counters(comm, &c1);
+        nr->in[rank][k] = c1.net_in - c0.net_in;
+        for (int t = 0; t < 2 && rank && st == RESHARD_OK; t++) {
+            f->memcpy_dtoh(got, d[t], db);
+            for (size_t i = 0; i < half; i++)
+                nr->wrong[rank][k] += got[i] != want[t][off + i];
+        }
+    }
+    reshard_plan_destroy(plan);
+    for (int t = 0; t < 2; t++) {
+        free(want[t]);
+        if (s[t])
+            f->mem_free(s[t]);
+        if (d[t])
+            f->mem_free(d[t]);
+    }
+    free(got);
+    reshard_layout_destroy(l[0]);
+    reshard_layout_destroy(l[1]);
+    return st;
+}
+
+/* A new device destination buffer is known by the caller's device pointer (its host shadow is
+ * the same buffer as before): rank 1 gets "a" in full there, its "b" and rank 2's tensors keep
+ * their deltas, and every device element equals the source after every refit. */
+Test(delta_dev, a_new_device_buffer_on_one_rank_brings_only_that_tensor_there_in_full)
+{
+    use_fake_cuda();
+    setenv("RESHARD_DOMAIN_SIZE", "1", 1);
+    setenv("RESHARD_CHUNK_BYTES", "65536", 1);
+    nr = mmap(NULL, sizeof(*nr), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(nr != MAP_FAILED);
+    memset(nr, 0, sizeof(*nr));
+    all_ok(run_ranks(3, new_buffer_refits), 3);
+    for (int r = 1; r < 3; r++)
+        for (int k = 0; k < NEW_REFITS; k++)
+            cr_assert_eq(nr->wrong[r][k], 0, "rank %d, refit %d: %d wrong", r, k, nr->wrong[r][k]);
+    const uint64_t full = (uint64_t)NEW_N * 2, delta = full * 15 / 100; /* both tensors' halves */
+    cr_assert_lt(nr->in[1][1], delta, "refit 1 is a delta: %llu", (unsigned long long)nr->in[1][1]);
+    /* rank 1: "a" in full (half of full), "b" a delta */
+    cr_assert_geq(nr->in[1][NEW_AT], full / 2, "%llu", (unsigned long long)nr->in[1][NEW_AT]);
+    cr_assert_lt(nr->in[1][NEW_AT], full / 2 + delta, "%llu",
+                 (unsigned long long)nr->in[1][NEW_AT]);
+    cr_assert_lt(nr->in[2][NEW_AT], delta, "rank 2 kept its buffers: %llu",
+                 (unsigned long long)nr->in[2][NEW_AT]);
+    cr_assert_lt(nr->in[1][NEW_AT + 1], delta, "and deltas again after: %llu",
+                 (unsigned long long)nr->in[1][NEW_AT + 1]);
+}
+
+/* Rank 0's device source; ranks 2 and 3, one domain, each a device destination of all of it:
+ * one gets it over the network and forwards it to the other. Three refits, the last two 5 %
+ * changed: the forward carries the encoding the forwarder got (applied on the device there
+ * too), so the fan-out shrinks as the network bytes do, and every device element is exact. */
+static uint64_t (*fan)[3]; /* [rank][refit]: local bytes out (a shared page) */
+
+static reshard_status_t fan_out(int rank, int size, reshard_comm_t *comm)
+{
+    const struct cuda_fns *f = cuda_lib();
+    if (!f || cuda_current_context() != RESHARD_OK)
+        return rs_error(RESHARD_ERR_UNAVAILABLE, "rank %d: no stand-in driver", rank);
+    reshard_layout_t *src = NULL, *dst = NULL;
+    char spec[96];
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=0 place=R", BIG_N);
+    reshard_layout_parse(spec, size, &src);
+    snprintf(spec, sizeof(spec), "shape=%d dtype=bf16 ranks=2-3 mesh=2 place=R", BIG_N);
+    reshard_layout_parse(spec, size, &dst);
+    reshard_tensor_t t = {"w", src, dst};
+    reshard_plan_config_t cfg = RESHARD_PLAN_CONFIG_INIT;
+    cfg.delta = 1;
+    reshard_plan_t *plan = NULL;
+    reshard_status_t st = reshard_comm_plan_create(comm, &t, 1, &cfg, &plan);
+    size_t n = BIG_N * 2;
+    uint16_t *want = calloc(BIG_N, 2), *got = calloc(BIG_N, 2);
+    cu_deviceptr p = rank == 0 || rank >= 2 ? dev_alloc(n) : 0;
+    int wrong = 0;
+    for (int k = 0; k < 3 && st == RESHARD_OK; k++) {
+        for (size_t i = 0; i < BIG_N; i++)
+            if (!k || mix(i * 7 + (uint64_t)k) % 100 < 5)
+                want[i] = (uint16_t)mix(i + (uint64_t)k * 1000003u);
+        if (rank == 0)
+            f->memcpy_htod(p, want, n);
+        reshard_buffers_t b = {rank == 0 ? (void *)(uintptr_t)p : NULL, rank == 0 ? n : 0,
+                               rank >= 2 ? (void *)(uintptr_t)p : NULL, rank >= 2 ? n : 0,
+                               RESHARD_MEM_CUDA};
+        reshard_comm_counters_t c0, c1;
+        reshard_comm_counters(comm, &c0);
+        st = reshard_plan_execute(plan, &b);
+        reshard_comm_counters(comm, &c1);
+        fan[rank][k] = c1.local_out - c0.local_out;
+        if (rank >= 2 && st == RESHARD_OK) {
+            f->memcpy_dtoh(got, p, n);
+            for (size_t i = 0; i < BIG_N; i++)
+                wrong += got[i] != want[i];
+        }
+    }
+    if (st == RESHARD_OK && wrong)
+        st = rs_error(RESHARD_ERR_INTERNAL, "rank %d: %d wrong elements", rank, wrong);
+    reshard_plan_destroy(plan);
+    if (p)
+        f->mem_free(p);
+    free(want);
+    free(got);
+    reshard_layout_destroy(src);
+    reshard_layout_destroy(dst);
+    return st;
+}
+
+static void fan_case(void)
+{
+    use_fake_cuda();
+    setenv("RESHARD_DOMAIN_SIZE", "2", 1); /* {0, 1} {2, 3} */
+    setenv("RESHARD_CHUNK_BYTES", "65536", 1);
+    fan = mmap(NULL, 4 * sizeof(*fan), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(fan != MAP_FAILED);
+    memset(fan, 0, 4 * sizeof(*fan));
+    all_ok(run_ranks(4, fan_out), 4); /* every device element exact after every refit */
+}
+
+/* Peers that write device destinations through host staging (RESHARD_CUDA_IPC=0): the
+ * forwarder sends its encoding in the notice, and the peer applies it on its device. */
+Test(delta_dev, a_forwarder_passes_the_encoding_on_to_a_device_destination)
+{
+    setenv("RESHARD_CUDA_IPC", "0", 1);
+    fan_case();
+    uint64_t first = fan[2][0] + fan[3][0], then = fan[2][2] + fan[3][2];
+    cr_assert_eq(first, (uint64_t)BIG_N * 2, "the first refit forwards the tensor whole");
+    cr_assert_lt(then * 100, first * 15, "5%% changed: %llu of %llu bytes forwarded",
+                 (unsigned long long)then, (unsigned long long)first);
+}
+
+/* Through CUDA IPC the forwarder copies the applied chunk device to device (no encoding passed
+ * on: the copy never touches host memory); the peer still ends exact after every refit. */
+Test(delta_dev, a_forwarder_copies_the_applied_chunk_through_cuda_ipc)
+{
+    fan_case();
+    cr_assert_eq(fan[2][0] + fan[3][0], (uint64_t)BIG_N * 2, "the first refit forwards it whole");
 }

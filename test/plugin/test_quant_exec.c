@@ -1367,6 +1367,41 @@ Test(quant_exec, a_flipped_fp8_code_or_scale_quantized_where_it_lands_fails_the_
     all_ok(run_ranks(4, flips_caught), 4);
 }
 
+/* A bit flipped in a rank's staged bf16 before it is quantized (as on the way): the codes are
+ * made from the flipped value and agree with it, and the staged elements' transit check, made
+ * as the block is quantized, fails every rank naming the weight; the next refit passes. */
+static reshard_status_t staged_flip_caught(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    struct qside x;
+    qc.verify = 1;
+    reshard_status_t st = qside_open(&x, comm, rank, qc.src, qc.dst);
+    char spec[128];
+    snprintf(spec, sizeof(spec), "%d:layer.w.weight@staged:%lld", qc.flip_code_rank,
+             qc.flip_code_byte);
+    if (st == RESHARD_OK)
+        st = flipped_refit(&x, rank, 0, "", NULL);
+    if (st == RESHARD_OK)
+        st = flipped_refit(&x, rank, 1, spec, "layer.w.weight");
+    if (st == RESHARD_ERR_VERIFY)
+        st = flipped_refit(&x, rank, 2, "", NULL);
+    qside_close(&x);
+    return st;
+}
+
+Test(quant_exec, a_bit_flipped_in_staged_bf16_before_quantizing_fails_the_verified_refit)
+{
+    /* rank 0's staged row 200 (block row 1, cut between sources), column 5, its low byte */
+    qc = (struct qcase){.src = FLIP_AT_DST_SRC,
+                        .dst = FLIP_AT_DST_DST,
+                        .fmt = RS_FP8_E4M3,
+                        .er = 128,
+                        .ec = 128,
+                        .flip_code_rank = 0,
+                        .flip_code_byte = 2 * (200 * 128 + 5)};
+    all_ok(run_ranks(4, staged_flip_caught), 4);
+}
+
 /* Blocks 100 columns wide: codes are fingerprinted one at a time (eight at a time needs every
  * block to start on a multiple of 8), and a flip is caught alike. */
 Test(quant_exec, a_flipped_fp8_code_in_blocks_not_a_multiple_of_8_wide_fails_the_verified_refit)

@@ -501,9 +501,13 @@ void comm_destroy(struct reshard_comm *c)
         return;
     }
     /* Nobody closes connections a peer may still be using (a broken communicator does not
-     * wait: its peers may be gone). */
-    if (c->boot && c->net && c->broken == RESHARD_OK)
+     * wait: its peers may be gone). The barrier's failure is not the caller's last error. */
+    if (c->boot && c->net && c->broken == RESHARD_OK) {
+        struct rs_saved_error saved;
+        rs_error_save(&saved);
         (void)boot_barrier(c->boot);
+        rs_error_restore(&saved);
+    }
     cuda_ipc_free(c->ipc); /* every rank is done writing through its mappings */
     comm_local_close(c);   /* after the barrier: no peer writes this rank any more */
     if (c->net) {

@@ -315,6 +315,31 @@ Test(elastic, a_second_leave_after_a_shrink_never_fails_the_communicator_after_i
     cr_assert_eq(failed, 0, "%d of %d runs failed; the first: %s", failed, repeats, first);
 }
 
+/* Destroying a communicator whose bootstrap failed (its barrier fails at once) leaves the
+ * caller's last error alone: it still says who left. */
+static reshard_status_t destroy_keeps_the_last_error(int rank, int size, reshard_comm_t *comm)
+{
+    (void)size;
+    if (rank == 1)
+        return reshard_comm_leave(comm);
+    if (reshard_comm_barrier(comm) == RESHARD_OK)
+        return fail(RESHARD_ERR_INTERNAL, "a barrier without rank 1 succeeded", rank);
+    char before[256];
+    snprintf(before, sizeof(before), "%s", reshard_last_error());
+    reshard_comm_destroy(comm);
+    if (strcmp(before, reshard_last_error())) {
+        fprintf(stderr, "elastic: the last error was '%s', after the destroy '%s'\n", before,
+                reshard_last_error());
+        return RESHARD_ERR_INTERNAL;
+    }
+    return RESHARD_OK;
+}
+
+Test(elastic, destroying_a_comm_after_a_leave_keeps_the_last_error_naming_the_leaver)
+{
+    all_ok(run_ranks(2, destroy_keeps_the_last_error), 2);
+}
+
 /* Nothing to leave, nowhere to write: refused at once; a healthy communicator names nobody
  * and stays usable. */
 static reshard_status_t leave_bad_args(int rank, int size, reshard_comm_t *comm)

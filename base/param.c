@@ -67,6 +67,7 @@ static const char *const param_known_elsewhere[] = {
     "MAKE_KNOBS",      /* tests: make's knobs of that build */
     "SKIP_RDMA",       /* make test: skip the soft-RoCE VM */
     "TEST_SEED",       /* tests: replay one seed of a property test */
+    "TEST_REPEAT",     /* tests: how often a test that looks for a race runs its case */
     "TEST_STREAM_MIB", /* tests: MiB the plugin's life cycle streams */
     "NODE",            /* scripts/cluster.sh: the emulated node of a rank */
 };

@@ -536,9 +536,13 @@ void comm_destroy(struct reshard_comm *c)
     }
     /* Nobody closes connections a peer may still be using (a broken communicator does not
      * wait: its peers may be gone; one that grew closes nothing the grown one uses, and the
-     * joiners would never meet it). */
-    if (c->boot && c->net && c->broken == RESHARD_OK && !c->grown_into)
+     * joiners would never meet it). The barrier's failure is not the caller's last error. */
+    if (c->boot && c->net && c->broken == RESHARD_OK && !c->grown_into) {
+        struct rs_saved_error saved;
+        rs_error_save(&saved);
         (void)boot_barrier(c->boot);
+        rs_error_restore(&saved);
+    }
     cuda_ipc_free(c->ipc); /* every rank is done writing through its mappings */
     comm_local_close(c);   /* after the barrier: no peer writes this rank any more */
     if (c->net) {

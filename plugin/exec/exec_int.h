@@ -13,6 +13,17 @@
 
 #include <stdint.h>
 
+/* ---- a leave heard while a run waits ---- */
+
+/* Whether st, a failure boot_check heard, is a rank's leave (reshard_comm_leave). A rank leaves
+ * only while it does not execute, and this run's vote had its ballot: it left after its part of
+ * this run was done, so the run may still complete. The leave stays with the bootstrap, for the
+ * next collective to report. */
+static inline int exec_heard_leave(const struct reshard_comm *c, reshard_status_t st)
+{
+    return st == RESHARD_ERR_REMOTE && boot_left(c->boot) >= 0;
+}
+
 /* ---- this rank's share of the transfer list (exec_share.c) ---- */
 
 struct exec_share {

@@ -564,12 +564,17 @@ static reshard_status_t phase_wait(struct exec *x, struct link_phase *ph, uint32
     int timeout = comm_timeout_ms();
     ph->last_event_ms = rs_now_ms();
     int64_t next_check = ph->last_event_ms + LINK_CHECK_MS;
+    int gone = -1; /* a rank heard to leave after its part (exec_heard_leave) */
     while (ph->left > 0) {
         if (atomic_load(&c->abort_req))
             return rs_error(RESHARD_ERR_ABORTED, "rank %d: execution aborted (reshard_comm_abort)",
                             c->rank);
-        if (rs_now_ms() >= next_check) {
-            RS_CHECK(boot_check(c->boot));
+        if (gone < 0 && rs_now_ms() >= next_check) {
+            reshard_status_t st = boot_check(c->boot);
+            if (exec_heard_leave(c, st))
+                gone = boot_left(c->boot);
+            else if (st != RESHARD_OK)
+                return st;
             next_check = rs_now_ms() + LINK_CHECK_MS;
         }
         if (net->ops->progress(net))
@@ -577,11 +582,16 @@ static reshard_status_t phase_wait(struct exec *x, struct link_phase *ph, uint32
         for (int i = 0; i < ph->n; i++)
             if (ph->m[i].done && ph->m[i].st != RESHARD_OK)
                 return failed(x, ph, seq, i);
-        if (net->failed_peer >= 0) {
-            RS_CHECK(boot_check(c->boot)); /* its own report names the cause better */
+        if (net->failed_peer >= 0 && net->failed_peer != gone) {
+            reshard_status_t st = gone < 0 ? boot_check(c->boot) : RESHARD_OK;
+            if (exec_heard_leave(c, st)) /* a leaver's connection may close */
+                gone = boot_left(c->boot);
+            else if (st != RESHARD_OK) /* its own report names the cause better */
+                return st;
+        }
+        if (net->failed_peer >= 0 && net->failed_peer != gone)
             return rs_error(RESHARD_ERR_NETWORK, "rank %d: connection to rank %d failed: %s",
                             c->rank, net->failed_peer, net->failed_why);
-        }
         int64_t idle = rs_now_ms() - ph->last_event_ms;
         if (idle >= timeout)
             return rs_error(RESHARD_ERR_TIMEOUT,

@@ -9,6 +9,7 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/log.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -79,14 +80,20 @@ static reshard_status_t wait_done(struct exec_run *r)
     int timeout = comm_timeout_ms();
     r->last_event_ms = rs_now_ms();
     int64_t next_check = r->last_event_ms + BOOT_CHECK_MS;
-    int idle_spins = 0;
+    int idle_spins = 0, gone = -1; /* a rank heard to leave after its part */
     while (r->st == RESHARD_OK && !run_done(r)) {
         if (atomic_load(&x->comm->abort_req))
             return exec_run_fail(r, rs_error(RESHARD_ERR_ABORTED,
                                              "rank %d: execution aborted (reshard_comm_abort)",
                                              x->comm->rank));
-        if (rs_now_ms() >= next_check) { /* a rank that failed or aborted says so here */
+        if (gone < 0 && rs_now_ms() >= next_check) { /* a rank that failed or aborted says so */
             reshard_status_t st = boot_check(x->comm->boot);
+            if (exec_heard_leave(x->comm, st)) {
+                gone = boot_left(x->comm->boot);
+                rs_log(RS_LOG_INFO, "rank %d: rank %d left after its part of this execution",
+                       x->comm->rank, gone);
+                continue;
+            }
             if (st != RESHARD_OK && st != RESHARD_ERR_NETWORK)
                 return exec_run_fail(r, st);
             if (st != RESHARD_OK && !done_anyway(r)) /* a rank gone: perhaps after its part */
@@ -103,15 +110,18 @@ static reshard_status_t wait_done(struct exec_run *r)
         }
         if (r->st != RESHARD_OK || run_done(r))
             break;
-        if (net->failed_peer >= 0) { /* a rank's own report names the cause better */
-            st = boot_check(x->comm->boot);
-            if (st != RESHARD_OK)
-                return exec_run_fail(r, st);
+        if (net->failed_peer >= 0 && net->failed_peer != gone) {
+            /* a rank's own report names the cause better; a leaver's connection may close */
+            if (gone < 0 && (st = boot_check(x->comm->boot)) != RESHARD_OK) {
+                if (!exec_heard_leave(x->comm, st))
+                    return exec_run_fail(r, st);
+                gone = boot_left(x->comm->boot);
+            }
+            if (net->failed_peer != gone)
+                return exec_run_fail(r, rs_error(RESHARD_ERR_NETWORK,
+                                                 "rank %d: connection to rank %d failed: %s",
+                                                 x->comm->rank, net->failed_peer, net->failed_why));
         }
-        if (net->failed_peer >= 0)
-            return exec_run_fail(r, rs_error(RESHARD_ERR_NETWORK,
-                                             "rank %d: connection to rank %d failed: %s",
-                                             x->comm->rank, net->failed_peer, net->failed_why));
         int64_t idle = rs_now_ms() - r->last_event_ms;
         if (idle >= timeout) {
             char what[192];

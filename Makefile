@@ -24,10 +24,14 @@ LAYERS := base planner cuda transport plugin
 # reshard's API.
 LIB_SRC := $(filter-out plugin/m2n/%,$(sort $(shell find $(LAYERS) -name '*.c')))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+# The net plugin conformance driver, a program of its own (test/plugin/net/net_driver.h).
+NET_DRIVER_SRC := test/plugin/net/net_driver.c test/plugin/net/net_table.c \
+                  test/plugin/net/net_stream.c test/plugin/net/net_hostile.c \
+                  test/plugin/net/net_lifecycle.c
+NET_DRIVER_OBJ := $(NET_DRIVER_SRC:%.c=$(BUILD)/obj/%.o)
 # Every suite under test/ except the stand-ins, fuzz targets, benchmarks and the net driver,
 # which are programs of their own.
-TEST_SRC := $(filter-out test/plugin/net/net_driver.c test/plugin/net/net_hostile.c \
-                          test/plugin/net/net_lifecycle.c, \
+TEST_SRC := $(filter-out $(NET_DRIVER_SRC), \
               $(sort $(shell find test -name '*.c' -not -path 'test/fake/*' \
                                 -not -path 'test/fuzz/*' -not -path 'test/perf/*')))
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -202,8 +206,7 @@ $(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO) $(LIB_LINK)
 
 # The net plugin conformance driver loads the plugin as NCCL does (dlopen), so it does not
 # link it.
-$(NET_DRIVER): $(BUILD)/obj/test/plugin/net/net_driver.o $(BUILD)/obj/test/plugin/net/net_hostile.o \
-               $(BUILD)/obj/test/plugin/net/net_lifecycle.o
+$(NET_DRIVER): $(NET_DRIVER_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ -ldl -lpthread $(LDFLAGS_ALL)
 
@@ -351,6 +354,5 @@ clean:
 
 -include $(LIB_OBJ:.o=.d) $(M2N_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(PLAN_OBJ:.o=.d) \
     $(BUILD)/obj/test/perf/plan_bench.d $(BUILD)/obj/test/perf/reshard_perf.d \
-    $(BUILD)/obj/test/plugin/net/net_driver.d $(BUILD)/obj/test/plugin/net/net_hostile.d \
-    $(BUILD)/obj/test/plugin/net/net_lifecycle.d \
+    $(NET_DRIVER_OBJ:.o=.d) \
     $(BUILD)/obj/test/perf/reshard_net_perf.d $(BUILD)/obj/test/perf/nccl_net_check.d

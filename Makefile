@@ -24,10 +24,14 @@ LAYERS := base planner cuda transport plugin
 # reshard's API.
 LIB_SRC := $(filter-out plugin/m2n/%,$(sort $(shell find $(LAYERS) -name '*.c')))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+# The net plugin conformance driver, a program of its own (test/plugin/net/net_driver.h).
+NET_DRIVER_SRC := test/plugin/net/net_driver.c test/plugin/net/net_table.c \
+                  test/plugin/net/net_stream.c test/plugin/net/net_hostile.c \
+                  test/plugin/net/net_lifecycle.c
+NET_DRIVER_OBJ := $(NET_DRIVER_SRC:%.c=$(BUILD)/obj/%.o)
 # Every suite under test/ except the stand-ins, fuzz targets, benchmarks and the net driver,
 # which are programs of their own.
-TEST_SRC := $(filter-out test/plugin/net/net_driver.c test/plugin/net/net_hostile.c \
-                          test/plugin/net/net_lifecycle.c, \
+TEST_SRC := $(filter-out $(NET_DRIVER_SRC), \
               $(sort $(shell find test -name '*.c' -not -path 'test/fake/*' \
                                 -not -path 'test/fuzz/*' -not -path 'test/perf/*')))
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -43,6 +47,8 @@ AR_LIB := $(BUILD)/libreshard-internal.a
 # each finding the library through its RUNPATH $ORIGIN/../lib, here and under any PREFIX.
 PLAN_BIN := $(BUILD)/bin/reshard-plan
 PERF_BIN := $(BUILD)/bin/reshard_perf
+PERF_SRC := test/perf/reshard_perf.c test/perf/perf_sweep.c test/perf/perf_args.c
+PERF_OBJ := $(PERF_SRC:%.c=$(BUILD)/obj/%.o)
 NET_PERF_BIN := $(BUILD)/bin/reshard_net_perf
 TOOL_BINS := $(PLAN_BIN) $(PERF_BIN) $(NET_PERF_BIN)
 TOOL_RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
@@ -142,9 +148,9 @@ $(BENCH_BIN): $(BUILD)/obj/test/perf/plan_bench.o $(SO)
 	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS_ALL)
 
 # reshard_perf: the nccl-tests style perf tool (public API only).
-$(PERF_BIN): $(BUILD)/obj/test/perf/reshard_perf.o $(SO) $(LIB_LINK)
+$(PERF_BIN): $(PERF_OBJ) $(SO) $(LIB_LINK)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $< -L$(BUILD) -lnccl-net-reshard $(TOOL_RPATH) -lm $(LDFLAGS_ALL)
+	$(CC) -o $@ $(PERF_OBJ) -L$(BUILD) -lnccl-net-reshard $(TOOL_RPATH) -lm $(LDFLAGS_ALL)
 
 # pack_bench: the pack kernels against cuMemcpyDtoD (scripts/gpu-check.sh; internals).
 $(PACK_BENCH): $(BUILD)/obj/test/perf/pack_bench.o $(AR_LIB) $(FATBIN_OBJ)
@@ -202,8 +208,7 @@ $(NET_PERF_BIN): $(BUILD)/obj/test/perf/reshard_net_perf.o $(SO) $(LIB_LINK)
 
 # The net plugin conformance driver loads the plugin as NCCL does (dlopen), so it does not
 # link it.
-$(NET_DRIVER): $(BUILD)/obj/test/plugin/net/net_driver.o $(BUILD)/obj/test/plugin/net/net_hostile.o \
-               $(BUILD)/obj/test/plugin/net/net_lifecycle.o
+$(NET_DRIVER): $(NET_DRIVER_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ -ldl -lpthread $(LDFLAGS_ALL)
 
@@ -350,7 +355,6 @@ clean:
 	rm -rf build
 
 -include $(LIB_OBJ:.o=.d) $(M2N_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(PLAN_OBJ:.o=.d) \
-    $(BUILD)/obj/test/perf/plan_bench.d $(BUILD)/obj/test/perf/reshard_perf.d \
-    $(BUILD)/obj/test/plugin/net/net_driver.d $(BUILD)/obj/test/plugin/net/net_hostile.d \
-    $(BUILD)/obj/test/plugin/net/net_lifecycle.d \
+    $(BUILD)/obj/test/perf/plan_bench.d $(PERF_OBJ:.o=.d) \
+    $(NET_DRIVER_OBJ:.o=.d) \
     $(BUILD)/obj/test/perf/reshard_net_perf.d $(BUILD)/obj/test/perf/nccl_net_check.d

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * What the conformance driver's files share (net_driver.c: loading, the life cycle, the
- * bad-input cases; net_hostile.c: what a hostile neighbour or a careless caller does): one
- * interface over every ncclNet_vN table, and the reporting every step uses.
+ * What the conformance driver's files share (net_table.c: loading, the table, reporting;
+ * net_stream.c: the two-process life cycle; net_driver.c: the bad-input cases and main;
+ * net_hostile.c: what a hostile neighbour or a careless caller does): one interface over
+ * every ncclNet_vN table, and the reporting every step uses.
  */
 #ifndef RS_TEST_NET_DRIVER_H
 #define RS_TEST_NET_DRIVER_H
@@ -99,6 +100,25 @@ int pair(void *ctx, void **lc, void **sc, void **rc, unsigned char *handle);
 /* A pattern per seed, and the first byte (1-based) that differs from it (0: none). */
 void fill(unsigned char *p, size_t n, uint64_t seed);
 size_t mismatch(const unsigned char *p, size_t n, uint64_t seed);
+
+/* ---- net_stream.c: the two-process life cycle ---- */
+
+#define MSG  (4 * MIB)               /* one message of the stream */
+#define MANY (32 * MAX_RECVS_WANTED) /* small messages in flight at once */
+
+enum die { DIE_NONE, DIE_SEND, DIE_RECV };
+
+struct run {
+    const char *handle_file;
+    enum die die;
+    size_t stream_mib;
+    int device; /* --mem device */
+};
+
+/* One side of the life cycle (the receiver writes the handle to run->handle_file, the sender
+ * reads it); 0 when every step passed. */
+int recv_side(void *ctx, const struct run *run);
+int send_side(void *ctx, const struct run *run);
 
 /* ---- net_hostile.c: each returns 0 when the plugin held ---- */
 

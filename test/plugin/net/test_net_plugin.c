@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The NCCL net plugin, as NCCL sees it: net_driver (test/plugin/net_driver.c) loads
+ * The NCCL net plugin, as NCCL sees it: net_driver (test/plugin/net/net_driver.c) loads
  * libnccl-net-reshard.so with dlopen through LD_LIBRARY_PATH and drives one ncclNetPlugin_vN.
  *
  * net_conformance: the whole life cycle between two processes for every exported version, on

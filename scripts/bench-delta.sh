@@ -19,7 +19,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-case ${1:-} in -h | --help) awk 'NR > 3 && !/^#/ { exit } NR > 3 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
+case ${1:-} in
+    -h | --help) awk 'NR > 3 && !/^#/ { exit } NR > 3 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    '') ;;
+    *) echo "bench-delta: it takes no arguments, not '$1' (-h: usage)" >&2; exit 2 ;;
+esac
 
 BUILD=${BUILD:-build}
 RUNS=${RUNS:-3}

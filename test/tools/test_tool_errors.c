@@ -159,7 +159,7 @@ Test(tool_errors, every_script_answers_help_with_its_usage, .timeout = 60)
         "bench-refit.sh",  "bench-net.sh", "bench-scale.sh", "bench-boot.sh",   "bench-control.sh",
         "bench-models.sh", "cluster.sh",   "demo.sh",        "gpu-check.sh",    "gpu-bundle.sh",
         "gpu-probe.py",    "rxe-test.sh",  "embed.py",       "gen-manifest.py", "check-layers.py",
-        "apt-install.sh",  "bench-fp8.sh"};
+        "apt-install.sh",  "bench-fp8.sh", "bench-delta.sh", "bench-elastic.sh"};
     for (size_t i = 0; i < sizeof(scripts) / sizeof(scripts[0]); i++) {
         for (int form = 0; form < 2; form++) {
             int rc = run_capturef(out, sizeof(out), "scripts/%s %s 2>&1 </dev/null", scripts[i],

@@ -81,3 +81,39 @@ void side_close(struct side *x)
     reshard_layout_destroy(x->src);
     reshard_layout_destroy(x->dst);
 }
+
+void shard_values(const reshard_layout_t *l, int rank, char *buf, int put,
+                  uint64_t (*value)(int64_t global, const void *arg), const void *arg, int *wrong)
+{
+    reshard_layout_info_t info;
+    int64_t shape[8], numel;
+    reshard_layout_info(l, &info);
+    reshard_layout_shard_shape(l, rank, shape, &numel);
+    if (!numel)
+        return;
+    int64_t *index[8];
+    for (int d = 0; d < info.ndim; d++) {
+        index[d] = malloc((size_t)shape[d] * sizeof(int64_t));
+        reshard_layout_shard_index(l, rank, d, index[d]);
+    }
+    int64_t at[8] = {0};
+    for (int64_t i = 0; i < numel; i++) {
+        int64_t global = 0;
+        for (int d = 0; d < info.ndim; d++)
+            global = global * info.shape[d] + index[d][at[d]];
+        uint64_t v = value(global, arg), got = 0;
+        char *p = buf + (size_t)i * info.elem_size;
+        if (put) {
+            memcpy(p, &v, info.elem_size); /* the low bytes on this little-endian machine */
+        } else {
+            memcpy(&got, p, info.elem_size);
+            if (info.elem_size < 8)
+                v &= (UINT64_C(1) << (8 * info.elem_size)) - 1;
+            *wrong += got != v;
+        }
+        for (int d = info.ndim - 1; d >= 0 && ++at[d] == shape[d]; d--)
+            at[d] = 0;
+    }
+    for (int d = 0; d < info.ndim; d++)
+        free(index[d]);
+}

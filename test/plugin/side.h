@@ -14,6 +14,12 @@ reshard_layout_t *parse(const char *spec);
 void fill(const reshard_layout_t *l, int rank, int32_t *buf);
 int count_wrong(const reshard_layout_t *l, int rank, const int32_t *buf);
 
+/* Any layout: puts value(global linear index, arg) into every element of rank's shard of l in
+ * buf (its low elem_size bytes; row-major over the shard's local shape), or, when !put, adds the
+ * elements that differ from it to *wrong. */
+void shard_values(const reshard_layout_t *l, int rank, char *buf, int put,
+                  uint64_t (*value)(int64_t global, const void *arg), const void *arg, int *wrong);
+
 /* One rank's side of a plan: layouts, the plan, buffers sized for its shards (the source
  * filled with the pattern). */
 struct side {

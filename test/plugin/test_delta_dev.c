@@ -9,6 +9,7 @@
  * device snapshot that cannot be allocated leaves its tensor in full.
  */
 #include "ranks.h"
+#include "side.h"
 #include "base/error.h"
 #include "cuda/cuda_lib.h"
 #include "planner/spec.h"
@@ -76,40 +77,15 @@ static uint64_t value(int64_t g, int k)
     return mix((uint64_t)g * 1000003u + (uint64_t)j);
 }
 
+static uint64_t value_at(int64_t g, const void *refit)
+{
+    return value(g, *(const int *)refit);
+}
+
 /* Writes (put) or counts wrong elements of the rank's shard of l in buf, for refit k. */
 static void each_element(const reshard_layout_t *l, int rank, char *buf, int put, int k, int *wrong)
 {
-    reshard_layout_info_t info;
-    int64_t shape[8], numel;
-    reshard_layout_info(l, &info);
-    reshard_layout_shard_shape(l, rank, shape, &numel);
-    if (!numel)
-        return;
-    int64_t *index[8];
-    for (int d = 0; d < info.ndim; d++) {
-        index[d] = malloc((size_t)shape[d] * sizeof(int64_t));
-        reshard_layout_shard_index(l, rank, d, index[d]);
-    }
-    int64_t at[8] = {0};
-    for (int64_t i = 0; i < numel; i++) {
-        int64_t global = 0;
-        for (int d = 0; d < info.ndim; d++)
-            global = global * info.shape[d] + index[d][at[d]];
-        uint64_t v = value(global, k), got = 0;
-        char *p = buf + (size_t)i * info.elem_size;
-        if (put) {
-            memcpy(p, &v, info.elem_size);
-        } else {
-            memcpy(&got, p, info.elem_size);
-            if (info.elem_size < 8)
-                v &= (UINT64_C(1) << (8 * info.elem_size)) - 1;
-            *wrong += got != v;
-        }
-        for (int d = info.ndim - 1; d >= 0 && ++at[d] == shape[d]; d--)
-            at[d] = 0;
-    }
-    for (int d = 0; d < info.ndim; d++)
-        free(index[d]);
+    shard_values(l, rank, buf, put, value_at, &k, wrong);
 }
 
 static cu_deviceptr dev_alloc(size_t n)

@@ -9,6 +9,7 @@
  * follows is a new communicator and plan, which start in full.)
  */
 #include "ranks.h"
+#include "side.h"
 #include "base/error.h"
 #include "base/param.h"
 #include "planner/spec.h"
@@ -65,39 +66,15 @@ static uint64_t value(int64_t g, int k)
 
 static int refit_no; /* in the forked rank */
 
+static uint64_t value_at(int64_t g, const void *refit)
+{
+    return value(g, *(const int *)refit);
+}
+
+/* Writes (put) or counts wrong elements of the rank's shard of l in buf, for this refit. */
 static void each_element(const reshard_layout_t *l, int rank, char *buf, int put, int *wrong)
 {
-    reshard_layout_info_t info;
-    int64_t shape[8], numel;
-    reshard_layout_info(l, &info);
-    reshard_layout_shard_shape(l, rank, shape, &numel);
-    if (!numel)
-        return;
-    int64_t *index[8];
-    for (int d = 0; d < info.ndim; d++) {
-        index[d] = malloc((size_t)shape[d] * sizeof(int64_t));
-        reshard_layout_shard_index(l, rank, d, index[d]);
-    }
-    int64_t at[8] = {0};
-    for (int64_t i = 0; i < numel; i++) {
-        int64_t global = 0;
-        for (int d = 0; d < info.ndim; d++)
-            global = global * info.shape[d] + index[d][at[d]];
-        uint64_t v = value(global, refit_no), got = 0;
-        char *p = buf + (size_t)i * info.elem_size;
-        if (put) {
-            memcpy(p, &v, info.elem_size);
-        } else {
-            memcpy(&got, p, info.elem_size);
-            if (info.elem_size < 8)
-                v &= (UINT64_C(1) << (8 * info.elem_size)) - 1;
-            *wrong += got != v;
-        }
-        for (int d = info.ndim - 1; d >= 0 && ++at[d] == shape[d]; d--)
-            at[d] = 0;
-    }
-    for (int d = 0; d < info.ndim; d++)
-        free(index[d]);
+    shard_values(l, rank, buf, put, value_at, &refit_no, wrong);
 }
 
 static reshard_status_t refit_random(int rank, int size, reshard_comm_t *comm)

@@ -7,6 +7,7 @@
  * MAX_RANKS ranks) are drawn again with the next seed.
  */
 #include "ranks.h"
+#include "side.h"
 #include "planner/spec.h"
 #include "plugin/reshard.h"
 #include "test/planner/oracle.h"
@@ -27,49 +28,10 @@ static uint64_t value_of(int64_t global)
     return z ^ (z >> 31);
 }
 
-/* Calls fn(element address, global linear index) for every element of rank's shard, stored
- * row-major over the shard's local shape. */
-static void each_element(const reshard_layout_t *l, int rank, char *buf,
-                         void (*fn)(char *at, size_t esize, int64_t global, int *wrong), int *wrong)
+static uint64_t value_at(int64_t global, const void *arg)
 {
-    reshard_layout_info_t info;
-    int64_t shape[8], numel;
-    reshard_layout_info(l, &info);
-    reshard_layout_shard_shape(l, rank, shape, &numel);
-    if (!numel)
-        return;
-    int64_t *index[8];
-    for (int d = 0; d < info.ndim; d++) {
-        index[d] = malloc((size_t)shape[d] * sizeof(int64_t));
-        reshard_layout_shard_index(l, rank, d, index[d]);
-    }
-    int64_t at[8] = {0};
-    for (int64_t i = 0; i < numel; i++) {
-        int64_t global = 0;
-        for (int d = 0; d < info.ndim; d++)
-            global = global * info.shape[d] + index[d][at[d]];
-        fn(buf + (size_t)i * info.elem_size, info.elem_size, global, wrong);
-        for (int d = info.ndim - 1; d >= 0 && ++at[d] == shape[d]; d--)
-            at[d] = 0;
-    }
-    for (int d = 0; d < info.ndim; d++)
-        free(index[d]);
-}
-
-static void put(char *at, size_t esize, int64_t global, int *wrong)
-{
-    (void)wrong;
-    uint64_t v = value_of(global);
-    memcpy(at, &v, esize); /* the low bytes on this little-endian machine */
-}
-
-static void check(char *at, size_t esize, int64_t global, int *wrong)
-{
-    uint64_t v = value_of(global), got = 0;
-    memcpy(&got, at, esize);
-    if (esize < 8)
-        v &= (UINT64_C(1) << (8 * esize)) - 1;
-    *wrong += got != v;
+    (void)arg;
+    return value_of(global);
 }
 
 static reshard_status_t move_random(int rank, int size, reshard_comm_t *comm)
@@ -87,13 +49,13 @@ static reshard_status_t move_random(int rank, int size, reshard_comm_t *comm)
     reshard_layout_shard_bytes(dst, rank, &db);
     char *s = calloc(1, sb + 1), *d = calloc(1, db + 1);
     int wrong = 0;
-    each_element(src, rank, s, put, &wrong);
+    shard_values(src, rank, s, 1, value_at, NULL, &wrong);
     reshard_buffers_t b = {sb ? s : NULL, sb, db ? d : NULL, db, RESHARD_MEM_HOST};
     for (int it = 0; it < 2 && st == RESHARD_OK; it++) { /* the second run reuses everything */
         memset(d, 0xa5, db);
         st = reshard_plan_execute(plan, &b);
         if (st == RESHARD_OK)
-            each_element(dst, rank, d, check, &wrong);
+            shard_values(dst, rank, d, 0, value_at, NULL, &wrong);
     }
     if (st == RESHARD_OK && wrong) {
         fprintf(stderr, "rank %d: %d wrong element(s)\n", rank, wrong);

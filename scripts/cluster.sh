@@ -79,13 +79,38 @@ cluster_namespaces() {
 # ---------------------------------------------------------------------------------------------
 # Building and removing a cluster.
 
+# An ip dump read whole, its text on stdout. The kernel cuts a dump short when another job
+# changes links or addresses meanwhile (ip then says "Dump was interrupted and may be
+# inconsistent" on stderr): that read is thrown away and made again, 20 times at most; other
+# complaints of ip pass through to stderr. Fails when no read came out whole.
+ip_dump() {
+    local out err tries f
+    f=$(mktemp "${TMPDIR:-/tmp}/reshard-ip.XXXXXX") || return 1
+    for ((tries = 0; tries < 20; tries++)); do
+        out=$(ip "$@" 2>"$f") || true
+        err=$(cat "$f")
+        case $err in *"Dump was interrupted"*)
+            sleep 0.05
+            continue
+            ;;
+        esac
+        rm -f "$f"
+        [ -z "$err" ] || printf '%s\n' "$err" >&2
+        printf '%s\n' "$out"
+        return 0
+    done
+    rm -f "$f"
+    say "ip $* was cut short by other jobs' changes 20 times in a row"
+    return 1
+}
+
 # Picks a /24 of $NET16 that no interface, route or other cluster of ours uses. Runs under the
 # lock, and the caller writes the cluster's state file (which names its subnet) before
 # releasing the lock, so two concurrent runs never pick the same one.
 pick_subnet() {
-    local used x
-    used=$( { ip -4 -o addr show; ip -4 route show table all;
-              sed -n 's/^NET=\(.*\)/\1./p' "$STATE_DIR"/*.env 2>/dev/null; } |
+    local dump used x
+    dump=$(ip_dump -4 -o addr show) && dump+=$'\n'$(ip_dump -4 route show table all) || return 1
+    used=$( { printf '%s\n' "$dump"; sed -n 's/^NET=\(.*\)/\1./p' "$STATE_DIR"/*.env 2>/dev/null; } |
             grep -oE "${NET16//./\\.}\.[0-9]+\." || true)
     for x in $(shuf -i 0-255); do
         if ! grep -qx "${NET16//./\\.}\.$x\." <<<"$used"; then

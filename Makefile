@@ -230,7 +230,7 @@ check-layers:
 
 test: deps check-layers
 	@$(MAKE) --no-print-directory all $(UNIT_BIN) $(NET_DRIVER) $(FAKE_LIBS) $(NCCL_CHECK) $(NCCL_NET_CHECK) $(M2N_CHECK) $(PACK_BENCH) $(DELTA_DEV_BENCH) $(DEVICE_REFIT) $(BOOT_SCALE) $(JOIN_BENCH)
-	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1)" \
+	RESHARD_BUILD=$(BUILD) RESHARD_MAKE_KNOBS="$(if $(SAN),ASAN=1) $(if $(filter 1,$(DEBUG)),DEBUG=1) NVCC=$(NVCC)" \
 	    $(if $(SAN),test/asan-run.sh) $(UNIT_BIN) --jobs=$$(nproc) --tap=$(BUILD)/unit.tap \
 	    $(TEST_ARGS) || { test/tap-failures.sh $(BUILD)/unit.tap; exit 1; }
 ifeq ($(SAN),)

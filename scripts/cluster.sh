@@ -79,28 +79,27 @@ cluster_namespaces() {
 # ---------------------------------------------------------------------------------------------
 # Building and removing a cluster.
 
-# An ip dump read whole, its text on stdout. The kernel cuts a dump short when another job
-# changes links or addresses meanwhile (ip then says "Dump was interrupted and may be
-# inconsistent" on stderr): that read is thrown away and made again, 20 times at most; other
-# complaints of ip pass through to stderr. Fails when no read came out whole.
+# An ip dump read whole, its text on stdout. While other jobs change their links and
+# namespaces, ip complains on stderr of what it met half-made or half-gone ("Peer netns
+# reference is invalid") and the kernel cuts a dump short ("Dump was interrupted and may be
+# inconsistent"): the complaints are not this run's business and stay off its output; a cut
+# dump is read again. Fails, saying why, when ip fails or no read came out whole in 20 tries.
 ip_dump() {
-    local out err tries f
+    local out err rc tries f
     f=$(mktemp "${TMPDIR:-/tmp}/reshard-ip.XXXXXX") || return 1
     for ((tries = 0; tries < 20; tries++)); do
-        out=$(ip "$@" 2>"$f") || true
+        rc=0
+        out=$(ip "$@" 2>"$f") || rc=$?
         err=$(cat "$f")
-        case $err in *"Dump was interrupted"*)
-            sleep 0.05
-            continue
-            ;;
-        esac
-        rm -f "$f"
-        [ -z "$err" ] || printf '%s\n' "$err" >&2
-        printf '%s\n' "$out"
-        return 0
+        if [ "$rc" = 0 ] && [[ $err != *"Dump was interrupted"* ]]; then
+            rm -f "$f"
+            printf '%s\n' "$out"
+            return 0
+        fi
+        sleep 0.05
     done
     rm -f "$f"
-    say "ip $* was cut short by other jobs' changes 20 times in a row"
+    say "ip $* did not give a whole answer in 20 tries (status $rc): ${err:-cut short}"
     return 1
 }
 

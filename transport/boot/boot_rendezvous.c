@@ -41,6 +41,9 @@ struct boot_form {
     struct boot_gate gate;
     int gate_open;
     int64_t deadline; /* this rank gives up then */
+    /* a member of a growth gives up on its subtree's members then (before rank 0 does, which
+     * waits longer than any member for the members, and shorter for the joiners) */
+    int64_t mdeadline;
     /* rank 0 */
     int next_slot;
     int *slot_rank;         /* [size]: who took each slot */
@@ -146,17 +149,17 @@ static int boot_form_join(void *arg, int fd, const char *addr, const struct boot
         snprintf(why, n, "rank %d is out of range 1..%d", h->rank, b->size - 1);
         return 0;
     }
-    if (f->arrived[h->rank]) {
-        char there[SOCK_ADDR_STR];
-        snprintf(why, n, "duplicate rank: rank %d (%s) has already arrived", b->label[h->rank],
-                 boot_listener_addr(b, h->rank, there, sizeof(there)));
-        return 0;
-    }
     if (f->grown && h->rank < b->members) {
         snprintf(why, n,
                  "rank %d is a member of the communicator that grows: members attach to their "
                  "tree parents, only joiners join at rank 0",
                  b->label[h->rank]);
+        return 0;
+    }
+    if (f->arrived[h->rank]) {
+        char there[SOCK_ADDR_STR];
+        snprintf(why, n, "duplicate rank: rank %d (%s) has already arrived", b->label[h->rank],
+                 boot_listener_addr(b, h->rank, there, sizeof(there)));
         return 0;
     }
     if (boot_addr_get(h->addr, &la) != 0) {
@@ -337,15 +340,17 @@ static int boot_form_list(const struct boot *b, const unsigned char *have, int f
     return missing;
 }
 
-/* A growth's: the tree children (slot = rank) that have not attached, by name, into list. */
-static int boot_form_unattached(const struct boot_form *f, char *list, size_t cap)
+/* A growth's: the tree children (slot = rank) below rank `below` that have not attached, or (a
+ * member's children, reports) that have not reported their subtree's members in, by number. */
+static int boot_form_unattached(const struct boot_form *f, int below, int reports, char *list,
+                                size_t cap)
 {
     const struct boot *b = f->b;
     size_t used = 0;
     int missing = 0;
     list[0] = '\0';
-    for (int i = 1; i <= b->nchildren; i++) {
-        if (b->nb[i].fd >= 0)
+    for (int i = 1; i <= b->nchildren && b->first_child + i - 1 < below; i++) {
+        if (reports ? f->mdone[i] : b->nb[i].fd >= 0)
             continue;
         int k = snprintf(list + used, cap - used, "%s%d", missing++ ? ", " : "",
                          b->label[b->first_child + i - 1]);
@@ -365,12 +370,23 @@ static reshard_status_t boot_form_timeout(struct boot_form *f)
                         "bootstrap: rendezvous on rank %d: its tree parent %s did not say the "
                         "tree was whole within %s",
                         b->label[b->rank], b->nb[0].name, ms);
-    if (f->grown && b->slot != 0 && (missing = boot_form_unattached(f, list, sizeof(list))))
+    /* A member of a growth names its member children that did not come (rank 0 waits longer,
+     * and names the joiners). */
+    int below = b->rank < b->members && !f->sent_mready ? b->members : b->size;
+    if (f->grown && b->slot != 0 &&
+        (missing = boot_form_unattached(f, below, 0, list, sizeof(list))))
         return rs_error(RESHARD_ERR_TIMEOUT,
                         "bootstrap: rendezvous on rank %d: its tree %s %s did not attach within "
                         "%s%s%s",
                         b->label[b->rank], missing == 1 ? "child rank" : "children ranks", list, ms,
                         b->refusal[0] ? "; " : "", sock_msg_body(b->refusal));
+    if (f->grown && b->slot != 0 && below == b->members &&
+        (missing = boot_form_unattached(f, below, 1, list, sizeof(list))))
+        return rs_error(RESHARD_ERR_TIMEOUT,
+                        "bootstrap: rendezvous on rank %d: the members under its tree %s %s did "
+                        "not all attach within %s",
+                        b->label[b->rank], missing == 1 ? "child rank" : "children ranks", list,
+                        ms);
     if (b->slot != 0)
         return rs_error(RESHARD_ERR_TIMEOUT,
                         "bootstrap: rendezvous on rank %d: %d of its %d tree children attached "
@@ -381,7 +397,7 @@ static reshard_status_t boot_form_timeout(struct boot_form *f)
         return rs_error(RESHARD_ERR_TIMEOUT, "bootstrap: %s %s of %d did not arrive within %s%s%s",
                         missing == 1 ? "rank" : "ranks", list, b->size, ms,
                         b->refusal[0] ? "; " : "", sock_msg_body(b->refusal));
-    if (f->grown && (missing = boot_form_unattached(f, list, sizeof(list))))
+    if (f->grown && (missing = boot_form_unattached(f, b->size, 0, list, sizeof(list))))
         return rs_error(RESHARD_ERR_TIMEOUT,
                         "bootstrap: rendezvous on rank %d: its tree %s %s did not attach within "
                         "%s%s%s",
@@ -415,6 +431,14 @@ static reshard_status_t boot_form_declined(const struct boot_form *f)
 static int boot_form_members_in(const struct boot_form *f)
 {
     return f->mreadied == f->mkids;
+}
+
+/* Until when this rank waits now. */
+static int64_t boot_form_due(const struct boot_form *f)
+{
+    const struct boot *b = f->b;
+    return f->grown && b->slot != 0 && b->rank < b->members && !f->sent_mready ? f->mdeadline
+                                                                               : f->deadline;
 }
 
 static int boot_form_done(const struct boot_form *f)
@@ -482,13 +506,13 @@ static reshard_status_t boot_form_run(struct boot_form *f)
         if (boot_form_done(f))
             return RESHARD_OK;
         int n = boot_form_poll_set(f), ready, gate_n = f->gate_open ? 1 + f->gate.np : 0;
-        int64_t until = f->deadline;
+        int64_t due = boot_form_due(f), until = due;
         if (f->gate_open && boot_gate_expiry(&f->gate) < until)
             until = boot_gate_expiry(&f->gate);
         reshard_status_t st = sock_poll(f->pf, n, until, &ready);
         if (st != RESHARD_OK)
             return boot_fail(b, st, NULL, -1);
-        if (ready == 0 && rs_now_ms() >= f->deadline)
+        if (ready == 0 && rs_now_ms() >= due)
             return boot_fail(b, boot_form_timeout(f), NULL, -1);
         if (f->gate_open && (st = boot_gate_serve(&f->gate, f->pf, gate_n)) != RESHARD_OK)
             return boot_fail(b, st, NULL, -1);
@@ -599,6 +623,8 @@ static reshard_status_t boot_form_root(struct boot *b, const struct boot_id *id,
     if (b->lfd < 0)
         RS_CHECK(boot_listen_any(a, flags & BOOT_ID_PROMPT, &b->lfd));
     boot_tree_place(b, 0, from ? from->fanout : boot_form_fanout());
+    if (from) /* after every member gave up on its members (and named them) */
+        f.deadline += (int64_t)b->height * BOOT_LEVEL_MS;
     f.slot_rank = rs_calloc((size_t)b->size, sizeof(int), "bootstrap rendezvous");
     f.arrived = f.slot_rank ? rs_calloc((size_t)b->size, 1, "bootstrap rendezvous") : NULL;
     if (!f.arrived) {
@@ -693,6 +719,7 @@ static reshard_status_t boot_form_member(struct boot *b, const struct boot *from
                         b->label[b->rank]);
     boot_tree_place(b, b->rank, from->fanout);
     f.deadline = boot_deadline_parent(b, base);
+    f.mdeadline = base + (int64_t)b->height * BOOT_LEVEL_MS;
     RS_CHECK_GOTO(boot_form_alloc(&f, boot_form_attach), st, err_free_form);
     memcpy(b->addrs, from->addrs, (size_t)b->members * BOOT_ADDR_BYTES);
     if (boot_addr_get(b->addrs + (size_t)parent * BOOT_ADDR_BYTES, &pa) != 0) {

@@ -232,6 +232,7 @@ struct boot_gate {
     boot_gate_fn admit;
     void *arg;
     unsigned refused, dropped, busy; /* for one summary line at the end */
+    const char *turn_away;           /* set: a connection is refused with it once its OPEN is in */
     struct boot_pending *p;          /* [BOOT_PENDING_MAX] */
 };
 

@@ -34,6 +34,8 @@
 #include <string.h>
 
 #define BOOT_MISSING_LISTED 32 /* ranks named in a timeout message, the rest counted */
+/* How long a failed rank of a growth waits for the OPENs of the children it turns away. */
+#define BOOT_TURN_AWAY_MS 200
 
 /* One rank's state while the tree forms. */
 struct boot_form {
@@ -534,8 +536,35 @@ static reshard_status_t boot_form_run(struct boot_form *f)
 
 /* ---- the whole of it ---- */
 
+/* A rank of a growth that failed: the children that dialled it while it waited on its parent
+ * (waiting at its listener, which stays open for the bootstrap it grew from) are taken in and
+ * refused with why, so that they fail naming the cause instead of timing out on this rank. */
+static void boot_form_turn_away(struct boot_form *f)
+{
+    struct boot *b = f->b;
+    char why[SOCK_FRAME_TEXT_MAX];
+    struct rs_saved_error saved;
+    snprintf(why, sizeof(why), "the rendezvous failed on rank %d: %s", b->label[b->rank],
+             sock_msg_body(rs_error_message()));
+    rs_error_save(&saved);
+    f->gate.turn_away = why;
+    /* What waits is taken in at once; each is refused once its OPEN is in (it speaks first). */
+    for (int64_t until = rs_now_ms() + BOOT_TURN_AWAY_MS;;) {
+        int n = boot_gate_poll(&f->gate, f->pf);
+        int64_t left = until - rs_now_ms();
+        if (poll(f->pf, (nfds_t)n, left > 0 ? (int)left : 0) < 0 ||
+            boot_gate_serve(&f->gate, f->pf, n) != RESHARD_OK || f->gate.np == 0 || left <= 0)
+            break;
+    }
+    boot_gate_close(&f->gate, why);
+    f->gate_open = 0;
+    rs_error_restore(&saved);
+}
+
 static void boot_form_free(struct boot_form *f, reshard_status_t st)
 {
+    if (f->gate_open && f->grown && st != RESHARD_OK)
+        boot_form_turn_away(f);
     if (f->gate_open)
         boot_gate_close(&f->gate,
                         st == RESHARD_OK ? "every rank has arrived" : "the rendezvous failed");

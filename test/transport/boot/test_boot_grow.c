@@ -47,8 +47,8 @@ static void *grow_main(void *arg)
     return NULL;
 }
 
-static void grow_launch(struct grower *g, const struct boot_id *id, int rank, int size,
-                        int members, struct boot *from, int timeout_ms)
+static void grow_launch(struct grower *g, const struct boot_id *id, int rank, int size, int members,
+                        struct boot *from, int timeout_ms)
 {
     prep(&g->r, id, rank, size, timeout_ms, WORK_COLLECTIVES);
     g->from = from;
@@ -188,17 +188,15 @@ Test(boot_grow, a_slot_that_is_not_the_rank_and_a_members_number_joining_at_rank
     member_listener(old, 0, &a0);
     member_listener(old, 1, &a1);
     /* joiner 4 claiming member 3's slot under member 1 */
-    cr_assert_eq(claim(&id, &a1, BOOT_ATTACH, 4, 3), RESHARD_ERR_REFUSED, "%s",
-                 rs_error_message());
+    cr_assert_eq(claim(&id, &a1, BOOT_ATTACH, 4, 3), RESHARD_ERR_REFUSED, "%s", rs_error_message());
     cr_assert(strstr(rs_error_message(), "in a growth a rank's slot is its rank"), "%s",
               rs_error_message());
     /* member 1's number joining at rank 0 as if it were a joiner */
     cr_assert_eq(claim(&id, &a0, BOOT_JOIN, 1, 0), RESHARD_ERR_REFUSED, "%s", rs_error_message());
-    cr_assert(strstr(rs_error_message(), "rank 1 is a member of the communicator that grows"),
-              "%s", rs_error_message());
+    cr_assert(strstr(rs_error_message(), "rank 1 is a member of the communicator that grows"), "%s",
+              rs_error_message());
     /* a joiner attaching at rank 0 instead of joining there */
-    cr_assert_eq(claim(&id, &a0, BOOT_ATTACH, 5, 5), RESHARD_ERR_REFUSED, "%s",
-                 rs_error_message());
+    cr_assert_eq(claim(&id, &a0, BOOT_ATTACH, 5, 5), RESHARD_ERR_REFUSED, "%s", rs_error_message());
     cr_assert(strstr(rs_error_message(), "joiners join at rank 0"), "%s", rs_error_message());
     for (int r = M - 1; r < N; r++)
         grow_launch(&g[r], &id, r, N, M, r < M ? old[r].b : NULL, 20000);
@@ -233,6 +231,36 @@ Test(boot_grow, a_member_that_never_comes_is_named_to_every_member_and_the_old_b
     }
     cr_assert(strstr(g[1].r.msg, "its tree child rank 3 did not attach"), "%s", g[1].r.msg);
     /* The members' bootstrap is as it was. */
+    work_all(old, M, WORK_COLLECTIVES);
+    finish_all(old, M);
+    assert_all_ok(old, M);
+    close_all(old, M);
+}
+
+Test(boot_grow, a_member_missing_high_in_the_tree_is_named_by_every_member_below_it_too)
+{
+    /* 0; 1 2; 3-6; 7 8 (members), 9 (a joiner under member 4). Member 1 never comes: its
+     * children 3 and 4 wait on it and name it; their children, waiting at their doors, are
+     * told why instead of timing out on them. */
+    enum { M = 9, N = 10, TIMEOUT_MS = 1500 };
+    struct rank_run old[M];
+    struct grower g[N];
+    struct boot_id id;
+    form_members(old, M);
+    growth_id(old, M, &id);
+    for (int r = 0; r < N; r++)
+        if (r != 1)
+            grow_launch(&g[r], &id, r, N, M, r < M ? old[r].b : NULL, TIMEOUT_MS);
+    for (int r = 0; r < N; r++) {
+        if (r == 1)
+            continue;
+        finish(&g[r].r);
+        cr_assert_neq(g[r].r.st, RESHARD_OK, "rank %d formed without member 1", r);
+        if (r < M)
+            cr_assert(strstr(g[r].r.msg, "rank 1 "), "rank %d: %s", r, g[r].r.msg);
+        cr_assert_leq(g[r].r.ms, TIMEOUT_MS + 5000, "rank %d gave up after %lld ms", r,
+                      (long long)g[r].r.ms);
+    }
     work_all(old, M, WORK_COLLECTIVES);
     finish_all(old, M);
     assert_all_ok(old, M);

@@ -226,7 +226,7 @@ reshard_status_t comm_grow(struct reshard_comm *old, const int *joiners, int n,
         c->boot_of[s[i]] = c->nmembers, c->member[c->nmembers++] = s[i];
     struct boot_id id;
     RS_CHECK_GOTO(grow_group_id(old, c->shrinks, size, s, n, &id), st, err_destroy_comm);
-    st = boot_init_grow(&id, c->boot_of[c->rank], c->nmembers, c->member, old->nmembers,
+    st = boot_init_grow(&id, c->boot_of[c->rank], c->nmembers, c->member, old->nmembers, old->boot,
                         comm_timeout_ms(), &c->boot);
     boot_id_release(&id);
     RS_CHECK_GOTO(st, st, err_destroy_comm);
@@ -322,8 +322,9 @@ reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const 
     c->boot_of[rank] = dense;
     struct boot_id id = *join_id;
     memset(id.bytes + JOIN_TAIL, 0, BOOT_ID_BYTES - JOIN_TAIL);
-    RS_CHECK_GOTO(boot_init_grow(&id, dense, total, NULL, (int)m, comm_timeout_ms(), &c->boot), st,
-                  err_destroy_comm);
+    RS_CHECK_GOTO(
+        boot_init_grow(&id, dense, total, NULL, (int)m, NULL, comm_timeout_ms(), &c->boot), st,
+        err_destroy_comm);
     RS_CHECK_GOTO(gather_members(c, dense, total, 1), st, err_destroy_comm);
     RS_CHECK_GOTO(comm_join(c, NULL, NULL), st, err_destroy_comm);
     *out = c;

@@ -250,6 +250,10 @@ static int boot_gate_challenge(struct boot_gate *g, struct boot_pending *p)
     unsigned char w[BOOT_CHALLENGE_BYTES];
     struct rs_saved_error saved;
     unsigned v = (unsigned)sock_wire_get(p->open, 4);
+    if (g->turn_away) { /* everything it sent is read: the refusal reaches it whole */
+        boot_gate_refuse(g, &p->fd, p->addr, "", g->turn_away);
+        return -1;
+    }
     if (v != BOOT_VERSION) {
         char why[96];
         snprintf(why, sizeof(why), "bootstrap version %u, this rank speaks %u", v, BOOT_VERSION);

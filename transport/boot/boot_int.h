@@ -56,7 +56,8 @@ struct boot_conn {
 
 struct boot {
     int rank, size, timeout_ms;
-    /* The tree: this rank's slot (its place in order of arrival at rank 0, which is slot 0),
+    /* The tree: this rank's slot (its place in order of arrival at rank 0, which is slot 0; in
+     * a growth, its rank),
      * the fan-out, its depth, the height of its subtree and of the whole tree, its children
      * (slots first_child ...), and how many ranks its subtree holds. */
     int slot, fanout, depth, height, tree_height, first_child, nchildren, nsub;
@@ -232,6 +233,7 @@ struct boot_gate {
     boot_gate_fn admit;
     void *arg;
     unsigned refused, dropped, busy; /* for one summary line at the end */
+    const char *turn_away;           /* set: a connection is refused with it once its OPEN is in */
     struct boot_pending *p;          /* [BOOT_PENDING_MAX] */
 };
 

@@ -8,6 +8,16 @@
  * they all report their subtrees whole (READY, with the ranks in them), reports its own to its
  * parent; rank 0, with every subtree whole, sends WELCOME (every rank's listener) down the
  * tree. A failure anywhere is told along the tree.
+ *
+ * A growth (boot_init_grow with members) forms otherwise, so that rank 0's part is O(fan-out +
+ * joiners), not O(size): every rank's slot is its rank. The members keep their listeners (each
+ * listens on a dup of the one of the bootstrap they grow from, whose table of listeners they
+ * hold already) and attach at their tree parents under the growth's secret without meeting rank
+ * 0; only the joiners join at rank 0, which tells each its parent's listener (a joiner whose
+ * parent is a joiner not yet in is dropped and tries again). A member child reports first that
+ * the members of its subtree are in (a 4-byte READY, seq 1), then its whole subtree, so that
+ * rank 0 acts on a joiner's decline only once every member can hear it. WELCOME carries only
+ * the joiners' listeners to a member; a joiner gets the whole table.
  */
 #include "boot_int.h"
 
@@ -17,12 +27,15 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define BOOT_MISSING_LISTED 32 /* ranks named in a timeout message, the rest counted */
+/* How long a failed rank of a growth waits for the OPENs of the children it turns away. */
+#define BOOT_TURN_AWAY_MS 200
 
 /* One rank's state while the tree forms. */
 struct boot_form {
@@ -30,6 +43,9 @@ struct boot_form {
     struct boot_gate gate;
     int gate_open;
     int64_t deadline; /* this rank gives up then */
+    /* a member of a growth gives up on its subtree's members then (before rank 0 does, which
+     * waits longer than any member for the members, and shorter for the joiners) */
+    int64_t mdeadline;
     /* rank 0 */
     int next_slot;
     int *slot_rank;         /* [size]: who took each slot */
@@ -39,6 +55,11 @@ struct boot_form {
     unsigned char *ready; /* [nsub * 4]: the READY payloads, at each child's sub_off */
     unsigned char *seen;  /* [size]: ranks met in this subtree, to refuse a rank twice */
     int attached, readied, sent_ready, welcomed;
+    /* a growth (slot = rank): the member children, how many reported their subtree's members
+     * in, and whether this rank (a member) did; each member child's report, and whether in */
+    int grown, mkids, mreadied, sent_mready;
+    unsigned char *mrep;  /* [(1 + nchildren) * 4] */
+    unsigned char *mdone; /* [1 + nchildren] */
     struct pollfd *pf;
     int *pf_nb; /* [poll entry]: the nb index it watches, or -1 (the door) */
     /* rank 0: a rank that proved it holds the secret declined (boot_decline): the number it
@@ -68,17 +89,29 @@ static void boot_form_name(struct boot *b, int i, int rank, const char *addr)
     snprintf(b->nb[i].name, sizeof(b->nb[i].name), "rank %d (%s)", b->label[rank], addr);
 }
 
-/* A child is connected: its READY is awaited. */
+/* Child i's READY (its whole subtree) is awaited. */
+static void boot_form_await_ready(struct boot_form *f, int i)
+{
+    struct boot_conn *c = &f->b->nb[i];
+    sock_xfer_init(
+        &f->rx[i], c->fd, c->name, 0,
+        (struct sock_frame_hdr){.type = SOCK_FRAME_READY, .len = (uint64_t)c->sub_len * 4},
+        f->ready + (size_t)c->sub_off * 4);
+}
+
+/* A child is connected: its READY is awaited (a member child's report of its members first). */
 static void boot_form_child(struct boot_form *f, int i, int fd, int rank, const char *addr)
 {
     struct boot *b = f->b;
     struct boot_conn *c = &b->nb[i];
     c->fd = fd;
     boot_form_name(b, i, rank, addr);
-    sock_xfer_init(
-        &f->rx[i], fd, c->name, 0,
-        (struct sock_frame_hdr){.type = SOCK_FRAME_READY, .len = (uint64_t)c->sub_len * 4},
-        f->ready + (size_t)c->sub_off * 4);
+    if (f->grown && rank < b->members) /* a member: its subtree's members first */
+        sock_xfer_init(&f->rx[i], fd, c->name, 0,
+                       (struct sock_frame_hdr){.type = SOCK_FRAME_READY, .seq = 1, .len = 4},
+                       f->mrep + (size_t)i * 4);
+    else
+        boot_form_await_ready(f, i);
     f->attached++;
 }
 
@@ -118,6 +151,13 @@ static int boot_form_join(void *arg, int fd, const char *addr, const struct boot
         snprintf(why, n, "rank %d is out of range 1..%d", h->rank, b->size - 1);
         return 0;
     }
+    if (f->grown && h->rank < b->members) {
+        snprintf(why, n,
+                 "rank %d is a member of the communicator that grows: members attach to their "
+                 "tree parents, only joiners join at rank 0",
+                 b->label[h->rank]);
+        return 0;
+    }
     if (f->arrived[h->rank]) {
         char there[SOCK_ADDR_STR];
         snprintf(why, n, "duplicate rank: rank %d (%s) has already arrived", b->label[h->rank],
@@ -129,6 +169,12 @@ static int boot_form_join(void *arg, int fd, const char *addr, const struct boot
         return 0;
     }
     int slot = f->next_slot, parent = f->slot_rank[(slot - 1) / b->fanout];
+    if (f->grown) { /* its slot is its rank; its parent may be a joiner */
+        slot = h->rank;
+        parent = (slot - 1) / b->fanout;
+        if (!f->arrived[parent])
+            return -1; /* a joiner not in yet: this one tries again */
+    }
     struct boot_admit a = {.slot = slot, .fanout = b->fanout, .parent = parent};
     memcpy(a.parent_addr, b->addrs + (size_t)parent * BOOT_ADDR_BYTES, BOOT_ADDR_BYTES);
     if (boot_admit_send(b, fd, addr, h, nonce_l, &a) != RESHARD_OK)
@@ -144,13 +190,20 @@ static int boot_form_join(void *arg, int fd, const char *addr, const struct boot
     return 1;
 }
 
-/* A rank other than 0: one of its children attaches. */
+/* A rank other than 0 (or rank 0 of a growth): one of its children attaches. */
 static int boot_form_attach(void *arg, int fd, const char *addr, const struct boot_hello *h,
                             const unsigned char *nonce_l, char *why, size_t n)
 {
     struct boot_form *f = arg;
     struct boot *b = f->b;
     int i = 1 + h->slot - b->first_child;
+    if (b->rank == 0 && h->kind != BOOT_ATTACH)
+        return boot_form_join(arg, fd, addr, h, nonce_l, why, n);
+    if (b->rank == 0 && (h->rank < 1 || h->rank >= b->members)) {
+        snprintf(why, n, "rank %d is not a member: joiners join at rank 0, they do not attach",
+                 h->rank);
+        return 0;
+    }
     if (h->kind != BOOT_ATTACH) {
         snprintf(why, n, "rank %d is a tree parent: it admits attaches, not joins",
                  b->label[b->rank]);
@@ -162,6 +215,11 @@ static int boot_form_attach(void *arg, int fd, const char *addr, const struct bo
     }
     if (h->rank < 1 || h->rank >= b->size || h->rank == b->rank) {
         snprintf(why, n, "rank %d cannot be a child of rank %d", h->rank, b->rank);
+        return 0;
+    }
+    if (f->grown && h->slot != h->rank) {
+        snprintf(why, n, "rank %d claims tree slot %d: in a growth a rank's slot is its rank",
+                 h->rank, h->slot);
         return 0;
     }
     if (h->slot < b->first_child || i > b->nchildren || b->nb[i].fd >= 0) {
@@ -208,6 +266,39 @@ static reshard_status_t boot_form_send(struct boot_form *f, int i, unsigned type
     return st == RESHARD_OK ? st : boot_fail(b, st, &err, i);
 }
 
+/* A member child's first report is in: the members of its subtree (so many of them) are. */
+static reshard_status_t boot_form_take_members(struct boot_form *f, int i)
+{
+    struct boot *b = f->b;
+    struct boot_conn *c = &b->nb[i];
+    int64_t got = (int32_t)(uint32_t)sock_wire_get(f->mrep + (size_t)i * 4, 4);
+    if (got != boot_tree_subtree(c->rank, b->members, b->fanout))
+        return rs_error(RESHARD_ERR_NETWORK,
+                        "bootstrap: %s reported %lld members in its subtree, not %d", c->name,
+                        (long long)got, boot_tree_subtree(c->rank, b->members, b->fanout));
+    f->mdone[i] = 1;
+    f->mreadied++;
+    boot_form_await_ready(f, i);
+    return RESHARD_OK;
+}
+
+/* A member: the members of its subtree are in (it and its member children's). */
+static reshard_status_t boot_form_send_members(struct boot_form *f)
+{
+    struct boot *b = f->b;
+    f->sent_mready = 1;
+    sock_wire_put(f->mrep, (uint32_t)boot_tree_subtree(b->rank, b->members, b->fanout), 4);
+    struct sock_xfer x;
+    struct sock_frame_error err = {.origin = -1};
+    int failed;
+    sock_xfer_init(&x, b->nb[0].fd, b->nb[0].name, 1,
+                   (struct sock_frame_hdr){.type = SOCK_FRAME_READY, .seq = 1, .len = 4}, f->mrep);
+    reshard_status_t st =
+        sock_xfer_run(&x, 1, f->deadline, b->timeout_ms, "rendezvous", &failed, &err);
+    b->form_sent += x.hdr_done + x.done;
+    return st == RESHARD_OK ? st : boot_fail(b, st, &err, 0);
+}
+
 static reshard_status_t boot_form_send_ready(struct boot_form *f)
 {
     struct boot *b = f->b;
@@ -217,13 +308,17 @@ static reshard_status_t boot_form_send_ready(struct boot_form *f)
     return boot_form_send(f, 0, SOCK_FRAME_READY, (uint64_t)b->nsub * 4, f->ready);
 }
 
-/* The tree is whole: every rank's listener, to every child. */
+/* The tree is whole: every rank's listener, to every child (in a growth, to a member only the
+ * joiners': it has the members' already). */
 static reshard_status_t boot_form_welcome(struct boot_form *f)
 {
     struct boot *b = f->b;
-    for (int i = 1; i <= b->nchildren; i++)
-        RS_CHECK(boot_form_send(f, i, SOCK_FRAME_WELCOME, (uint64_t)b->size * BOOT_ADDR_BYTES,
-                                b->addrs));
+    for (int i = 1; i <= b->nchildren; i++) {
+        int from = f->grown && b->nb[i].rank < b->members ? b->members : 0;
+        RS_CHECK(boot_form_send(f, i, SOCK_FRAME_WELCOME,
+                                (uint64_t)(b->size - from) * BOOT_ADDR_BYTES,
+                                b->addrs + (size_t)from * BOOT_ADDR_BYTES));
+    }
     return RESHARD_OK;
 }
 
@@ -247,25 +342,68 @@ static int boot_form_list(const struct boot *b, const unsigned char *have, int f
     return missing;
 }
 
+/* A growth's: the tree children (slot = rank) below rank `below` that have not attached, or (a
+ * member's children, reports) that have not reported their subtree's members in, by number. */
+static int boot_form_unattached(const struct boot_form *f, int below, int reports, char *list,
+                                size_t cap)
+{
+    const struct boot *b = f->b;
+    size_t used = 0;
+    int missing = 0;
+    list[0] = '\0';
+    for (int i = 1; i <= b->nchildren && b->first_child + i - 1 < below; i++) {
+        if (reports ? f->mdone[i] : b->nb[i].fd >= 0)
+            continue;
+        int k = snprintf(list + used, cap - used, "%s%d", missing++ ? ", " : "",
+                         b->label[b->first_child + i - 1]);
+        used += k > 0 && (size_t)k < cap - used ? (size_t)k : 0;
+    }
+    return missing;
+}
+
 static reshard_status_t boot_form_timeout(struct boot_form *f)
 {
     struct boot *b = f->b;
     char list[RS_ERROR_MAX], ms[32];
+    int missing;
     sock_ms_str(b->timeout_ms, ms, sizeof(ms));
     if (b->slot != 0 && f->sent_ready)
         return rs_error(RESHARD_ERR_TIMEOUT,
                         "bootstrap: rendezvous on rank %d: its tree parent %s did not say the "
                         "tree was whole within %s",
                         b->label[b->rank], b->nb[0].name, ms);
+    /* A member of a growth names its member children that did not come (rank 0 waits longer,
+     * and names the joiners). */
+    int below = b->rank < b->members && !f->sent_mready ? b->members : b->size;
+    if (f->grown && b->slot != 0 &&
+        (missing = boot_form_unattached(f, below, 0, list, sizeof(list))))
+        return rs_error(RESHARD_ERR_TIMEOUT,
+                        "bootstrap: rendezvous on rank %d: its tree %s %s did not attach within "
+                        "%s%s%s",
+                        b->label[b->rank], missing == 1 ? "child rank" : "children ranks", list, ms,
+                        b->refusal[0] ? "; " : "", sock_msg_body(b->refusal));
+    if (f->grown && b->slot != 0 && below == b->members &&
+        (missing = boot_form_unattached(f, below, 1, list, sizeof(list))))
+        return rs_error(RESHARD_ERR_TIMEOUT,
+                        "bootstrap: rendezvous on rank %d: the members under its tree %s %s did "
+                        "not all attach within %s",
+                        b->label[b->rank], missing == 1 ? "child rank" : "children ranks", list,
+                        ms);
     if (b->slot != 0)
         return rs_error(RESHARD_ERR_TIMEOUT,
                         "bootstrap: rendezvous on rank %d: %d of its %d tree children attached "
                         "and %d reported their subtrees whole within %s",
                         b->label[b->rank], f->attached, b->nchildren, f->readied, ms);
-    int missing = boot_form_list(b, f->arrived, 1, list, sizeof(list));
+    missing = boot_form_list(b, f->arrived, 1, list, sizeof(list));
     if (missing)
         return rs_error(RESHARD_ERR_TIMEOUT, "bootstrap: %s %s of %d did not arrive within %s%s%s",
                         missing == 1 ? "rank" : "ranks", list, b->size, ms,
+                        b->refusal[0] ? "; " : "", sock_msg_body(b->refusal));
+    if (f->grown && (missing = boot_form_unattached(f, b->size, 0, list, sizeof(list))))
+        return rs_error(RESHARD_ERR_TIMEOUT,
+                        "bootstrap: rendezvous on rank %d: its tree %s %s did not attach within "
+                        "%s%s%s",
+                        b->label[b->rank], missing == 1 ? "child rank" : "children ranks", list, ms,
                         b->refusal[0] ? "; " : "", sock_msg_body(b->refusal));
     size_t used = 0;
     list[0] = '\0';
@@ -290,13 +428,19 @@ static reshard_status_t boot_form_declined(const struct boot_form *f)
 }
 
 /* Rank 0 acts on a decline once the members (ranks below b->members) are all in the tree, so
- * that each hears it instead of waiting at a listener nobody serves any more. */
+ * that each hears it instead of waiting for a parent that gave up: once each member child
+ * reported its subtree's members in. */
 static int boot_form_members_in(const struct boot_form *f)
 {
-    for (int r = 1; r < f->b->members; r++)
-        if (!f->arrived[r])
-            return 0;
-    return 1;
+    return f->mreadied == f->mkids;
+}
+
+/* Until when this rank waits now. */
+static int64_t boot_form_due(const struct boot_form *f)
+{
+    const struct boot *b = f->b;
+    return f->grown && b->slot != 0 && b->rank < b->members && !f->sent_mready ? f->mdeadline
+                                                                               : f->deadline;
 }
 
 static int boot_form_done(const struct boot_form *f)
@@ -335,7 +479,10 @@ static reshard_status_t boot_form_step(struct boot_form *f, int i)
     size_t before = x->hdr_done + x->done;
     reshard_status_t st = sock_xfer_step(x, &err);
     b->form_received += x->hdr_done + x->done - before;
-    if (st == RESHARD_OK && x->finished && i > 0)
+    if (st == RESHARD_OK && x->finished && i > 0 && f->grown && b->nb[i].rank < b->members &&
+        !f->mdone[i])
+        st = boot_form_take_members(f, i);
+    else if (st == RESHARD_OK && x->finished && i > 0)
         st = boot_form_take_ready(f, i);
     if (st == RESHARD_OK && x->finished && i == 0) {
         if (!f->sent_ready)
@@ -351,19 +498,23 @@ static reshard_status_t boot_form_run(struct boot_form *f)
 {
     struct boot *b = f->b;
     for (;;) {
-        /* A subtree that is whole says so first: a leaf's at once. */
+        /* A member's subtree's members are in: it says so first, then (a subtree that is
+         * whole) the whole; a leaf's at once. */
+        if (f->grown && b->slot != 0 && b->rank < b->members && !f->sent_mready &&
+            f->mreadied == f->mkids)
+            RS_CHECK(boot_form_send_members(f));
         if (b->slot != 0 && !f->sent_ready && f->readied == b->nchildren)
             RS_CHECK(boot_form_send_ready(f));
         if (boot_form_done(f))
             return RESHARD_OK;
         int n = boot_form_poll_set(f), ready, gate_n = f->gate_open ? 1 + f->gate.np : 0;
-        int64_t until = f->deadline;
+        int64_t due = boot_form_due(f), until = due;
         if (f->gate_open && boot_gate_expiry(&f->gate) < until)
             until = boot_gate_expiry(&f->gate);
         reshard_status_t st = sock_poll(f->pf, n, until, &ready);
         if (st != RESHARD_OK)
             return boot_fail(b, st, NULL, -1);
-        if (ready == 0 && rs_now_ms() >= f->deadline)
+        if (ready == 0 && rs_now_ms() >= due)
             return boot_fail(b, boot_form_timeout(f), NULL, -1);
         if (f->gate_open && (st = boot_gate_serve(&f->gate, f->pf, gate_n)) != RESHARD_OK)
             return boot_fail(b, st, NULL, -1);
@@ -372,9 +523,10 @@ static reshard_status_t boot_form_run(struct boot_form *f)
         for (int k = gate_n; k < n; k++)
             if (f->pf[k].revents)
                 RS_CHECK(boot_form_step(f, f->pf_nb[k]));
-        /* Rank 0 admits until every rank has a slot; the others until their children came. */
-        if (f->gate_open &&
-            (b->slot == 0 ? f->next_slot == b->size : f->attached == b->nchildren)) {
+        /* Rank 0 admits until every rank has a slot (and, in a growth, its member children
+         * attached); the others until their children came. */
+        if (f->gate_open && (b->slot != 0 || f->next_slot == b->size) &&
+            f->attached == b->nchildren) {
             boot_gate_close(&f->gate, b->slot == 0 ? "every rank has arrived"
                                                    : "every child of this rank has attached");
             f->gate_open = 0;
@@ -384,8 +536,35 @@ static reshard_status_t boot_form_run(struct boot_form *f)
 
 /* ---- the whole of it ---- */
 
+/* A rank of a growth that failed: the children that dialled it while it waited on its parent
+ * (waiting at its listener, which stays open for the bootstrap it grew from) are taken in and
+ * refused with why, so that they fail naming the cause instead of timing out on this rank. */
+static void boot_form_turn_away(struct boot_form *f)
+{
+    struct boot *b = f->b;
+    char why[SOCK_FRAME_TEXT_MAX];
+    struct rs_saved_error saved;
+    snprintf(why, sizeof(why), "the rendezvous failed on rank %d: %s", b->label[b->rank],
+             sock_msg_body(rs_error_message()));
+    rs_error_save(&saved);
+    f->gate.turn_away = why;
+    /* What waits is taken in at once; each is refused once its OPEN is in (it speaks first). */
+    for (int64_t until = rs_now_ms() + BOOT_TURN_AWAY_MS;;) {
+        int n = boot_gate_poll(&f->gate, f->pf);
+        int64_t left = until - rs_now_ms();
+        if (poll(f->pf, (nfds_t)n, left > 0 ? (int)left : 0) < 0 ||
+            boot_gate_serve(&f->gate, f->pf, n) != RESHARD_OK || f->gate.np == 0 || left <= 0)
+            break;
+    }
+    boot_gate_close(&f->gate, why);
+    f->gate_open = 0;
+    rs_error_restore(&saved);
+}
+
 static void boot_form_free(struct boot_form *f, reshard_status_t st)
 {
+    if (f->gate_open && f->grown && st != RESHARD_OK)
+        boot_form_turn_away(f);
     if (f->gate_open)
         boot_gate_close(&f->gate,
                         st == RESHARD_OK ? "every rank has arrived" : "the rendezvous failed");
@@ -396,6 +575,8 @@ static void boot_form_free(struct boot_form *f, reshard_status_t st)
     free(f->pf_nb);
     free(f->slot_rank);
     free(f->arrived);
+    free(f->mrep);
+    free(f->mdone);
 }
 
 /* Room for the wait, once this rank's place in the tree is known, and its door opened. */
@@ -409,11 +590,18 @@ static reshard_status_t boot_form_alloc(struct boot_form *f, boot_gate_fn admit)
     f->seen = f->ready ? rs_calloc((size_t)b->size, 1, "bootstrap rendezvous") : NULL;
     f->pf = f->seen ? rs_calloc((size_t)polls, sizeof(*f->pf), "bootstrap poll set") : NULL;
     f->pf_nb = f->pf ? rs_calloc((size_t)polls, sizeof(*f->pf_nb), "bootstrap poll set") : NULL;
+    f->mrep = f->pf_nb ? rs_calloc((size_t)b->nchildren + 1, 4, "bootstrap rendezvous") : NULL;
+    f->mdone = f->mrep ? rs_calloc((size_t)b->nchildren + 1, 1, "bootstrap rendezvous") : NULL;
     if (!b->addrs && f->pf_nb)
         b->addrs = rs_calloc((size_t)b->size, BOOT_ADDR_BYTES, "bootstrap listeners");
-    if (!f->pf_nb || !b->addrs)
+    if (!f->mdone || !b->addrs)
         return RESHARD_ERR_NO_MEMORY;
     f->seen[b->rank] = 1;
+    if (f->grown && b->rank < b->members && b->nchildren > 0) {
+        int end = b->first_child + b->nchildren;
+        f->mkids = (end < b->members ? end : b->members) - b->first_child;
+        f->mkids = f->mkids > 0 ? f->mkids : 0;
+    }
     if (b->nchildren == 0 && (b->slot != 0 || b->size == 1))
         return RESHARD_OK;
     RS_CHECK(boot_gate_open(&f->gate, b, b->lfd, admit, f));
@@ -452,23 +640,32 @@ static int boot_form_fanout(void)
     return k > BOOT_FANOUT_MAX ? BOOT_FANOUT_MAX : (int)k;
 }
 
+/* Rank 0. from: the bootstrap a growth grows from (NULL: none). */
 static reshard_status_t boot_form_root(struct boot *b, const struct boot_id *id,
-                                       const union sock_addr *a, unsigned flags, int64_t deadline)
+                                       const union sock_addr *a, unsigned flags, int64_t deadline,
+                                       const struct boot *from)
 {
-    struct boot_form f = {.b = b, .deadline = deadline, .next_slot = 1};
+    struct boot_form f = {
+        .b = b, .deadline = deadline, .next_slot = from ? b->members : 1, .grown = !!from};
     reshard_status_t st;
     b->lfd = boot_registry_take(id);
     if (b->lfd < 0)
         RS_CHECK(boot_listen_any(a, flags & BOOT_ID_PROMPT, &b->lfd));
-    boot_tree_place(b, 0, boot_form_fanout());
+    boot_tree_place(b, 0, from ? from->fanout : boot_form_fanout());
+    if (from) /* after every member gave up on its members (and named them) */
+        f.deadline += (int64_t)b->height * BOOT_LEVEL_MS;
     f.slot_rank = rs_calloc((size_t)b->size, sizeof(int), "bootstrap rendezvous");
     f.arrived = f.slot_rank ? rs_calloc((size_t)b->size, 1, "bootstrap rendezvous") : NULL;
     if (!f.arrived) {
         st = RESHARD_ERR_NO_MEMORY;
         goto err_free_form;
     }
-    RS_CHECK_GOTO(boot_form_alloc(&f, boot_form_join), st, err_free_form);
+    RS_CHECK_GOTO(boot_form_alloc(&f, from ? boot_form_attach : boot_form_join), st, err_free_form);
     f.arrived[0] = 1;
+    if (from) { /* the members are where they were; the joiners arrive */
+        memcpy(b->addrs, from->addrs, (size_t)b->members * BOOT_ADDR_BYTES);
+        memset(f.arrived, 1, (size_t)b->members);
+    }
     boot_addr_put(b->addrs, a); /* where the others dial rank 0 */
     RS_CHECK_GOTO(boot_form_run(&f), st, err_free_form);
     RS_CHECK_GOTO(boot_form_welcome(&f), st, err_free_form);
@@ -483,7 +680,7 @@ err_free_form:
 static reshard_status_t boot_form_peer(struct boot *b, const union sock_addr *a, unsigned flags,
                                        int64_t base)
 {
-    struct boot_form f = {.b = b};
+    struct boot_form f = {.b = b, .grown = b->members > 0};
     struct boot_admit ad, again;
     union sock_addr pa;
     char who[32], addr[SOCK_ADDR_STR];
@@ -497,6 +694,13 @@ static reshard_status_t boot_form_peer(struct boot *b, const union sock_addr *a,
                         "bootstrap: rank 0 placed this rank at a slot that is not one (slot %d, "
                         "fan-out %d, parent %d)",
                         ad.slot, ad.fanout, ad.parent);
+    }
+    if (f.grown && (ad.slot != b->rank || ad.parent != (b->rank - 1) / ad.fanout)) {
+        sock_close(&fd);
+        return rs_error(RESHARD_ERR_NETWORK,
+                        "bootstrap: rank 0 placed this joiner at slot %d under parent %d, not at "
+                        "its own rank %d under %d",
+                        ad.slot, ad.parent, b->rank, (b->rank - 1) / ad.fanout);
     }
     boot_tree_place(b, ad.slot, ad.fanout);
     f.deadline = boot_deadline_parent(b, base);
@@ -527,6 +731,49 @@ err_free_form:
     return st;
 }
 
+/* A member r > 0 of a growth: listens on a dup of its listener in `from`, attaches at its
+ * tree parent (r - 1) / k without meeting rank 0, admits its children, and learns only the
+ * joiners' listeners. */
+static reshard_status_t boot_form_member(struct boot *b, const struct boot *from, int64_t base)
+{
+    struct boot_form f = {.b = b, .grown = 1};
+    struct boot_admit again;
+    union sock_addr pa;
+    char who[32], addr[SOCK_ADDR_STR];
+    reshard_status_t st;
+    int parent = (b->rank - 1) / from->fanout;
+    b->lfd = fcntl(from->lfd, F_DUPFD_CLOEXEC, 0);
+    if (b->lfd < 0)
+        return rs_error(RESHARD_ERR_NETWORK, "bootstrap: dup of rank %d's listener: %m",
+                        b->label[b->rank]);
+    boot_tree_place(b, b->rank, from->fanout);
+    f.deadline = boot_deadline_parent(b, base);
+    f.mdeadline = base + (int64_t)b->height * BOOT_LEVEL_MS;
+    RS_CHECK_GOTO(boot_form_alloc(&f, boot_form_attach), st, err_free_form);
+    memcpy(b->addrs, from->addrs, (size_t)b->members * BOOT_ADDR_BYTES);
+    if (boot_addr_get(b->addrs + (size_t)parent * BOOT_ADDR_BYTES, &pa) != 0) {
+        st = rs_error(RESHARD_ERR_INTERNAL, "bootstrap: no listener of rank %d, the tree parent",
+                      b->label[parent]);
+        goto err_free_form;
+    }
+    snprintf(who, sizeof(who), "rank %d", b->label[parent]);
+    RS_CHECK_GOTO(boot_dial(b, &pa, who, BOOT_ATTACH, 0, f.deadline, &b->nb[0].fd, &again), st,
+                  err_free_form);
+    boot_form_name(b, 0, parent, sock_addr_str(&pa, addr, sizeof(addr)));
+    sock_xfer_init(
+        &f.rx[0], b->nb[0].fd, b->nb[0].name, 0,
+        (struct sock_frame_hdr){.type = SOCK_FRAME_WELCOME,
+                                .len = (uint64_t)(b->size - b->members) * BOOT_ADDR_BYTES},
+        b->addrs + (size_t)b->members * BOOT_ADDR_BYTES);
+    RS_CHECK_GOTO(boot_form_run(&f), st, err_free_form);
+    RS_CHECK_GOTO(boot_form_welcome(&f), st, err_free_form);
+    boot_form_free(&f, RESHARD_OK);
+    return RESHARD_OK;
+err_free_form:
+    boot_form_free(&f, st);
+    return st;
+}
+
 reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int timeout_ms,
                            struct boot **out)
 {
@@ -536,11 +783,12 @@ reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int tim
 reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size, const int *label,
                                    int timeout_ms, struct boot **out)
 {
-    return boot_init_grow(id, rank, size, label, 0, timeout_ms, out);
+    return boot_init_grow(id, rank, size, label, 0, NULL, timeout_ms, out);
 }
 
 reshard_status_t boot_init_grow(const struct boot_id *id, int rank, int size, const int *label,
-                                int members, int timeout_ms, struct boot **out)
+                                int members, const struct boot *from, int timeout_ms,
+                                struct boot **out)
 {
     union sock_addr a;
     unsigned flags = 0;
@@ -551,6 +799,15 @@ reshard_status_t boot_init_grow(const struct boot_id *id, int rank, int size, co
                         "bootstrap: init of rank %d of %d with a %d ms timeout: needs an id, "
                         "0 <= rank < size and a positive timeout",
                         rank, size, timeout_ms);
+    if (members < 0 || members > size ||
+        (rank < members && (!from || from->size != members || from->rank != rank || !from->addrs ||
+                            from->lfd < 0 || from->fanout < 1)))
+        return rs_error(RESHARD_ERR_INVALID_ARG,
+                        "bootstrap: growth of %d members to %d ranks: rank %d, a member, needs "
+                        "the members' bootstrap in which it is rank %d",
+                        members, size, rank, rank);
+    if (rank >= members)
+        from = NULL; /* a joiner: it has none */
     if (!(b = boot_alloc(rank, size, label, timeout_ms)))
         return RESHARD_ERR_NO_MEMORY;
     b->members = members;
@@ -563,7 +820,9 @@ reshard_status_t boot_init_grow(const struct boot_id *id, int rank, int size, co
     }
     int64_t deadline = rs_now_ms() + timeout_ms;
     if (rank == 0)
-        RS_CHECK_GOTO(boot_form_root(b, id, &a, flags, deadline), st, err_close_boot);
+        RS_CHECK_GOTO(boot_form_root(b, id, &a, flags, deadline, from), st, err_close_boot);
+    else if (from)
+        RS_CHECK_GOTO(boot_form_member(b, from, deadline), st, err_close_boot);
     else
         RS_CHECK_GOTO(boot_form_peer(b, &a, flags, deadline), st, err_close_boot);
     *out = b;

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The shape of the bootstrap's tree. Ranks take slots in the order rank 0 admits them (rank 0
- * is slot 0); slot s > 0 hangs under slot (s - 1) / k, k the fan-out, so a slot's parent has
- * always arrived before it, and the slots in use are always one tree. From a slot, the size
+ * is slot 0; in a growth every rank's slot is its rank); slot s > 0 hangs under slot
+ * (s - 1) / k, k the fan-out, so a slot's parent has always arrived before it, and the slots in
+ * use are always one tree. From a slot, the size
  * and the fan-out, every rank computes the same shape: its children, the size and height of
  * its subtree, its depth; and from them how long it waits at each step of a collective, so
  * that the rank nearest a failure gives up first and the others hear its verdict.

@@ -83,11 +83,16 @@ reshard_status_t boot_init(const struct boot_id *id, int rank, int size, int tim
  * reports (NULL: r): for a bootstrap over a subset of another job's ranks. */
 reshard_status_t boot_init_labeled(const struct boot_id *id, int rank, int size, const int *label,
                                    int timeout_ms, struct boot **out);
-/* The same for a growth: ranks below `members` are the members (the rest join them). Rank 0
- * acts on a joiner's decline (boot_decline) once every member has arrived, so that each hears
- * it; boot_init_labeled acts on one at once. */
+/* The same for a growth: ranks below `members` are the members (the rest join them), each rank
+ * of `from` (the members' bootstrap, required on a member, ignored on a joiner) the same rank
+ * here. Every rank's tree slot is its rank, under from's fan-out: a member keeps its listener
+ * (a dup of from's) and attaches at its tree parent, only the joiners meet rank 0, so rank 0's
+ * part grows with the joiners and its fan-out, not with the members. Rank 0 acts on a joiner's
+ * decline (boot_decline) once every member is in the tree, so that each hears it;
+ * boot_init_labeled acts on one at once. from is only read: on failure it is as it was. */
 reshard_status_t boot_init_grow(const struct boot_id *id, int rank, int size, const int *label,
-                                int members, int timeout_ms, struct boot **out);
+                                int members, const struct boot *from, int timeout_ms,
+                                struct boot **out);
 /* A rank that was handed an id but will not join, because what it was told differs from what the
  * id says, tells the id's rank 0 why (boot_decline), proving that it holds the id's secret: rank
  * 0's rendezvous then fails at once with RESHARD_ERR_INVALID_ARG, in words of its own naming the

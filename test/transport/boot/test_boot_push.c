@@ -29,6 +29,7 @@ struct push_rank {
     struct boot_id id;
     int rank, size, members;
     int abort_instead; /* tells the others it failed instead of pushing */
+    struct boot *from; /* a member's bootstrap before the growth (NULL: a joiner) */
     struct boot *b;
     reshard_status_t st;
     char msg[RS_ERROR_MAX];
@@ -61,17 +62,32 @@ static void *push_main(void *arg)
     return NULL;
 }
 
-static void run_push(struct push_rank *r, int size, int members, int aborting)
+/* The members form their own bootstrap (left open in old), then grow by size - members
+ * joiners, meeting at member 0's listener as a communicator's growth does. */
+static void run_push(struct push_rank *r, struct rank_run *old, int size, int members, int aborting)
 {
     struct boot_id id;
     listening_id(&id);
+    for (int k = 0; k < members; k++)
+        start(&old[k], &id, k, members, 20000, WORK_NONE);
+    finish_all(old, members);
+    assert_all_ok(old, members);
+    cr_assert_eq(boot_group_id(old[0].b, 0, "push", 4, &id), RESHARD_OK, "%s", rs_error_message());
     for (int k = 0; k < size; k++) {
         r[k] = (struct push_rank){.id = id, .rank = k, .size = size, .members = members};
+        r[k].from = k < members ? old[k].b : NULL;
         r[k].abort_instead = k == aborting;
         cr_assert_eq(pthread_create(&r[k].thread, NULL, push_main, &r[k]), 0);
     }
     for (int k = 0; k < size; k++)
         pthread_join(r[k].thread, NULL);
+}
+
+static void close_push(struct push_rank *r, struct rank_run *old, int size, int members)
+{
+    for (int k = 0; k < size; k++)
+        boot_close(r[k].b);
+    close_all(old, members);
 }
 
 /* How many of rank k's children are joiners. */
@@ -86,7 +102,8 @@ static int joiner_children(const struct push_rank *r)
 static void push_check(int size, int members)
 {
     struct push_rank r[PUSH_MAX];
-    run_push(r, size, members, -1);
+    struct rank_run old[PUSH_MAX];
+    run_push(r, old, size, members, -1);
     const uint64_t frame = SOCK_FRAME_HDR_BYTES + PUSH_BYTES;
     uint64_t sent = 0;
     for (int k = 0; k < size; k++) {
@@ -101,8 +118,7 @@ static void push_check(int size, int members)
         sent += r[k].sent;
     }
     cr_assert_eq(sent, (uint64_t)(size - members) * frame);
-    for (int k = 0; k < size; k++)
-        boot_close(r[k].b);
+    close_push(r, old, size, members);
 }
 
 Test(boot_push, every_joiner_gets_the_members_bytes_and_no_member_sends_to_a_member)
@@ -118,17 +134,17 @@ Test(boot_push, a_single_joiner_under_many_members_costs_one_frame)
 Test(boot_push, a_member_failing_instead_of_pushing_is_named_at_the_joiners)
 {
     struct push_rank r[PUSH_MAX];
+    struct rank_run old[PUSH_MAX];
     /* One member: every joiner hangs under it, directly or under a joiner that passes the
      * report on. */
-    run_push(r, 5, 1, 0);
+    run_push(r, old, 5, 1, 0);
     for (int k = 1; k < 5; k++) {
         cr_assert_eq(r[k].st, RESHARD_ERR_REMOTE, "joiner %d: %s: %s", k, rs_status_name(r[k].st),
                      r[k].msg);
         cr_assert(strstr(r[k].msg, "rank 0") && strstr(r[k].msg, "nothing to push"),
                   "joiner %d: %s", k, r[k].msg);
     }
-    for (int k = 0; k < 5; k++)
-        boot_close(r[k].b);
+    close_push(r, old, 5, 1);
 }
 
 Test(boot_push, a_bootstrap_that_is_no_growth_refuses_it)

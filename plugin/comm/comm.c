@@ -102,7 +102,7 @@ static reshard_status_t inherit_topo(struct reshard_comm *c, const struct rs_top
     return mark_absent(c);
 }
 
-static void max_u32(void *acc, const void *in, void *arg)
+void comm_max_u32(void *acc, const void *in, void *arg)
 {
     (void)arg;
     uint32_t a, b;
@@ -113,15 +113,52 @@ static void max_u32(void *acc, const void *in, void *arg)
 }
 
 /* This rank's hello: its host's key, RESHARD_DOMAIN, its transport, and what the local path
- * claims (pid and a fresh token; comm_local_open opens its socket). */
-static reshard_status_t my_hello(struct reshard_comm *c, struct comm_hello *me)
+ * claims (pid and a fresh token; comm_local_open opens its socket); its transport address into
+ * addr (*len: its room, then its length). */
+reshard_status_t comm_my_hello(struct reshard_comm *c, struct comm_hello *me, unsigned char *addr,
+                               size_t *len)
 {
     char host[COMM_HOST_MAX] = "";
+    RS_CHECK(c->net->ops->address(c->net, -1, addr, len));
     gethostname(host, sizeof(host) - 1);
     *me = (struct comm_hello){.host = comm_host_key(host),
-                              .domain = (int32_t)rs_param_int(RS_PARAM_DOMAIN)};
+                              .domain = (int32_t)rs_param_int(RS_PARAM_DOMAIN),
+                              .addr_len = (uint32_t)*len};
     snprintf(me->transport, sizeof(me->transport), "%s", c->net->ops->name);
     return comm_local_open(c, &me->local);
+}
+
+reshard_status_t comm_form(struct reshard_comm *c, const struct rs_topo *parent,
+                           const struct reshard_comm *kept, unsigned char *all, size_t rec)
+{
+    struct comm_hello *h = rs_calloc((size_t)c->size, sizeof(*h), "hello");
+    const unsigned char **addr = h ? rs_calloc((size_t)c->size, sizeof(*addr), "hello") : NULL;
+    unsigned char *present = addr ? rs_calloc((size_t)c->size, 1, "hello") : NULL;
+    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
+    if (!present)
+        goto free_hellos;
+    for (int r = 0; r < c->size; r++)
+        present[r] = comm_has(c, r) != 0;
+    RS_CHECK_GOTO(comm_hello_decode(all, rec, c->size, present, h, addr), st, free_hellos);
+    for (int r = 0; r < c->size; r++) /* a kept context knows the members of its communicator */
+        if (r != c->rank && comm_has(c, r) && !(kept && r < kept->size && comm_has(kept, r)))
+            RS_CHECK_GOTO(c->net->ops->set_peer(c->net, r, addr[r], h[r].addr_len), st,
+                          free_hellos);
+    number_hosts(c, h, c->node);
+    st = parent ? inherit_topo(c, parent) : make_topo(c, h);
+    if (st == RESHARD_OK) /* c->pid: only the pids the kernel confirmed */
+        st = comm_local_verify(c, &h->local, sizeof(*h));
+    if (st == RESHARD_OK) { /* a later growth sends the joiners only the members' records */
+        c->hellos = all;
+        c->hello_rec = rec;
+        all = NULL;
+    }
+free_hellos:
+    free(all);
+    free(present);
+    free(addr);
+    free(h);
+    return st;
 }
 
 /* Everyone's hello and network address, in one allgather of records as long as the longest
@@ -130,49 +167,26 @@ static reshard_status_t my_hello(struct reshard_comm *c, struct comm_hello *me)
 static reshard_status_t comm_exchange_hellos(struct reshard_comm *c, const struct rs_topo *parent,
                                              const struct reshard_comm *kept)
 {
-    struct comm_hello *h = rs_calloc((size_t)c->size, sizeof(*h), "hello");
-    const unsigned char **addr = h ? rs_calloc((size_t)c->size, sizeof(*addr), "hello") : NULL;
-    unsigned char *present = addr ? rs_calloc((size_t)c->size, 1, "hello") : NULL, *all = NULL;
-    unsigned char mine[COMM_ADDR_MAX];
+    struct comm_hello me;
+    unsigned char mine[COMM_ADDR_MAX], *all = NULL;
     size_t len = sizeof(mine);
-    reshard_status_t st = RESHARD_ERR_NO_MEMORY;
-    if (!present)
-        goto free_hellos;
-    RS_CHECK_GOTO(c->net->ops->address(c->net, -1, mine, &len), st, free_hellos);
-    RS_CHECK_GOTO(my_hello(c, &h[c->rank]), st, free_hellos);
-    h[c->rank].addr_len = (uint32_t)len;
+    RS_CHECK(comm_my_hello(c, &me, mine, &len));
     uint32_t slot = (uint32_t)len;
-    RS_CHECK_GOTO(boot_allreduce(c->boot, &slot, sizeof(slot), max_u32, NULL), st, free_hellos);
-    if (slot > COMM_ADDR_MAX) { /* every rank sees the same: all fail alike */
-        st = rs_error(RESHARD_ERR_INTERNAL, "a rank announced a %u-byte address (at most %d)", slot,
-                      COMM_ADDR_MAX);
-        goto free_hellos;
-    }
-    size_t rec = COMM_HELLO_BYTES + ((size_t)slot + 7) / 8 * 8;
-    if (!(all = rs_calloc((size_t)c->size, rec, "hellos"))) {
-        st = RESHARD_ERR_NO_MEMORY;
-        goto free_hellos;
-    }
-    comm_hello_put(all + (size_t)c->rank * rec, &h[c->rank]);
+    RS_CHECK(boot_allreduce(c->boot, &slot, sizeof(slot), comm_max_u32, NULL));
+    if (slot > COMM_ADDR_MAX) /* every rank sees the same: all fail alike */
+        return rs_error(RESHARD_ERR_INTERNAL, "a rank announced a %u-byte address (at most %d)",
+                        slot, COMM_ADDR_MAX);
+    size_t rec = COMM_HELLO_REC(slot);
+    if (!(all = rs_calloc((size_t)c->size, rec, "hellos")))
+        return RESHARD_ERR_NO_MEMORY;
+    comm_hello_put(all + (size_t)c->rank * rec, &me);
     memcpy(all + (size_t)c->rank * rec + COMM_HELLO_BYTES, mine, len);
-    RS_CHECK_GOTO(comm_allgather(c, all, rec), st, free_all);
-    for (int r = 0; r < c->size; r++)
-        present[r] = comm_has(c, r) != 0;
-    RS_CHECK_GOTO(comm_hello_decode(all, rec, c->size, present, h, addr), st, free_all);
-    for (int r = 0; r < c->size; r++) /* a kept context knows the members of its communicator */
-        if (r != c->rank && comm_has(c, r) && !(kept && r < kept->size && comm_has(kept, r)))
-            RS_CHECK_GOTO(c->net->ops->set_peer(c->net, r, addr[r], h[r].addr_len), st, free_all);
-    number_hosts(c, h, c->node);
-    st = parent ? inherit_topo(c, parent) : make_topo(c, h);
-    if (st == RESHARD_OK) /* c->pid: only the pids the kernel confirmed */
-        st = comm_local_verify(c, &h->local, sizeof(*h));
-free_all:
-    free(all);
-free_hellos:
-    free(present);
-    free(addr);
-    free(h);
-    return st;
+    reshard_status_t st = comm_allgather(c, all, rec);
+    if (st != RESHARD_OK) {
+        free(all);
+        return st;
+    }
+    return comm_form(c, parent, kept, all, rec);
 }
 
 /* A communicator of `size` ranks, every one a member until the caller says otherwise. */
@@ -203,8 +217,7 @@ struct reshard_comm *comm_alloc(int rank, int size, int local_rank)
     return c;
 }
 
-/* A network context of c's own, or kept's, shared (one more reference). */
-static reshard_status_t comm_net_open(struct reshard_comm *c, const struct reshard_comm *kept)
+reshard_status_t comm_net_open(struct reshard_comm *c, const struct reshard_comm *kept)
 {
     if (kept) {
         c->net = kept->net;
@@ -237,6 +250,15 @@ static void comm_net_close(struct reshard_comm *c)
     c->net_refs = NULL;
 }
 
+reshard_status_t comm_spares(struct reshard_comm *c)
+{
+    for (int r = 0; r < c->size; r++)
+        if (comm_has(c, r))
+            RS_CHECK(boot_listener_id(c->boot, c->boot_of[r], &c->spares[r]));
+    c->spare = c->spares[c->rank];
+    return RESHARD_OK;
+}
+
 /* With the bootstrap up: the network context, then the exchange that forms the communicator. */
 reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent,
                            const struct reshard_comm *kept)
@@ -244,11 +266,8 @@ reshard_status_t comm_join(struct reshard_comm *c, const struct rs_topo *parent,
     boot_set_cancel(c->boot, &c->abort_req);
     reshard_status_t st = comm_net_open(c, kept);
     /* The local path names its sockets after the bootstrap's listeners. */
-    for (int r = 0; st == RESHARD_OK && r < c->size; r++)
-        if (comm_has(c, r))
-            st = boot_listener_id(c->boot, c->boot_of[r], &c->spares[r]);
     if (st == RESHARD_OK)
-        c->spare = c->spares[c->rank];
+        st = comm_spares(c);
     if (st != RESHARD_OK) {
         /* The others would wait for our address until they time out: tell them now. */
         boot_abort(c->boot, st, rs_error_message());
@@ -572,5 +591,6 @@ void comm_destroy(struct reshard_comm *c)
     free(c->member);
     free(c->boot_of);
     free(c->spares);
+    free(c->hellos);
     free(c);
 }

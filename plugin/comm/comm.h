@@ -46,9 +46,14 @@ struct reshard_comm {
      * context, connections and bootstrap are the parent's), only destroy it, which leaves
      * them to the parent. */
     pid_t owner;
-    pid_t *pid;           /* [size]: verified pids of the peers this rank may write, else 0 */
-    int *pidfd;           /* [size]: a pidfd on each of those processes (cma_hold), else -1 */
-    int *node;            /* [size]: hostname ids, dense in order of first appearance */
+    pid_t *pid; /* [size]: verified pids of the peers this rank may write, else 0 */
+    int *pidfd; /* [size]: a pidfd on each of those processes (cma_hold), else -1 */
+    int *node;  /* [size]: hostname ids, dense in order of first appearance */
+    /* Every member's hello record as the exchange left it (comm_int.h): size records of
+     * hello_rec bytes each (an absent rank's zeros). A growth sends the joiners the members'
+     * records from here, and only the joiners' records cross to the members. */
+    unsigned char *hellos;
+    size_t hello_rec;
     uint32_t seq;         /* executions so far: every rank counts the same */
     atomic_int busy;      /* one execution at a time: the network context is single-threaded */
     atomic_int abort_req; /* reshard_comm_abort was called: the execution in flight stops */

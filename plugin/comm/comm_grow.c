@@ -18,6 +18,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "transport/sock/sock.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -171,36 +172,179 @@ static reshard_status_t agree_on_joiners(struct reshard_comm *c, uint64_t h)
     return RESHARD_OK;
 }
 
-/* Everyone's number in the new bootstrap's order, and the members' count of executions: the
- * members check both are what they expect, a joiner learns the membership from it and counts
- * on from the members' count (message tags carry it, and the members' transports outlive the
- * growth). */
-struct grow_entry {
-    int32_t rank;
-    uint32_t seq;
-};
+/* ---- the exchange of a growth: O(joiners) at every member ---- */
 
-static reshard_status_t gather_members(struct reshard_comm *c, int dense, int n, int joiner)
+/* What the members push to the joiners (boot_push_joiners): their count of executions (a
+ * joiner counts on from it: message tags carry it, and the members' transports outlive the
+ * growth) and their number, then each member's number in the new bootstrap's order and its
+ * hello record, as the members keep them. What the joiners tell everyone (one allreduce, each
+ * joiner ORing its own entry into zeros): per joiner its number, a mark, and its record. */
+#define GROW_PUSH_HEAD 8
+#define GROW_ENTRY     8
+
+static void or_bytes(void *acc, const void *in, void *arg)
 {
-    struct grow_entry *got = rs_calloc((size_t)n, sizeof(*got), "members");
-    if (!got)
+    size_t n = *(const size_t *)arg;
+    for (size_t i = 0; i < n; i++)
+        ((unsigned char *)acc)[i] |= ((const unsigned char *)in)[i];
+}
+
+/* A kept record (rec_from bytes: the hello and its address slot) into a record of rec bytes
+ * (rec >= rec_from: the slot only grows). */
+static void relay_record(unsigned char *to, size_t rec, const unsigned char *from, size_t rec_from)
+{
+    memcpy(to, from, rec_from);
+    memset(to + rec_from, 0, rec - rec_from);
+}
+
+/* A joiner: the membership from the members' push, checked (each number in range, once, and no
+ * joiner's), into c (member, boot_of, seq); the members' records into all. */
+static reshard_status_t take_push(struct reshard_comm *c, const unsigned char *p, int m,
+                                  const int *s, int n, unsigned char *all, size_t rec)
+{
+    uint32_t seq = (uint32_t)sock_wire_get(p, 4);
+    if ((int)sock_wire_get(p + 4, 4) != m)
+        return rs_error(RESHARD_ERR_INTERNAL, "join: the members sent %d members, %d expected",
+                        (int)sock_wire_get(p + 4, 4), m);
+    const unsigned char *num = p + GROW_PUSH_HEAD, *recs = num + (size_t)4 * m;
+    for (int k = 0; k < m; k++) {
+        int r = (int)(int32_t)(uint32_t)sock_wire_get(num + (size_t)4 * k, 4);
+        int dup = r >= 0 && r < c->size && c->boot_of[r] >= 0;
+        for (int i = 0; i < n && !dup; i++)
+            dup = s[i] == r;
+        if (r < 0 || r >= c->size || dup)
+            return rs_error(RESHARD_ERR_INTERNAL,
+                            "grow: the new bootstrap's rank %d goes by %d, not the number expected",
+                            k, r);
+        c->boot_of[r] = k;
+        c->member[k] = r;
+        memcpy(all + (size_t)r * rec, recs + (size_t)k * rec, rec);
+    }
+    c->seq = seq;
+    return RESHARD_OK;
+}
+
+/* The members' push: built by a member from its kept table, taken by a joiner. */
+static reshard_status_t push_members(struct reshard_comm *c, const struct reshard_comm *old, int m,
+                                     const int *s, int n, unsigned char *all, size_t rec)
+{
+    size_t len = GROW_PUSH_HEAD + (size_t)m * (4 + rec);
+    unsigned char *p = rs_calloc(1, len, "grow: the members' records");
+    if (!p)
         return RESHARD_ERR_NO_MEMORY;
-    got[dense] = (struct grow_entry){c->rank, c->seq};
-    reshard_status_t st = boot_allgather(c->boot, got, sizeof(*got));
-    for (int k = 0; st == RESHARD_OK && k < n; k++)
-        if (got[k].rank < 0 || got[k].rank >= c->size || (!joiner && got[k].rank != c->member[k]) ||
-            (joiner && k > 0 && comm_has(c, got[k].rank) && c->boot_of[got[k].rank] != k))
+    if (old) {
+        sock_wire_put(p, c->seq, 4);
+        sock_wire_put(p + 4, (uint32_t)m, 4);
+        for (int k = 0; k < m; k++) {
+            sock_wire_put(p + GROW_PUSH_HEAD + (size_t)4 * k, (uint32_t)c->member[k], 4);
+            memcpy(p + GROW_PUSH_HEAD + (size_t)4 * m + (size_t)k * rec,
+                   all + (size_t)c->member[k] * rec, rec);
+        }
+    }
+    reshard_status_t st = boot_push_joiners(c->boot, p, len);
+    if (st == RESHARD_OK && !old)
+        st = take_push(c, p, m, s, n, all, rec);
+    free(p);
+    return st;
+}
+
+/* The joiners' records reach everyone: one allreduce of n entries, each joiner filling its
+ * own; every rank checks that entry i is joiner s[i]'s. */
+static reshard_status_t gather_joiners(struct reshard_comm *c, int m, const int *s, int n,
+                                       const unsigned char *mine, unsigned char *all, size_t rec)
+{
+    size_t ent = GROW_ENTRY + rec, len = (size_t)n * ent;
+    unsigned char *e = rs_calloc(1, len, "grow: the joiners' records");
+    if (!e)
+        return RESHARD_ERR_NO_MEMORY;
+    int me = c->boot_of[c->rank] - m;
+    if (me >= 0) {
+        sock_wire_put(e + (size_t)me * ent, (uint32_t)c->rank, 4);
+        sock_wire_put(e + (size_t)me * ent + 4, 1, 4);
+        memcpy(e + (size_t)me * ent + GROW_ENTRY, mine, rec);
+    }
+    reshard_status_t st = boot_allreduce(c->boot, e, len, or_bytes, &len);
+    for (int i = 0; st == RESHARD_OK && i < n; i++) {
+        const unsigned char *w = e + (size_t)i * ent;
+        int r = (int)(int32_t)(uint32_t)sock_wire_get(w, 4);
+        if (r != s[i] || sock_wire_get(w + 4, 4) != 1)
             st = rs_error(RESHARD_ERR_INTERNAL,
-                          "grow: the new bootstrap's rank %d goes by %d, not the number expected",
-                          k, got[k].rank);
-        else if (joiner)
-            c->boot_of[got[k].rank] = k, c->member[k] = got[k].rank;
-    if (st == RESHARD_OK && joiner) {
-        c->nmembers = n;
-        c->seq = got[0].seq; /* the first member's: every member counts the same */
+                          "grow: the new bootstrap's rank %d goes by %d, not the number expected "
+                          "(%d)",
+                          m + i, r, s[i]);
+        else
+            memcpy(all + (size_t)r * rec, w + GROW_ENTRY, rec);
+    }
+    free(e);
+    return st;
+}
+
+/* The exchange that forms a grown communicator, O(joiners) at every member: the members send
+ * the joiners their kept records (boot_push_joiners: nothing crosses between two members), the
+ * joiners' records reach everyone in one allreduce, and the local peers verify only pairs with
+ * a joiner (a member keeps what it concluded about the other members). old: a member's
+ * communicator; NULL on a joiner. s[n]: the joiners, sorted; m: the members. */
+static reshard_status_t grow_exchange(struct reshard_comm *c, const struct reshard_comm *old, int m,
+                                      const int *s, int n)
+{
+    unsigned char addr[COMM_ADDR_MAX], *mine = NULL, *all = NULL;
+    size_t len = sizeof(addr);
+    struct comm_hello me;
+    uint32_t slot = 0;
+    reshard_status_t st;
+    boot_set_cancel(c->boot, &c->abort_req);
+    RS_CHECK_GOTO(comm_net_open(c, old), st, err_tell_others);
+    RS_CHECK_GOTO(boot_listener_id(c->boot, c->boot_of[c->rank], &c->spare), st, err_tell_others);
+    if (old) {
+        if (!old->hellos || old->hello_rec < COMM_HELLO_BYTES) {
+            st = rs_error(RESHARD_ERR_INTERNAL, "grow: rank %d keeps no hello records", c->rank);
+            goto err_tell_others;
+        }
+        const unsigned char *own = old->hellos + (size_t)c->rank * old->hello_rec;
+        slot = (uint32_t)(old->hello_rec - COMM_HELLO_BYTES);
+        RS_CHECK_GOTO(comm_local_carry(c, old, (pid_t)(int32_t)sock_wire_get(own + 12, 4)), st,
+                      err_tell_others);
+    } else {
+        RS_CHECK_GOTO(comm_my_hello(c, &me, addr, &len), st, err_tell_others);
+        slot = (uint32_t)len;
+    }
+    /* The records' address slot: the members' kept one, or longer for a joiner's address. */
+    RS_CHECK(boot_allreduce(c->boot, &slot, sizeof(slot), comm_max_u32, NULL));
+    if (slot > COMM_ADDR_MAX) /* every rank sees the same: all fail alike */
+        return rs_error(RESHARD_ERR_INTERNAL, "a rank announced a %u-byte address (at most %d)",
+                        slot, COMM_ADDR_MAX);
+    size_t rec = COMM_HELLO_REC(slot);
+    if (!(all = rs_calloc((size_t)c->size, rec, "hellos")) ||
+        !(mine = rs_calloc(1, rec, "hello"))) {
+        st = RESHARD_ERR_NO_MEMORY;
+        goto err_free_all;
+    }
+    if (old) {
+        for (int k = 0; k < m; k++)
+            relay_record(all + (size_t)c->member[k] * rec, rec,
+                         old->hellos + (size_t)c->member[k] * old->hello_rec, old->hello_rec);
+    } else {
+        comm_hello_put(mine, &me);
+        memcpy(mine + COMM_HELLO_BYTES, addr, len);
+    }
+    RS_CHECK_GOTO(push_members(c, old, m, s, n, all, rec), st, err_free_all);
+    RS_CHECK_GOTO(gather_joiners(c, m, s, n, mine, all, rec), st, err_free_all);
+    if (!old) { /* a joiner now knows everyone's number */
+        for (int i = 0; i < n; i++)
+            c->boot_of[s[i]] = m + i, c->member[m + i] = s[i];
+        c->nmembers = m + n;
         boot_set_labels(c->boot, c->member);
     }
-    free(got);
+    RS_CHECK_GOTO(comm_spares(c), st, err_free_all);
+    free(mine);
+    return comm_form(c, NULL, old, all, rec);
+err_free_all:
+    free(mine);
+    free(all);
+err_tell_others:
+    /* The others would wait for this rank until they time out: tell them now (a collective
+     * that failed has told them itself, and this does nothing more). */
+    boot_abort(c->boot, st, rs_error_message());
     return st;
 }
 
@@ -230,11 +374,13 @@ reshard_status_t comm_grow(struct reshard_comm *old, const int *joiners, int n,
                         comm_timeout_ms(), &c->boot);
     boot_id_release(&id);
     RS_CHECK_GOTO(st, st, err_destroy_comm);
-    RS_CHECK_GOTO(gather_members(c, c->boot_of[c->rank], c->nmembers, 0), st, err_destroy_comm);
     /* The members' connections to each other and their registrations carry over: only the
      * joiners become new peers of the context. */
-    RS_CHECK_GOTO(comm_join(c, NULL, old), st, err_forget_joiners);
+    RS_CHECK_GOTO(grow_exchange(c, old, old->nmembers, s, n), st, err_forget_joiners);
+    rs_log(RS_LOG_INFO, "comm: rank %d of %d (%d present) after a growth by %d, %d domains",
+           c->rank, c->size, c->nmembers, n, c->topo.t.ndomains);
     old->grown_into = c->shrinks;
+    comm_local_adopt(c, old);
     free(s);
     *out = c;
     return RESHARD_OK;
@@ -309,12 +455,14 @@ reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const 
                    : rs_error(RESHARD_ERR_INVALID_ARG, "join: rank %d is outside 0..%u", rank,
                               size - 1);
     }
-    free(s);
-    if (st != RESHARD_OK)
+    if (st != RESHARD_OK) {
+        free(s);
         return decline(join_id, (int)(m + nj), rank, why);
+    }
     struct reshard_comm *c = comm_alloc(rank, (int)size, -1);
+    st = RESHARD_ERR_NO_MEMORY;
     if (!c)
-        return RESHARD_ERR_NO_MEMORY;
+        goto err_free_list;
     c->shrinks = epoch;
     for (int r = 0; r < c->size; r++)
         c->boot_of[r] = -1;
@@ -325,11 +473,15 @@ reshard_status_t comm_join_grown(const struct boot_id *join_id, int rank, const 
     RS_CHECK_GOTO(
         boot_init_grow(&id, dense, total, NULL, (int)m, NULL, comm_timeout_ms(), &c->boot), st,
         err_destroy_comm);
-    RS_CHECK_GOTO(gather_members(c, dense, total, 1), st, err_destroy_comm);
-    RS_CHECK_GOTO(comm_join(c, NULL, NULL), st, err_destroy_comm);
+    RS_CHECK_GOTO(grow_exchange(c, NULL, (int)m, s, n), st, err_destroy_comm);
+    rs_log(RS_LOG_INFO, "comm: rank %d of %d (%d present) joined, %d domains", c->rank, c->size,
+           c->nmembers, c->topo.t.ndomains);
+    free(s);
     *out = c;
     return RESHARD_OK;
 err_destroy_comm:
     comm_destroy(c);
+err_free_list:
+    free(s);
     return st;
 }

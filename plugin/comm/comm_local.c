@@ -26,6 +26,7 @@
 #include "transport/sock/sock.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -98,8 +99,12 @@ struct comm_local {
     int lfd; /* open from the hello to the end of verify */
     unsigned char token[COMM_LOCAL_TOKEN];
     unsigned char *verdict; /* [size] */
-    pid_t *admitted;        /* writers cma_admit let in, dismissed on close */
+    /* [size] or NULL: ranks whose verdict a growth's member carried from its communicator
+     * (comm_local_carry), not verified again. */
+    unsigned char *known;
+    pid_t *admitted; /* writers cma_admit let in, dismissed on close */
     int nadmitted;
+    int reserve; /* room kept in admitted for the writers comm_local_adopt takes over */
 };
 
 static pid_t local_fake_pid;
@@ -130,30 +135,83 @@ static reshard_status_t local_random(unsigned char *p, size_t n)
     return RESHARD_OK;
 }
 
-reshard_status_t comm_local_open(struct reshard_comm *c, struct comm_local_hello *mine)
+static struct comm_local *local_alloc(struct reshard_comm *c)
 {
     struct comm_local *l = rs_calloc(1, sizeof(*l), "local peers");
     if (!l)
-        return RESHARD_ERR_NO_MEMORY;
+        return NULL;
     l->lfd = -1;
     if (!(l->verdict = rs_calloc((size_t)c->size, 1, "local verdicts"))) {
         free(l);
-        return RESHARD_ERR_NO_MEMORY;
+        return NULL;
     }
     c->local = l;
+    return l;
+}
+
+/* This rank's local socket, named after pid and c's spare id; one that cannot be opened costs
+ * only the local path. */
+static void local_listen(struct reshard_comm *c, pid_t pid)
+{
+    char name[CMA_NAME_MAX + 1];
+    comm_local_name(name, sizeof(name), geteuid(), pid, &c->spare);
+    struct rs_saved_error saved;
+    rs_error_save(&saved);
+    if (cma_listen(name, &c->local->lfd) != RESHARD_OK)
+        rs_log(RS_LOG_WARN, "comm: rank %d: %s: its local peers will write it over the network",
+               c->rank, rs_error_message());
+    rs_error_restore(&saved);
+}
+
+reshard_status_t comm_local_open(struct reshard_comm *c, struct comm_local_hello *mine)
+{
+    struct comm_local *l = local_alloc(c);
+    if (!l)
+        return RESHARD_ERR_NO_MEMORY;
     RS_CHECK(local_random(l->token, sizeof(l->token)));
     memset(mine, 0, sizeof(*mine));
     mine->pid = (int32_t)(local_fake_pid ? local_fake_pid : getpid());
     memcpy(mine->token, l->token, sizeof(l->token));
-    char name[CMA_NAME_MAX + 1];
-    comm_local_name(name, sizeof(name), geteuid(), mine->pid, &c->spare);
-    struct rs_saved_error saved;
-    rs_error_save(&saved);
-    if (cma_listen(name, &l->lfd) != RESHARD_OK)
-        rs_log(RS_LOG_WARN, "comm: rank %d: %s: its local peers will write it over the network",
-               c->rank, rs_error_message());
-    rs_error_restore(&saved);
+    local_listen(c, mine->pid);
     return RESHARD_OK;
+}
+
+reshard_status_t comm_local_carry(struct reshard_comm *c, const struct reshard_comm *old,
+                                  pid_t announced)
+{
+    struct comm_local *l = local_alloc(c);
+    if (!l || !(l->known = rs_calloc((size_t)c->size, 1, "local verdicts carried")))
+        return RESHARD_ERR_NO_MEMORY;
+    if (!old->local) /* its exchange never got that far: nothing to carry, nothing to prove */
+        return rs_error(RESHARD_ERR_INTERNAL,
+                        "comm: rank %d: the communicator grown from has no local state", c->rank);
+    memcpy(l->token, old->local->token, sizeof(l->token));
+    l->reserve = old->local->nadmitted;
+    for (int q = 0; q < old->size && q < c->size; q++) {
+        if (q == c->rank || !comm_has(old, q))
+            continue;
+        l->known[q] = 1;
+        l->verdict[q] = old->local->verdict[q];
+        c->pid[q] = old->pid[q];
+        /* The old communicator closes its own when it goes; this one holds the process too. */
+        if (old->pidfd[q] >= 0 && (c->pidfd[q] = fcntl(old->pidfd[q], F_DUPFD_CLOEXEC, 0)) < 0)
+            rs_log(RS_LOG_INFO,
+                   "comm: rank %d: no copy of the handle on rank %d's process (%m): "
+                   "a write to it no longer checks that it is alive",
+                   c->rank, q);
+    }
+    local_listen(c, announced);
+    return RESHARD_OK;
+}
+
+void comm_local_adopt(struct reshard_comm *c, struct reshard_comm *old)
+{
+    struct comm_local *l = c->local, *o = old->local;
+    if (!l || !o || !l->admitted)
+        return;
+    for (int i = 0; i < o->nadmitted && l->reserve > 0; i++, l->reserve--)
+        l->admitted[l->nadmitted++] = o->admitted[i];
+    o->nadmitted = 0;
 }
 
 /* ---- one verification ---- */
@@ -573,24 +631,33 @@ static void local_summary(const struct local_run *r)
     }
 }
 
+/* Whether this rank verifies rank q now: one of its domain, unless its verdict was carried. */
+static int local_to_verify(const struct local_run *r, int q)
+{
+    const struct reshard_comm *c = r->c;
+    const int *dom = c->topo.t.domain;
+    return q != c->rank && comm_has(c, q) && dom[q] == dom[c->rank] &&
+           !(r->l->known && r->l->known[q]);
+}
+
 static reshard_status_t local_run(struct local_run *r, const struct comm_local_hello *first,
                                   size_t stride)
 {
     struct reshard_comm *c = r->c;
-    const int *dom = c->topo.t.domain;
     int n = 0;
     for (int q = 0; q < c->size; q++)
-        n += q != c->rank && comm_has(c, q) && dom[q] == dom[c->rank];
+        n += local_to_verify(r, q);
     r->p = rs_calloc((size_t)n + 1, sizeof(*r->p), "local peers");
     r->in_cap = 2 * n + 4;
     r->in = rs_calloc((size_t)r->in_cap, sizeof(*r->in), "local connections");
-    r->l->admitted = rs_calloc((size_t)n + 1, sizeof(pid_t), "local writers");
+    r->l->admitted =
+        rs_calloc((size_t)n + 1 + (size_t)r->l->reserve, sizeof(pid_t), "local writers");
     struct pollfd *fds = rs_calloc((size_t)(1 + n + r->in_cap), sizeof(*fds), "local poll");
     reshard_status_t st = RESHARD_ERR_NO_MEMORY;
     if (!r->p || !r->in || !r->l->admitted || !fds)
         goto free_poll;
     for (int q = 0; q < c->size; q++) {
-        if (q == c->rank || !comm_has(c, q) || dom[q] != dom[c->rank])
+        if (!local_to_verify(r, q))
             continue;
         const struct comm_local_hello *h =
             (const struct comm_local_hello *)((const char *)first + (size_t)q * stride);
@@ -623,10 +690,11 @@ free_poll:
 reshard_status_t comm_local_verify(struct reshard_comm *c, const struct comm_local_hello *first,
                                    size_t stride)
 {
-    for (int q = 0; q < c->size; q++)
-        c->pid[q] = 0;
-    c->pid[c->rank] = getpid();
     struct comm_local *l = c->local;
+    for (int q = 0; q < c->size; q++)
+        if (!(l && l->known && l->known[q]))
+            c->pid[q] = 0;
+    c->pid[c->rank] = getpid();
     if (!l)
         return RESHARD_OK;
     struct local_run r = {.c = c, .l = l, .uid = geteuid()};
@@ -665,6 +733,7 @@ void comm_local_close(struct reshard_comm *c)
     local_close(&l->lfd);
     free(l->admitted);
     free(l->verdict);
+    free(l->known);
     free(l);
     c->local = NULL;
 }

@@ -51,6 +51,16 @@ reshard_status_t comm_local_open(struct reshard_comm *c, struct comm_local_hello
  * in the log. Fails only when out of memory. Closes the local socket. */
 reshard_status_t comm_local_verify(struct reshard_comm *c, const struct comm_local_hello *first,
                                    size_t stride);
+/* A growth's member (c grown from old, old formed): instead of comm_local_open, keeps what old
+ * concluded about its members (verdicts, pids, handles on their processes: comm_local_verify
+ * verifies only the joiners of its domain then) and old's token, and opens its local socket
+ * under c's spare id, so that it proves to the joiners the token of the record the members
+ * keep for it (announced: the pid that record claims). */
+reshard_status_t comm_local_carry(struct reshard_comm *c, const struct reshard_comm *old,
+                                  pid_t announced);
+/* Once the growth succeeded (old retired): the writers old let in (its members) are c's to
+ * dismiss, so that destroying old does not shut them out. */
+void comm_local_adopt(struct reshard_comm *c, struct reshard_comm *old);
 /* Dismisses the writers this communicator let in (the last resets PR_SET_PTRACER) and frees
  * what open and verify kept. */
 void comm_local_close(struct reshard_comm *c);

@@ -186,10 +186,8 @@ static reshard_status_t boot_coll_children(struct boot_coll *c, int send, uint64
 
 /* ---- collectives ---- */
 
-/* Checks the arguments (before the turn counts, so that a caller's mistake leaves the ranks in
- * step) and starts the turn's clock. `slots` buffers of `bytes` each must fit in memory. */
-static reshard_status_t boot_coll_begin(struct boot *b, enum sock_frame_op op, const void *buf,
-                                        size_t bytes, int slots, struct boot_coll *c)
+reshard_status_t boot_coll_begin(struct boot *b, enum sock_frame_op op, const void *buf,
+                                 size_t bytes, int slots, struct boot_coll *c)
 {
     if (!b)
         return rs_error(RESHARD_ERR_INVALID_ARG, "bootstrap: %s on a NULL bootstrap",

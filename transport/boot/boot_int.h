@@ -144,6 +144,11 @@ int boot_addr_get(const unsigned char *w, union sock_addr *a); /* -1: not an add
 struct boot *boot_alloc(int rank, int size, const int *label, int timeout_ms);
 /* Once placed in the tree: room for the neighbours and the subtree (RESHARD_ERR_NO_MEMORY). */
 reshard_status_t boot_alloc_tree(struct boot *b);
+/* Checks a collective's arguments (before the turn counts, so that a caller's mistake leaves
+ * the ranks in step) and starts the turn's clock. `slots` buffers of `bytes` each must fit in
+ * memory. */
+reshard_status_t boot_coll_begin(struct boot *b, enum sock_frame_op op, const void *buf,
+                                 size_t bytes, int slots, struct boot_coll *c);
 /* One frame with each of n neighbours, all at once, until deadline: sent from or received into
  * each leg's data. The turn's header with len per leg. On failure c->from names the leg. */
 reshard_status_t boot_coll_legs(struct boot_coll *c, const struct boot_leg *legs, int n, int send,

@@ -138,6 +138,15 @@ typedef void (*boot_combine_fn)(void *acc, const void *in, void *arg);
 reshard_status_t boot_allreduce(struct boot *b, void *buf, size_t bytes, boot_combine_fn combine,
                                 void *arg);
 reshard_status_t boot_barrier(struct boot *b);
+/* A growth's bootstrap (boot_init_grow: ranks below `members` are members, the rest joiners):
+ * bytes that every member holds in buf (the same on each) reach every joiner's buf. A joiner
+ * takes them from its tree parent and every rank hands them to each child that is a joiner, so
+ * no byte crosses an edge between two members: a member sends only to its joiner children (rank
+ * 0 sends nothing when none of its children joins), and the cost at any member is O(joiners
+ * among its children), not O(size). Every rank calls it (it counts as a collective); the
+ * timeouts, failures and cancelling are the other collectives'. RESHARD_ERR_INVALID_ARG on a
+ * bootstrap that is no growth's. */
+reshard_status_t boot_push_joiners(struct boot *b, void *buf, size_t bytes);
 /* After a local failure, tells the others (best effort) so they fail fast with
  * RESHARD_ERR_REMOTE instead of timing out: this rank tells its tree neighbours, and each rank
  * that hears passes it on to its other neighbours. Leaves this thread's error message as it

@@ -51,11 +51,9 @@ size_t sock_frame_put_error(unsigned char *buf, int origin, reshard_status_t st,
 
 const char *sock_frame_op_name(unsigned op)
 {
-    static const char *const names[] = {[SOCK_OP_NONE] = "rendezvous",
-                                        [SOCK_OP_ALLGATHER] = "allgather",
-                                        [SOCK_OP_BCAST] = "bcast",
-                                        [SOCK_OP_BARRIER] = "barrier",
-                                        [SOCK_OP_ALLREDUCE] = "allreduce"};
+    static const char *const names[] = {
+        [SOCK_OP_NONE] = "rendezvous", [SOCK_OP_ALLGATHER] = "allgather", [SOCK_OP_BCAST] = "bcast",
+        [SOCK_OP_BARRIER] = "barrier", [SOCK_OP_ALLREDUCE] = "allreduce", [SOCK_OP_PUSH] = "push"};
     return op < sizeof(names) / sizeof(names[0]) ? names[op] : "an unknown collective";
 }
 

@@ -37,7 +37,8 @@ enum sock_frame_op {
     SOCK_OP_ALLGATHER,
     SOCK_OP_BCAST,
     SOCK_OP_BARRIER,
-    SOCK_OP_ALLREDUCE
+    SOCK_OP_ALLREDUCE,
+    SOCK_OP_PUSH /* boot_push_joiners: the members' data down to the joiners */
 };
 
 /* "allgather", "bcast", ...: for messages. */

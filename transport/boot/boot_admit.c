@@ -81,6 +81,13 @@ int boot_admit_valid(const struct boot_admit *a, int size, int rank, union sock_
     return a->parent == 0 ? 0 : boot_addr_get(a->parent_addr, parent);
 }
 
+const unsigned char *boot_hello_key(const struct boot *b, unsigned kind, int rank)
+{
+    if (b->members < 1 || kind != BOOT_ATTACH || rank < 0 || rank >= b->members)
+        return b->secret;
+    return b->member_keyed ? b->member_key : NULL;
+}
+
 reshard_status_t boot_hello_mac(const unsigned char *secret, const unsigned char *nonce_l,
                                 const unsigned char *hello, unsigned char *mac)
 {
@@ -212,6 +219,7 @@ static void boot_gate_hello(struct boot_gate *g, int i)
     struct boot_pending *p = &g->p[i];
     struct boot_hello h;
     unsigned char mac[BOOT_MAC_BYTES];
+    const unsigned char *key;
     char claim[64] = "", why[256] = "";
     boot_hello_get(p->hello, &h);
     if (h.version == BOOT_VERSION)
@@ -219,9 +227,16 @@ static void boot_gate_hello(struct boot_gate *g, int i)
     if (h.version != BOOT_VERSION) {
         snprintf(why, sizeof(why), "bootstrap version %u, this rank speaks %u", h.version,
                  BOOT_VERSION);
-    } else if (boot_hello_mac(b->secret, p->nonce, p->hello, mac) != RESHARD_OK) {
+    } else if (!(key = boot_hello_key(b, h.kind, h.rank))) {
+        snprintf(why, sizeof(why), "rank %d is a member: members attach at members' doors", h.rank);
+    } else if (boot_hello_mac(key, p->nonce, p->hello, mac) != RESHARD_OK) {
         snprintf(why, sizeof(why), "this rank cannot check hellos: %s",
                  sock_msg_body(rs_error_message()));
+    } else if (!boot_mac_equal(mac, h.mac) && key != b->secret) {
+        snprintf(why, sizeof(why),
+                 "it claims member rank %d but does not prove the members' secret (a joiner "
+                 "holds only the growth's)",
+                 h.rank);
     } else if (!boot_mac_equal(mac, h.mac)) {
         snprintf(why, sizeof(why), "wrong secret: not part of this job");
     } else {

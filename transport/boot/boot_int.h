@@ -72,6 +72,11 @@ struct boot {
     reshard_status_t failed;  /* RESHARD_OK while usable */
     int left;    /* the label of a rank heard to leave on purpose (boot_leave), or -1 */
     int members; /* a growth's: ranks below it are members, whom a decline waits for */
+    /* A growth's member (rank 0 too): a key only the members can make (from the bootstrap they
+     * grow from; the joiners hold the growth's secret, not that one), under which a member's
+     * attach is MACed and checked, so that a joiner cannot attach in a member's place. */
+    unsigned char member_key[BOOT_SECRET_BYTES];
+    int member_keyed;
     char fail_msg[RS_ERROR_MAX];
     char refusal[RS_ERROR_MAX];
     uint64_t sent, received;           /* bytes of collectives, headers included */
@@ -207,6 +212,11 @@ reshard_status_t boot_hello_mac(const unsigned char *secret, const unsigned char
 reshard_status_t boot_admit_mac(const unsigned char *secret, const unsigned char *nonce_j,
                                 const unsigned char *nonce_l, const unsigned char *admit,
                                 unsigned char *mac);
+
+/* The key a hello of this kind claiming this rank is MACed under at b's door: the members' key
+ * (b->member_key) for a member's attach in a growth, else the secret. NULL: a member's attach
+ * at a door that cannot check it (a joiner's, where no member attaches). */
+const unsigned char *boot_hello_key(const struct boot *b, unsigned kind, int rank);
 
 /* A joiner whose hello proved it holds the secret: the gate's owner admits it (returns 1 and
  * keeps fd, having sent the admission with boot_admit_send), refuses it (0, the reason in why),

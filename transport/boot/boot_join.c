@@ -133,7 +133,8 @@ static enum boot_try boot_call_hello(struct boot_call *c, int fd, const unsigned
     if (c->kind == BOOT_JOIN && sock_local_addr(b->lfd, &mine) == 0)
         boot_addr_put(h.addr, &mine);
     boot_hello_put(w, &h);
-    if ((c->st = boot_hello_mac(b->secret, nonce_l, w, h.mac)) != RESHARD_OK)
+    const unsigned char *key = boot_hello_key(b, h.kind, h.rank);
+    if ((c->st = boot_hello_mac(key ? key : b->secret, nonce_l, w, h.mac)) != RESHARD_OK)
         return BOOT_TRY_FAIL;
     boot_hello_put(w, &h);
     sock_xfer_init(&x, fd, c->name, 1,

@@ -818,6 +818,13 @@ reshard_status_t boot_init_grow(const struct boot_id *id, int rank, int size, co
                         "not a bootstrap id of this version",
                         rank);
     }
+    if (from) { /* the members' key: from's secret, which no joiner holds, bound to this growth */
+        const struct boot_mac_part part = {b->secret, BOOT_SECRET_BYTES};
+        RS_CHECK_GOTO(boot_mac(from->secret, BOOT_SECRET_BYTES, "reshard growth member key", &part,
+                               1, b->member_key),
+                      st, err_close_boot);
+        b->member_keyed = 1;
+    }
     int64_t deadline = rs_now_ms() + timeout_ms;
     if (rank == 0)
         RS_CHECK_GOTO(boot_form_root(b, id, &a, flags, deadline, from), st, err_close_boot);

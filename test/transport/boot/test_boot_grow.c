@@ -208,6 +208,35 @@ Test(boot_grow, a_slot_that_is_not_the_rank_and_a_members_number_joining_at_rank
     close_all(old, M);
 }
 
+/* A joiner holds the growth's secret (its join id carries it), not the members' bootstrap's:
+ * claiming a member's number and slot at a member's door, before that member attached, it
+ * would take the member's place in the tree (and the member be refused as a duplicate). */
+Test(boot_grow, a_joiner_claiming_a_members_number_at_a_members_door_is_refused)
+{
+    enum { M = 4, N = 6 };
+    struct rank_run old[M];
+    struct grower g[N];
+    struct boot_id id;
+    union sock_addr a1;
+    form_members(old, M);
+    growth_id(old, M, &id);
+    for (int r = 0; r < M - 1; r++) /* member 3 comes late: its slot under member 1 is free */
+        grow_launch(&g[r], &id, r, N, M, old[r].b, 20000);
+    member_listener(old, 1, &a1);
+    /* rank 3's number and slot, MACed under the growth's secret as a joiner can */
+    cr_assert_eq(claim(&id, &a1, BOOT_ATTACH, 3, 3), RESHARD_ERR_REFUSED, "%s", rs_error_message());
+    cr_assert(strstr(rs_error_message(), "does not prove the members' secret"), "%s",
+              rs_error_message());
+    for (int r = M - 1; r < N; r++)
+        grow_launch(&g[r], &id, r, N, M, r < M ? old[r].b : NULL, 20000);
+    for (int r = 0; r < N; r++) {
+        finish(&g[r].r);
+        assert_all_ok(&g[r].r, 1);
+        boot_close(g[r].r.b);
+    }
+    close_all(old, M);
+}
+
 Test(boot_grow, a_member_that_never_comes_is_named_to_every_member_and_the_old_bootstrap_works)
 {
     enum { M = 4, N = 6, TIMEOUT_MS = 1500 };

@@ -196,7 +196,8 @@ static int boot_form_attach(void *arg, int fd, const char *addr, const struct bo
 {
     struct boot_form *f = arg;
     struct boot *b = f->b;
-    int i = 1 + h->slot - b->first_child;
+    /* The slot is the peer's word: in 64 bits, so that no claim overflows the index. */
+    int64_t i = 1 + (int64_t)h->slot - b->first_child;
     if (b->rank == 0 && h->kind != BOOT_ATTACH)
         return boot_form_join(arg, fd, addr, h, nonce_l, why, n);
     if (b->rank == 0 && (h->rank < 1 || h->rank >= b->members)) {
@@ -230,7 +231,7 @@ static int boot_form_attach(void *arg, int fd, const char *addr, const struct bo
     struct boot_admit a = {.slot = h->slot, .fanout = b->fanout, .parent = b->rank};
     if (boot_admit_send(b, fd, addr, h, nonce_l, &a) != RESHARD_OK)
         return -1;
-    boot_form_child(f, i, fd, h->rank, addr);
+    boot_form_child(f, (int)i, fd, h->rank, addr);
     return 1;
 }
 

@@ -87,6 +87,20 @@ static void member_listener(struct rank_run *old, int k, union sock_addr *a)
 }
 
 /* m members grow by n joiners (all of them coming): rank 0's forming bytes. */
+/* The ranks from `first` on join the growth; every rank of it then forms, and all close. */
+static void complete_growth(struct grower *g, struct rank_run *old, const struct boot_id *id,
+                            int first, int n, int m)
+{
+    for (int r = first; r < n; r++)
+        grow_launch(&g[r], id, r, n, m, r < m ? old[r].b : NULL, 20000);
+    for (int r = 0; r < n; r++) {
+        finish(&g[r].r);
+        assert_all_ok(&g[r].r, 1);
+        boot_close(g[r].r.b);
+    }
+    close_all(old, m);
+}
+
 static uint64_t grow_and_count(int m, int n)
 {
     struct rank_run *old = calloc((size_t)m, sizeof(*old));
@@ -147,14 +161,7 @@ Test(boot_grow, an_outsider_at_a_members_door_during_a_growth_is_refused_and_the
     sock_addr_str(&a1, at, sizeof(at));
     cr_assert(strstr(rs_error_message(), at) && strstr(rs_error_message(), "wrong secret"), "%s",
               rs_error_message());
-    for (int r = M; r < N; r++)
-        grow_launch(&g[r], &id, r, N, M, NULL, 20000);
-    for (int r = 0; r < N; r++) {
-        finish(&g[r].r);
-        assert_all_ok(&g[r].r, 1);
-        boot_close(g[r].r.b);
-    }
-    close_all(old, M);
+    complete_growth(g, old, &id, M, N, M);
 }
 
 /* A rank that holds the growth's secret (MACs right) but claims what is not its own. */
@@ -198,14 +205,7 @@ Test(boot_grow, a_slot_that_is_not_the_rank_and_a_members_number_joining_at_rank
     /* a joiner attaching at rank 0 instead of joining there */
     cr_assert_eq(claim(&id, &a0, BOOT_ATTACH, 5, 5), RESHARD_ERR_REFUSED, "%s", rs_error_message());
     cr_assert(strstr(rs_error_message(), "joiners join at rank 0"), "%s", rs_error_message());
-    for (int r = M - 1; r < N; r++)
-        grow_launch(&g[r], &id, r, N, M, r < M ? old[r].b : NULL, 20000);
-    for (int r = 0; r < N; r++) {
-        finish(&g[r].r);
-        assert_all_ok(&g[r].r, 1);
-        boot_close(g[r].r.b);
-    }
-    close_all(old, M);
+    complete_growth(g, old, &id, M - 1, N, M);
 }
 
 /* A joiner holds the growth's secret (its join id carries it), not the members' bootstrap's:
@@ -227,14 +227,7 @@ Test(boot_grow, a_joiner_claiming_a_members_number_at_a_members_door_is_refused)
     cr_assert_eq(claim(&id, &a1, BOOT_ATTACH, 3, 3), RESHARD_ERR_REFUSED, "%s", rs_error_message());
     cr_assert(strstr(rs_error_message(), "does not prove the members' secret"), "%s",
               rs_error_message());
-    for (int r = M - 1; r < N; r++)
-        grow_launch(&g[r], &id, r, N, M, r < M ? old[r].b : NULL, 20000);
-    for (int r = 0; r < N; r++) {
-        finish(&g[r].r);
-        assert_all_ok(&g[r].r, 1);
-        boot_close(g[r].r.b);
-    }
-    close_all(old, M);
+    complete_growth(g, old, &id, M - 1, N, M);
 }
 
 Test(boot_grow, a_member_that_never_comes_is_named_to_every_member_and_the_old_bootstrap_works)
